@@ -1,0 +1,299 @@
+"""The intermediate representation every later stage reads: OpGraph and BlockGraph.
+
+Plain frozen dataclasses, no torch types, JSON round-trippable. The frontend
+(`autoplan.frontend`) is the only producer; the cost model, the search, the
+explainer and the exporters only read these.
+
+Vocabulary
+----------
+* **dim**: a tensor dimension. **axis**: a mesh axis (tp, cp, ep, dp, pp).
+* A tensor's ``dim_roles`` says what each dim is: ``"batch"``, ``"seq"``
+  (scales with the sequence length: tokens, query or key positions), or ``""``
+  (a model dim: hidden, heads, head_dim, ffn, vocab, experts...).
+* **Placement** strings on the tp axis, as DTensor spells them: ``"R"``
+  (replicate), ``"S(d)"`` (shard tensor dim d), ``"P"`` (partial sum).
+
+Graph conventions
+-----------------
+An OpGraph is the joint forward+backward ATen graph of one traced region (one
+block, or the pre/post part of the model) at micro-batch 1 and the traced
+sequence length.  Per-token quantities scale linearly with the micro-batch;
+the frontend records ``seq_len`` so that consumers know the traced length.
+
+Node inputs are ``TensorRef``s: (producer node name, output index).  A node with
+``op == "placeholder"`` is a graph input: a parameter (role ``"param"``), the
+activation entering the region (``"input"``), or the gradient flowing into the
+region's output in backward (``"tangent"``).  The ``"output"`` node lists what
+the region returns: forward outputs, and the gradients of params and inputs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from math import prod
+from typing import Any, Iterable
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int64": 8, "int32": 4,
+               "int8": 1, "uint8": 1, "bool": 1, "fp8": 1}
+
+ROLES = ("param", "input", "tangent", "activation", "grad", "param_grad", "loss", "output")
+PHASES = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Shape and dtype of one tensor value, with the role of each dim."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    dim_roles: tuple[str, ...] = ()
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole (unsharded) tensor."""
+        return self.numel * DTYPE_BYTES.get(self.dtype, 4)
+
+    def dims_with_role(self, role: str) -> tuple[int, ...]:
+        return tuple(i for i, r in enumerate(self.dim_roles) if r == role)
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Output ``index`` of node ``node``."""
+
+    node: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One legal way to run a node on the tp axis.
+
+    ``inputs[i]`` is the placement the node needs for its i-th tensor input,
+    ``outputs[j]`` the placement of its j-th output (None for non-tensor
+    outputs).  The name follows Alpa's style, e.g. ``"S(1)<-R,S(1)"``.
+    """
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str | None, ...]
+
+    @property
+    def name(self) -> str:
+        outs = ",".join(o or "-" for o in self.outputs)
+        return f"{outs}<-{','.join(self.inputs)}"
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One ATen op (or graph input/output) of a traced region.
+
+    Costs are for the whole unsharded op at micro-batch 1:
+    ``flops`` (FLOPs, multiply-add = 2), ``bytes_read`` / ``bytes_written``
+    (bytes of tensor inputs / outputs, an HBM-traffic lower bound).
+    ``gemm`` is (M, N, K) for matrix multiplies (batch folded into M), else None.
+    """
+
+    name: str
+    op: str                                  # "aten.mm.default", "placeholder", "output"
+    inputs: tuple[TensorRef, ...]
+    outputs: tuple[TensorInfo | None, ...]
+    phase: str = "forward"                   # forward | backward
+    role: str = "activation"                 # see ROLES
+    module: str = ""                         # module path, e.g. "layers.0.attn.q_proj"
+    flops: float = 0.0
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    gemm: tuple[int, int, int] | None = None
+    saved: bool = False                      # an output is saved for backward
+    wgrad: bool = False                      # backward work that only feeds weight gradients
+    is_view: bool = False                    # view/alias: no data movement
+    param: str = ""                          # for param placeholders / param grads: parameter name
+    strategies: tuple[Strategy, ...] = ()
+
+    @property
+    def out(self) -> TensorInfo | None:
+        return self.outputs[0] if self.outputs else None
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """A joint forward+backward ATen graph in topological order."""
+
+    nodes: tuple[OpNode, ...]
+    seq_len: int
+    dtype: str = "bf16"
+    # One label per input of the "output" node, in order: "activation" (a forward output),
+    # "loss", "input_grad:<placeholder name>" (gradient of an activation input) or
+    # "param_grad:<placeholder name>" (gradient of a parameter placeholder).
+    output_roles: tuple[str, ...] = ()
+
+    def node(self, name: str) -> OpNode:
+        return self._index()[name]
+
+    def _index(self) -> dict[str, OpNode]:
+        idx = self.__dict__.get("_idx")
+        if idx is None:
+            idx = {n.name: n for n in self.nodes}
+            object.__setattr__(self, "_idx", idx)
+        return idx
+
+    def tensor(self, ref: TensorRef) -> TensorInfo | None:
+        outs = self.node(ref.node).outputs
+        return outs[ref.index] if ref.index < len(outs) else None
+
+    def ops(self, phase: str | None = None) -> Iterable[OpNode]:
+        """Compute nodes (not placeholders/outputs), optionally of one phase."""
+        for n in self.nodes:
+            if n.op in ("placeholder", "output"):
+                continue
+            if phase is None or n.phase == phase:
+                yield n
+
+    def params(self) -> tuple[OpNode, ...]:
+        return tuple(n for n in self.nodes if n.op == "placeholder" and n.role == "param")
+
+    @property
+    def param_count(self) -> int:
+        return sum(n.out.numel for n in self.params())
+
+    def flops(self, phase: str | None = None) -> float:
+        return sum(n.flops for n in self.ops(phase))
+
+    def saved_bytes(self) -> float:
+        """Bytes of forward values kept for backward (micro-batch 1, unsharded)."""
+        total = 0.0
+        for n in self.nodes:
+            if n.saved and n.role != "param":
+                total += sum(t.nbytes for t in n.outputs if t is not None)
+        return total
+
+
+@dataclass(frozen=True)
+class Block:
+    """One unique block kind: its graph and how often it repeats."""
+
+    kind: str                 # stable id, e.g. "dense0", "moe0"
+    graph: OpGraph
+    count: int
+    module_paths: tuple[str, ...] = ()   # the instances, e.g. ("layers.0", ...)
+    description: str = ""                # "attention + swiglu MLP", "attention + MoE(8 experts, top-2)"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Model-level facts the cost model and baselines need (all plain numbers)."""
+
+    name: str
+    family: str = ""          # gpt | llama | moe | hf | custom
+    layers: int = 0
+    hidden: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    ffn: int = 0
+    vocab: int = 0
+    experts: int = 0
+    topk: int = 0
+    moe_ffn: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0
+    tied_embeddings: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BlockGraph:
+    """A model as repeated blocks: ``pre`` → ``order`` of block kinds → ``post``.
+
+    ``pre`` holds the embedding (and anything before the first block); ``post``
+    the final norm, the output head and the loss.  ``order`` lists the block
+    kind of every layer, first to last (``len(order)`` = number of layers).
+    """
+
+    model: ModelInfo
+    blocks: tuple[Block, ...]
+    order: tuple[str, ...]
+    pre: OpGraph
+    post: OpGraph
+    seq_len: int
+    dtype: str = "bf16"
+    trace_seconds: float = 0.0
+    trace_peak_rss_bytes: int = 0
+
+    def block(self, kind: str) -> Block:
+        for b in self.blocks:
+            if b.kind == kind:
+                return b
+        raise KeyError(kind)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.order)
+
+    @property
+    def param_count(self) -> int:
+        """Total parameters (tied weights counted once)."""
+        return (self.pre.param_count + self.post.param_count
+                + sum(b.graph.param_count * b.count for b in self.blocks)
+                - self._tied_param_count())
+
+    def _tied_param_count(self) -> int:
+        if not self.model.tied_embeddings:
+            return 0
+        pre_names = {n.param: n.out.numel for n in self.pre.params()}
+        return sum(n.out.numel for n in self.post.params() if n.param in pre_names)
+
+    def flops_per_step_per_sample(self) -> float:
+        """Forward+backward FLOPs of one sequence (micro-batch 1), no recompute."""
+        return (self.pre.flops() + self.post.flops()
+                + sum(b.graph.flops() * b.count for b in self.blocks))
+
+    @property
+    def flops_per_token(self) -> float:
+        return self.flops_per_step_per_sample() / self.seq_len
+
+    # --- JSON ---------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "BlockGraph":
+        return _blockgraph_from_dict(json.loads(text))
+
+
+def _graph_from_dict(d: dict[str, Any]) -> OpGraph:
+    nodes = []
+    for n in d["nodes"]:
+        nodes.append(OpNode(
+            name=n["name"], op=n["op"],
+            inputs=tuple(TensorRef(**r) for r in n["inputs"]),
+            outputs=tuple(None if t is None else TensorInfo(tuple(t["shape"]), t["dtype"], tuple(t["dim_roles"]))
+                          for t in n["outputs"]),
+            phase=n["phase"], role=n["role"], module=n["module"], flops=n["flops"],
+            bytes_read=n["bytes_read"], bytes_written=n["bytes_written"],
+            gemm=None if n["gemm"] is None else tuple(n["gemm"]),
+            saved=n["saved"], wgrad=n["wgrad"], is_view=n["is_view"], param=n["param"],
+            strategies=tuple(Strategy(tuple(s["inputs"]), tuple(s["outputs"])) for s in n["strategies"]),
+        ))
+    return OpGraph(nodes=tuple(nodes), seq_len=d["seq_len"], dtype=d["dtype"],
+                   output_roles=tuple(d.get("output_roles", ())))
+
+
+def _blockgraph_from_dict(d: dict[str, Any]) -> BlockGraph:
+    m = dict(d["model"])
+    m["notes"] = tuple(m.get("notes", ()))
+    return BlockGraph(
+        model=ModelInfo(**m),
+        blocks=tuple(Block(kind=b["kind"], graph=_graph_from_dict(b["graph"]), count=b["count"],
+                           module_paths=tuple(b["module_paths"]), description=b["description"])
+                     for b in d["blocks"]),
+        order=tuple(d["order"]),
+        pre=_graph_from_dict(d["pre"]),
+        post=_graph_from_dict(d["post"]),
+        seq_len=d["seq_len"], dtype=d["dtype"],
+        trace_seconds=d["trace_seconds"], trace_peak_rss_bytes=d["trace_peak_rss_bytes"],
+    )

@@ -1,0 +1,98 @@
+"""The device mesh of a Plan: which global ranks form each parallel group.
+
+A plan's ``order`` lists the mesh axes from innermost (consecutive ranks, closest
+on the hardware) to outermost.  The ``ep`` axis is carved out of data parallelism:
+the layout axes are tp, cp, ep, dp' and pp with ``dp' = dp / ep``, so
+
+* rank = Σ_axis coord[axis] · stride[axis], strides are products of the sizes of
+  the axes inside it in ``order``;
+* the group of an axis set holds the ranks that differ from a given rank only in
+  those axes.
+
+Groups used by the cost model and the exporters:
+
+==============  ====================  ======================================
+group           axes                  what runs on it
+==============  ====================  ======================================
+tp              tp                    TP/SP all-reduce, reduce-scatter, all-gather
+cp              cp                    ring P2P / Ulysses all-to-all
+ep              ep                    MoE token dispatch/combine all-to-all
+pp              pp                    stage-to-stage P2P
+dense dp        cp, ep, dp            gradients of non-expert parameters
+expert dp       cp, dp                gradients of expert parameters
+==============  ====================  ======================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from autoplan.plan import Plan
+
+GROUP_AXES = {
+    "tp": ("tp",),
+    "cp": ("cp",),
+    "ep": ("ep",),
+    "pp": ("pp",),
+    "dp": ("cp", "ep", "dp"),
+    "edp": ("cp", "dp"),
+}
+
+
+@dataclass(frozen=True)
+class Mesh:
+    sizes: tuple[tuple[str, int], ...]    # (axis, size) innermost first
+
+    @staticmethod
+    def of(plan: Plan) -> "Mesh":
+        size = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp // plan.ep, "pp": plan.pp}
+        return Mesh(tuple((axis, size[axis]) for axis in plan.order))
+
+    @property
+    def num_ranks(self) -> int:
+        return prod(s for _, s in self.sizes)
+
+    def size(self, axis: str) -> int:
+        return dict(self.sizes)[axis]
+
+    def stride(self, axis: str) -> int:
+        stride = 1
+        for a, s in self.sizes:
+            if a == axis:
+                return stride
+            stride *= s
+        raise KeyError(axis)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        out = {}
+        for axis, s in self.sizes:
+            out[axis] = rank % s
+            rank //= s
+        return out
+
+    def rank(self, coords: dict[str, int]) -> int:
+        return sum(coords.get(a, 0) * self.stride(a) for a, _ in self.sizes)
+
+    def group(self, name: str, rank: int = 0) -> tuple[int, ...]:
+        """Ranks of group ``name`` (see GROUP_AXES) that contains ``rank``."""
+        axes = GROUP_AXES.get(name, (name,))
+        base = self.coords(rank)
+        ranks = [0]
+        for a in axes:
+            ranks = [r + i * self.stride(a) for i in range(self.size(a)) for r in ranks]
+        offset = self.rank({a: c for a, c in base.items() if a not in axes})
+        return tuple(sorted(offset + r for r in ranks))
+
+    def groups(self, name: str) -> list[tuple[int, ...]]:
+        """All groups of kind ``name``, each once, ordered by their smallest rank."""
+        seen, out = set(), []
+        for r in range(self.num_ranks):
+            if r in seen:
+                continue
+            g = self.group(name, r)
+            seen.update(g)
+            out.append(g)
+        return out
+
+    def pipeline_rank(self, rank: int) -> int:
+        return self.coords(rank)["pp"]

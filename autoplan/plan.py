@@ -1,0 +1,290 @@
+"""Plan: one parallel training configuration, with a canonical string and JSON form.
+
+Canonical string (every key, fixed order)::
+
+    tp=8,pp=8,dp=16,cp=1,ep=1,vpp=3,mbs=1,schedule=interleaved,recompute=selective,
+    sp=on,zero=1,cp_algo=ring,order=tp-cp-ep-dp-pp
+
+* ``tp``, ``cp``, ``pp``, ``dp``: mesh axis degrees; ``tp·cp·pp·dp`` = GPUs.
+* ``ep``: expert-parallel degree, carved out of ``dp`` (experts are sharded over
+  ``ep`` of the ``dp`` ranks, Megatron-Core style), so ``ep`` divides ``dp``.
+* ``vpp``: model chunks (virtual stages) per pipeline rank; 2 for V schedules.
+* ``mbs``: micro-batch size in sequences.
+* ``schedule``: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zbv | dualpipev.
+* ``recompute``: none | selective | full, or one value per pipeline stage
+  joined by ``-`` (``full-full-selective-none``).
+* ``layers``: optional layers per virtual stage, in pipeline order, joined by
+  ``-`` (``layers=10-11-11-10``); omitted means an even split.
+* ``sp``: sequence parallelism on the tp axis (on|off).
+* ``zero``: 0 (plain DP), 1 (optimizer state sharded = distributed optimizer),
+  2 (+ gradients), 3 (+ parameters = FSDP).
+* ``cp_algo``: ring | ulysses | usp (how the cp axis shards attention).
+* ``order``: mesh axes from innermost (fastest-varying rank, closest on the
+  hardware) to outermost.
+
+Omitted keys take defaults (``dp`` = GPUs / (tp·cp·pp), ``sp=on`` when tp > 1,
+``zero=1`` when dp > 1, ``schedule=1f1b``/``interleaved`` by ``vpp``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from autoplan.errors import UserError
+
+SCHEMA_VERSION = 1
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")
+V_SCHEDULES = ("zbv", "dualpipev")          # two chunks per rank placed in a V
+RECOMPUTE = ("none", "selective", "full")
+CP_ALGOS = ("ring", "ulysses", "usp")
+AXES = ("tp", "cp", "ep", "dp", "pp")
+DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
+KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "schedule", "recompute", "layers",
+        "sp", "zero", "cp_algo", "order")
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero")
+
+PLAN_GRAMMAR = ("a plan is comma-separated key=value pairs, e.g. "
+                "'tp=8,pp=8,dp=16,vpp=3,mbs=1,schedule=interleaved,recompute=selective,sp=on,zero=1'; "
+                f"keys: {', '.join(KEYS)}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    mbs: int = 1
+    schedule: str = "1f1b"
+    recompute: tuple[str, ...] = ("none",)     # one entry, or one per pipeline stage
+    layers: tuple[int, ...] = ()               # layers per virtual stage; () = even split
+    sp: bool = False
+    zero: int = 1
+    cp_algo: str = "ring"
+    order: tuple[str, ...] = DEFAULT_ORDER
+
+    # --- derived -----------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of expert parameters (dp / ep)."""
+        return self.dp // self.ep
+
+    def recompute_of_stage(self, stage: int) -> str:
+        return self.recompute[0] if len(self.recompute) == 1 else self.recompute[stage]
+
+    def microbatches(self, global_batch: int) -> int:
+        """Micro-batches per pipeline per step: B / (dp · mbs)."""
+        return global_batch // (self.dp * self.mbs)
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers of each virtual stage in pipeline order (pp·vpp entries)."""
+        if self.layers:
+            return self.layers
+        chunks = self.pp * self.vpp
+        base, extra = divmod(num_layers, chunks)
+        # extra layers go to the middle chunks: first/last stages carry embedding/head
+        mid = [i for i in sorted(range(chunks), key=lambda i: (abs(i - (chunks - 1) / 2), i))][:extra]
+        return tuple(base + (1 if i in mid else 0) for i in range(chunks))
+
+    # --- string form -------------------------------------------------------
+    def __str__(self) -> str:
+        return self.to_string()
+
+    def to_string(self) -> str:
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"cp={self.cp}", f"ep={self.ep}",
+                 f"vpp={self.vpp}", f"mbs={self.mbs}", f"schedule={self.schedule}",
+                 f"recompute={'-'.join(self.recompute)}"]
+        if self.layers:
+            parts.append("layers=" + "-".join(str(n) for n in self.layers))
+        parts += [f"sp={'on' if self.sp else 'off'}", f"zero={self.zero}", f"cp_algo={self.cp_algo}",
+                  "order=" + "-".join(self.order)]
+        return ",".join(parts)
+
+    @staticmethod
+    def parse(text: str, num_gpus: int | None = None) -> "Plan":
+        """Parse a plan string; ``num_gpus`` fills in ``dp`` when omitted.
+
+        Raises UserError naming the bad key or value.
+        """
+        raw: dict[str, str] = {}
+        for item in (p.strip() for p in text.strip().split(",")):
+            if not item:
+                continue
+            if "=" not in item:
+                raise UserError(f"bad plan string {text!r}: '{item}' is not key=value", PLAN_GRAMMAR)
+            key, value = (s.strip() for s in item.split("=", 1))
+            if key not in KEYS:
+                raise UserError(f"bad plan string: unknown key '{key}'", PLAN_GRAMMAR)
+            if key in raw:
+                raise UserError(f"bad plan string: key '{key}' given twice", PLAN_GRAMMAR)
+            raw[key] = value
+        return Plan.from_fields(raw, num_gpus)
+
+    @staticmethod
+    def from_fields(raw: dict[str, Any], num_gpus: int | None = None) -> "Plan":
+        kw: dict[str, Any] = {}
+        for key in _INT_KEYS:
+            if key in raw:
+                try:
+                    kw[key] = int(raw[key])
+                except (TypeError, ValueError):
+                    raise UserError(f"bad plan string: {key}={raw[key]!r} is not an integer", PLAN_GRAMMAR) from None
+                if kw[key] < (0 if key == "zero" else 1):
+                    raise UserError(f"bad plan string: {key}={kw[key]} must be ≥ {0 if key == 'zero' else 1}")
+        if "sp" in raw:
+            sp = str(raw["sp"]).lower()
+            if sp not in ("on", "off", "true", "false", "1", "0"):
+                raise UserError(f"bad plan string: sp={raw['sp']!r}", "use sp=on or sp=off")
+            kw["sp"] = sp in ("on", "true", "1")
+        if "schedule" in raw:
+            kw["schedule"] = _choice("schedule", raw["schedule"], SCHEDULES)
+        if "cp_algo" in raw:
+            kw["cp_algo"] = _choice("cp_algo", raw["cp_algo"], CP_ALGOS)
+        if "recompute" in raw:
+            rc = raw["recompute"]
+            values = tuple(rc) if isinstance(rc, (list, tuple)) else tuple(str(rc).split("-"))
+            kw["recompute"] = tuple(_choice("recompute", v, RECOMPUTE) for v in values)
+        if "layers" in raw:
+            lv = raw["layers"]
+            try:
+                kw["layers"] = tuple(int(x) for x in (lv if isinstance(lv, (list, tuple)) else str(lv).split("-")))
+            except ValueError:
+                raise UserError(f"bad plan string: layers={lv!r}", "give layers per stage joined by '-', e.g. layers=10-11-11-10") from None
+        if "order" in raw:
+            ov = raw["order"]
+            order = tuple(ov) if isinstance(ov, (list, tuple)) else tuple(str(ov).split("-"))
+            if sorted(order) != sorted(AXES):
+                raise UserError(f"bad plan string: order={'-'.join(order)} must list each of "
+                                f"{', '.join(AXES)} once", "e.g. order=tp-cp-ep-dp-pp (innermost first)")
+            kw["order"] = order
+        # defaults that depend on other keys
+        tp, cp, pp = kw.get("tp", 1), kw.get("cp", 1), kw.get("pp", 1)
+        if "dp" not in kw:
+            if num_gpus is None:
+                kw["dp"] = 1
+            else:
+                mp = tp * cp * pp
+                if num_gpus % mp:
+                    raise UserError(f"plan does not fit the cluster: tp·cp·pp = {tp}·{cp}·{pp} = {mp} "
+                                    f"does not divide {num_gpus} GPUs",
+                                    "choose degrees whose product divides the GPU count")
+                kw["dp"] = num_gpus // mp
+        kw.setdefault("sp", tp > 1)
+        kw.setdefault("zero", 1 if kw["dp"] > 1 else 0)
+        if "schedule" not in kw:
+            kw["schedule"] = "interleaved" if kw.get("vpp", 1) > 1 else "1f1b"
+        if "vpp" not in kw and kw["schedule"] in V_SCHEDULES:
+            kw["vpp"] = 2
+        plan = Plan(**kw)
+        plan.check_shape()
+        return plan
+
+    # --- JSON --------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["recompute"] = list(self.recompute)
+        d["layers"] = list(self.layers)
+        d["order"] = list(self.order)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps({"schema_version": SCHEMA_VERSION, "plan": self.to_dict(),
+                           "plan_string": self.to_string()}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str | dict) -> "Plan":
+        d = json.loads(text) if isinstance(text, str) else text
+        if "plan" in d:
+            version = d.get("schema_version")
+            if version != SCHEMA_VERSION:
+                raise UserError(f"plan JSON has schema_version {version}, this autoplan reads {SCHEMA_VERSION}",
+                                "re-export the plan with this version of autoplan")
+            d = d["plan"]
+        return Plan.from_fields(dict(d))
+
+    def replace(self, **changes: Any) -> "Plan":
+        return replace(self, **changes)
+
+    # --- validation --------------------------------------------------------
+    def check_shape(self) -> None:
+        """Checks that need no model or cluster."""
+        if self.zero not in (0, 1, 2, 3):
+            raise UserError(f"bad plan: zero={self.zero}", "zero must be 0, 1, 2 or 3")
+        if self.dp % self.ep:
+            raise UserError(f"bad plan: ep={self.ep} does not divide dp={self.dp}",
+                            "expert parallelism is carved out of data parallelism: pick ep | dp")
+        if self.schedule in V_SCHEDULES and self.vpp != 2:
+            raise UserError(f"bad plan: schedule={self.schedule} places 2 chunks per rank in a V, got vpp={self.vpp}",
+                            "set vpp=2")
+        if self.schedule == "interleaved" and self.vpp < 2:
+            raise UserError("bad plan: schedule=interleaved needs vpp ≥ 2", "set vpp=2 or more, or schedule=1f1b")
+        if self.schedule not in ("interleaved",) + V_SCHEDULES and self.vpp != 1:
+            raise UserError(f"bad plan: vpp={self.vpp} needs schedule=interleaved (or zbv/dualpipev with vpp=2)",
+                            f"set schedule=interleaved or vpp=1")
+        if len(self.recompute) not in (1, self.pp):
+            raise UserError(f"bad plan: recompute lists {len(self.recompute)} values for pp={self.pp} stages",
+                            "give one value, or one per pipeline stage")
+        if self.layers and len(self.layers) != self.pp * self.vpp:
+            raise UserError(f"bad plan: layers lists {len(self.layers)} stages, pp·vpp = {self.pp * self.vpp}",
+                            "give layers per virtual stage, pp·vpp entries")
+        if self.sp and self.tp == 1:
+            object.__setattr__(self, "sp", False)   # sp is meaningless without tp; normalise
+
+    def validate(self, *, num_gpus: int, num_layers: int, heads: int, kv_heads: int = 0,
+                 experts: int = 0, seq: int, global_batch: int) -> None:
+        """Checks against a model, a cluster and run parameters; UserError names the conflict."""
+        self.check_shape()
+        if self.num_gpus != num_gpus:
+            raise UserError(f"bad plan: tp·cp·pp·dp = {self.tp}·{self.cp}·{self.pp}·{self.dp} = {self.num_gpus}, "
+                            f"but the cluster has {num_gpus} GPUs",
+                            f"omit dp to let autoplan set it to {num_gpus}/(tp·cp·pp)")
+        if heads and heads % self.tp:
+            raise UserError(f"bad plan: tp={self.tp} does not divide the {heads} attention heads",
+                            "pick tp dividing the head count")
+        if kv_heads and self.tp > kv_heads and self.tp % kv_heads:
+            raise UserError(f"bad plan: tp={self.tp} neither divides nor is a multiple of {kv_heads} KV heads",
+                            "pick tp dividing the KV-head count (or a multiple of it)")
+        if seq % self.cp:
+            raise UserError(f"bad plan: cp={self.cp} does not divide the sequence length {seq}",
+                            "pick cp dividing the sequence length")
+        if self.ep > 1 and not experts:
+            raise UserError(f"bad plan: ep={self.ep} but the model has no experts", "set ep=1")
+        if experts and experts % self.ep:
+            raise UserError(f"bad plan: ep={self.ep} does not divide the {experts} experts",
+                            "pick ep dividing the expert count")
+        if global_batch % (self.dp * self.mbs):
+            raise UserError(f"bad plan: global batch {global_batch} is not divisible into dp·mbs = "
+                            f"{self.dp}·{self.mbs} = {self.dp * self.mbs} micro-batches",
+                            "change --global-batch, mbs or dp")
+        m = self.microbatches(global_batch)
+        chunks = self.pp * self.vpp
+        if chunks > num_layers:
+            raise UserError(f"bad plan: pp·vpp = {chunks} stages for only {num_layers} layers",
+                            "reduce pp or vpp")
+        if self.layers and sum(self.layers) != num_layers:
+            raise UserError(f"bad plan: layers={'-'.join(map(str, self.layers))} sums to {sum(self.layers)}, "
+                            f"the model has {num_layers}", "make the per-stage layer counts add up")
+        if self.schedule == "interleaved" and m % self.pp:
+            raise UserError(f"bad plan: the interleaved schedule needs micro-batches ({m}) divisible by pp={self.pp}",
+                            "change the global batch, mbs or pp")
+        if self.pp > 1 and m < self.pp and self.schedule != "gpipe":
+            raise UserError(f"bad plan: {m} micro-batches cannot fill {self.pp} pipeline stages",
+                            "raise the global batch or lower pp/mbs")
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
+    v = str(value).strip().lower()
+    if v not in allowed:
+        raise UserError(f"bad plan string: {key}={value!r}", f"{key} is one of: {', '.join(allowed)}")
+    return v

@@ -1,0 +1,106 @@
+"""Compute time of one op on one GPU: a roofline with fitted efficiency curves.
+
+For an op with ``flops`` FLOPs that moves ``nbytes`` bytes through HBM::
+
+    t = max(flops / (peak · eff_compute), nbytes · fusion / (hbm_bw · eff_memory)) + overhead
+
+* GEMMs (M, N, K): ``eff_compute = gemm_peak_fraction · Π_d d / (d + gemm_half_dim)`` over the
+  three dims: large GEMMs approach ``gemm_peak_fraction`` of peak, a skinny dim
+  (a 128-wide head, a tiny per-expert batch) costs efficiency, smoothly.
+* Attention kernels (flash/efficient attention): ``attention_fwd_fraction`` /
+  ``attention_bwd_fraction`` of peak.
+* Everything else is memory bound; ``fusion`` is the fraction of the unfused ATen
+  graph's elementwise HBM traffic that remains once a training stack fuses
+  bias/activation/dropout/residual kernels (Megatron, torch.compile).
+* ``overhead_s`` is a per-kernel launch/tail cost.
+
+Profiles are YAML data files in ``costmodels/profiles/<gpu>.yaml`` (or any path
+given with ``--profile``); ``autoplan calibrate`` writes new ones from measurements.
+All times are seconds, FLOPs are FLOPs (multiply-add = 2), bytes are bytes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+import yaml
+
+PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
+
+# GPU kinds that share a profile (same silicon, same software efficiency).
+_PROFILE_ALIASES = {"a100-40gb": "a100", "a100-80gb": "a100", "h800": "h100", "h200": "h100",
+                    "gb200": "b200"}
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """Fitted efficiency parameters of one GPU kind (dimensionless fractions unless noted)."""
+
+    name: str
+    gemm_peak_fraction: float        # achieved / peak for large GEMMs
+    gemm_half_dim: float             # a GEMM dim of this size halves its efficiency factor
+    attention_fwd_fraction: float    # flash-attention forward, fraction of peak
+    attention_bwd_fraction: float    # flash-attention backward, fraction of peak
+    memory_fraction: float           # achieved / peak HBM bandwidth for streaming kernels
+    fusion: float                    # fraction of unfused elementwise traffic that remains
+    overhead_s: float                # per-kernel launch + tail, seconds
+    source: str = ""                 # where the numbers come from
+
+    def gemm_efficiency(self, m: float, n: float, k: float) -> float:
+        """Fraction of peak a (M, N, K) GEMM reaches."""
+        eff = self.gemm_peak_fraction
+        for d in (m, n, k):
+            eff *= d / (d + self.gemm_half_dim)
+        return eff
+
+
+def load_profile(gpu: str, path: str | None = None) -> ComputeProfile:
+    """Load the profile for GPU kind ``gpu`` (e.g. "h100"), or the YAML file at ``path``."""
+    if path is None:
+        base = gpu.lower()
+        name = _PROFILE_ALIASES.get(base, base)
+        path = os.path.join(PROFILE_DIR, f"{name}.yaml")
+        if not os.path.exists(path):
+            known = sorted(f[:-5] for f in os.listdir(PROFILE_DIR) if f.endswith(".yaml"))
+            raise ValueError(f"no compute profile for GPU '{gpu}' (known: {', '.join(known)})")
+    return _load_profile_file(os.path.abspath(path))
+
+
+@lru_cache(maxsize=None)
+def _load_profile_file(path: str) -> ComputeProfile:
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    allowed = {f.name for f in fields(ComputeProfile)}
+    unknown = set(data) - allowed - {"gpu", "measurements"}
+    if unknown:
+        raise ValueError(f"compute profile {path}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
+    data = {k: v for k, v in data.items() if k in allowed}
+    data.setdefault("name", os.path.basename(path)[:-5])
+    return ComputeProfile(**data)
+
+
+def gemm_time(m: float, n: float, k: float, peak_flops: float, profile: ComputeProfile) -> float:
+    """Seconds for one (M, N, K) GEMM: 2·M·N·K / (peak · eff(M, N, K)) + overhead."""
+    return 2.0 * m * n * k / (peak_flops * profile.gemm_efficiency(m, n, k)) + profile.overhead_s
+
+
+def op_time(kind: str, flops: float, nbytes: float, *, peak_flops: float, hbm_bw: float,
+            profile: ComputeProfile, gemm: tuple[float, float, float] | None = None) -> float:
+    """Seconds for one op on one GPU.
+
+    ``kind``: "gemm" (needs ``gemm`` = local (M, N, K)), "attention_fwd",
+    "attention_bwd", or "memory" (elementwise, norms, reductions, copies).
+    ``flops`` and ``nbytes`` are the op's local (per-GPU) FLOPs and HBM bytes.
+    """
+    if kind == "gemm" and gemm is not None:
+        t_compute = flops / (peak_flops * profile.gemm_efficiency(*gemm))
+        t_memory = nbytes / (hbm_bw * profile.memory_fraction)
+    elif kind in ("attention_fwd", "attention_bwd"):
+        frac = profile.attention_fwd_fraction if kind == "attention_fwd" else profile.attention_bwd_fraction
+        t_compute = flops / (peak_flops * frac)
+        t_memory = nbytes / (hbm_bw * profile.memory_fraction)
+    else:
+        t_compute = flops / (peak_flops * profile.gemm_peak_fraction)
+        t_memory = nbytes * profile.fusion / (hbm_bw * profile.memory_fraction)
+    return max(t_compute, t_memory) + profile.overhead_s

@@ -1,0 +1,18 @@
+"""Pipeline-parallel schedules: explicit per-rank orders and an event simulator.
+
+    from costmodels.pipeline import simulate, PipelineResult, SCHEDULES
+
+``simulate`` prices one training step of a schedule from per-virtual-stage F/B/W times and
+p2p times (schedules.py builds the orders, simulator.py runs them);
+``closed_form_bubble``/``closed_form_peak_activations`` hold the papers' formulas the
+simulator is tested against (closed_form.py).
+"""
+from costmodels.pipeline.closed_form import (ClosedFormBubble, closed_form_bubble,
+                                             closed_form_peak_activations)
+from costmodels.pipeline.schedules import (SCHEDULES, ScheduleSpec, interleaved_group_size,
+                                           stage_rank)
+from costmodels.pipeline.simulator import PipelineResult, TimelineEntry, simulate
+
+__all__ = ["ClosedFormBubble", "PipelineResult", "SCHEDULES", "ScheduleSpec", "TimelineEntry",
+           "closed_form_bubble", "closed_form_peak_activations", "interleaved_group_size",
+           "simulate", "stage_rank"]

@@ -1,0 +1,76 @@
+"""Plan strings: canonical form, defaults, JSON round-trip, and conflicts with one clear message."""
+import json
+
+import pytest
+
+from autoplan.errors import UserError
+from autoplan.plan import SCHEMA_VERSION, Plan
+
+FULL = ("tp=8,pp=8,dp=16,cp=1,ep=1,vpp=3,mbs=1,schedule=interleaved,recompute=selective,"
+        "sp=on,zero=1,cp_algo=ring,order=tp-cp-ep-dp-pp")
+
+
+def test_canonical_string_round_trip():
+    plan = Plan.parse(FULL)
+    assert plan.to_string() == FULL
+    assert Plan.parse(plan.to_string()) == plan
+    assert plan.num_gpus == 1024
+
+
+def test_defaults_fill_dp_sp_zero_schedule():
+    plan = Plan.parse("tp=8,pp=4", num_gpus=1024)
+    assert plan.dp == 32 and plan.sp and plan.zero == 1 and plan.schedule == "1f1b" and plan.vpp == 1
+    assert Plan.parse("tp=8,pp=4,vpp=2", num_gpus=64).schedule == "interleaved"
+    assert Plan.parse("pp=4,schedule=zbv", num_gpus=8).vpp == 2
+    assert not Plan.parse("tp=1", num_gpus=8).sp
+
+
+def test_json_round_trip_with_schema_version():
+    plan = Plan.parse("tp=4,pp=2,recompute=full-selective,layers=5-7", num_gpus=32)
+    text = plan.to_json()
+    assert json.loads(text)["schema_version"] == SCHEMA_VERSION
+    assert Plan.from_json(text) == plan
+    with pytest.raises(UserError, match="schema_version"):
+        Plan.from_json(json.dumps({"schema_version": 99, "plan": plan.to_dict()}))
+
+
+def test_stage_layers_even_and_explicit():
+    assert Plan.parse("pp=4", num_gpus=4).stage_layers(32) == (8, 8, 8, 8)
+    assert sum(Plan.parse("pp=4,vpp=3", num_gpus=4).stage_layers(50)) == 50
+    assert Plan.parse("pp=2,layers=3-5", num_gpus=2).stage_layers(8) == (3, 5)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("tp=8,foo=1", "unknown key 'foo'"),
+    ("tp=eight", "not an integer"),
+    ("tp=8,tp=4", "given twice"),
+    ("schedule=fast", "schedule is one of"),
+    ("tp8", "not key=value"),
+    ("order=tp-dp", "must list each of"),
+    ("pp=2,schedule=interleaved,vpp=1", "interleaved needs vpp"),
+    ("dp=4,ep=3", "does not divide dp"),
+])
+def test_bad_strings_name_the_problem(text, needle):
+    with pytest.raises(UserError, match=needle):
+        Plan.parse(text, num_gpus=1024)
+
+
+def _validate(plan_text, **kw):
+    args = dict(num_gpus=64, num_layers=32, heads=32, kv_heads=8, experts=0, seq=4096, global_batch=64)
+    args.update(kw)
+    Plan.parse(plan_text, num_gpus=args["num_gpus"]).validate(**args)
+
+
+@pytest.mark.parametrize("text, kw, needle", [
+    ("tp=8,dp=4", {}, "but the cluster has 64 GPUs"),
+    ("tp=3", {"num_gpus": 66}, "does not divide the 32 attention heads"),
+    ("cp=3", {"num_gpus": 66, "seq": 4096}, "does not divide the sequence length"),
+    ("ep=2", {}, "has no experts"),
+    ("ep=4", {"experts": 6}, "does not divide the 6 experts"),
+    ("tp=8", {"global_batch": 12}, "not divisible into"),
+    ("pp=64", {}, "for only 32 layers"),
+    ("tp=8,pp=8,dp=1", {"global_batch": 4}, "cannot fill 8 pipeline stages"),
+])
+def test_conflicts_with_model_and_cluster(text, kw, needle):
+    with pytest.raises(UserError, match=needle):
+        _validate(text, **kw)

@@ -1,0 +1,72 @@
+import pytest
+import yaml
+
+import topologies
+from topologies import TopologyError
+
+
+@pytest.mark.parametrize("name", ["selene", "h100x16384", "gb200-nvl72", "gb200x576", "h800x64"])
+def test_round_trip(name, tmp_path):
+    cluster = topologies.load(name)
+    text = topologies.dump_yaml(cluster)
+    assert topologies.from_mapping(yaml.safe_load(text), default_name="x", source="t") == cluster
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    assert topologies.load(str(path)) == cluster
+
+
+def test_minimal_user_file_takes_defaults(tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text("gpu: h100\nnum_gpus: 64\npod_oversubscription: 2\n")
+    c = topologies.load(str(path))
+    assert c.name == "lab" and "8 nodes" in c.description
+    assert (c.gpus_per_node, c.nics_per_node, c.nic, c.nic_bw, c.nic_efficiency) == \
+        (8, 8, "ndr400", 50e9, 0.94)
+    assert (c.nvlink_efficiency, c.nvls_efficiency, c.rail_latency) == (0.822, 0.686, 5e-6)
+    assert c.pod_oversubscription == 2.0 and isinstance(c.pod_oversubscription, float)
+
+
+def test_custom_nic(tmp_path):
+    path = tmp_path / "eth.yaml"
+    path.write_text("gpu: a100\nnum_gpus: 16\nnic: cx6-100g\nnic_bw: 12.5e9\nnic_efficiency: 0.9\n")
+    c = topologies.load(str(path))
+    assert (c.nic, c.nic_bw, c.nic_efficiency) == ("cx6-100g", 12.5e9, 0.9)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("gpu: h100\nnum_gpus: 64\nnvlink_domian: 8\n", "unknown key(s) nvlink_domian"),
+    ("gpu: h100\n", "missing required key 'num_gpus'"),
+    ("gpu: h100\nnum_gpus: '64'\n", "num_gpus must be a positive integer"),
+    ("gpu: h100\nnum_gpus: 12\n", "multiple of nvlink_domain"),
+    ("gpu: h100\nnum_gpus: 64\nnvls: maybe\n", "nvls must be true or false"),
+    ("gpu: h100\nnum_gpus: 64\nnic: ib9000\n", "unknown nic kind 'ib9000'"),
+    ("gpu: h100\nnum_gpus: 64\npod_size: 100\n", "pod_size (100) must be a multiple"),
+    ("gpu: tpu\nnum_gpus: 64\n", "unknown GPU kind 'tpu'"),
+    ("- gpu: h100\n", "must be a YAML mapping"),
+    ("gpu: [h100\n", "not valid YAML"),
+])
+def test_bad_files(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(TopologyError) as err:
+        topologies.load(str(path))
+    assert message in str(err.value)
+
+
+def test_unknown_key_message_lists_allowed_keys(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("gpu: h100\nnum_gpus: 64\ncolour: red\n")
+    with pytest.raises(TopologyError) as err:
+        topologies.load(str(path))
+    assert "nvlink_domain" in err.value.fix and "pod_oversubscription" in err.value.fix
+
+
+def test_missing_file():
+    with pytest.raises(TopologyError, match="not found"):
+        topologies.load("no/such/cluster.yaml")
+
+
+def test_bundled_files_are_named_after_themselves():
+    for cluster in topologies.named_clusters():
+        assert topologies.load(cluster.name) == cluster
+        assert cluster.description

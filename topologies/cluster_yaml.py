@@ -1,0 +1,167 @@
+"""Cluster YAML files: the schema, reading (with defaults) and writing.
+
+Schema (one mapping; only ``gpu`` and ``num_gpus`` are required)::
+
+    name: selene                # default: the file name without .yaml
+    description: "..."          # default: generated from the hardware
+    gpu: a100-80gb              # GPU kind from topologies/gpus.yaml (aliases allowed: a100)
+    num_gpus: 4480              # multiple of nvlink_domain (and so of gpus_per_node)
+
+    # node and NVLink          default: topologies/systems.yaml for the GPU kind
+    gpus_per_node: 8            # GPUs sharing one node's NICs (GB200: 4 per compute tray)
+    nvlink_domain: 8            # GPUs per NVLink domain (GB200 NVL72: 72), multiple of gpus_per_node
+    nvls: false                 # NVLink SHARP in-switch all-reduce
+
+    # scale-out network         default: systems.yaml, then network.yaml
+    nics_per_node: 8            # compute NICs per node
+    nic: hdr200                 # NIC kind in network.yaml (hdr200, ndr400): sets nic_bw, nic_efficiency
+    nic_bw: 25.0e9              # line rate per NIC, bytes/s per direction (overrides the kind)
+    fabric: IB                  # display name: IB or RoCE
+    leaf_nodes: 20              # nodes per rail group (rail leaf switches shared), multiple of
+                                #   nvlink_domain / gpus_per_node
+    pod_size: 1120              # GPUs per non-blocking pod, multiple of leaf_nodes * gpus_per_node
+    pod_oversubscription: 1.0   # x in 1:x above the pods (Llama 3's cluster: 7.0)
+    sharp: false                # InfiniBand SHARP in-network all-reduce
+
+    # physical calibration      default: topologies/network.yaml (edit there for all clusters)
+    nic_efficiency: 0.96        # fraction of nic_bw NCCL achieves per NIC
+    nvlink_efficiency: 0.822    # ring busbw / nvlink_bw
+    nvls_efficiency: 0.686      # NVLS all-reduce algbw / (nvlink_bw * k/(k+1))
+    launch_latency: 6.0e-6      # seconds per collective call
+    nvlink_latency: 1.0e-6      # seconds per algorithm step, per level
+    rail_latency: 5.0e-6
+    spine_latency: 6.0e-6
+    pod_latency: 8.0e-6
+
+Unknown keys are rejected (a misspelt key would otherwise silently fall back to a default).
+``to_mapping`` writes every key, so ``from_mapping(to_mapping(c)) == c``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import yaml
+
+from topologies._data import read_yaml
+from topologies.cluster import Cluster
+from topologies.errors import TopologyError
+from topologies.gpus import gpu_spec
+
+INT_KEYS = ("num_gpus", "gpus_per_node", "nvlink_domain", "nics_per_node", "leaf_nodes", "pod_size")
+FLOAT_KEYS = ("nic_bw", "nic_efficiency", "pod_oversubscription", "nvlink_efficiency",
+              "nvls_efficiency", "launch_latency", "nvlink_latency", "rail_latency",
+              "spine_latency", "pod_latency")
+BOOL_KEYS = ("nvls", "sharp")
+KEYS = tuple(f.name for f in dataclasses.fields(Cluster))
+"""Every accepted key, in schema order (the Cluster fields; ``gpu`` is a kind name)."""
+
+_NETWORK_DEFAULTS = {  # cluster key -> (section, key) in network.yaml
+    "nvlink_efficiency": ("nvlink", "ring_efficiency"),
+    "nvls_efficiency": ("nvlink", "nvls_efficiency"),
+    "launch_latency": ("latency", "launch"),
+    "nvlink_latency": ("latency", "nvlink"),
+    "rail_latency": ("latency", "rail"),
+    "spine_latency": ("latency", "spine"),
+    "pod_latency": ("latency", "pod"),
+}
+
+
+def nic_kinds() -> list[str]:
+    """NIC kinds defined in network.yaml, sorted."""
+    return sorted(read_yaml("network.yaml")["nics"])
+
+
+def from_mapping(raw: Mapping[str, Any], *, default_name: str, source: str) -> Cluster:
+    """Build a Cluster from a parsed cluster YAML, filling missing keys with defaults.
+
+    ``source`` names the file (or shorthand) in error messages.  Raises ``TopologyError``.
+    """
+    if not isinstance(raw, Mapping):
+        raise TopologyError(f"{source}: a cluster file must be a YAML mapping of keys to values",
+                            "start from `autoplan clusters h100x1024 --yaml`")
+    unknown = sorted(str(k) for k in raw if k not in KEYS)
+    if unknown:
+        raise TopologyError(f"{source}: unknown key(s) {', '.join(unknown)}",
+                            f"allowed keys: {', '.join(KEYS)}")
+    for key in ("gpu", "num_gpus"):
+        if key not in raw:
+            raise TopologyError(f"{source}: missing required key {key!r}",
+                                "a cluster file needs at least `gpu:` and `num_gpus:`")
+    values = {key: _checked(key, raw[key], source) for key in raw}
+    gpu = gpu_spec(values["gpu"])
+
+    merged: dict[str, Any] = {}
+    systems = read_yaml("systems.yaml")
+    merged.update(systems[gpu.name])
+    network = read_yaml("network.yaml")
+    for key, (section, entry) in _NETWORK_DEFAULTS.items():
+        merged[key] = network[section][entry]
+    nic = values.get("nic", merged["nic"])
+    nic_kind = network["nics"].get(nic)
+    if nic_kind is not None:
+        merged["nic_bw"] = nic_kind["line_rate"]
+        merged["nic_efficiency"] = nic_kind["efficiency"]
+    elif not {"nic_bw", "nic_efficiency"} <= values.keys():
+        raise TopologyError(f"{source}: unknown nic kind {nic!r}",
+                            f"use one of: {', '.join(nic_kinds())}, or give nic_bw and nic_efficiency")
+    merged.update(values)
+    merged["gpu"] = gpu
+    merged.setdefault("name", default_name)
+    merged.setdefault("description", "")
+    kwargs = {key: _coerce(key, merged[key]) for key in KEYS}
+
+    try:
+        cluster = Cluster(**kwargs)
+    except ValueError as err:  # Cluster.__post_init__ lists every layout problem
+        raise TopologyError(f"{source}: {err}",
+                            "fix the sizes in the cluster file (see the schema in the README)") from None
+    if not cluster.description:
+        cluster = dataclasses.replace(cluster, description=cluster.describe())
+    return cluster
+
+
+def to_mapping(cluster: Cluster) -> dict[str, Any]:
+    """Every key of the schema, explicit, in schema order (``gpu`` as its kind name)."""
+    out = {}
+    for key in KEYS:
+        value = getattr(cluster, key)
+        out[key] = value.name if key == "gpu" else value
+    return out
+
+
+def dump_yaml(cluster: Cluster) -> str:
+    """The cluster as a complete cluster YAML file (reads back equal with ``from_mapping``)."""
+    return yaml.safe_dump(to_mapping(cluster), sort_keys=False, default_flow_style=False)
+
+
+def _checked(key: str, value: Any, source: str) -> Any:
+    """The value with the type its key needs, or a TopologyError naming key and type."""
+    if key in FLOAT_KEYS and isinstance(value, str):
+        # PyYAML (YAML 1.1) reads "50e9" or "12.5e9" as strings: accept any float literal.
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if key in INT_KEYS:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        want = "a positive integer"
+    elif key in FLOAT_KEYS:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+        want = "a non-negative number"
+    elif key in BOOL_KEYS:
+        ok = isinstance(value, bool)
+        want = "true or false"
+    else:
+        ok = isinstance(value, str) and value != ""
+        want = "a non-empty string"
+    if not ok:
+        raise TopologyError(f"{source}: {key} must be {want}, got {value!r}",
+                            "see the cluster schema in the README")
+    return value
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key in FLOAT_KEYS:
+        return float(value)
+    return value
