@@ -9,7 +9,10 @@ Vocabulary
 * **dim**: a tensor dimension. **axis**: a mesh axis (tp, cp, ep, dp, pp).
 * A tensor's ``dim_roles`` says what each dim is: ``"batch"``, ``"seq"``
   (scales with the sequence length: tokens, query or key positions), or ``""``
-  (a model dim: hidden, heads, head_dim, ffn, vocab, experts...).
+  (a model dim: hidden, heads, head_dim, ffn, vocab, experts...).  The
+  frontend also writes ``"tokens"`` (a flattened batch·seq dim, or one that
+  scales with it: MoE choices, expert capacity) and ``"expert"`` (an experts
+  dim of an MoE layer).
 * **Placement** strings on the tp axis, as DTensor spells them: ``"R"``
   (replicate), ``"S(d)"`` (shard tensor dim d), ``"P"`` (partial sum).
 
@@ -18,12 +21,15 @@ Graph conventions
 An OpGraph is the joint forward+backward ATen graph of one traced region (one
 block, or the pre/post part of the model) at micro-batch 1 and the traced
 sequence length.  Per-token quantities scale linearly with the micro-batch;
-the frontend records ``seq_len`` so that consumers know the traced length.
+the frontend records ``seq_len`` so that consumers know the traced length
+(and ``batch`` when a trace was asked for at another micro-batch).
 
 Node inputs are ``TensorRef``s: (producer node name, output index).  A node with
 ``op == "placeholder"`` is a graph input: a parameter (role ``"param"``), the
-activation entering the region (``"input"``), or the gradient flowing into the
-region's output in backward (``"tangent"``).  The ``"output"`` node lists what
+activation entering the region (``"input"``), another input that gets no
+gradient such as rotary tables, masks or labels (``"side_input"``), a buffer
+(``"buffer"``), or the gradient flowing into the region's output in backward
+(``"tangent"``).  The ``"output"`` node lists what
 the region returns: forward outputs, and the gradients of params and inputs.
 """
 from __future__ import annotations
@@ -36,7 +42,8 @@ from typing import Any, Iterable
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int64": 8, "int32": 4,
                "int8": 1, "uint8": 1, "bool": 1, "fp8": 1}
 
-ROLES = ("param", "input", "tangent", "activation", "grad", "param_grad", "loss", "output")
+ROLES = ("param", "input", "tangent", "activation", "grad", "param_grad", "loss", "output", "buffer",
+         "side_input")
 PHASES = ("forward", "backward")
 
 
@@ -113,6 +120,7 @@ class OpNode:
     is_view: bool = False                    # view/alias: no data movement
     param: str = ""                          # for param placeholders / param grads: parameter name
     strategies: tuple[Strategy, ...] = ()
+    saved_outputs: tuple[int, ...] = ()      # which outputs are saved (empty + saved: all)
 
     @property
     def out(self) -> TensorInfo | None:
@@ -130,6 +138,7 @@ class OpGraph:
     # "loss", "input_grad:<placeholder name>" (gradient of an activation input) or
     # "param_grad:<placeholder name>" (gradient of a parameter placeholder).
     output_roles: tuple[str, ...] = ()
+    batch: int = 1                           # traced micro-batch (shapes carry it)
 
     def node(self, name: str) -> OpNode:
         return self._index()[name]
@@ -163,12 +172,30 @@ class OpGraph:
     def flops(self, phase: str | None = None) -> float:
         return sum(n.flops for n in self.ops(phase))
 
+    def saved_outputs(self) -> frozenset[TensorRef]:
+        """Forward outputs that backward reads (through views: a view read in backward keeps its base)."""
+        cached = self.__dict__.get("_saved")
+        if cached is not None:
+            return cached
+        saved: set[TensorRef] = set()
+        for n in reversed(self.nodes):
+            if n.phase != "backward" and not (n.is_view and any(TensorRef(n.name, i) in saved
+                                                               for i in range(len(n.outputs)))):
+                continue
+            for r in n.inputs:
+                if self.node(r.node).phase == "forward":
+                    saved.add(r)
+        out = frozenset(saved)
+        object.__setattr__(self, "_saved", out)
+        return out
+
     def saved_bytes(self) -> float:
         """Bytes of forward values kept for backward (micro-batch 1, unsharded)."""
         total = 0.0
         for n in self.nodes:
             if n.saved and n.role != "param":
-                total += sum(t.nbytes for t in n.outputs if t is not None)
+                idx = n.saved_outputs or range(len(n.outputs))
+                total += sum(n.outputs[i].nbytes for i in idx if n.outputs[i] is not None)
         return total
 
 
@@ -223,6 +250,7 @@ class BlockGraph:
     dtype: str = "bf16"
     trace_seconds: float = 0.0
     trace_peak_rss_bytes: int = 0
+    batch: int = 1                           # traced micro-batch (graphs carry it in their shapes)
 
     def block(self, kind: str) -> Block:
         for b in self.blocks:
@@ -250,7 +278,7 @@ class BlockGraph:
     def flops_per_step_per_sample(self) -> float:
         """Forward+backward FLOPs of one sequence (micro-batch 1), no recompute."""
         return (self.pre.flops() + self.post.flops()
-                + sum(b.graph.flops() * b.count for b in self.blocks))
+                + sum(b.graph.flops() * b.count for b in self.blocks)) / self.batch
 
     @property
     def flops_per_token(self) -> float:
@@ -278,9 +306,10 @@ def _graph_from_dict(d: dict[str, Any]) -> OpGraph:
             gemm=None if n["gemm"] is None else tuple(n["gemm"]),
             saved=n["saved"], wgrad=n["wgrad"], is_view=n["is_view"], param=n["param"],
             strategies=tuple(Strategy(tuple(s["inputs"]), tuple(s["outputs"])) for s in n["strategies"]),
+            saved_outputs=tuple(n.get("saved_outputs", ())),
         ))
     return OpGraph(nodes=tuple(nodes), seq_len=d["seq_len"], dtype=d["dtype"],
-                   output_roles=tuple(d.get("output_roles", ())))
+                   output_roles=tuple(d.get("output_roles", ())), batch=d.get("batch", 1))
 
 
 def _blockgraph_from_dict(d: dict[str, Any]) -> BlockGraph:
@@ -296,4 +325,5 @@ def _blockgraph_from_dict(d: dict[str, Any]) -> BlockGraph:
         post=_graph_from_dict(d["post"]),
         seq_len=d["seq_len"], dtype=d["dtype"],
         trace_seconds=d["trace_seconds"], trace_peak_rss_bytes=d["trace_peak_rss_bytes"],
+        batch=d.get("batch", 1),
     )

@@ -224,6 +224,9 @@ class Plan:
         if self.dp % self.ep:
             raise UserError(f"bad plan: ep={self.ep} does not divide dp={self.dp}",
                             "expert parallelism is carved out of data parallelism: pick ep | dp")
+        if self.pp == 1 and self.vpp > 1:
+            raise UserError(f"bad plan: vpp={self.vpp} virtual stages need pipeline parallelism (pp > 1)",
+                            "set vpp=1 or pp > 1")
         if self.schedule in V_SCHEDULES and self.vpp != 2:
             raise UserError(f"bad plan: schedule={self.schedule} places 2 chunks per rank in a V, got vpp={self.vpp}",
                             "set vpp=2")

@@ -11,14 +11,21 @@ Sets
 Variables
 ---------
 * ``x[n,s] ∈ {0,1}``: node ``n`` runs strategy ``s``.
-* ``w[t,a,b] ∈ {0,1}`` for ``a ∈ A_t, b ∈ B_t, a ≠ b, cost(a→b) > 0``: tensor ``t`` is
-  produced as ``a`` and redistributed to ``b`` (paid once, however many consumers read ``b``).
+* ``e[t,c,a,b] ∈ {0,1}``: consumer ``c`` reads tensor ``t`` produced as ``a`` in layout ``b``
+  (one per consumer edge and placement pair: the classic edge variables).
+* ``w[t,a,b,g] ∈ {0,1}`` for ``a ≠ b`` with cost(a→b) > 0: tensor ``t`` is redistributed from
+  ``a`` to ``b`` for the consumers of sharing group ``g`` — paid once per group however many
+  consumers read ``b`` (a group is a phase: the forward consumers of a tensor share one
+  all-gather; backward consumers of a saved tensor redistribute it again, as Megatron's
+  sequence parallelism re-gathers its input in backward).
 
 Constraints
 -----------
 1. one strategy per node:                Σ_s x[n,s] = 1
-2. redistribution is paid when needed:   w[t,a,b] ≥ Σ_{s: out_t(s)=a} x[p(t),s] + Σ_{s': in_{t,c}(s')=b} x[c,s'] − 1
-                                         for every consumer c of t
+2. edge marginals (tight: the edge polytope of a tree is integral):
+                                         Σ_b e[t,c,a,b] = Σ_{s: out_t(s)=a} x[p(t),s]
+                                         Σ_a e[t,c,a,b] = Σ_{s': in_{t,c}(s')=b} x[c,s']
+   redistribution is paid once per group: w[t,a,b,g] ≥ e[t,c,a,b]   for every consumer c in g
 3. tied nodes choose alike (a parameter and the sink of its gradient; a block's output and
    the next block's input):              x[n,s] = x[m,σ(s)]
 4. memory:                               Σ_{n,s} mem[n,s]·x[n,s] + Σ w[t,a,b]·0 ≤ M
@@ -27,13 +34,13 @@ Constraints
 
 Objective
 ---------
-    min  Σ_{n,s} cost[n,s]·x[n,s]  +  Σ_{t,a,b} redist[t,a,b]·w[t,a,b]
+    min  Σ_{n,s} cost[n,s]·x[n,s]  +  Σ_{t,a,b,g} redist[t,a,b,g]·w[t,a,b,g]
 
 ``cost[n,s]``: compute seconds of the node's (merged) ops under strategy s, forward and
 backward, recomputation included; ``redist[t,a,b]``: seconds of the collective that turns
 placement a into b on the tp group (all-gather, reduce-scatter, all-to-all, all-reduce of
-a partial sum; a slice is free).  Because every ``w`` is pushed to its lower bound by the
-objective, constraint 2 linearises the product of producer and consumer choices.
+a partial sum; a slice is free).  Every ``w`` is pushed to its lower bound by the objective,
+so ``w = max_c e`` over its group.
 
 Backends: OR-Tools CP-SAT (integer objective, costs scaled to nanoseconds) and PuLP/CBC.
 A time limit returns the best solution found, with its optimality gap.
@@ -61,9 +68,9 @@ class IlpTensor:
     name: str
     producer: int                            # node index
     out_placement: tuple[int, ...]           # placement id per producer strategy
-    consumers: tuple[tuple[int, tuple[int, ...]], ...]   # (node index, placement id per consumer strategy)
-    redist: tuple[tuple[int, int, float], ...]           # (a, b, seconds) for a != b with nonzero cost
-    forbidden_redist: tuple[tuple[int, int], ...] = ()   # (a, b) pairs that may not happen
+    consumers: tuple[tuple[int, tuple[int, ...], int], ...]   # (node, placement id per its strategy, group)
+    redist: tuple[tuple[int, int, int, float], ...]           # (a, b, group, seconds), a != b, cost > 0
+    forbidden_redist: tuple[tuple[int, int], ...] = ()        # (a, b) pairs that may not happen
 
 
 @dataclass(frozen=True)
@@ -77,10 +84,11 @@ class IlpProblem:
     def size(self) -> dict[str, int]:
         """Variable/constraint counts, for the record."""
         x = sum(len(n.cost) for n in self.nodes)
+        e = sum(len(set(t.out_placement)) * len(set(pl)) for t in self.tensors for _, pl, _ in t.consumers)
         w = sum(len(t.redist) for t in self.tensors)
-        c2 = sum(len(t.redist) * len(t.consumers) for t in self.tensors)
-        return {"nodes": len(self.nodes), "x_vars": x, "w_vars": w,
-                "constraints": len(self.nodes) + c2 + sum(len(s) for _, _, s in self.ties)
+        marg = sum(len(set(t.out_placement)) + len(set(pl)) for t in self.tensors for _, pl, _ in t.consumers)
+        return {"nodes": len(self.nodes), "x_vars": x, "e_vars": e, "w_vars": w,
+                "constraints": len(self.nodes) + marg + e + sum(len(s) for _, _, s in self.ties)
                 + (1 if self.memory_budget is not None else 0)}
 
 
@@ -119,13 +127,13 @@ def evaluate(problem: IlpProblem, choice: Sequence[int]) -> float:
     total = sum(n.cost[s] for n, s in zip(problem.nodes, choice))
     for t in problem.tensors:
         a = t.out_placement[choice[t.producer]]
-        needed = {pl[choice[c]] for c, pl in t.consumers}
-        costs = {(ra, rb): sec for ra, rb, sec in t.redist}
-        total += sum(costs.get((a, b), 0.0) for b in needed if b != a)
+        needed = {(pl[choice[c]], g) for c, pl, g in t.consumers}
+        costs = {(ra, rb, g): sec for ra, rb, g, sec in t.redist}
+        total += sum(costs.get((a, b, g), 0.0) for b, g in needed if b != a)
     return total
 
 
-# --- helpers shared by both backends ------------------------------------------
+# --- the model, written once for both backends ---------------------------------------------
 
 def _placement_terms(choices: Sequence[int]) -> dict[int, list[int]]:
     """Group strategy indices by the placement id they induce."""
@@ -135,20 +143,44 @@ def _placement_terms(choices: Sequence[int]) -> dict[int, list[int]]:
     return groups
 
 
-def _redist_rows(problem: IlpProblem):
-    """Yield (tensor index, a, b, seconds, [(producer strategies), (consumer node, its strategies)])."""
+def _build(problem: IlpProblem, api):
+    """Emit variables, constraints and the objective through a tiny backend ``api``.
+
+    ``api`` provides: boolvar(name), add_eq(lhs_terms, rhs_terms), add_ge(var, var),
+    fix0(var), objective terms are returned as (coefficient seconds, var).
+    """
+    x = [[api.boolvar(f"x{n}_{s}") for s in range(len(node.cost))] for n, node in enumerate(problem.nodes)]
+    objective = []
+    for n, node in enumerate(problem.nodes):
+        api.exactly_one(x[n])
+        for s in node.forbidden:
+            api.fix0(x[n][s])
+        objective += [(c, x[n][s]) for s, c in enumerate(node.cost) if c]
     for ti, t in enumerate(problem.tensors):
         prod = _placement_terms(t.out_placement)
-        for a, b, sec in t.redist:
-            if a not in prod:
-                continue
-            rows = []
-            for c, pl in t.consumers:
-                cons = _placement_terms(pl).get(b)
-                if cons:
-                    rows.append((c, cons))
-            if rows:
-                yield ti, a, b, sec, prod[a], rows
+        w = {}
+        for a, b, g, sec in t.redist:
+            if a in prod:
+                w[(a, b, g)] = api.boolvar(f"w{ti}_{a}_{b}_{g}")
+                objective.append((sec, w[(a, b, g)]))
+                if (a, b) in t.forbidden_redist:
+                    api.fix0(w[(a, b, g)])
+        for ci, (c, pl, g) in enumerate(t.consumers):
+            cons = _placement_terms(pl)
+            e = {(a, b): api.boolvar(f"e{ti}_{ci}_{a}_{b}") for a in prod for b in cons}
+            for a, sa in prod.items():
+                api.add_eq([e[(a, b)] for b in cons], [x[t.producer][s] for s in sa])
+            for b, sb in cons.items():
+                api.add_eq([e[(a, b)] for a in prod], [x[c][s] for s in sb])
+            for (a, b), var in e.items():
+                if (a, b, g) in w:
+                    api.add_ge(w[(a, b, g)], var)
+                elif a != b and (a, b) in t.forbidden_redist:
+                    api.fix0(var)
+    for n, k, sigma in problem.ties:
+        for s, t in enumerate(sigma):
+            api.add_eq([x[n][s]], [x[k][t]])
+    return x, objective
 
 
 def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
@@ -156,32 +188,31 @@ def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
 
     start = time.perf_counter()
     m = cp_model.CpModel()
-    x = [[m.NewBoolVar(f"x{n}_{s}") for s in range(len(node.cost))] for n, node in enumerate(problem.nodes)]
-    objective = []
-    for n, node in enumerate(problem.nodes):
-        m.AddExactlyOne(x[n])
-        for s in node.forbidden:
-            m.Add(x[n][s] == 0)
-        objective += [int(round(c * _SCALE)) * x[n][s] for s, c in enumerate(node.cost) if c]
-    for ti, a, b, sec, prod, rows in _redist_rows(problem):
-        forbidden = (a, b) in problem.tensors[ti].forbidden_redist
-        w = m.NewBoolVar(f"w{ti}_{a}_{b}")
-        for c, cons in rows:
-            m.Add(w >= sum(x[problem.tensors[ti].producer][s] for s in prod)
-                  + sum(x[c][s] for s in cons) - 1)
-        if forbidden:
-            m.Add(w == 0)
-        objective.append(int(round(sec * _SCALE)) * w)
-    for n, k, sigma in problem.ties:
-        for s, t in enumerate(sigma):
-            m.Add(x[n][s] == x[k][t])
+
+    class Api:
+        boolvar = staticmethod(m.NewBoolVar)
+        exactly_one = staticmethod(m.AddExactlyOne)
+
+        @staticmethod
+        def add_eq(lhs, rhs):
+            m.Add(sum(lhs) == sum(rhs))
+
+        @staticmethod
+        def add_ge(a, b):
+            m.AddImplication(b, a)
+
+        @staticmethod
+        def fix0(v):
+            m.Add(v == 0)
+
+    x, objective = _build(problem, Api)
     if problem.memory_budget is not None:
         # integer memory row: the budget maps to 10^6 units (1 ppm resolution)
         unit = max(problem.memory_budget, 1e-30) / 1e6
         terms = [int(round(mem / unit)) * x[n][s]
                  for n, node in enumerate(problem.nodes) for s, mem in enumerate(node.memory) if mem]
         m.Add(sum(terms) <= 1_000_000)
-    m.Minimize(sum(objective))
+    m.Minimize(sum(int(round(c * _SCALE)) * v for c, v in objective))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.num_workers = 1          # deterministic
@@ -202,29 +233,33 @@ def _solve_cbc(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
 
     start = time.perf_counter()
     lp = pulp.LpProblem("sharding", pulp.LpMinimize)
-    x = [[lp.add_variable(f"x{n}_{s}", cat="Binary") for s in range(len(node.cost))]
-         for n, node in enumerate(problem.nodes)]
-    objective = []
-    for n, node in enumerate(problem.nodes):
-        lp += pulp.lpSum(x[n]) == 1, f"one_{n}"
-        for s in node.forbidden:
-            lp += x[n][s] == 0, f"forbid_{n}_{s}"
-        objective += [c * x[n][s] for s, c in enumerate(node.cost) if c]
-    for ti, a, b, sec, prod, rows in _redist_rows(problem):
-        w = lp.add_variable(f"w{ti}_{a}_{b}", lowBound=0, upBound=1)   # integral at the optimum
-        for c, cons in rows:
-            lp += w >= (pulp.lpSum(x[problem.tensors[ti].producer][s] for s in prod)
-                        + pulp.lpSum(x[c][s] for s in cons) - 1), f"w{ti}_{a}_{b}_{c}"
-        if (a, b) in problem.tensors[ti].forbidden_redist:
-            lp += w == 0, f"forbid_w{ti}_{a}_{b}"
-        objective.append(sec * w)
-    for i, (n, k, sigma) in enumerate(problem.ties):
-        for s, t in enumerate(sigma):
-            lp += x[n][s] == x[k][t], f"tie_{i}_{s}"
+
+    class Api:
+        @staticmethod
+        def boolvar(name):
+            return lp.add_variable(name, cat="Binary")
+
+        @staticmethod
+        def exactly_one(vs):
+            lp.addConstraint(pulp.lpSum(vs) == 1)
+
+        @staticmethod
+        def add_eq(lhs, rhs):
+            lp.addConstraint(pulp.lpSum(lhs) - pulp.lpSum(rhs) == 0)
+
+        @staticmethod
+        def add_ge(a, b):
+            lp.addConstraint(a - b >= 0)
+
+        @staticmethod
+        def fix0(v):
+            lp.addConstraint(v == 0)
+
+    x, objective = _build(problem, Api)
     if problem.memory_budget is not None:
-        lp += pulp.lpSum(mem * x[n][s] for n, node in enumerate(problem.nodes)
-                         for s, mem in enumerate(node.memory) if mem) <= problem.memory_budget, "memory"
-    lp += pulp.lpSum(objective)
+        lp.addConstraint(pulp.lpSum(mem * x[n][s] for n, node in enumerate(problem.nodes)
+                                    for s, mem in enumerate(node.memory) if mem) <= problem.memory_budget)
+    lp.setObjective(pulp.lpSum(c * v for c, v in objective))
     status = lp.solve(_cbc_command(time_limit_s))
     elapsed = time.perf_counter() - start
     if pulp.LpStatus[status] not in ("Optimal", "Not Solved") or any(
@@ -233,7 +268,7 @@ def _solve_cbc(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
     choice = tuple(max(range(len(row)), key=lambda s: row[s].value() or 0) for row in x)
     obj = evaluate(problem, choice)
     optimal = pulp.LpStatus[status] == "Optimal" and elapsed < time_limit_s
-    # CBC via PuLP does not expose its bound; the LP relaxation is a valid one.
+    # CBC via PuLP does not expose its bound; every node at its cheapest strategy is a valid one.
     bound = obj if optimal else min(obj, _lp_bound(problem))
     return IlpSolution(choice, obj, bound, "optimal" if optimal else "feasible", elapsed, "cbc")
 

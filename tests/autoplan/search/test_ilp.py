@@ -16,9 +16,10 @@ def random_problem(seed: int, nodes: int = 5, strategies: int = 3, placements: i
     tensors = []
     for i in range(1, nodes):
         producer = rng.randrange(i)
-        consumers = tuple((c, tuple(rng.randrange(placements) for _ in range(strategies)))
-                          for c in sorted(rng.sample(range(i, nodes), k=min(2, nodes - i))))
-        redist = tuple((a, b, rng.uniform(0, 8)) for a in range(placements) for b in range(placements) if a != b)
+        consumers = tuple((c, tuple(rng.randrange(placements) for _ in range(strategies)), c % 2)
+                          for c in sorted(rng.sample(range(i, nodes), k=min(3, nodes - i))))
+        redist = tuple((a, b, g, rng.uniform(0, 8)) for a in range(placements) for b in range(placements)
+                       for g in (0, 1) if a != b)
         tensors.append(IlpTensor(f"t{i}", producer, tuple(rng.randrange(placements) for _ in range(strategies)),
                                  consumers, redist))
     budget = None
@@ -48,12 +49,14 @@ def test_matches_brute_force(backend, seed):
 
 
 def test_redistribution_paid_once_for_many_consumers():
-    # one producer with a single strategy (placement 0), three consumers that all need placement 1
-    consumers = tuple((c, (1,)) for c in (1, 2, 3))
+    # one producer with a single strategy (placement 0), three consumers that all need placement 1:
+    # two in group 0 share one redistribution, the one in group 1 pays again
+    consumers = ((1, (1,), 0), (2, (1,), 0), (3, (1,), 1))
     p = IlpProblem(
         nodes=(IlpNode("p", (0.0,)),) + tuple(IlpNode(f"c{i}", (1.0,)) for i in range(3)),
-        tensors=(IlpTensor("t", 0, (0,), consumers, ((0, 1, 5.0),)),))
-    assert solve(p).objective == pytest.approx(3.0 + 5.0)
+        tensors=(IlpTensor("t", 0, (0,), consumers, ((0, 1, 0, 5.0), (0, 1, 1, 5.0))),))
+    for backend in ("cpsat", "cbc"):
+        assert solve(p, backend).objective == pytest.approx(3.0 + 10.0)
 
 
 def test_ties_and_forbidden():

@@ -1,0 +1,95 @@
+"""Data parallelism at the plan's ZeRO level, on the plan's dp axis.
+
+* ``zero=3``: FSDP2 ``fully_shard`` on every block and on the stage, parameters
+  resharded after forward (all-gathered again for backward).
+* ``zero=2``: the same with ``reshard_after_forward=False``: parameters stay
+  gathered from forward to backward, gradients are reduce-scattered and the
+  optimizer state is sharded.
+* ``zero=1``: gradients are all-reduced (averaged) over dp after backward;
+  ``ZeroOneOptimizer`` gives each dp rank the optimizer state and the update of
+  its share of the parameters, then broadcasts the updated values from their
+  owners.  (torch's ``ZeroRedundancyOptimizer`` does the same for plain tensors
+  but not for the DTensor parameters of tensor parallelism.)
+* ``zero=0``: gradients are all-reduced (averaged) over dp after backward.
+
+The dp gradient average over dp ranks is what a single process computes with
+the loss averaged over the whole global batch.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor, the tensor itself otherwise."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def shard_fsdp(stage: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, zero: int) -> None:
+    """FSDP2 units: each block, then the stage (the outside parameters it owns)."""
+    reshard = zero >= 3
+    for block in blocks:
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+
+
+def settle_tp_gradients(params: Iterable[nn.Parameter]) -> None:
+    """Bring DTensor gradients to their parameter's placements (a partial sum is reduced).
+
+    Under sequence parallelism a replicated norm weight gets a partial gradient
+    from each sequence shard; this is Megatron's all-reduce of those gradients.
+    """
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor) and tuple(g.placements) != tuple(p.placements):
+            p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
+def average_gradients(params: Iterable[nn.Parameter], group, size: int) -> None:
+    """All-reduce every gradient's local shard over ``group`` and divide by ``size``."""
+    for p in params:
+        if p.grad is not None:
+            g = local(p.grad)
+            dist.all_reduce(g, group=group)
+            g.div_(size)
+
+
+class ZeroOneOptimizer:
+    """ZeRO stage 1 over a dp group: sharded optimizer state and update, replicated parameters.
+
+    Parameters are dealt to dp ranks greedily by size (each to the rank holding the
+    fewest elements so far, in parameter order); each rank runs ``make_optimizer``
+    on its share; after ``step`` every parameter is broadcast from its owner.
+    """
+
+    def __init__(self, params: list[nn.Parameter], make_optimizer: Callable[[list], torch.optim.Optimizer],
+                 group, group_ranks: tuple[int, ...]) -> None:
+        self.params = params
+        self.group, self.group_ranks = group, group_ranks
+        load = [0] * len(group_ranks)
+        self.owner: list[int] = []
+        for p in params:
+            i = min(range(len(load)), key=lambda k: (load[k], k))
+            self.owner.append(i)
+            load[i] += local(p).numel()
+        me = group_ranks.index(dist.get_rank())
+        mine = [p for p, o in zip(params, self.owner) if o == me]
+        self.inner = make_optimizer(mine) if mine else None
+
+    def step(self) -> None:
+        if self.inner is not None:
+            self.inner.step()
+        with torch.no_grad():
+            for p, o in zip(self.params, self.owner):
+                dist.broadcast(local(p), src=self.group_ranks[o], group=self.group)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None

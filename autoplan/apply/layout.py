@@ -1,0 +1,228 @@
+"""What ``apply`` needs to know about a model, found by running it once on a tiny batch.
+
+No module names are assumed.  The probe finds
+
+* the **block stack**: the ``nn.ModuleList`` / ``nn.Sequential`` holding the most
+  parameters; pipeline stages are cut between its entries.  The model's forward
+  must call the blocks in order, each taking the residual stream [batch, seq,
+  hidden] as its first positional argument and returning it;
+* the **region** of every parameter outside the blocks: ``pre`` if some torch
+  function reads it before the first block runs (token/position embeddings),
+  ``post`` if after the last block (final norm, output head), both for a tied
+  embedding/head weight.  The first pipeline stage owns ``pre`` parameters, the
+  last stage ``post`` ones;
+* a **default tp role** per parameter (Megatron's rules, found on the data flow,
+  not on names):
+
+  - an ``nn.Linear`` inside a block whose input depends on the output of another
+    ``nn.Linear`` of the same block (through attention, activations, products)
+    is *row-parallel* (weight ``S(1)``) and the Linears it depends on are
+    *column-parallel* (weight ``S(0)``); a Linear in no such pair (a MoE router)
+    is replicated;
+  - an ``nn.Linear`` after the blocks (the output head) is column-parallel
+    (vocabulary-parallel logits), and so is any weight passed to ``F.linear``
+    after the blocks (a head applied functionally, tied or not);
+  - an ``nn.Embedding`` is vocabulary-parallel (weight ``S(0)``);
+  - every other parameter (norms, raw expert tensors) is replicated.
+
+Dependencies are tracked with a ``TorchFunctionMode`` that labels every tensor a
+torch function returns with the union of its inputs' labels; a Linear's output
+is labelled with the Linear itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from autoplan.errors import UserError
+
+COLWISE, ROWWISE, REPLICATE, EMBEDDING = "colwise", "rowwise", "replicate", "embedding"
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """The structure of one model as ``apply`` sees it (parameter names are the model's FQNs)."""
+
+    blocks_path: str                          # FQN of the block stack, e.g. "layers"
+    num_blocks: int
+    pre: frozenset[str]                       # parameters read before the first block
+    post: frozenset[str]                      # parameters read after the last block
+    roles: dict[str, str]                     # module FQN -> colwise | rowwise | replicate | embedding
+    index_ndim: dict[str, int]                # Embedding FQN -> ndim of its index tensor
+    stream_shaped: frozenset[str]             # module FQNs whose output has the residual shape
+    head_weights: frozenset[str] = frozenset()  # parameters used as F.linear weights after the blocks
+    vocab: int = 0                            # rows of the first embedding called (0: none)
+    block_params: dict[int, tuple[str, ...]] = field(default_factory=dict)  # block -> relative names
+
+    def block_prefix(self, i: int) -> str:
+        return f"{self.blocks_path}.{i}."
+
+    def block_of(self, name: str) -> int | None:
+        """Index of the block holding parameter/module ``name``, or None outside the blocks."""
+        prefix = self.blocks_path + "."
+        if not name.startswith(prefix):
+            return None
+        return int(name[len(prefix):].split(".", 1)[0])
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.Module]:
+    """The ModuleList/Sequential with the most parameters (ties: the first in module order)."""
+    best, best_n = None, 0
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0:
+            n = sum(p.numel() for p in module.parameters())
+            if n > best_n:
+                best, best_n = (name, module), n
+    if best is None:
+        raise UserError(f"{type(model).__name__} has no nn.ModuleList or nn.Sequential of blocks",
+                        "keep the repeated transformer blocks in an nn.ModuleList that forward() "
+                        "iterates; apply cuts pipeline stages between its entries")
+    return best
+
+
+class _Labels(TorchFunctionMode):
+    """Records which parameters each region reads and propagates Linear labels."""
+
+    def __init__(self, param_names: dict[int, str]) -> None:
+        super().__init__()
+        self.param_names = param_names
+        self.region = "pre"
+        self.used: dict[str, set[str]] = {}
+        self.head_weights: set[str] = set()
+        self.labels: dict[int, frozenset[str]] = {}
+        self.alive: list[torch.Tensor] = []     # keep labelled tensors alive: ids stay unique
+
+    def label(self, t: torch.Tensor, value: frozenset[str]) -> None:
+        self.labels[id(t)] = value
+        self.alive.append(t)
+
+    def labels_of(self, obj) -> frozenset[str]:
+        out: frozenset[str] = frozenset()
+        for leaf in tree_flatten(obj)[0]:
+            if isinstance(leaf, torch.Tensor):
+                out |= self.labels.get(id(leaf), frozenset())
+        return out
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = tree_flatten((args, kwargs))[0]
+        for leaf in inputs:
+            if isinstance(leaf, nn.Parameter) and id(leaf) in self.param_names:
+                self.used.setdefault(self.param_names[id(leaf)], set()).add(self.region)
+        if self.region == "post" and func is F.linear:
+            weight = args[1] if len(args) > 1 else kwargs.get("weight")
+            if isinstance(weight, nn.Parameter) and id(weight) in self.param_names:
+                self.head_weights.add(self.param_names[id(weight)])
+        out = func(*args, **kwargs)
+        if self.region == "block":
+            value = self.labels_of(inputs)
+            if value:
+                for leaf in tree_flatten(out)[0]:
+                    if isinstance(leaf, torch.Tensor):
+                        self.label(leaf, value | self.labels.get(id(leaf), frozenset()))
+        return out
+
+
+def probe(model: nn.Module, example_ids: torch.Tensor) -> ModelLayout:
+    """Run ``model(example_ids)`` once (no grad) and read its layout."""
+    blocks_path, blocks = find_blocks(model)
+    param_names = {id(p): n for n, p in model.named_parameters()}
+    modules = dict(model.named_modules())
+    block_ids = {id(b): i for i, b in enumerate(blocks)}
+    mode = _Labels(param_names)
+    roles: dict[str, str] = {}
+    open_linears: set[str] = set()
+    index_ndim: dict[str, int] = {}
+    stream_shaped: set[str] = set()
+    state: dict = {"stream": None, "vocab": 0}
+    handles = []
+
+    def block_pre(module, args):
+        mode.region = "block"
+        mode.labels.clear()
+        mode.alive.clear()
+        open_linears.clear()
+        if state["stream"] is None and args and isinstance(args[0], torch.Tensor):
+            state["stream"] = tuple(args[0].shape)
+
+    def block_post(module, args, output):
+        for name in open_linears:                # first of a pair that never met its second
+            roles[name] = REPLICATE
+        open_linears.clear()
+        if block_ids[id(module)] == len(blocks) - 1:
+            mode.region = "post"
+
+    def linear_pre(name):
+        def hook(module, args):
+            if mode.region != "block":
+                roles[name] = COLWISE if mode.region == "post" else REPLICATE
+                return
+            feeding = {n for n in mode.labels_of(args) if n in open_linears}
+            if feeding:
+                roles[name] = ROWWISE
+                for n in feeding:
+                    roles[n] = COLWISE
+                    open_linears.discard(n)
+            else:
+                open_linears.add(name)
+        return hook
+
+    def linear_post(name):
+        def hook(module, args, output):
+            if mode.region == "block" and isinstance(output, torch.Tensor):
+                mode.label(output, frozenset({name}))
+        return hook
+
+    def embedding_pre(name):
+        def hook(module, args):
+            roles[name] = EMBEDDING
+            index_ndim[name] = args[0].dim()
+            if not state["vocab"] and mode.region == "pre":
+                state["vocab"] = module.num_embeddings
+        return hook
+
+    def any_post(name):
+        def hook(module, args, output):
+            if isinstance(output, torch.Tensor) and tuple(output.shape) == state["stream"]:
+                stream_shaped.add(name)
+        return hook
+
+    for i, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(block_pre))
+        handles.append(block.register_forward_hook(block_post))
+    for name, module in modules.items():
+        if isinstance(module, nn.Linear):
+            handles.append(module.register_forward_pre_hook(linear_pre(name)))
+            handles.append(module.register_forward_hook(linear_post(name)))
+        elif isinstance(module, nn.Embedding):
+            handles.append(module.register_forward_pre_hook(embedding_pre(name)))
+        handles.append(module.register_forward_hook(any_post(name)))
+    try:
+        with torch.no_grad(), mode:
+            model(example_ids)
+    finally:
+        for h in handles:
+            h.remove()
+    if state["stream"] is None:
+        raise UserError(f"{type(model).__name__}.forward never called its blocks ({blocks_path})",
+                        "forward() must run the blocks of the nn.ModuleList in order")
+
+    pre, post = set(), set()
+    for name, regions in mode.used.items():
+        if name.startswith(blocks_path + "."):
+            continue
+        if "pre" in regions:
+            pre.add(name)
+        if "post" in regions:
+            post.add(name)
+    block_params = {i: tuple(n for n, _ in block.named_parameters()) for i, block in enumerate(blocks)}
+    return ModelLayout(blocks_path=blocks_path, num_blocks=len(blocks), pre=frozenset(pre),
+                       post=frozenset(post), roles=dict(sorted(roles.items())),
+                       index_ndim=index_ndim, stream_shaped=frozenset(stream_shaped),
+                       head_weights=frozenset(mode.head_weights), vocab=state["vocab"],
+                       block_params=block_params)

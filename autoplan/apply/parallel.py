@@ -1,0 +1,308 @@
+"""``apply``: a Plan run on a real model with torch.distributed.
+
+Composition order on each pipeline stage of this rank (torchtitan's order):
+cut the stage → tensor/sequence parallel (DTensor) → activation recomputation →
+FSDP2 (zero 2/3).  Then the pipeline schedule over the rank's stages.
+
+What torch 2.13 cannot run raises ``UserError`` instead of running something else
+(see ``check_supported``).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from autoplan.apply import data_parallel, pipeline, recompute, tensor_parallel
+from autoplan.apply._torch import plain_tensors_are_replicated, register_cpu_attention_sharding
+from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
+from autoplan.apply.layout import ModelLayout, probe
+from autoplan.apply.tensor_parallel import PlacementsArg
+from autoplan.errors import UserError
+from autoplan.mesh import Mesh
+from autoplan.plan import V_SCHEDULES, Plan
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over all positions (computed in fp32)."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
+    """Plain SGD, or AdamW without weight decay (per-parameter loop: DTensors of mixed meshes)."""
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
+    raise UserError(f"unknown optimizer {kind!r}", f"use one of: {', '.join(OPTIMIZERS)}")
+
+
+def check_supported(plan: Plan, global_batch: int | None = None) -> None:
+    """Raise UserError for the parts of a plan this torch cannot run.
+
+    With ``global_batch``, also the micro-batch counts torch's schedules refuse.
+    """
+    if plan.cp > 1:
+        raise UserError(
+            f"autoplan apply does not run context parallelism (cp={plan.cp}): torch 2.13's "
+            "context_parallel swaps attention for ring attention only on the CUDA flash/efficient/"
+            "cuDNN kernels (not on CPU), has no Ulysses all-to-all, and needs the model's position "
+            "tensors passed in as sequence-sharded buffers, while the zoo models derive positions "
+            "from the input length inside forward",
+            "run the plan with cp=1, or export it to torchtitan/Megatron-LM (autoplan export)")
+    if plan.ep > 1:
+        raise UserError(
+            f"autoplan apply does not run expert parallelism (ep={plan.ep}): torch 2.13 has no "
+            "expert-parallel style (token all-to-all dispatch to experts on other ranks)",
+            "run with ep=1 (experts replicated or sharded by their tp placements), or export "
+            "the plan to torchtitan/Megatron-LM")
+    if plan.pp == 1:
+        return
+    if plan.schedule not in pipeline.SCHEDULE_CLASSES:
+        raise UserError(f"torch.distributed.pipelining has no {plan.schedule} schedule",
+                        "use one of: " + ", ".join(pipeline.SCHEDULE_CLASSES))
+    if global_batch is None:
+        return
+    m = plan.microbatches(global_batch)
+    stages = plan.pp * plan.vpp
+    if plan.schedule == "dualpipev" and m < stages:
+        raise UserError(f"torch's DualPipeV needs at least as many micro-batches as stages: "
+                        f"{m} micro-batches, {stages} stages", "raise the global batch or lower mbs")
+    rounds = max(1, m // plan.pp)
+    if plan.schedule in ("interleaved", "zb-h1") and m % rounds:
+        raise UserError(f"torch's {pipeline.SCHEDULE_CLASSES[plan.schedule].__name__} needs the "
+                        f"micro-batches ({m}) to be a multiple of max(1, micro-batches // pp) = {rounds}",
+                        "pick a global batch giving a multiple of pp micro-batches")
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model under a plan, and how to run a training step on it.
+
+    ``stages`` are this rank's pipeline stages (``StageModule``; one unless the
+    schedule is interleaved or V-shaped); ``schedule`` is the torch pipelining
+    schedule (None when pp = 1).
+    """
+
+    plan: Plan
+    mesh: DeviceMesh
+    layout: ModelLayout
+    stages: list[pipeline.StageModule]
+    schedule: object | None
+    loss_fn: LossFn
+    microbatches: int
+    coords: dict[str, int]
+    tied: tuple[str, ...] = ()
+    _tied_group: object | None = None
+    _dp_group: object | None = field(default=None, repr=False)
+    _dp_ranks: tuple[int, ...] = ()
+
+    # --- where this rank sits -------------------------------------------------
+    @property
+    def has_first_stage(self) -> bool:
+        return any(s.first for s in self.stages)
+
+    @property
+    def has_last_stage(self) -> bool:
+        return any(s.last for s in self.stages)
+
+    @property
+    def reports_loss(self) -> bool:
+        """The one rank that prints the loss: last stage, first rank of every other axis."""
+        return self.has_last_stage and all(c == 0 for a, c in self.coords.items() if a != "pp")
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(model FQN, parameter) of every parameter on this rank, each once."""
+        out, seen = [], set()
+        for stage in self.stages:
+            for name, p in stage.model.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append((name, p))
+        return out
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    # --- data -------------------------------------------------------------------
+    def local_batch(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch (split over the dp axis)."""
+        n = batch.shape[0] // self.plan.dp
+        i = self.coords["dp"] * self.plan.ep + self.coords["ep"]
+        return batch[i * n:(i + 1) * n]
+
+    # --- a training step ---------------------------------------------------------
+    def _context(self):
+        return plain_tensors_are_replicated() if self.plan.tp > 1 else contextlib.nullcontext()
+
+    def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor) -> float | None:
+        """Forward and backward of this rank's local batch [B/dp, seq]; gradients end synced.
+
+        Returns the mean loss over the local micro-batches on ranks that hold the
+        last stage, else None.  Gradients equal those of the loss averaged over the
+        global batch.
+        """
+        with self._context():
+            if self.schedule is not None:
+                losses: list[torch.Tensor] = []
+                args = (ids,) if self.has_first_stage else ()
+                kwargs = {"target": targets, "losses": losses} if self.has_last_stage else {}
+                self.schedule.step(*args, **kwargs)
+                loss = torch.stack(losses).mean().item() if self.has_last_stage else None
+            else:
+                stage, total = self.stages[0], 0.0
+                for mb_ids, mb_targets in zip(ids.chunk(self.microbatches), targets.chunk(self.microbatches)):
+                    mb_loss = self.loss_fn(stage(mb_ids), mb_targets)
+                    (mb_loss / self.microbatches).backward()
+                    total += mb_loss.item()
+                loss = total / self.microbatches
+            self._finish_gradients()
+        return loss
+
+    def _finish_gradients(self) -> None:
+        params = self.parameters()
+        data_parallel.settle_tp_gradients(params)
+        if self.plan.dp > 1 and self.plan.zero <= 1:
+            data_parallel.average_gradients(params, self._dp_group, self.plan.dp)
+        self._sum_tied_gradients()
+
+    def _sum_tied_gradients(self) -> None:
+        """A weight shared by the first and last stage (tied embedding/head) gets the sum of both."""
+        if not self.tied or self.plan.pp == 1:
+            return
+        holders = [s for s in self.stages if s.first or s.last]
+        for name in self.tied:
+            grads = [data_parallel.local(s.model.get_parameter(name).grad) for s in holders]
+            if len(grads) == 2:                       # V placement: both stages on this rank
+                grads[0].add_(grads[1])
+                grads[1].copy_(grads[0])
+            elif grads:
+                dist.all_reduce(grads[0], group=self._tied_group)
+
+    def global_loss(self, loss: float) -> float:
+        """Average of a last-stage rank's loss over the dp axis (call on last-stage ranks only)."""
+        if self.plan.dp == 1:
+            return loss
+        t = torch.tensor([loss], dtype=torch.float64, device=self._device())
+        dist.all_reduce(t, group=self._dp_group)
+        return t.item() / self.plan.dp
+
+    def _device(self) -> torch.device:
+        return next(iter(self.stages[0].parameters()), torch.empty(0)).device
+
+    # --- optimizer ------------------------------------------------------------------
+    def optimizer(self, kind: str = "adamw", lr: float = 1e-3):
+        """SGD or AdamW over this rank's parameters; ZeRO-1 sharded when the plan says zero=1."""
+        params = self.parameters()
+        if self.plan.zero == 1 and self.plan.dp > 1:
+            return data_parallel.ZeroOneOptimizer(params, lambda ps: make_optimizer(kind, ps, lr),
+                                                  self._dp_group, self._dp_ranks)
+        return make_optimizer(kind, params, lr)
+
+    # --- inspection (collectives: call on every rank) ------------------------------------
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """FQN → the whole gradient (gathered over tp and FSDP shards) of this rank's parameters."""
+        out = {}
+        for name, p in self.named_parameters():
+            g = p.grad
+            if g is None:
+                continue
+            out[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
+        return out
+
+
+def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, global_batch: int, seq: int,
+          placements: PlacementsArg = None, loss_fn: LossFn = cross_entropy) -> ParallelModel:
+    """Shard ``model`` (materialised, identical on every rank) for ``plan`` on this rank.
+
+    ``model`` maps token ids [batch, seq] to logits [batch, seq, vocab].
+    ``placements``: tp placement per parameter name within a block ("R", "S(0)",
+    "S(1)", ...), or a callable (block index, block) → such a mapping; None derives
+    Megatron's placements from the module graph (see ``layout.py``).
+    ``global_batch`` sequences of length ``seq`` per step; ``plan.mbs`` per micro-batch.
+    """
+    check_supported(plan, global_batch)
+    if not dist.is_initialized():
+        raise UserError("apply needs an initialised process group",
+                        "call torch.distributed.init_process_group first (autoplan run does)")
+    device_type = next(model.parameters()).device.type
+    mesh = mesh if mesh is not None else device_mesh(plan, device_type)
+    _check_mesh(mesh, plan)
+    device = next(model.parameters()).device
+    layout = probe(model, torch.zeros(plan.mbs, seq, dtype=torch.long, device=device))
+    plan.validate(num_gpus=dist.get_world_size(), num_layers=layout.num_blocks, heads=0, seq=seq,
+                  global_batch=global_batch)
+    rank = dist.get_rank()
+    coords = Mesh.of(plan).coords(rank)
+    tp_mesh = mesh["tp"] if plan.tp > 1 else None
+    resolved = {}
+    if tp_mesh is not None:
+        register_cpu_attention_sharding()
+        resolved = tensor_parallel.resolve_placements(model, layout, plan.tp, placements)
+    stream = (Shard(1),) if plan.sp else (Replicate(),)
+    bounds = pipeline.stage_bounds(plan, layout.num_blocks)
+    num_stages = len(bounds)
+    stages = []
+    for sid in pipeline.stage_ids(plan, coords["pp"]):
+        first, end = bounds[sid]
+        copy, inject = pipeline.cut_stage(model, layout, first, end, owns_pre=sid == 0,
+                                          owns_post=sid == num_stages - 1)
+        if tp_mesh is not None:
+            tensor_parallel.shard_module_tree(copy, layout, resolved, tp_mesh, plan.sp)
+        stage = pipeline.StageModule(copy, inject, index=sid, first=sid == 0, last=sid == num_stages - 1,
+                                     seq=seq, tp_mesh=tp_mesh, stream=stream)
+        blocks = stage.stage_blocks(layout)
+        recompute.recompute_blocks(blocks, plan.recompute_of_stage(coords["pp"]))
+        if plan.dp > 1 and plan.zero >= 2:
+            data_parallel.shard_fsdp(stage, blocks, mesh["dp"], plan.zero)
+        stages.append(stage)
+
+    microbatches = plan.microbatches(global_batch)
+    schedule = None
+    if plan.pp > 1:
+        schedule = pipeline.build_schedule(plan, stages, mesh["pp"].get_group(), device, microbatches, loss_fn)
+    tied = tuple(sorted(layout.pre & layout.post))
+    tied_group = _tied_group(plan, rank) if tied and plan.pp > 1 else None
+    dp_group = mesh["dp"].get_group() if plan.dp > 1 else None
+    dp_ranks = Mesh.of(plan).group("dp", rank)
+    return ParallelModel(plan=plan, mesh=mesh, layout=layout, stages=stages, schedule=schedule,
+                         loss_fn=loss_fn, microbatches=microbatches, coords=coords, tied=tied,
+                         _tied_group=tied_group, _dp_group=dp_group, _dp_ranks=dp_ranks)
+
+
+def _check_mesh(mesh: DeviceMesh, plan: Plan) -> None:
+    """A given mesh must lay ranks out as ``device_mesh(plan)`` does."""
+    names, shape = torch_mesh_shape(plan)
+    if (tuple(mesh.mesh_dim_names or ()) != names or tuple(mesh.shape) != shape
+            or mesh.mesh.flatten().tolist() != list(range(plan.num_gpus))):
+        raise UserError(f"the DeviceMesh {tuple(mesh.mesh_dim_names or ())} {tuple(mesh.shape)} does not lay "
+                        f"ranks out as the plan: axes {names} of sizes {shape} over ranks 0..{plan.num_gpus - 1}",
+                        "build it with autoplan.apply.device_mesh(plan) or pass mesh=None")
+
+
+def _tied_group(plan: Plan, rank: int):
+    """Process group of the first and last pipeline rank holding ``rank``'s tied weight copies.
+
+    Every rank creates every group (``new_group`` is collective); V placement keeps
+    both stages on pipeline rank 0, so no group is needed there.
+    """
+    if plan.schedule in V_SCHEDULES:
+        return None
+    mine = None
+    for group in Mesh.of(plan).groups("pp"):
+        pg = dist.new_group([group[0], group[-1]])
+        if rank in (group[0], group[-1]):
+            mine = pg
+    return mine

@@ -1,0 +1,176 @@
+"""Pipeline stages cut from the model's own forward, and the torch schedule of a plan.
+
+A stage is a deep copy of the whole model in which
+
+* blocks outside the stage are replaced by placeholders: the one just before the
+  stage returns the stage's input activation (``_Inject``), the one just after it
+  raises ``StageExit`` carrying the stage's output (``_Exit``), the others pass
+  their input through (``_Skip``);
+* parameters outside the blocks that the stage does not own (``ModelLayout.pre``
+  belongs to stage 0, ``post`` to the last stage) become zero-stride zero tensors:
+  no memory, not parameters, so the code before the first block still runs
+  (cheaply, on dummy token ids) and computes what blocks take besides the residual
+  stream (rotary tables, masks).
+
+The stage then runs the model's unmodified ``forward``.  Between stages the
+residual stream travels as a plain local tensor (its sequence shard under sp).
+
+Stage placement on pipeline ranks: the loop placement (rank r holds stages
+r, r+pp, …) for interleaved schedules, the V placement (rank r holds r and
+2·pp−1−r) for zbv and dualpipev.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                          ScheduleZBVZeroBubble)
+from torch.distributed.tensor import DTensor, Placement, Replicate
+
+from autoplan.apply.layout import ModelLayout
+from autoplan.plan import V_SCHEDULES, Plan
+
+# plan schedule -> (torch schedule class, several stages per rank)
+SCHEDULE_CLASSES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved": ScheduleInterleaved1F1B,
+    "zb-h1": ScheduleInterleavedZeroBubble,   # one stage per rank: ZB-H1's B/W split, W fills bubbles
+    "zbv": ScheduleZBVZeroBubble,
+    "dualpipev": ScheduleDualPipeV,
+}
+SINGLE_STAGE = ("gpipe", "1f1b")
+
+
+class StageExit(Exception):
+    """Raised by the placeholder after a stage's last block; carries the stage's output."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__("pipeline stage output")
+        self.tensor = tensor
+
+
+class _Skip(nn.Module):
+    def forward(self, x, *args, **kwargs):
+        return x
+
+
+class _Inject(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.value: torch.Tensor | None = None
+
+    def forward(self, x, *args, **kwargs):
+        return self.value
+
+
+class _Exit(nn.Module):
+    def forward(self, x, *args, **kwargs):
+        raise StageExit(x)
+
+
+def stage_bounds(plan: Plan, num_blocks: int) -> list[tuple[int, int]]:
+    """[first, end) block range of every virtual stage, in pipeline order."""
+    bounds, start = [], 0
+    for n in plan.stage_layers(num_blocks):
+        bounds.append((start, start + n))
+        start += n
+    return bounds
+
+
+def stage_ids(plan: Plan, pp_rank: int) -> tuple[int, ...]:
+    """Virtual stages held by pipeline rank ``pp_rank``."""
+    if plan.schedule in V_SCHEDULES:
+        return (pp_rank, 2 * plan.pp - 1 - pp_rank)
+    return tuple(pp_rank + k * plan.pp for k in range(plan.vpp))
+
+
+def _stub(t: torch.Tensor) -> torch.Tensor:
+    """Zeros of ``t``'s shape and dtype that take no memory (stride 0)."""
+    return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+
+
+def cut_stage(model: nn.Module, layout: ModelLayout, first: int, end: int, owns_pre: bool,
+              owns_post: bool) -> tuple[nn.Module, _Inject | None]:
+    """Copy of ``model`` holding blocks [first, end) and the outside parameters the stage owns."""
+    blocks = model.get_submodule(layout.blocks_path)
+    memo: dict[int, object] = {}
+    inject = None
+    for i, block in enumerate(blocks):
+        if first <= i < end:
+            continue
+        if i == first - 1:
+            memo[id(block)] = inject = _Inject()
+        elif i == end:
+            memo[id(block)] = _Exit()
+        else:
+            memo[id(block)] = _Skip()
+    stubbed = []
+    for name, p in model.named_parameters():
+        if layout.block_of(name) is not None:
+            continue
+        if (owns_pre and name in layout.pre) or (owns_post and name in layout.post):
+            continue
+        memo[id(p)] = _stub(p)
+        stubbed.append(name)
+    stage = copy.deepcopy(model, memo)
+    for name in stubbed:                      # stubs are plain attributes, not parameters
+        owner, _, attr = name.rpartition(".")
+        module = stage.get_submodule(owner)
+        value = module._parameters.pop(attr)
+        setattr(module, attr, value)
+    return stage, inject
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: ids (first stage) or the residual stream in, stream or logits out."""
+
+    def __init__(self, model: nn.Module, inject: _Inject | None, *, index: int, first: bool, last: bool,
+                 seq: int, tp_mesh: DeviceMesh | None, stream: tuple[Placement, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.index, self.first, self.last, self.seq = index, first, last, seq
+        self._inject = [inject]                  # a list: not registered twice as a submodule
+        self._tp_mesh = tp_mesh
+        self._stream = stream
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            ids = x
+        else:
+            ids = torch.zeros(x.shape[0], self.seq, dtype=torch.long, device=x.device)
+            if self._tp_mesh is not None:
+                x = DTensor.from_local(x, self._tp_mesh, self._stream, run_check=False)
+            self._inject[0].value = x
+        try:
+            out = self.model(ids)
+        except StageExit as e:
+            out = e.tensor
+        finally:
+            if not self.first:
+                self._inject[0].value = None
+        if isinstance(out, DTensor):
+            out = out.redistribute(out.device_mesh, (Replicate(),) if self.last else self._stream).to_local()
+        if out._base is not None:             # zero-bubble schedules detach stage outputs in place
+            out = out.clone()
+        return out
+
+    def stage_blocks(self, layout: ModelLayout) -> list[nn.Module]:
+        """The real blocks this stage holds (not the placeholders)."""
+        return [b for b in self.model.get_submodule(layout.blocks_path)
+                if not isinstance(b, (_Skip, _Inject, _Exit))]
+
+
+def build_schedule(plan: Plan, stages: list[StageModule], pp_group, device: torch.device,
+                   microbatches: int, loss_fn):
+    """The torch.distributed.pipelining schedule of ``plan`` over this rank's stages."""
+    num_stages = plan.pp * plan.vpp
+    pipe_stages = [PipelineStage(s, s.index, num_stages, device, group=pp_group) for s in stages]
+    cls = SCHEDULE_CLASSES[plan.schedule]
+    if plan.schedule in SINGLE_STAGE:
+        return cls(pipe_stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
+    return cls(pipe_stages, n_microbatches=microbatches, loss_fn=loss_fn)

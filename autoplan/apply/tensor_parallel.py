@@ -1,0 +1,215 @@
+"""Tensor and sequence parallelism from per-parameter placements on the tp axis.
+
+A placement is ``"R"`` (replicated) or ``"S(d)"`` (sharded on tensor dim d), the
+strings of ``BlockSharding.param_placements``.  ``apply`` turns every parameter of
+a stage into a DTensor on the tp axis with its placement, and keeps every
+activation a DTensor, so DTensor's sharding propagation computes each op on its
+local shard and inserts the collectives the layouts imply.  Module boundaries pin
+the layouts Megatron uses (the module *type* and the weight's placement decide,
+never the module's name):
+
+==============  ======  ========================================  ===========================
+module          weight  input → output layout                     torch style it equals
+==============  ======  ========================================  ===========================
+nn.Linear       S(0)    input all-gathered to R, output S(-1)     ColwiseParallel
+nn.Linear       S(1)    input S(-1); output reduced to R, or       RowwiseParallel
+                        reduce-scattered to S(1) with sp
+nn.Linear       R       as propagated                             (replicated)
+nn.Embedding    S(0)    ids R; output R, or S(seq dim) with sp    RowwiseParallel, vocab-parallel
+other           any     as propagated: a norm on the sp residual  SequenceParallel
+                        stream runs on its sequence shard
+==============  ======  ========================================  ===========================
+
+With sp the residual stream between blocks is S(1) (sequence) on tp, else R.  The
+last stage gathers the logits to R before the loss (no loss parallelism).
+
+Why not ``parallelize_module`` with those styles: they return local tensors between
+modules (so a model's own ``view(b, s, heads, d)`` sees the local head count), and
+they re-layout an input DTensor only when their *configured* input layout differs
+from the desired one.  Keeping DTensors everywhere makes every placement assignment
+the ILP may produce compute the single-device result; the module boundaries above
+only pin where Megatron's collectives happen.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
+
+from autoplan.apply.layout import COLWISE, EMBEDDING, ROWWISE, ModelLayout
+from autoplan.errors import UserError
+
+PlacementsArg = Mapping[str, str] | Callable[[int, nn.Module], Mapping[str, str]] | None
+_PLACEMENT = re.compile(r"^(R|S\((-?\d+)\))$")
+
+
+def parse_placement(text: str, shape: torch.Size, tp: int, name: str) -> Placement:
+    """``"R"`` → Replicate(), ``"S(d)"`` → Shard(d); the sharded dim must divide by tp."""
+    m = _PLACEMENT.match(text.strip())
+    if not m:
+        raise UserError(f"placement {text!r} of parameter {name} is not R or S(d)",
+                        "give tp placements as 'R', 'S(0)', 'S(1)', ...")
+    if m.group(2) is None:
+        return Replicate()
+    dim = int(m.group(2))
+    dim = dim + len(shape) if dim < 0 else dim
+    if not 0 <= dim < len(shape):
+        raise UserError(f"placement {text} of parameter {name} names dim {dim}, the parameter has "
+                        f"{len(shape)} dims", "use a dim of the parameter")
+    if shape[dim] % tp:
+        raise UserError(f"placement {text} of parameter {name}: dim {dim} of size {shape[dim]} "
+                        f"does not divide by tp={tp}", "replicate it (R) or shard another dim")
+    return Shard(dim)
+
+
+def default_placement(layout: ModelLayout, module_name: str, module: nn.Module, param: str,
+                      tensor: torch.Tensor, tp: int) -> str:
+    """Megatron's rule for one parameter (see layout.py), falling back to R when tp does not divide."""
+    fqn = f"{module_name}.{param}" if module_name else param
+    if fqn in layout.head_weights and tensor.dim() == 2:
+        return "S(0)" if tensor.shape[0] % tp == 0 else "R"
+    role = layout.roles.get(module_name)
+    if role == COLWISE and isinstance(module, nn.Linear):
+        return "S(0)" if module.out_features % tp == 0 else "R"
+    if role == ROWWISE and isinstance(module, nn.Linear):
+        if param == "weight" and module.in_features % tp == 0:
+            return "S(1)"
+        return "R"
+    if role == EMBEDDING and param == "weight":
+        rows, cols = tensor.shape
+        return "S(0)" if rows % tp == 0 else ("S(1)" if cols % tp == 0 else "R")
+    return "R"
+
+
+def resolve_placements(model: nn.Module, layout: ModelLayout, tp: int,
+                       placements: PlacementsArg) -> dict[str, str]:
+    """Placement of every parameter (model FQN → "R" | "S(d)").
+
+    ``placements`` maps parameter names *within a block* (``attn.q_proj.weight``)
+    to placements and applies to every block that has those names; it may also name
+    parameters outside the blocks by their full name (``wte.weight``).  It may be a
+    callable ``(block_index, block) -> mapping`` instead.  A given mapping must cover
+    every parameter of every block, except that a missing ``X.bias`` follows its
+    ``X.weight`` (``S(0)`` if the weight is ``S(0)``, else ``R``); parameters outside
+    the blocks default to Megatron's rule.  ``None``: Megatron's rule everywhere.
+    """
+    modules = dict(model.named_modules())
+    blocks = modules[layout.blocks_path]
+    out: dict[str, str] = {}
+    for mod_name, module in modules.items():
+        for pname, tensor in module.named_parameters(recurse=False):
+            fqn = f"{mod_name}.{pname}" if mod_name else pname
+            out[fqn] = default_placement(layout, mod_name, module, pname, tensor, tp)
+    if placements is None:
+        return out
+    for i, block in enumerate(blocks):
+        given = placements(i, block) if callable(placements) else placements
+        prefix = layout.block_prefix(i)
+        given = _with_biases(given, layout.block_params[i])
+        missing = [n for n in layout.block_params[i] if n not in given]
+        if missing:
+            raise UserError(f"placements do not cover block {i}: missing {', '.join(missing[:6])}"
+                            + (" ..." if len(missing) > 6 else ""),
+                            "give a placement (R or S(d)) for every parameter of the block")
+        for n in layout.block_params[i]:
+            out[prefix + n] = given[n]
+    if not callable(placements):
+        for name, value in placements.items():
+            if name in out and layout.block_of(name) is None:
+                out[name] = value
+    return out
+
+
+def check_placements(model: nn.Module, layout: ModelLayout, tp: int, placements: PlacementsArg) -> dict[str, str]:
+    """``resolve_placements`` plus the shape checks of every placement (works on a meta model)."""
+    resolved = resolve_placements(model, layout, tp, placements)
+    for name, p in model.named_parameters():
+        parse_placement(resolved[name], p.shape, tp, name)
+    return resolved
+
+
+def _with_biases(given: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
+    out = dict(given)
+    for n in names:
+        owner, _, leaf = n.rpartition(".")
+        weight = f"{owner}.weight" if owner else "weight"
+        if leaf == "bias" and n not in out and weight in out:
+            out[n] = "S(0)" if out[weight].strip() == "S(0)" else "R"
+    return out
+
+
+def _to_dtensor(x, mesh: DeviceMesh, placements: tuple[Placement, ...]):
+    """A plain tensor is a replicated activation; a DTensor is moved to ``placements``."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if not isinstance(x, DTensor):
+        x = DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+    if tuple(x.placements) != tuple(placements):
+        x = x.redistribute(mesh, placements)
+    return x
+
+
+def _io_layouts(module: nn.Module, name: str, weight: Placement | None, layout: ModelLayout,
+                sp: bool) -> tuple[tuple[Placement, ...] | None, tuple[Placement, ...] | None]:
+    """(input, output) layouts pinned at the module boundary; None: as propagated."""
+    if isinstance(module, nn.Linear):
+        if isinstance(weight, Shard) and weight.dim == 0:
+            return (Replicate(),), None
+        if isinstance(weight, Shard) and weight.dim == 1:
+            out = Shard(1) if sp and name in layout.stream_shaped else Replicate()
+            return (Shard(-1),), (out,)
+        return None, None
+    if isinstance(module, nn.Embedding):
+        seq_dim = layout.index_ndim.get(name, 2) - 1
+        return (Replicate(),), ((Shard(seq_dim),) if sp else (Replicate(),))
+    return None, None
+
+
+def shard_module_tree(model: nn.Module, layout: ModelLayout, placements: dict[str, str],
+                      tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Make every parameter of ``model`` a DTensor on ``tp_mesh`` and pin module layouts.
+
+    Parameters that are not ``nn.Parameter`` any more (stubs of a pipeline stage that
+    does not own them) are left alone.
+    """
+    tp = tp_mesh.size()
+    # children first: distribute_module replicates every plain parameter below the module
+    for name, module in reversed(list(model.named_modules())):
+        own = dict(module.named_parameters(recurse=False))
+        if not own:
+            continue
+        prefix = f"{name}." if name else ""
+        chosen = {p: parse_placement(placements[prefix + p], t.shape, tp, prefix + p) for p, t in own.items()}
+
+        def partition(sub_name, sub, mesh, chosen=chosen, module=module):
+            if sub is not module:
+                return
+            for p, placement in chosen.items():
+                param = getattr(sub, p)
+                sub.register_parameter(p, nn.Parameter(distribute_tensor(param.data, mesh, [placement]),
+                                                       requires_grad=param.requires_grad))
+
+        layouts = _io_layouts(module, name, chosen.get("weight"), layout, sp)
+        distribute_module(module, tp_mesh, partition, _input_fn(layouts[0]), _output_fn(layouts[1]))
+
+
+def _input_fn(placements):
+    if placements is None:
+        return None
+
+    def fn(module, inputs, mesh):
+        return (_to_dtensor(inputs[0], mesh, placements),) + tuple(inputs[1:])
+    return fn
+
+
+def _output_fn(placements):
+    if placements is None:
+        return None
+
+    def fn(module, output, mesh):
+        return _to_dtensor(output, mesh, placements)
+    return fn

@@ -1,0 +1,176 @@
+"""``autoplan run``: train a model for a few steps under a plan on N local processes.
+
+    autoplan run gpt:layers=4,hidden=64,heads=4,vocab=256 --plan tp=2,pp=2 --nproc 4
+    autoplan run llama3-8b --plan tp=8 --nproc 8 --backend nccl --dtype bf16
+    torchrun --nproc-per-node 4 -m autoplan run MODEL --plan P     # same, started by torchrun
+
+Without RANK/WORLD_SIZE in the environment the command checks its arguments, then
+starts ``--nproc`` copies of itself with torchrun's environment (MASTER_ADDR/PORT,
+RANK, LOCAL_RANK, WORLD_SIZE) and waits; each copy is one rank.  The rank holding
+the last pipeline stage (first on every other axis) prints the loss of each step,
+averaged over the global batch.  ``--check`` also runs the model on one process
+and compares losses and gradients (exit 1 beyond 1e-5 relative).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from autoplan.errors import UserError
+
+TOLERANCE = 1e-5
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run", help="train a model for a few steps under a plan on N local processes",
+        description="Run K training steps of MODEL (zoo name, family spec or model.py) under PLAN with "
+                    "torch.distributed on N local processes, on synthetic token data; print the loss "
+                    "per step.")
+    p.add_argument("model", metavar="MODEL", help="zoo name, family spec (gpt:layers=4,...) or model.py")
+    p.add_argument("--plan", required=True, help="plan string (autoplan search output) or plan JSON file")
+    p.add_argument("--nproc", type=int, default=0, help="processes to start (default: the plan's GPU count)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="gloo runs on CPU; nccl on one CUDA device per process")
+    p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    p.add_argument("--seq", type=int, default=64, help="sequence length (default 64)")
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--placements", metavar="JSON",
+                   help="tp placement per block parameter, a JSON file {name: 'R'|'S(0)'|'S(1)'}")
+    p.add_argument("--check", action="store_true",
+                   help="also run on one process and compare losses and gradients (fp32)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoplan.apply.launch import in_worker
+
+    if in_worker():
+        return _worker(args)
+    cfg, nproc = _checked_config(args)
+    print(f"autoplan run: {cfg.model}  plan {cfg.plan}  on {nproc} processes ({cfg.backend})", flush=True)
+    if args.check:
+        return _run_and_check(cfg, nproc)
+    from autoplan.apply.launch import launch
+
+    return launch(["-m", "autoplan", *_argv(args, cfg.plan)], nproc)
+
+
+def _checked_config(args: argparse.Namespace):
+    """Everything checkable before starting processes (errors exit 2 here, once)."""
+    from autoplan.apply.parallel import check_supported
+    from autoplan.apply.train import RunConfig
+    from autoplan.export.load import load_plan
+    from autoplan.frontend.source import load_source
+
+    for flag, value in (("--steps", args.steps), ("--seq", args.seq), ("--global-batch", args.global_batch)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more")
+    if args.nproc < 0:
+        raise UserError(f"--nproc must be positive, got {args.nproc}", "pass the number of processes")
+    plan = load_plan(args.plan, num_gpus=args.nproc or None)
+    nproc = args.nproc or plan.num_gpus
+    source = load_source(args.model)
+    info = source.info
+    plan.validate(num_gpus=nproc, num_layers=info.layers if info else plan.pp * plan.vpp,
+                  heads=info.heads if info else 0, kv_heads=info.kv_heads if info else 0,
+                  experts=info.experts if info else 0, seq=args.seq, global_batch=args.global_batch)
+    check_supported(plan, args.global_batch)
+    if args.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < nproc:
+            raise UserError(f"--backend nccl needs {nproc} CUDA devices, this machine has "
+                            f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}",
+                            "use --backend gloo (CPU) or fewer processes")
+    if args.check and args.dtype != "fp32":
+        raise UserError("--check compares in fp32", "drop --dtype or use --dtype fp32")
+    placements = _placements(args.placements)
+    if placements is not None and plan.tp > 1:
+        _check_placements(source, plan, placements)
+    cfg = RunConfig(model=args.model, plan=plan.to_string(), steps=args.steps, seq=args.seq,
+                    global_batch=args.global_batch, lr=args.lr, optimizer=args.optimizer, dtype=args.dtype,
+                    backend=args.backend, seed=args.seed, placements=placements)
+    return cfg, nproc
+
+
+def _placements(path: str | None) -> dict[str, str] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read placements {path}: {e}",
+                        "give a JSON file mapping block parameter names to R, S(0), S(1), ...") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise UserError(f"placements {path} is not a JSON object of strings",
+                        'e.g. {"attn.q_proj.weight": "S(0)", "attn.o_proj.weight": "S(1)"}')
+    return dict(sorted(data.items()))
+
+
+def _check_placements(source, plan, placements: dict[str, str]) -> None:
+    """Resolve the placements on a meta-device copy of the model (errors exit 2 here, once)."""
+    import torch
+
+    from autoplan.apply.layout import probe
+    from autoplan.apply.tensor_parallel import check_placements
+
+    with torch.device("meta"):
+        model = source.build()
+        layout = probe(model, torch.zeros(plan.mbs, 2, dtype=torch.long))
+    check_placements(model, layout, plan.tp, placements)
+
+
+def _argv(args: argparse.Namespace, plan: str) -> list[str]:
+    """The command line each worker process runs (the same command, plan resolved)."""
+    argv = ["run", args.model, "--plan", plan, "--nproc", str(args.nproc), "--backend", args.backend,
+            "--steps", str(args.steps), "--seq", str(args.seq), "--global-batch", str(args.global_batch),
+            "--lr", repr(args.lr), "--optimizer", args.optimizer, "--dtype", args.dtype, "--seed", str(args.seed)]
+    if args.placements:
+        argv += ["--placements", args.placements]
+    return argv
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from autoplan.apply.train import RunConfig, init_distributed, run_steps
+    from autoplan.export.load import load_plan
+
+    plan = load_plan(args.plan, num_gpus=int(os.environ["WORLD_SIZE"]))
+    cfg = RunConfig(model=args.model, plan=plan.to_string(), steps=args.steps, seq=args.seq,
+                    global_batch=args.global_batch, lr=args.lr, optimizer=args.optimizer, dtype=args.dtype,
+                    backend=args.backend, seed=args.seed, placements=_placements(args.placements))
+    device = init_distributed(cfg.backend)
+    width = len(str(cfg.steps))
+
+    def report(step: int, loss: float) -> None:
+        print(f"step {step:>{width}}/{cfg.steps}  loss {loss:.6f}", flush=True)
+
+    run_steps(cfg, device, report=report)
+    dist.destroy_process_group()
+    return 0
+
+
+def _run_and_check(cfg, nproc: int) -> int:
+    from autoplan.apply.train import run_reference
+    from autoplan.apply.verify import compare, run_parallel
+
+    with tempfile.TemporaryDirectory(prefix="autoplan-run-") as tmp:
+        [(losses, grads)] = run_parallel([cfg], nproc, tmp)
+    width = len(str(cfg.steps))
+    for i, loss in enumerate(losses):
+        print(f"step {i + 1:>{width}}/{cfg.steps}  loss {loss:.6f}")
+    check = compare(cfg, losses, grads, *run_reference(replace(cfg, backend="gloo")))
+    verdict = "OK" if check.ok(TOLERANCE) else f"MISMATCH (tolerance {TOLERANCE:g})"
+    print(f"check against one process: {check.summary()}: {verdict}")
+    return 0 if check.ok(TOLERANCE) else 1
+

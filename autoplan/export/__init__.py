@@ -1,0 +1,29 @@
+"""Hand a Plan to other engines: torchtitan TOML, Megatron-LM arguments, or the plan's JSON.
+
+``export(plan, to)`` returns an ``Export`` (text + warnings on what the engine
+cannot express).  Each engine module names the version of the engine it targets.
+"""
+from __future__ import annotations
+
+from autoplan.errors import UserError
+from autoplan.export.base import Export
+from autoplan.export.megatron import to_megatron
+from autoplan.export.torchtitan import to_torchtitan
+from autoplan.plan import Plan
+
+ENGINES = ("torchtitan", "megatron", "json")
+
+
+def export(plan: Plan, to: str, *, num_layers: int | None = None, global_batch: int | None = None,
+           seq: int | None = None) -> Export:
+    """``plan`` for engine ``to`` (torchtitan | megatron | json)."""
+    if to == "torchtitan":
+        return to_torchtitan(plan, num_layers=num_layers, global_batch=global_batch, seq=seq)
+    if to == "megatron":
+        return to_megatron(plan, num_layers=num_layers, global_batch=global_batch, seq=seq)
+    if to == "json":
+        return Export(engine="json", text=plan.to_json() + "\n")
+    raise UserError(f"unknown export target {to!r}", f"use one of: {', '.join(ENGINES)}")
+
+
+__all__ = ["ENGINES", "Export", "export", "to_megatron", "to_torchtitan"]

@@ -1,0 +1,48 @@
+"""What every exporter returns, and the plan facts they share."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.plan import Plan
+
+RECOMPUTE_STRENGTH = ("none", "selective", "full")   # weakest → strongest memory saving
+
+
+@dataclass(frozen=True)
+class Export:
+    """An engine configuration: ``text`` to paste, ``warnings`` on what it cannot express."""
+
+    engine: str
+    text: str
+    warnings: tuple[str, ...] = ()
+
+
+def uniform_recompute(plan: Plan) -> tuple[str, str | None]:
+    """One recompute mode for all stages, and a warning if the plan had several.
+
+    Engines take one policy for every stage; the strongest one in the plan keeps
+    every stage within its memory estimate.
+    """
+    modes = set(plan.recompute)
+    strongest = max(modes, key=RECOMPUTE_STRENGTH.index)
+    if len(modes) == 1:
+        return strongest, None
+    return strongest, (f"per-stage recompute {'-'.join(plan.recompute)} is not expressible: "
+                       f"recompute={strongest} on every stage (the strongest the plan uses)")
+
+
+def stage_layers(plan: Plan, num_layers: int | None) -> tuple[int, ...] | None:
+    """Transformer layers per virtual stage in pipeline order, if known."""
+    if plan.layers:
+        return plan.layers
+    if num_layers is None:
+        return None
+    return plan.stage_layers(num_layers)
+
+
+def default_order_warning(plan: Plan, engine: str, engine_order: tuple[str, ...]) -> str | None:
+    """Warn when the plan's axis order differs from the engine's fixed one (innermost first)."""
+    if plan.order == engine_order:
+        return None
+    return (f"order={'-'.join(plan.order)} is not expressible: {engine} lays ranks out as "
+            f"{'-'.join(engine_order)} (innermost first)")

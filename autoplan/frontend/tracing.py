@@ -1,0 +1,235 @@
+"""``trace(model)``: a model → ``BlockGraph`` (pre, unique blocks × count, post).
+
+Steps (nothing real is ever allocated):
+
+1. resolve the model (``source``) and build it under the meta device;
+2. find the layer stack and its block kinds by structure (``blocks``);
+3. re-dress weights as fake CPU tensors (``fakes``);
+4. for the run's (batch, seq) and a second size (``dims.alt_sizes``): one
+   fake forward pass captures each kind's call (``regions.capture``), then
+   the pre region, one block per kind and the post region are each traced
+   forward+backward (``joint``);
+5. MoE zoo/spec models: MoE blocks once more with 2× experts (expert dims);
+6. sharding strategies from DTensor (``dtensor_strategies``) and conversion
+   to the IR (``convert``).
+
+Tracing cost is one block per kind, so it is nearly flat in depth.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from autoplan.errors import UserError
+from autoplan.frontend import cache
+from autoplan.frontend.blocks import LayerStack, find_layer_stack
+from autoplan.frontend.convert import RoleSource, strategy_placeholder_names, to_opgraph
+from autoplan.frontend.dims import alt_sizes
+from autoplan.frontend.dtensor_strategies import enumerate_strategies
+from autoplan.frontend.fakes import TORCH_DTYPES, fakeify_module, new_fake_mode, to_fake
+from autoplan.frontend.gpu_kernels import GpuKernels
+from autoplan.frontend.hf import unpacked_sequences
+from autoplan.frontend.info import expert_modules, infer_model_info
+from autoplan.frontend.joint import TracedRegion, trace_joint
+from autoplan.frontend.regions import block_region, capture, post_region, pre_region
+from autoplan.frontend.source import ModelSource, build_on_meta, load_source, user_frame
+from autoplan.ir import Block, BlockGraph, ModelInfo, OpGraph
+
+DTYPES = tuple(TORCH_DTYPES)
+
+_DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode",
+                   "DynamicOutputShapeException", "UnsupportedOperatorException")
+
+
+def trace(model: str, *, seq: int = 2048, batch: int = 1, dtype: str = "bf16") -> BlockGraph:
+    """Trace ``model`` (model.py path, zoo name or family spec) into a BlockGraph.
+
+    ``seq``: sequence length; ``batch``: micro-batch; ``dtype``: bf16 | fp16 | fp32.
+    Results are cached on disk (see ``autoplan.frontend.cache``).
+    """
+    return trace_with_status(model, seq=seq, batch=batch, dtype=dtype)[0]
+
+
+def trace_with_status(model: str, *, seq: int = 2048, batch: int = 1, dtype: str = "bf16",
+                      use_cache: bool = True) -> tuple[BlockGraph, bool]:
+    """``trace`` that also says whether the graph came from the cache."""
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}", f"use one of: {', '.join(DTYPES)}")
+    if seq < 2 or batch < 1:
+        raise UserError(f"bad run size seq={seq}, batch={batch}", "use seq >= 2 and batch >= 1")
+    source = load_source(model)
+    if source.max_seq and seq > source.max_seq:
+        raise UserError(f"{source.name} has {source.max_seq} learned positions, --seq {seq} is longer",
+                        f"use --seq <= {source.max_seq}, or a gpt spec with max_seq={seq}")
+    key = cache.cache_key(source.fingerprint, seq, batch, dtype)
+    cached = cache.load(key) if use_cache else None
+    if cached is not None:
+        return cached, True
+    start = time.perf_counter()
+    graph = trace_source(source, seq=seq, batch=batch, dtype=dtype)
+    graph = replace(graph, trace_seconds=round(time.perf_counter() - start, 3),
+                    trace_peak_rss_bytes=peak_rss_bytes())
+    cache.store(key, graph)
+    return graph, False
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# --- the work ---------------------------------------------------------------------
+
+def _run_error(e: Exception, source: ModelSource, what: str) -> UserError:
+    where = user_frame(e, source.path)
+    at = f" at {where}" if where else ""
+    if type(e).__name__ in _DATA_DEPENDENT:
+        op = getattr(e, "func", None)
+        op_text = f" ({op})" if op is not None else ""
+        return UserError(f"{source.name}: data-dependent control flow{at}: the model needs a tensor's "
+                         f"value{op_text}, which tracing on fake tensors cannot know",
+                         "avoid Python branching on tensor values (e.g. `if x.sum() > 0:`); "
+                         "use torch.where or compute the condition from shapes")
+    return UserError(f"{source.name}: {what} failed{at}: {type(e).__name__}: {e}",
+                     "fix the model so that a forward+backward pass runs on these inputs")
+
+
+def _example_inputs(source: ModelSource, info: ModelInfo, sizes: tuple[int, int], mode) -> tuple:
+    batch, seq = sizes
+    with mode:
+        if source.example_inputs is None:
+            return (torch.randint(0, max(info.vocab, 2), (batch, seq)),)
+        try:
+            value = source.example_inputs(batch, seq)
+        except Exception as e:  # noqa: BLE001
+            raise _run_error(e, source, "example_inputs()") from None
+    value = value if isinstance(value, tuple) else tuple(value) if isinstance(value, list) else (value,)
+    return to_fake(value, mode)
+
+
+def _trace_regions(model: nn.Module, stack: LayerStack | None, source: ModelSource, info: ModelInfo,
+                   mode, sizes: tuple[int, int], kinds: tuple[str, ...] | None = None,
+                   ) -> dict[str, TracedRegion]:
+    """Trace pre, one block per kind (or only ``kinds``) and post at (batch, seq) = ``sizes``."""
+    inputs = _example_inputs(source, info, sizes, mode)
+    try:
+        with mode, GpuKernels(), unpacked_sequences():
+            cap = capture(model, stack, inputs)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise _run_error(e, source, "the forward pass") from None
+    regions = []
+    if stack is not None:
+        if kinds is None:
+            regions.append(pre_region(model, stack, cap))
+        regions += [block_region(stack, k, cap) for k in (kinds or stack.unique_kinds())]
+    if kinds is None:
+        regions.append(post_region(model, stack, cap))
+    traced = {}
+    for region in regions:
+        try:
+            traced[region.name] = trace_joint(region, mode)
+        except Exception as e:  # noqa: BLE001
+            raise _run_error(e, source, f"tracing forward+backward of {region.name}") from None
+    return traced
+
+
+def _describe(graph: OpGraph, kind: str, info: ModelInfo) -> str:
+    ops = {n.op.split(".")[1] if n.op.count(".") >= 2 else n.op for n in graph.ops()}
+    if "_scaled_dot_product_flash_attention" in ops:
+        attention = "flash attention"
+    elif "_scaled_dot_product_efficient_attention" in ops:
+        attention = "efficient attention"
+    elif "_softmax" in ops and ops & {"bmm", "baddbmm"}:
+        attention = "eager attention"
+    else:
+        attention = "no attention"
+    if kind.startswith("moe"):
+        shared = f" + {info.shared_experts} shared" if info.shared_experts else ""
+        mlp = f"MoE ({info.experts} experts, top-{info.topk}{shared})" if info.experts else "MoE"
+    elif "silu" in ops:
+        mlp = "SwiGLU MLP"
+    elif "gelu" in ops or "tanh" in ops:
+        mlp = "GeLU MLP"
+    elif "relu" in ops:
+        mlp = "ReLU MLP"
+    else:
+        mlp = "MLP"
+    return f"{attention} + {mlp}"
+
+
+def _repeats(stack: LayerStack | None) -> tuple[nn.Module, ...]:
+    """Layers after the first of their kind: the capture pass never runs them."""
+    if stack is None:
+        return ()
+    return tuple(layer for i, (layer, kind) in enumerate(zip(stack.layers, stack.kinds))
+                 if i != stack.first_index(kind))
+
+
+def _training_mode(model: nn.Module) -> nn.Module:
+    """Train mode (dropout on) and, for transformers models, no KV cache."""
+    model.train()
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "use_cache", False):
+        config.use_cache = False
+    return model
+
+
+def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> BlockGraph:
+    """Trace a resolved source (no cache)."""
+    model = _training_mode(build_on_meta(source))
+    stack = find_layer_stack(model)
+    info = source.info or infer_model_info(source.name, model, stack)
+    mode = new_fake_mode()
+    fakeify_module(model, mode, TORCH_DTYPES[dtype], skip=_repeats(stack))
+    sizes, sizes2 = (batch, seq), alt_sizes(batch, seq)
+    main = _trace_regions(model, stack, source, info, mode, sizes)
+    alt = _trace_regions(model, stack, source, info, mode, sizes2)
+
+    experts_alt: dict[str, TracedRegion] = {}
+    moe_kinds = tuple(k for k in (stack.unique_kinds() if stack else ()) if k.startswith("moe"))
+    if source.with_experts is not None and info.experts and moe_kinds:
+        model2 = _training_mode(build_on_meta(source, source.with_experts(2 * info.experts)))
+        stack2 = find_layer_stack(model2)
+        fakeify_module(model2, mode, TORCH_DTYPES[dtype], skip=_repeats(stack2))
+        by_position = dict(zip(stack2.unique_kinds(), stack.unique_kinds()))
+        traced2 = _trace_regions(model2, stack2, source, info, mode, sizes,
+                                 kinds=tuple(k2 for k2, k in by_position.items() if k in moe_kinds))
+        experts_alt = {by_position[k2]: tr for k2, tr in traced2.items()}
+
+    notes = list(info.notes)
+    fallbacks: set[str] = set()
+
+    def convert(name: str) -> OpGraph:
+        tr = main[name]
+        table = enumerate_strategies(tr.gm, strategy_placeholder_names(tr))
+        fallbacks.update(table.fallbacks)
+        layer = stack.layers[stack.first_index(name)] if stack is not None and name in stack.kinds else None
+        roles = RoleSource(sizes=sizes, alt=alt.get(name), alt_sizes=sizes2,
+                           experts_alt=experts_alt.get(name), expert_count=info.experts,
+                           expert_modules=expert_modules(layer, info.experts) if layer is not None else ())
+        graph, guessed = to_opgraph(tr, table, roles, seq_len=seq, dtype=dtype, batch=batch)
+        if guessed:
+            notes.append(f"{name}: dim roles of {guessed} node(s) guessed from sizes "
+                         "(no counterpart in the second trace)")
+        return graph
+
+    pre = convert("pre") if "pre" in main else OpGraph(nodes=(), seq_len=seq, dtype=dtype, batch=batch)
+    post = convert("post")
+    blocks = []
+    for kind in (stack.unique_kinds() if stack else ()):
+        graph = convert(kind)
+        paths = tuple(p for p, k in zip(stack.paths, stack.kinds) if k == kind)
+        blocks.append(Block(kind=kind, graph=graph, count=len(paths), module_paths=paths,
+                            description=_describe(graph, kind, info)))
+    if fallbacks:
+        notes.append("strategies fell back to replicate/pointwise for: " + ", ".join(sorted(fallbacks)))
+    shared = {n.param for n in pre.params()} & {n.param for n in post.params()}
+    info = replace(info, notes=tuple(notes), tied_embeddings=info.tied_embeddings or bool(shared))
+    return BlockGraph(model=info, blocks=tuple(blocks), order=stack.kinds if stack else (), pre=pre,
+                      post=post, seq_len=seq, dtype=dtype, batch=batch)

@@ -1,0 +1,85 @@
+"""Llama (Llama-2/3 style): RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP.
+
+No biases, no dropout, an untied output head.  Parameters per layer:
+2·h·(a·d) (q, o) + 2·h·(g·d) (k, v) + 3·h·f (SwiGLU) + 2h (norms), plus
+V·h for the embedding and V·h for the head (h hidden, a heads, g kv heads,
+d head dim, f ffn, V vocab).  Llama-3-8B: l=32, h=4096, a=32, g=8,
+f=14336, V=128256 → 8.03 B.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.zoo.common import MLP, Attention, make_norm, rope_cos_sin
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    kv_heads: int = 0          # 0: same as heads
+    head_dim: int = 0          # 0: hidden // heads
+    ffn: int = 0               # 0: 4 * hidden
+    mlp: str = "swiglu"        # swiglu | gelu | relu2
+    norm: str = "rmsnorm"      # rmsnorm | layernorm
+    tie: bool = False
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    attention: str = "flash"   # flash | eager
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def d_ffn(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+
+class Block(nn.Module):
+    """x + attn(norm(x), rope); x + mlp(norm(x)).  ``ffn`` overrides the config's."""
+
+    def __init__(self, cfg: LlamaConfig, ffn: int = 0) -> None:
+        super().__init__()
+        self.attention_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
+        self.attention = Attention(cfg.hidden, cfg.heads, cfg.n_kv_heads, cfg.d_head, bias=False,
+                                   attention=cfg.attention)
+        self.ffn_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
+        self.feed_forward = MLP(cfg.hidden, ffn or cfg.d_ffn, cfg.mlp)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """Token ids [batch, seq] → logits [batch, seq, vocab]."""
+
+    def __init__(self, cfg: LlamaConfig, blocks: list[nn.Module] | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleList(blocks if blocks is not None
+                                    else (Block(cfg) for _ in range(cfg.layers)))
+        self.norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
+        self.output = None if cfg.tie else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(ids)
+        cos, sin = rope_cos_sin(ids.shape[1], self.config.d_head, self.config.rope_theta,
+                                ids.device, x.dtype)
+        for block in self.layers:
+            x = block(x, cos, sin)
+        x = self.norm(x)
+        weight = self.tok_embeddings.weight if self.output is None else self.output.weight
+        return F.linear(x, weight)

@@ -1,0 +1,133 @@
+"""Mixture-of-experts transformer (Mixtral / DeepSeek style) with static-shape dispatch.
+
+Llama-style attention; the MLP of each MoE layer is ``experts`` SwiGLU
+experts of width ``moe_ffn``, ``topk`` of which each token uses, plus
+``shared_experts`` always-on experts (one plain MLP of width
+``shared_experts · moe_ffn``).  The first ``dense_layers`` layers are dense
+Llama blocks of width ``ffn``.
+
+Dispatch has static shapes, so it traces without data-dependent control
+flow and shards like any other op (capacity-based, as GShard / Switch):
+
+1. router logits [T, E] → top-k (values, expert ids) [T, k]; gate weights =
+   softmax over the k chosen logits (Mixtral).
+2. capacity C = ceil(T·k / E · capacity_factor).  Choices are ranked k-major
+   (every token's first choice before any second choice); a choice's
+   position in its expert is the running count (cumsum of one-hot) of
+   earlier choices of that expert.  Choices at position ≥ C are dropped.
+3. tokens are scattered into an [E·C + 1, h] buffer (the last row collects
+   dropped choices and is discarded), viewed as [E, C, h].
+4. expert GEMMs are batched matmuls with [E, h, f] / [E, f, h] parameters.
+5. outputs are gathered back per choice, weighted by the gate and summed
+   over the k choices.
+
+Top-k routing is a selection (its gradient flows through the gate weights
+only), as in every token-choice MoE.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.zoo.common import MLP, Attention, make_norm
+from autoplan.zoo.llama import Block as DenseBlock
+from autoplan.zoo.llama import Llama, LlamaConfig
+
+
+@dataclass(frozen=True)
+class MoEConfig(LlamaConfig):
+    experts: int = 8
+    topk: int = 2
+    moe_ffn: int = 0            # 0: same as ffn
+    shared_experts: int = 0
+    dense_layers: int = 0       # leading dense layers (width ffn)
+    capacity_factor: float = 1.0
+
+    @property
+    def d_moe_ffn(self) -> int:
+        return self.moe_ffn or self.d_ffn
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts as batched weights: x [E, C, h] → [E, C, h]."""
+
+    def __init__(self, experts: int, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.w_gate = nn.Parameter(torch.empty(experts, hidden, ffn))
+        self.w_up = nn.Parameter(torch.empty(experts, hidden, ffn))
+        self.w_down = nn.Parameter(torch.empty(experts, ffn, hidden))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w in (self.w_gate, self.w_up, self.w_down):
+            nn.init.normal_(w, std=1.0 / math.sqrt(w.shape[1]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(F.silu(torch.bmm(x, self.w_gate)) * torch.bmm(x, self.w_up), self.w_down)
+
+
+class MoE(nn.Module):
+    """Router + capacity-based top-k dispatch + experts (+ shared experts)."""
+
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.experts, self.topk, self.capacity_factor = cfg.experts, cfg.topk, cfg.capacity_factor
+        self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
+        self.routed = Experts(cfg.experts, cfg.hidden, cfg.d_moe_ffn)
+        self.shared = (MLP(cfg.hidden, cfg.shared_experts * cfg.d_moe_ffn, "swiglu")
+                       if cfg.shared_experts else None)
+
+    def capacity(self, tokens: int) -> int:
+        """Slots per expert: ceil(T·k/E · capacity_factor)."""
+        return math.ceil(tokens * self.topk / self.experts * self.capacity_factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        tokens, experts, k = b * s, self.experts, self.topk
+        cap = self.capacity(tokens)
+        flat = x.reshape(tokens, h)
+        top_logits, top_ids = self.router(flat).topk(k, dim=-1)             # [T, k]
+        gates = torch.softmax(top_logits, dim=-1)                            # [T, k]
+        # rank choices k-major: choice i = (slot i // T, token i % T)
+        expert_of = top_ids.t().reshape(tokens * k)                          # [T·k]
+        onehot = F.one_hot(expert_of, experts)                               # [T·k, E]
+        position = ((torch.cumsum(onehot, dim=0) - 1) * onehot).sum(dim=-1)  # [T·k]
+        slot = torch.where(position < cap, expert_of * cap + position,
+                           torch.full_like(position, experts * cap))
+        token_of = torch.arange(tokens, device=x.device).repeat(k)           # [T·k]
+        buffer = flat.new_zeros(experts * cap + 1, h).index_put((slot,), flat[token_of], accumulate=True)
+        out = self.routed(buffer[:-1].view(experts, cap, h)).reshape(experts * cap, h)
+        out = torch.cat((out, out.new_zeros(1, h)))                          # dropped → 0
+        weighted = out[slot] * gates.t().reshape(tokens * k, 1)
+        y = weighted.view(k, tokens, h).sum(dim=0)
+        if self.shared is not None:
+            y = y + self.shared(flat)
+        return y.view(b, s, h)
+
+
+class MoEBlock(nn.Module):
+    """x + attn(norm(x), rope); x + moe(norm(x))."""
+
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.attention_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
+        self.attention = Attention(cfg.hidden, cfg.heads, cfg.n_kv_heads, cfg.d_head, bias=False,
+                                   attention=cfg.attention)
+        self.ffn_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
+        self.moe = MoE(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.moe(self.ffn_norm(x))
+
+
+class MoETransformer(Llama):
+    """A Llama whose layers are ``dense_layers`` dense blocks, then MoE blocks."""
+
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__(cfg, [DenseBlock(cfg) if i < cfg.dense_layers else MoEBlock(cfg)
+                               for i in range(cfg.layers)])

@@ -1,0 +1,105 @@
+"""Family spec strings: ``FAMILY:key=value,key=value,...`` → a zoo config.
+
+Examples::
+
+    gpt:layers=96,hidden=12288,heads=96,vocab=51200
+    llama:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256
+    moe:layers=32,hidden=4096,heads=32,kv_heads=8,vocab=32000,experts=8,topk=2,moe_ffn=14336
+
+``layers``, ``hidden``, ``heads`` and ``vocab`` are required.  The family
+sets the rest: gpt = GeLU 4h MLP, LayerNorm, tied head, learned positions,
+dropout 0.1; llama = SwiGLU, RMSNorm, rotary positions, untied head; moe =
+llama attention + MoE MLP.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from autoplan.errors import UserError
+from autoplan.zoo.common import ATTENTION_KINDS, MLP_KINDS, NORM_KINDS
+from autoplan.zoo.gpt import GPTConfig
+from autoplan.zoo.llama import LlamaConfig
+from autoplan.zoo.moe import MoEConfig
+
+REQUIRED = ("layers", "hidden", "heads", "vocab")
+_COMMON = REQUIRED + ("kv_heads", "head_dim", "ffn", "mlp", "norm", "tie", "attention")
+KEYS = {
+    "gpt": _COMMON + ("dropout", "max_seq"),
+    "llama": _COMMON,
+    "moe": _COMMON + ("experts", "topk", "moe_ffn", "shared_experts", "dense_layers",
+                      "capacity_factor"),
+}
+CONFIGS = {"gpt": GPTConfig, "llama": LlamaConfig, "moe": MoEConfig}
+_CHOICES = {"mlp": MLP_KINDS, "norm": NORM_KINDS, "attention": ATTENTION_KINDS}
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+_FLOATS = ("dropout", "capacity_factor")
+
+
+def is_spec(text: str) -> bool:
+    """True if ``text`` looks like ``family:...`` for a known family."""
+    return text.split(":", 1)[0] in KEYS and ":" in text
+
+
+def _usage(family: str) -> str:
+    return (f"valid keys for {family}: {', '.join(KEYS[family])} "
+            f"(required: {', '.join(REQUIRED)})")
+
+
+def _value(family: str, key: str, raw: str):
+    def bad(rule: str) -> UserError:
+        return UserError(f"bad value {key}={raw!r} in {family} spec", f"{rule}; {_usage(family)}")
+
+    if key in _CHOICES:
+        if raw not in _CHOICES[key]:
+            raise bad(f"{key} is one of {', '.join(_CHOICES[key])}")
+        return raw
+    if key == "tie":
+        if raw.lower() not in _BOOLS:
+            raise bad("tie is true or false")
+        return _BOOLS[raw.lower()]
+    try:
+        value = float(raw) if key in _FLOATS else int(raw)
+    except ValueError:
+        raise bad(f"{key} must be {'a number' if key in _FLOATS else 'an integer'}") from None
+    if value < 0 or (value == 0 and key in REQUIRED):
+        raise bad(f"{key} must be positive")
+    return value
+
+
+def parse_spec(text: str) -> LlamaConfig | GPTConfig:
+    """Parse a family spec string into a config; bad input raises ``UserError``."""
+    family, _, body = text.partition(":")
+    if family not in KEYS:
+        raise UserError(f"unknown model family {family!r} in {text!r}",
+                        f"use one of: {', '.join(KEYS)}")
+    values: dict[str, object] = {}
+    for item in filter(None, (s.strip() for s in body.split(","))):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or key not in KEYS[family]:
+            raise UserError(f"unknown key {key!r} in {family} spec {text!r}", _usage(family))
+        values[key] = _value(family, key, raw.strip())
+    missing = [k for k in REQUIRED if k not in values]
+    if missing:
+        raise UserError(f"missing key(s) {', '.join(missing)} in {family} spec {text!r}",
+                        _usage(family))
+    cfg_fields = {f.name for f in fields(CONFIGS[family])}
+    cfg = CONFIGS[family](**{k: v for k, v in values.items() if k in cfg_fields})
+    _check(family, cfg)
+    return cfg
+
+
+def _check(family: str, cfg) -> None:
+    if not cfg.head_dim and cfg.hidden % cfg.heads:
+        raise UserError(f"hidden ({cfg.hidden}) is not a multiple of heads ({cfg.heads}) in {family} spec",
+                        "change hidden or heads, or give head_dim")
+    if cfg.heads % cfg.n_kv_heads:
+        raise UserError(f"heads ({cfg.heads}) is not a multiple of kv_heads ({cfg.n_kv_heads})",
+                        "kv_heads must divide heads")
+    if family == "moe":
+        if cfg.experts < 1 or not 1 <= cfg.topk <= cfg.experts:
+            raise UserError(f"topk ({cfg.topk}) must be between 1 and experts ({cfg.experts})",
+                            "set experts >= 1 and 1 <= topk <= experts")
+        if cfg.dense_layers > cfg.layers:
+            raise UserError(f"dense_layers ({cfg.dense_layers}) exceeds layers ({cfg.layers})",
+                            "dense_layers must be at most layers")

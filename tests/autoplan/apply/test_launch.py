@@ -1,0 +1,32 @@
+"""Local process launch with torchrun's environment."""
+from __future__ import annotations
+
+import time
+
+from autoplan.apply.launch import in_worker, launch
+
+
+def test_every_rank_gets_torchrun_environment():
+    code = ("import os, sys; e = os.environ; "
+            "sys.exit(0 if e['WORLD_SIZE'] == '3' and e['RANK'] == e['LOCAL_RANK'] and e['MASTER_PORT'] "
+            "and e['OMP_NUM_THREADS'] == '1' else 9)")
+    assert launch(["-c", code], 3) == 0
+
+
+def test_first_failure_is_returned_and_the_others_are_stopped():
+    code = "import os, sys, time; r = os.environ['RANK']; time.sleep(60) if r == '0' else sys.exit(3)"
+    start = time.monotonic()
+    assert launch(["-c", code], 2) == 3
+    assert time.monotonic() - start < 30
+
+
+def test_timeout_stops_all():
+    assert launch(["-c", "import time; time.sleep(60)"], 1, timeout=1) == 124
+
+
+def test_in_worker_reads_the_environment(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert not in_worker()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert in_worker()

@@ -1,0 +1,65 @@
+"""What apply refuses to run, and why."""
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+from torch import nn
+
+from autoplan.apply import apply, check_supported
+from autoplan.errors import UserError
+from autoplan.plan import Plan
+
+
+@pytest.mark.parametrize("plan, match", [
+    ("cp=2", "context parallelism"),
+    ("dp=4,ep=2", "expert parallelism"),
+    ("pp=2,schedule=zb-h2", "no zb-h2 schedule"),
+])
+def test_unsupported_parts_of_a_plan_are_named(plan, match):
+    with pytest.raises(UserError, match=match):
+        check_supported(Plan.parse(plan))
+
+
+@pytest.mark.parametrize("plan, batch, match", [
+    ("pp=2,schedule=dualpipev", 2, "DualPipeV needs at least as many micro-batches as stages"),
+    ("pp=4,schedule=zb-h1", 9, "ScheduleInterleavedZeroBubble needs the micro-batches"),
+])
+def test_micro_batch_counts_torch_refuses(plan, batch, match):
+    with pytest.raises(UserError, match=match):
+        check_supported(Plan.parse(plan), batch)
+    check_supported(Plan.parse(plan), 8)
+
+
+def test_supported_plans_pass():
+    for plan in ("tp=2,pp=2,dp=2,zero=3", "pp=2,schedule=zbv", "pp=2,schedule=zb-h1", "pp=2,schedule=gpipe"):
+        check_supported(Plan.parse(plan))
+
+
+def test_apply_needs_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(UserError, match="initialised process group"):
+        apply(nn.Linear(2, 2), Plan.parse("tp=1"), global_batch=1, seq=1)
+
+
+def test_one_rank_apply_matches_the_model_and_reports_the_loss(single_rank):
+    """pp = 1: micro-batches of mbs accumulate; the loss is the global-batch mean."""
+    import torch
+
+    from autoplan import zoo
+    from autoplan.apply.parallel import cross_entropy
+    from autoplan.zoo.spec import parse_spec
+
+    torch.manual_seed(0)
+    model = zoo.build(parse_spec("llama:layers=2,hidden=32,heads=4,vocab=64"))
+    ref = zoo.build(parse_spec("llama:layers=2,hidden=32,heads=4,vocab=64"))
+    ref.load_state_dict(model.state_dict())
+    pm = apply(model, Plan.parse("mbs=2,recompute=full"), global_batch=4, seq=8)
+    assert pm.reports_loss and pm.has_first_stage and pm.has_last_stage and pm.schedule is None
+    ids = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(1))
+    loss = pm.forward_backward(pm.local_batch(ids[:, :-1]), pm.local_batch(ids[:, 1:]))
+    ref_loss = cross_entropy(ref(ids[:, :-1]), ids[:, 1:])
+    ref_loss.backward()
+    assert abs(loss - ref_loss.item()) < 1e-5
+    grads = pm.full_gradients()
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-7)

@@ -1,0 +1,109 @@
+"""Acceptance: plans run with torch.distributed on CPU (gloo, fp32) compute what one process computes.
+
+For each (model, plan) the loss of every step (3 steps, the last after two updates)
+and the gradients of the last step match the single-process model within 1e-5
+relative.  All 4-rank plans share one launch of 4 processes, all 8-rank plans one
+launch of 8 (process start-up dominates on 2 cores).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from autoplan.apply.train import RunConfig
+from autoplan.apply.verify import compare, verify
+
+GPT = "gpt:layers=4,hidden=64,heads=4,vocab=256,dropout=0"
+LLAMA = "llama:layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,ffn=128"
+MOE = "moe:layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,experts=4,topk=2,moe_ffn=64,dense_layers=1"
+TOL = 1e-5
+
+# Expert weights [experts, hidden, ffn] sharded by expert on the tp axis, the rest Megatron-style.
+MOE_PLACEMENTS = {
+    "attention_norm.weight": "R", "ffn_norm.weight": "R",
+    "attention.q_proj.weight": "S(0)", "attention.k_proj.weight": "S(0)",
+    "attention.v_proj.weight": "S(0)", "attention.o_proj.weight": "S(1)",
+    "feed_forward.gate_proj.weight": "S(0)", "feed_forward.up_proj.weight": "S(0)",
+    "feed_forward.down_proj.weight": "S(1)",
+    "moe.router.weight": "R", "moe.routed.w_gate": "S(0)", "moe.routed.w_up": "S(0)",
+    "moe.routed.w_down": "S(0)",
+}
+
+
+def plans_for_verification(nproc: int) -> list[tuple[str, str, dict]]:
+    """(model, plan, options) verified on ``nproc`` ranks.
+
+    Hook for searched plans: these are hand-written; replace (or extend) them with the
+    top plans of ``autoplan search MODEL --cluster <2 nodes x 4 GPUs YAML> --json``
+    once the search is wired in (plan strings drop in unchanged).
+    """
+    if nproc == 4:
+        return [
+            (GPT, "tp=4,sp=on", {}),                                           # TP + SP
+            (LLAMA, "tp=2,dp=2,sp=on,zero=1", {"optimizer": "adamw", "lr": 1e-3}),  # TP+SP, ZeRO-1
+            (GPT, "pp=4,schedule=1f1b", {}),                                   # PP 1F1B
+            (LLAMA, "pp=2,vpp=2,dp=2,schedule=interleaved,zero=0", {}),        # interleaved + DP
+            (GPT, "tp=2,pp=2,schedule=zbv", {}),                               # ZBV (V placement, tied head)
+            (LLAMA, "pp=2,dp=2,schedule=dualpipev,zero=1", {"global_batch": 8}),  # DualPipeV: m ≥ 2·pp
+            (GPT, "pp=4,schedule=zb-h1", {}),                                  # zero bubble, 1 chunk/rank
+            (GPT, "dp=4,zero=3", {}),                                          # FSDP (ZeRO-3)
+            (LLAMA, "tp=2,dp=2,zero=2,recompute=selective", {}),               # FSDP no-reshard + TP + SAC
+            (GPT, "pp=2,dp=2,schedule=gpipe,layers=1-3,recompute=full,zero=3", {}),  # uneven cut
+            (MOE, "tp=2,dp=2,zero=3", {"placements": MOE_PLACEMENTS}),         # MoE, experts on tp
+        ]
+    if nproc == 8:
+        return [
+            (GPT, "tp=2,pp=2,dp=2,schedule=1f1b,zero=1", {}),                  # TP×PP×DP
+            (LLAMA, "tp=2,pp=2,dp=2,vpp=2,schedule=interleaved,zero=3,recompute=full", {}),
+            (MOE, "tp=2,pp=2,dp=2,zero=2", {}),
+        ]
+    raise ValueError(nproc)
+
+
+def _configs(nproc: int) -> list[RunConfig]:
+    out = []
+    for model, plan, options in plans_for_verification(nproc):
+        base = dict(model=model, plan=plan, steps=3, seq=16, global_batch=4, optimizer="sgd", lr=0.02)
+        base.update(options)
+        out.append(RunConfig(**base))
+    return out
+
+
+@pytest.fixture(scope="module")
+def checks_4():
+    return verify(_configs(4), nproc=4, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def checks_8():
+    return verify(_configs(8), nproc=8, timeout=600)
+
+
+@pytest.mark.parametrize("index", range(len(plans_for_verification(4))),
+                         ids=[p for _, p, _ in plans_for_verification(4)])
+def test_four_rank_plans_match_one_process(checks_4, index):
+    check = checks_4[index]
+    assert check.ok(TOL), check.summary()
+    assert len(check.losses) == 3 and check.tensors > 0
+
+
+@pytest.mark.parametrize("index", range(len(plans_for_verification(8))),
+                         ids=[p for _, p, _ in plans_for_verification(8)])
+def test_eight_rank_plans_match_one_process(checks_8, index):
+    check = checks_8[index]
+    assert check.ok(TOL), check.summary()
+    assert len(check.losses) == 3 and check.tensors > 0
+
+
+def test_compare_flags_a_wrong_gradient_and_ignores_numerically_zero_ones():
+    cfg = RunConfig(model=GPT, plan="tp=1")
+    ref = {"a": torch.ones(10), "tiny": torch.full((3,), 1e-12)}
+    good = compare(cfg, [2.0], {"a": torch.ones(10) * (1 + 1e-7), "tiny": torch.full((3,), 3e-12)}, [2.0], ref)
+    assert good.ok(TOL) and good.worst_tensor == "a"          # "tiny" is off by 200 % but numerically zero
+    bad = compare(cfg, [2.0], {"a": torch.ones(10) * 1.001, "tiny": ref["tiny"]}, [2.0], ref)
+    assert not bad.ok(TOL) and math.isclose(bad.worst_tensor_rel, 1e-3, rel_tol=1e-3)
+    missing = compare(cfg, [2.0], {"a": torch.ones(10)}, [2.0], ref)
+    assert not missing.ok(TOL) and missing.missing == ("tiny",)
+    assert not compare(cfg, [2.1], ref, [2.0], ref).ok(TOL)

@@ -1,0 +1,67 @@
+"""``autoplan export`` through the CLI: outputs, warnings on stderr, exit 2 on bad input."""
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+
+from autoplan.cli import main
+from autoplan.plan import Plan
+
+GPT3 = "tp=8,pp=8,dp=16,vpp=3,schedule=interleaved,recompute=selective,sp=on,zero=1"
+
+
+def test_torchtitan_with_model_and_warning_on_stderr(capsys):
+    assert main(["export", GPT3, "--to", "torchtitan", "--model", "gpt3-175b", "--global-batch", "1536",
+                 "--seq", "2048"]) == 0
+    out, err = capsys.readouterr()
+    cfg = tomllib.loads(out)
+    assert len(cfg["parallelism"]["module_fqns_per_model_part"]) == 24
+    assert err == ("warning: torchtitan cannot express the plan exactly: zero=1 has no torchtitan form: "
+                   "FSDP with fsdp_reshard_after_forward = \"never\" (zero=2: gradients sharded too)\n")
+
+
+def test_megatron_to_stdout_and_json_to_file(capsys, tmp_path):
+    assert main(["export", GPT3, "--to", "megatron", "--model", "gpt3-175b"]) == 0
+    out, err = capsys.readouterr()
+    assert "--num-layers 96 \\" in out and "--num-layers-per-virtual-pipeline-stage 4" in out and err == ""
+    target = tmp_path / "plan.json"
+    assert main(["export", GPT3, "--to", "json", "-o", str(target)]) == 0
+    assert Plan.from_json(target.read_text()) == Plan.parse(GPT3)
+    assert capsys.readouterr().out == ""
+
+
+def test_search_json_input_supplies_batch_and_sequence(capsys, tmp_path):
+    f = tmp_path / "search.json"
+    f.write_text(json.dumps([{"plan": "tp=2,pp=2,dp=2,zero=3", "estimate": {"global_batch": 16, "seq": 512}}]))
+    assert main(["export", str(f), "--to", "torchtitan", "--model", "llama:layers=4,hidden=64,heads=4,vocab=256"]) == 0
+    cfg = tomllib.loads(capsys.readouterr().out)
+    assert cfg["training"] == {"local_batch_size": 8, "global_batch_size": 16, "seq_len": 512}
+
+
+def test_export_output_is_deterministic(capsys):
+    main(["export", GPT3, "--to", "torchtitan"])
+    first = capsys.readouterr().out
+    main(["export", GPT3, "--to", "torchtitan"])
+    assert capsys.readouterr().out == first
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tp=eight", "--to", "megatron"], "tp='eight' is not an integer"),
+    (["tp=2,pp=2,layers=3-3", "--to", "megatron", "--model", "gpt3-175b"], "sums to 6, the model has 96"),
+    (["pp=4,vpp=2,schedule=interleaved", "--to", "megatron", "--model", "llama:layers=4,hidden=64,heads=4,vocab=256"],
+     "8 stages for only 4 layers"),
+    (["dp=4", "--to", "megatron", "--global-batch", "6"], "not divisible into dp·mbs"),
+    (["tp=2", "--to", "megatron", "--model", "nosuch"], "unknown model 'nosuch'"),
+    (["missing.json", "--to", "json"], "plan file missing.json not found"),
+])
+def test_bad_input_exits_2_with_one_message(capsys, args, message):
+    assert main(["export", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+def test_bad_target_is_rejected_by_the_parser(cli):
+    r = cli("export", "tp=2", "--to", "deepspeed")
+    assert r.returncode == 2 and "invalid choice: 'deepspeed'" in r.stderr

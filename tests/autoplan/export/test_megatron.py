@@ -1,0 +1,90 @@
+"""Plan → Megatron-LM arguments: every mapping and every warning."""
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from autoplan.export.megatron import pipeline_layout, to_megatron
+from autoplan.plan import Plan
+
+GPT3 = "tp=8,pp=8,dp=16,vpp=3,schedule=interleaved,recompute=selective,sp=on,zero=1"
+
+
+def _args(plan, **kw):
+    out = to_megatron(Plan.parse(plan), **kw)
+    body = [line for line in out.text.splitlines() if not line.startswith("#")]
+    return shlex.split(" ".join(line.rstrip("\\") for line in body)), out.warnings
+
+
+def _flag(args, name):
+    return args[args.index(name) + 1]
+
+
+def test_gpt3_plan_maps_to_megatron_flags():
+    args, warnings = _args(GPT3, num_layers=96, global_batch=1536, seq=2048)
+    assert _flag(args, "--tensor-model-parallel-size") == "8"
+    assert _flag(args, "--pipeline-model-parallel-size") == "8"
+    assert _flag(args, "--num-layers-per-virtual-pipeline-stage") == "4"
+    assert "--sequence-parallel" in args and "--use-distributed-optimizer" in args
+    assert _flag(args, "--recompute-granularity") == "selective" and "--recompute-method" not in args
+    assert _flag(args, "--micro-batch-size") == "1" and _flag(args, "--global-batch-size") == "1536"
+    assert _flag(args, "--num-layers") == "96" and _flag(args, "--seq-length") == "2048"
+    assert "--context-parallel-size" not in args and "--use-tp-pp-dp-mapping" not in args
+    assert warnings == ()
+
+
+def test_uneven_cuts_use_the_pipeline_layout():
+    assert pipeline_layout((2, 3, 1)) == "Ett|ttt|tL"
+    args, _ = _args("pp=2,vpp=2,schedule=interleaved,layers=1-2-2-1", num_layers=6)
+    assert _flag(args, "--pipeline-model-parallel-layout") == "Et|tt|tt|tL"
+    assert "--num-layers-per-virtual-pipeline-stage" not in args
+
+
+def test_virtual_stages_without_a_layer_count():
+    args, _ = _args("pp=4,vpp=2,schedule=interleaved")
+    assert _flag(args, "--num-virtual-stages-per-pipeline-rank") == "2"
+
+
+@pytest.mark.parametrize("plan, flags", [
+    ("dp=8,zero=0", {}),
+    ("dp=8,zero=2", {"--use-megatron-fsdp": None, "--data-parallel-sharding-strategy": "optim_grads"}),
+    ("dp=8,zero=3", {"--use-megatron-fsdp": None, "--data-parallel-sharding-strategy": "optim_grads_params"}),
+    ("cp=4,dp=2", {"--context-parallel-size": "4", "--cp-comm-type": "p2p"}),
+    ("cp=4,cp_algo=ulysses", {"--cp-comm-type": "a2a"}),
+    ("dp=8,ep=4", {"--expert-model-parallel-size": "4"}),
+    ("tp=2,recompute=full", {"--recompute-granularity": "full", "--recompute-method": "uniform",
+                             "--recompute-num-layers": "1"}),
+    ("tp=2,pp=2,order=tp-cp-ep-pp-dp", {"--use-tp-pp-dp-mapping": None}),
+    ("tp=2,sp=off", {}),
+])
+def test_mappings(plan, flags):
+    args, warnings = _args(plan, num_layers=8)
+    for flag, value in flags.items():
+        assert flag in args
+        if value is not None:
+            assert _flag(args, flag) == value
+    if plan == "dp=8,zero=0":
+        assert "--use-distributed-optimizer" not in args and "--use-megatron-fsdp" not in args
+    if plan == "tp=2,sp=off":
+        assert "--sequence-parallel" not in args
+    assert warnings == ()
+
+
+@pytest.mark.parametrize("plan, warning", [
+    ("pp=2,schedule=gpipe", "schedule=gpipe is not in Megatron-LM"),
+    ("pp=2,schedule=zb-h1", "schedule=zb-h1 is not in Megatron-LM"),
+    ("pp=2,schedule=zbv", "schedule=zbv (V placement) is not in Megatron-LM"),
+    ("pp=2,schedule=dualpipev", "schedule=dualpipev (V placement) is not in Megatron-LM"),
+    ("cp=2,cp_algo=usp", "cp_algo=usp: also pass --hierarchical-context-parallel-sizes"),
+    ("pp=4,recompute=full-selective-none-none", "per-stage recompute full-selective-none-none"),
+    ("tp=2,order=pp-tp-cp-ep-dp", "order=pp-tp-cp-ep-dp is not expressible"),
+])
+def test_what_megatron_cannot_express_is_warned(plan, warning):
+    _, warnings = _args(plan, num_layers=8)
+    assert any(w.startswith(warning) for w in warnings), warnings
+
+
+def test_v_schedule_keeps_two_chunks_per_rank():
+    args, _ = _args("pp=2,schedule=zbv", num_layers=8)
+    assert _flag(args, "--num-layers-per-virtual-pipeline-stage") == "2"

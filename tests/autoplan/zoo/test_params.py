@@ -1,0 +1,62 @@
+"""Zoo parameter counts against published sizes (models built on the meta device: no memory)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoplan import zoo
+
+
+def param_count(cfg) -> int:
+    with torch.device("meta"):
+        model = zoo.build(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(zoo.PUBLISHED_PARAMS_B))
+def test_published_sizes(name):
+    got = param_count(zoo.ZOO[name]) / 1e9
+    assert got == pytest.approx(zoo.PUBLISHED_PARAMS_B[name], rel=0.005)
+
+
+# Narayanan et al. 2021, Table 1: params (B) as published.
+SC21_TABLE1 = {"gpt-1.7b": 1.7, "gpt-3.6b": 3.6, "gpt-7.5b": 7.5, "gpt-18.4b": 18.4, "gpt-39.1b": 39.1,
+               "gpt-76.1b": 76.1, "gpt-145.6b": 145.6, "gpt-310.1b": 310.1, "gpt-529.6b": 529.6,
+               "gpt-1t": 1008.0}
+
+
+@pytest.mark.parametrize("name", sorted(SC21_TABLE1))
+def test_sc21_table1_sizes_match_eq2(name):
+    cfg = zoo.ZOO[name]
+    l, h, V, s = cfg.layers, cfg.hidden, cfg.vocab, cfg.max_seq
+    eq2 = 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    got = param_count(cfg)
+    assert got == pytest.approx(eq2, rel=0.005)
+    published = SC21_TABLE1[name]          # the table rounds to 0.1 B
+    assert abs(got / 1e9 - published) <= max(0.05, 0.005 * published)
+
+
+def test_sc21_table1_shapes():
+    assert (zoo.ZOO["gpt-145.6b"].heads, zoo.ZOO["gpt-145.6b"].hidden, zoo.ZOO["gpt-145.6b"].layers) == (96, 12288, 80)
+    assert zoo.ZOO["gpt-22b"].hidden == 6144 and zoo.ZOO["gpt-22b"].heads == 64 and zoo.ZOO["gpt-22b"].layers == 48
+    assert all(zoo.ZOO[n].vocab == 51200 and zoo.ZOO[n].tie for n in SC21_TABLE1)
+
+
+def test_deepseek_v3_shape_and_note():
+    cfg = zoo.ZOO["deepseek-v3"]
+    assert (cfg.layers, cfg.hidden, cfg.experts, cfg.topk, cfg.shared_experts, cfg.moe_ffn,
+            cfg.dense_layers, cfg.ffn, cfg.vocab) == (61, 7168, 256, 8, 1, 2048, 3, 18432, 129280)
+    info = zoo.model_info("deepseek-v3", cfg)
+    assert any("MLA" in note for note in info.notes)
+    # GQA attention parameters stay within 0.1 % of MLA's (q/kv low-rank + up-projections + o_proj)
+    mla = (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168)
+    gqa = 2 * 7168 * cfg.heads * cfg.head_dim + 2 * 7168 * cfg.kv_heads * cfg.head_dim
+    assert gqa == pytest.approx(mla, rel=0.001)
+
+
+def test_model_info_from_config():
+    info = zoo.model_info("llama3-70b", zoo.ZOO["llama3-70b"])
+    assert (info.family, info.layers, info.hidden, info.heads, info.kv_heads, info.head_dim, info.ffn,
+            info.vocab, info.tied_embeddings) == ("llama", 80, 8192, 64, 8, 128, 28672, 128256, False)
+    moe = zoo.model_info("mixtral-8x7b", zoo.ZOO["mixtral-8x7b"])
+    assert (moe.family, moe.experts, moe.topk, moe.moe_ffn) == ("moe", 8, 2, 14336)

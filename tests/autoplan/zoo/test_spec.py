@@ -1,0 +1,43 @@
+"""Family spec strings → configs; bad specs are UserErrors that list the valid keys."""
+from __future__ import annotations
+
+import pytest
+
+from autoplan.errors import UserError
+from autoplan.zoo.gpt import GPTConfig
+from autoplan.zoo.llama import LlamaConfig
+from autoplan.zoo.moe import MoEConfig
+from autoplan.zoo.spec import parse_spec
+
+
+def test_family_defaults():
+    gpt = parse_spec("gpt:layers=96,hidden=12288,heads=96,vocab=51200")
+    assert isinstance(gpt, GPTConfig) and (gpt.mlp, gpt.norm, gpt.tie, gpt.d_ffn) == ("gelu", "layernorm", True, 4 * 12288)
+    llama = parse_spec("llama:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256")
+    assert isinstance(llama, LlamaConfig) and (llama.mlp, llama.norm, llama.tie, llama.n_kv_heads) == ("swiglu", "rmsnorm", False, 8)
+    moe = parse_spec("moe:layers=4,hidden=64,heads=4,kv_heads=2,vocab=100,experts=8,topk=2,moe_ffn=32,"
+                     "dense_layers=1,shared_experts=1")
+    assert isinstance(moe, MoEConfig) and (moe.experts, moe.topk, moe.d_moe_ffn, moe.dense_layers, moe.shared_experts) == (8, 2, 32, 1, 1)
+
+
+def test_overrides():
+    cfg = parse_spec("gpt:layers=2,hidden=64,heads=4,vocab=100,mlp=swiglu,norm=rmsnorm,tie=false,ffn=96")
+    assert (cfg.mlp, cfg.norm, cfg.tie, cfg.d_ffn) == ("swiglu", "rmsnorm", False, 96)
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("gpt:layers=2,hidden=64,heads=4,vocab=100,colour=red", ["unknown key 'colour'", "valid keys", "kv_heads"]),
+    ("gpt:layers=2,hidden=64,heads=4", ["missing key(s) vocab", "valid keys"]),
+    ("llama:layers=2,hidden=64,heads=4,vocab=100,experts=8", ["unknown key 'experts'", "valid keys"]),
+    ("gpt:layers=two,hidden=64,heads=4,vocab=100", ["layers must be an integer", "valid keys"]),
+    ("gpt:layers=2,hidden=64,heads=4,vocab=100,mlp=tanh", ["mlp is one of"]),
+    ("gpt:layers=2,hidden=64,heads=4,vocab=100,tie=maybe", ["tie is true or false"]),
+    ("gpt:layers=2,hidden=65,heads=4,vocab=100", ["not a multiple of heads"]),
+    ("moe:layers=2,hidden=64,heads=4,vocab=100,experts=4,topk=5", ["topk"]),
+    ("gpt:layers=0,hidden=64,heads=4,vocab=100", ["must be positive"]),
+])
+def test_bad_specs(spec, words):
+    with pytest.raises(UserError) as err:
+        parse_spec(spec)
+    for w in words:
+        assert w in str(err.value)
