@@ -154,6 +154,8 @@ class _Part:
     wgrad_s: float
     exposed_fwd_s: float         # communication on the critical path, forward
     exposed_bwd_s: float
+    ep_fwd_s: float              # the EP all-to-all part of it (what DualPipeV's pairs can hide)
+    ep_bwd_s: float
     saved_bytes: float
     dense_numel: int
     expert_numel: int
@@ -182,6 +184,10 @@ class Estimator:
         self._blocks: dict[tuple, BlockSharding] = {}
         self._assignments: dict[tuple, BlockAssignment] = {}
         self._spans: dict[tuple, object] = {}
+        self._parts: dict[tuple, _Part] = {}
+        self._colls: dict[tuple, float] = {}
+        self._attention_flops_per_sample = sum(_attention_flops(b.graph) * b.count for b in model.blocks)
+        self._sims: dict[tuple, object] = {}
         self.info = model.model
         self.hidden = self.info.hidden or _hidden_of(model)
 
@@ -198,26 +204,47 @@ class Estimator:
         return span
 
     def coll(self, kind: str, nbytes: float, ranks) -> float:
+        """Seconds of one collective on the group ``ranks`` (memoised: the search asks often)."""
         if len(ranks) <= 1 or nbytes <= 0:
             return 0.0
-        return collective_time(kind, nbytes, self._span(ranks), self.cluster)
+        key = (kind, nbytes, tuple(ranks))
+        hit = self._colls.get(key)
+        if hit is None:
+            hit = self._colls[key] = collective_time(kind, nbytes, self._span(ranks), self.cluster)
+        return hit
+
+    def simulate(self, schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm=None, b_comm=None):
+        """The pipeline simulator, memoised on its inputs (plans that differ only in ZeRO stage
+        or data-parallel layout share their pipeline)."""
+        key = (schedule, pp, m, vpp, tuple(f), tuple(b), tuple(w), p2p,
+               tuple(f_comm) if f_comm is not None else None, tuple(b_comm) if b_comm is not None else None)
+        hit = self._sims.get(key)
+        if hit is None:
+            hit = self._sims[key] = simulate(schedule, stages=pp, microbatches=m, chunks=vpp, f=f, b=b, w=w,
+                                             p2p=p2p, f_comm=f_comm, b_comm=b_comm)
+            if len(self._sims) > 20000:
+                self._sims.clear()
+        return hit
 
     def sharding(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, tp_ranks) -> BlockSharding:
         """The block's tp sharding under ``plan``, priced at the plan's micro-batch and recompute.
 
-        The ILP is solved once per (block, tp sub-mesh, sp, cp) — every cost it weighs scales
-        with the micro-batch and the recompute policy alike — and its layout re-priced."""
+        The ILP is solved once per (block, tp sub-mesh, sp) — every cost it weighs scales with
+        the micro-batch, the sequence share and the recompute policy alike — and its layout
+        re-priced for the plan."""
         span = self._span(tp_ranks)
         key = (graph_key, plan.tp, plan.sp, plan.mbs, plan.cp, recompute, span)
         hit = self._blocks.get(key)
         if hit is None:
-            ctx = self._context(plan, recompute, tp_ranks, span)
-            akey = (graph_key, plan.tp, plan.sp, plan.cp, span)
+            akey = (graph_key, plan.tp, plan.sp, span)
             assignment = self._assignments.get(akey)
             if assignment is None:
-                assignment = solve_assignment(graph, ctx)
+                # always solved at the same reference point (micro-batch 1, whole sequence, no
+                # recompute), so a plan's price never depends on which plans were priced before it
+                reference = plan.replace(mbs=1, cp=1, recompute=("none",))
+                assignment = solve_assignment(graph, self._context(reference, "none", tp_ranks, span))
                 self._assignments[akey] = assignment
-            hit = price_assignment(graph, assignment, ctx)
+            hit = price_assignment(graph, assignment, self._context(plan, recompute, tp_ranks, span))
             self._blocks[key] = hit
         return hit
 
@@ -232,6 +259,16 @@ class Estimator:
 
     # ---- one graph under a plan ------------------------------------------------------------------
     def part(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> _Part:
+        """Per-micro-batch cost of one graph under ``plan`` (cached: it depends only on the
+        tp/cp/ep degrees, their groups, sp, cp_algo, the micro-batch and the recompute policy)."""
+        key = (graph_key, plan.tp, plan.sp, plan.cp, plan.cp_algo, plan.ep, plan.mbs, recompute,
+               mesh.group("tp"), mesh.group("cp"), mesh.group("ep"))
+        hit = self._parts.get(key)
+        if hit is None:
+            hit = self._parts[key] = self._part(graph_key, graph, plan, recompute, mesh)
+        return hit
+
+    def _part(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> _Part:
         tp_ranks = mesh.group("tp")
         bs = self.sharding(graph_key, graph, plan, recompute, tp_ranks)
         colls = []
@@ -259,7 +296,7 @@ class Estimator:
         dense, expert = _param_split(graph, bs, plan)
         return _Part(
             forward_s=bs.forward_s, backward_s=bs.backward_s, wgrad_s=bs.wgrad_s,
-            exposed_fwd_s=exp_f + cp_f + ep_f, exposed_bwd_s=exp_b + cp_b + ep_b,
+            exposed_fwd_s=exp_f + cp_f + ep_f, exposed_bwd_s=exp_b + cp_b + ep_b, ep_fwd_s=ep_f, ep_bwd_s=ep_b,
             saved_bytes=bs.saved_bytes, dense_numel=dense, expert_numel=expert,
             model_flops=model_flops, recompute_flops=rec_flops,
             attention_s=attention_s, compute_s=bs.forward_s + bs.backward_s + bs.wgrad_s,
@@ -342,7 +379,86 @@ class Estimator:
                       heads=info.heads, kv_heads=info.kv_heads, experts=info.experts,
                       seq=self.model.seq_len, global_batch=global_batch)
 
-    def estimate(self, plan: Plan, global_batch: int, *, exact_p2p: bool = True) -> Estimate:
+    def layer_work(self, plan: Plan) -> dict:
+        """Per micro-batch F+B+W seconds of every layer (model order) and of pre/post, no recompute.
+
+        What the stage-cut DP balances."""
+        mesh = Mesh.of(plan)
+        cache: dict[str, float] = {}
+
+        def work(kind: str, graph: OpGraph) -> float:
+            if kind not in cache:
+                p = self.part(kind, graph, plan, "none", mesh)
+                cache[kind] = p.forward_s + p.backward_s + p.wgrad_s + p.exposed_fwd_s + p.exposed_bwd_s
+            return cache[kind]
+
+        return {"layers": [work(k, self.model.block(k).graph) for k in self.model.order],
+                "pre": work("@pre", self.model.pre), "post": work("@post", self.model.post)}
+
+    def layer_compute(self, plan: Plan) -> dict:
+        """Like ``layer_work`` but compute only (what an overlapped F&B pair cannot hide)."""
+        mesh = Mesh.of(plan)
+
+        def compute_s(kind: str, graph: OpGraph) -> float:
+            return self.part(kind, graph, plan, "none", mesh).compute_s
+
+        return {"layers": [compute_s(k, self.model.block(k).graph) for k in self.model.order],
+                "pre": compute_s("@pre", self.model.pre), "post": compute_s("@post", self.model.post)}
+
+    def lower_bound(self, plan: Plan, global_batch: int) -> float:
+        """A lower bound on ``estimate(plan).step_time_s`` for any stage cut, schedule and
+        recomputation of ``plan``'s mesh and micro-batch size (what the search prunes with).
+
+        m micro-batches × (F + B + W + exposed per-layer communication of all layers, embedding
+        and head, no recompute) / pp — the average pipeline rank's busy time, which the
+        makespan cannot beat — plus, under ZeRO-2/3, the per-micro-batch data-parallel traffic
+        that compute cannot hide (at the average rank), plus the optimizer step.  With DualPipeV
+        possible (pp > 1, MoE) the all-to-all a pair can hide is left out."""
+        mesh = Mesh.of(plan)
+        m = plan.microbatches(global_batch)
+        work = compute = hideable = 0.0
+        dense = expert = 0.0
+        parts = [(b.kind, b.graph, b.count) for b in self.model.blocks] + [
+            ("@pre", self.model.pre, 1), ("@post", self.model.post, 1)]
+        for kind, graph, count in parts:
+            p = self.part(kind, graph, plan, "none", mesh)
+            work += count * (p.forward_s + p.backward_s + p.wgrad_s + p.exposed_fwd_s + p.exposed_bwd_s)
+            hideable += count * (p.ep_fwd_s + p.ep_bwd_s)
+            dense += p.dense_numel * count
+            expert += p.expert_numel * count
+        if plan.pp > 1 and hideable:
+            work -= hideable
+        per_rank_mb = work / plan.pp
+        bound = m * per_rank_mb
+        if plan.zero >= 2 and self.options.overlap_grad_reduce:
+            colls, _ = self._dp_comm(plan, dense / plan.pp, expert / plan.pp, mesh.group("dp"), mesh.group("edp"),
+                                     m, last_backward=0.0, first_forward=0.0)
+            per_mb = sum(c[3] for c in colls if c[5] in ("zero3", "grad_mb")) / m
+            bound += m * max(0.0, per_mb - per_rank_mb)
+        shard = len(mesh.group("dp")) if plan.zero >= 1 else 1
+        bound += (dense + expert) / plan.pp / shard * OPTIMIZER_BYTES_PER_PARAM / (
+            self.cluster.gpu.hbm_bw * self.profile.memory_fraction)
+        return bound
+
+    def state_bytes_lower_bound(self, plan: Plan) -> float:
+        """Bytes per GPU no cut of ``plan``'s mesh can avoid: model states of an even share of
+        the parameters under its ZeRO stage, plus the fixed reserve."""
+        mesh = Mesh.of(plan)
+        dense = expert = 0.0
+        parts = [(b.kind, b.graph, b.count) for b in self.model.blocks] + [
+            ("@pre", self.model.pre, 1), ("@post", self.model.post, 1)]
+        for kind, graph, count in parts:
+            p = self.part(kind, graph, plan, "none", mesh)
+            dense += p.dense_numel * count
+            expert += p.expert_numel * count
+        d = model_state_bytes(dense / plan.pp, zero=plan.zero, dp=len(mesh.group("dp")))
+        e = model_state_bytes(expert / plan.pp, zero=plan.zero, dp=len(mesh.group("edp")))
+        return d.total + e.total + OVERHEAD_BYTES
+
+    def estimate(self, plan: Plan, global_batch: int, *, detail: bool = True) -> Estimate:
+        """Price ``plan``.  ``detail=False`` (the search's inner loop) skips what only the report
+        needs: the exposed share of stage-to-stage P2P (a second simulation) and the
+        per-primitive table."""
         self.check(plan, global_batch)
         mesh = Mesh.of(plan)
         gpu = self.cluster.gpu
@@ -381,8 +497,10 @@ class Estimator:
             f.append(sum(p.forward_s + p.exposed_fwd_s for p in ps))
             b.append(sum(p.backward_s + p.exposed_bwd_s for p in ps))
             w.append(sum(p.wgrad_s for p in ps))
-            f_comm.append(sum(p.exposed_fwd_s for p in ps))
-            b_comm.append(sum(p.exposed_bwd_s for p in ps))
+            # DualPipeV hides the MoE all-to-all of one micro-batch under the other's compute
+            # (DeepSeek-V3 §3.2.1); TP/CP collectives stay on each layer's critical path
+            f_comm.append(sum(p.ep_fwd_s for p in ps))
+            b_comm.append(sum(p.ep_bwd_s for p in ps))
 
         # pipeline
         act_bytes = plan.mbs * self.model.seq_len / plan.cp * self.hidden * 2 / (plan.tp if plan.sp else 1)
@@ -390,13 +508,13 @@ class Estimator:
         p2p = self.coll("p2p", act_bytes, pp_ranks[:2]) if plan.pp > 1 else 0.0
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
         overlap = schedule == "dualpipev"
-        sim = simulate(schedule, stages=plan.pp, microbatches=m, chunks=plan.vpp, f=f, b=b, w=w, p2p=p2p,
-                       f_comm=f_comm if overlap else None, b_comm=b_comm if overlap else None)
+        sim = self.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, p2p,
+                            f_comm if overlap else None, b_comm if overlap else None)
         pipe_time = sim.step_time
         p2p_exposed = 0.0
-        if plan.pp > 1 and exact_p2p:
-            no_p2p = simulate(schedule, stages=plan.pp, microbatches=m, chunks=plan.vpp, f=f, b=b, w=w, p2p=0.0,
-                              f_comm=f_comm if overlap else None, b_comm=b_comm if overlap else None)
+        if plan.pp > 1 and detail:
+            no_p2p = self.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, 0.0,
+                                   f_comm if overlap else None, b_comm if overlap else None)
             p2p_exposed = max(0.0, pipe_time - no_p2p.step_time)
 
         # per pipeline rank: parameters, data-parallel communication, memory
@@ -459,7 +577,7 @@ class Estimator:
         busy_rank = max(range(plan.pp), key=lambda r: (sum(len(chunk_layers[c]) for c in rank_chunks[r]), -r))
         primitives = self._primitives(plan, mesh, m, rank_chunks[busy_rank], chunk_parts, p2p, p2p_exposed,
                                       dp_colls_by_rank[busy_rank], dp_exposed_by_rank[busy_rank],
-                                      embed_bytes, embed_s)
+                                      embed_bytes, embed_s) if detail else []
         comm_time = sum(p.time_s for p in primitives)
         comm_exposed = sum(p.exposed_s for p in primitives)
 
@@ -467,7 +585,7 @@ class Estimator:
         block_compute = sum(p.compute_s for c in rank_chunks[busy_rank] for p in chunk_parts[c])
         attention = sum(p.attention_s for c in rank_chunks[busy_rank] for p in chunk_parts[c])
         all_flops = sum(part(k, "none").model_flops * n for k, n in counts.items())
-        attn_flops = sum(_attention_flops(self.model.block(k).graph) * n for k, n in counts.items()) * plan.mbs
+        attn_flops = self._attention_flops_per_sample * plan.mbs
         busy_compute = m * block_compute
         breakdown = {
             "compute": busy_compute,
@@ -521,8 +639,13 @@ class Estimator:
             params = numel * PARAM_GATHER_BYTES
             if plan.zero == 0:
                 colls.append(("all_reduce", grads, 1, self.coll("all_reduce", grads, ranks), ranks, "grad"))
-            elif plan.zero in (1, 2):
+            elif plan.zero == 1:
                 colls.append(("reduce_scatter", grads, 1, self.coll("reduce_scatter", grads, ranks), ranks, "grad"))
+                colls.append(("all_gather", params, 1, self.coll("all_gather", params, ranks), ranks, "param"))
+            elif plan.zero == 2:
+                # sharded gradients cannot accumulate whole: every micro-batch reduce-scatters its own
+                t_rs = self.coll("reduce_scatter", grads, ranks)
+                colls.append(("reduce_scatter", grads, m, m * t_rs, ranks, "grad_mb"))
                 colls.append(("all_gather", params, 1, self.coll("all_gather", params, ranks), ranks, "param"))
             else:
                 t_ag = self.coll("all_gather", params, ranks)
@@ -531,17 +654,17 @@ class Estimator:
                 colls.append(("reduce_scatter", grads, m, m * t_rs, ranks, "zero3"))
         if not colls:
             return colls, 0.0
-        if plan.zero >= 3:
-            # per micro-batch gathers/reductions overlap that micro-batch's compute (prefetch)
-            per_mb = sum(c[3] for c in colls) / m
-            window = (first_forward + last_backward)
-            exposed = m * max(0.0, per_mb - window) + sum(c[3] for c in colls) / m / 3
-            return colls, exposed
-        grad_s = sum(c[3] for c in colls if c[5] == "grad")
-        param_s = sum(c[3] for c in colls if c[5] == "param")
+        per_mb = sum(c[3] for c in colls if c[5] in ("zero3", "grad_mb")) / m
+        once_grad = sum(c[3] for c in colls if c[5] == "grad")
+        once_param = sum(c[3] for c in colls if c[5] == "param")
         if not self.options.overlap_grad_reduce:
-            return colls, grad_s + param_s
-        return colls, max(0.0, grad_s - last_backward) + max(0.0, param_s - first_forward)
+            return colls, m * per_mb + once_grad + once_param
+        # per micro-batch traffic (ZeRO-2 gradient reduce-scatter, ZeRO-3 gathers) hides behind
+        # that micro-batch's compute (prefetch); once-per-step traffic behind the last backward
+        # (gradients) and the first forward (parameter all-gather), as Megatron overlaps them
+        exposed = m * max(0.0, per_mb - (first_forward + last_backward))
+        exposed += max(0.0, once_grad - last_backward) + max(0.0, once_param - first_forward)
+        return colls, exposed
 
     def _primitives(self, plan, mesh, m, chunks_of_rank, chunk_parts, p2p, p2p_exposed, dp_colls, dp_exposed,
                     embed_bytes, embed_s) -> list[Primitive]:
@@ -550,6 +673,8 @@ class Estimator:
         acc: dict[tuple, list] = {}
 
         def add(kind, dim, ranks, calls, nbytes, seconds, exposed):
+            if len(ranks) <= 1:
+                return
             span = self._span(ranks)
             key = (kind, dim, len(ranks), span.level)
             a = acc.setdefault(key, [self.cluster.describe_span(span), 0, 0.0, 0.0, 0.0])

@@ -25,6 +25,7 @@ expert dp       cp, dp                gradients of expert parameters
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 from autoplan.plan import Plan
@@ -75,6 +76,9 @@ class Mesh:
 
     def group(self, name: str, rank: int = 0) -> tuple[int, ...]:
         """Ranks of group ``name`` (see GROUP_AXES) that contains ``rank``."""
+        return _group(self, name, rank)
+
+    def _group(self, name: str, rank: int) -> tuple[int, ...]:
         axes = GROUP_AXES.get(name, (name,))
         base = self.coords(rank)
         ranks = [0]
@@ -96,3 +100,8 @@ class Mesh:
 
     def pipeline_rank(self, rank: int) -> int:
         return self.coords(rank)["pp"]
+
+
+@lru_cache(maxsize=4096)
+def _group(mesh: Mesh, name: str, rank: int) -> tuple[int, ...]:
+    return mesh._group(name, rank)

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from autoplan.errors import UserError
+from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")
@@ -284,6 +285,11 @@ class Plan:
         if self.pp > 1 and m < self.pp and self.schedule != "gpipe":
             raise UserError(f"bad plan: {m} micro-batches cannot fill {self.pp} pipeline stages",
                             "raise the global batch or lower pp/mbs")
+        if self.pp > 1:
+            need = SCHEDULE_SPECS[self.schedule].min_microbatches(self.pp)
+            if m < need:
+                raise UserError(f"bad plan: schedule={self.schedule} needs at least {need} micro-batches on "
+                                f"pp={self.pp}, the plan has {m}", "raise the global batch or lower pp/mbs")
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:

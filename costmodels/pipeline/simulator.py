@@ -141,7 +141,7 @@ def _deadlock_error(schedule: str, orders, ptr) -> RuntimeError:
                         f"blocked heads: {'; '.join(heads[:6])}")
 
 
-@lru_cache(maxsize=64)  # ~2.5 MB per entry at pp=16, m=128, v=3
+@lru_cache(maxsize=512)  # ~2.5 MB per entry at pp=16, m=128, v=3; most are far smaller
 def _compile(schedule: str, p: int, m: int, v: int) -> _Compiled:
     spec = get_spec(schedule)
     orders = build_orders(schedule, p, m, v)

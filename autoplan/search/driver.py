@@ -1,0 +1,372 @@
+"""The search driver: from a traced model and a cluster to the K best distinct plans.
+
+    search(model, cluster, global_batch=..., options=SearchOptions()) -> SearchResult
+
+Three nested searches, each exact for the cost model it is given:
+
+1. **Operator sharding** (``sharding``, ``ilp``): per unique block kind and tp sub-mesh, an
+   ILP picks every ATen op's layout on the tp axis; solved once and cached, re-priced for
+   every micro-batch size and recompute policy.
+2. **Pipeline** (``stages``): per mesh, the micro-batch size, schedule, virtual stages,
+   stage cuts and per-stage recomputation.
+3. **Mesh** (``space``): degrees (dp + ZeRO stage, tp + SP, cp + algorithm, ep, pp) and the
+   axis order on the hardware, under the hard NVLink-domain rules.  Meshes are explored
+   best-first by an admissible lower bound on their step time (``lower_bound``: the busiest
+   rank's compute and unavoidable per-layer communication, no bubble, no exposed DP), and a
+   mesh whose bound cannot beat the K-th best distinct mesh found so far is pruned.
+   Candidates are evaluated in worker processes (forked after the ILPs are solved, so the
+   caches are shared) in bound order, a batch at a time.
+
+Top-K returns distinct meshes (tp, cp, ep, pp, dp): the best plan of each, ranked by step
+time, ties broken by the plan string, so the same inputs give the same output byte for byte.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass, field
+
+from autoplan.errors import UserError
+from autoplan.estimate import Estimate, EstimateOptions, Estimator
+from autoplan.ir import BlockGraph
+from autoplan.mesh import Mesh
+from autoplan.plan import SCHEDULES, Plan
+from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
+from autoplan.search.stages import MeshResult, best_plan
+from topologies.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    top_k: int = 5
+    solver: str = "cpsat"
+    time_limit_s: float = 30.0              # per block ILP
+    allow_cross_domain: bool = False
+    workers: int = 0                        # 0: one per CPU core
+    mbs: tuple[int, ...] = (1, 2, 4, 8)
+    schedules: tuple[str, ...] = SCHEDULES
+    max_vpp: int = 4
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    overlap_grad_reduce: bool = True
+    profile: str | None = None
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: Plan
+    estimate: Estimate
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
+
+
+@dataclass(frozen=True)
+class IlpRecord:
+    block: str
+    tp: int
+    sp: bool
+    size: dict
+    solve_seconds: float
+    gap: float
+    status: str
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    space: SpaceStats
+    pruned_memory: int
+    pruned_bound: int
+    meshes_evaluated: int
+    plans_priced: int
+    seconds: float
+    ilps: tuple[IlpRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    candidates: tuple[Candidate, ...]
+    stats: SearchStats
+    max_ilp_gap: float = 0.0
+
+
+def search(model: BlockGraph, cluster: Cluster, *, global_batch: int,
+           options: SearchOptions = SearchOptions()) -> SearchResult:
+    start = time.perf_counter()
+    est = Estimator(model, cluster, EstimateOptions(overlap_grad_reduce=options.overlap_grad_reduce,
+                                                     allow_cross_domain=options.allow_cross_domain,
+                                                     profile=options.profile, solver=options.solver,
+                                                     time_limit_s=options.time_limit_s), enforce_rules=True)
+    meshes, space_stats = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.seq_len,
+                                           global_batch=global_batch,
+                                           allow_cross_domain=options.allow_cross_domain,
+                                           zero_levels=options.zero)
+    if not meshes:
+        raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
+                        f"(heads {model.model.heads}, global batch {global_batch})",
+                        "change --global-batch so that data parallelism can divide it")
+    _solve_ilps(est, meshes)
+    bounded = []
+    pruned_memory = 0
+    for mesh in meshes:
+        lb, states_gib = lower_bound(est, mesh, global_batch, options.mbs)
+        if states_gib > cluster.gpu.hbm_bytes / 1024 ** 3:
+            pruned_memory += 1
+            continue
+        bounded.append((lb, _mesh_sort_key(mesh), mesh))
+    bounded.sort(key=lambda t: (t[0], t[1]))
+    results, evaluated, priced, pruned_bound, shortfall = _explore(est, bounded, global_batch, options)
+    if not results:
+        raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
+    ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
+    candidates = tuple(Candidate(r.plan, r.estimate) for r in ranked[:options.top_k])
+    ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status)
+                 for k, a in sorted(est._assignments.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
+                                                                              str(kv[0][3]))))
+    stats = SearchStats(space_stats, pruned_memory, pruned_bound, evaluated, priced,
+                        time.perf_counter() - start, ilps)
+    return SearchResult(candidates, stats, max((i.gap for i in ilps), default=0.0))
+
+
+# --- pieces ------------------------------------------------------------------------------------
+
+def _mesh_sort_key(mesh: MeshChoice):
+    return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.order)
+
+
+def _solve_ilps(est: Estimator, meshes: list[MeshChoice]) -> None:
+    """Solve every block ILP the meshes need, in the parent, before workers fork."""
+    seen = set()
+    for mesh in meshes:
+        key = (mesh.tp, mesh.sp, mesh.order)
+        if key in seen:
+            continue
+        seen.add(key)
+        plan = mesh.plan(mbs=1, cp=1, schedule="1f1b", vpp=1, recompute=("none",))
+        plan = plan.replace(dp=plan.dp * mesh.cp)
+        m = Mesh.of(plan)
+        for kind, graph in [(b.kind, b.graph) for b in est.model.blocks] + [("@pre", est.model.pre),
+                                                                          ("@post", est.model.post)]:
+            est.sharding(kind, graph, plan, "none", m.group("tp"))
+
+
+def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> tuple[float, float]:
+    """(lower bound on the step time of any plan of ``mesh``, model-state GiB per GPU it cannot avoid).
+
+    The smallest ``Estimator.lower_bound`` over the micro-batch sizes the search may pick."""
+    best = float("inf")
+    states = 0.0
+    for mbs in mbs_choices:
+        if (global_batch // mesh.dp) % mbs:
+            continue
+        plan = mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",))
+        best = min(best, est.lower_bound(plan, global_batch))
+        states = est.state_bytes_lower_bound(plan) / 1024 ** 3
+    return best, states
+
+
+def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions):
+    """Screen every degree tuple with a representative variant, then search the best tuples fully.
+
+    Pass 1 (screen): for each (tp, cp, ep, pp, dp), one variant (ZeRO-1, SP on, ring CP, the
+    first axis order; ZeRO-3 when that does not fit) over a representative few schedules.
+    Pass 2 (refine, ``refine_tuple``): the best tuples get every variant and the full pipeline
+    space.  Both passes go best-first by the admissible bound and prune against the K-th best
+    distinct mesh so far.  With no more tuples than the refine budget, every tuple is refined."""
+    global _WORKER_ESTIMATOR
+    _WORKER_ESTIMATOR = est
+    workers = options.workers or os.cpu_count() or 1
+    pool = _pool(est, workers) if workers > 1 and len(bounded) > workers else None
+    tuples: dict[tuple, list] = {}
+    for lb, sort_key, mesh in bounded:
+        tuples.setdefault(mesh.key, []).append((lb, sort_key, mesh))
+    refine_n = max(2 * options.top_k, 12)
+    stats = {"evaluated": 0, "priced": 0, "pruned": 0, "shortfall": float("inf")}
+    results: dict[tuple, MeshResult] = {}
+    progress = _progress(options.progress, len(tuples) + min(refine_n, len(tuples)))
+    try:
+        if len(tuples) > refine_n:
+            reps = sorted(((_representative(v), v) for v in tuples.values()), key=lambda t: (t[0][0], t[0][1]))
+            screened = _run(est, pool, workers, [(rep[0], rep[2].key, [rep] + [t for t in v if t is not rep])
+                                                 for rep, v in reps],
+                            global_batch, options, results, stats, progress, screen=True)
+            chosen = sorted(tuples, key=lambda k: (screened[k].estimate.step_time_s if k in screened
+                                                   else float("inf"), k))[:refine_n]
+        else:
+            chosen = sorted(tuples)
+        tasks = sorted(((min(t[0] for t in tuples[k]), k, sorted(tuples[k], key=lambda t: t[1])) for k in chosen),
+                       key=lambda t: (t[0], t[1]))
+        _run(est, pool, workers, tasks, global_batch, options, results, stats, progress, screen=False)
+    finally:
+        progress.stop()
+        if pool:
+            pool.close()
+            pool.join()
+    return results, stats["evaluated"], stats["priced"], stats["pruned"], stats["shortfall"]
+
+
+def _representative(variants):
+    """The variant a tuple is screened with: ZeRO-1, SP on, ring, first order (else the closest)."""
+    def rank(t):
+        mesh = t[2]
+        return (mesh.zero != 1, not mesh.sp, mesh.cp_algo != "ring", mesh.order != variants[0][2].order, t[1])
+    return min(variants, key=rank)
+
+
+def _run(est, pool, workers, tasks, global_batch, options, results, stats, progress, *, screen: bool):
+    """Run (lb, tuple key, variants) tasks best-first in batches; returns the best result per tuple."""
+    best_here: dict[tuple, MeshResult] = {}
+    i = 0
+    while i < len(tasks):
+        kth = _kth_best(results, options.top_k)
+        todo = []
+        while i < len(tasks) and len(todo) < workers:
+            lb, key, variants = tasks[i]
+            i += 1
+            current = results.get(key)
+            if lb >= kth and (current is None or lb >= current.estimate.step_time_s):
+                stats["pruned"] += 1
+                progress.advance()
+                continue
+            todo.append([v[2] for v in variants])
+        if not todo:
+            continue
+        args = [(variants, global_batch, options, kth, screen) for variants in todo]
+        outs = pool.map(_evaluate, args) if pool else [_evaluate(a) for a in args]
+        for tuple_results in outs:
+            progress.advance()
+            for out in tuple_results:
+                stats["evaluated"] += 1
+                stats["priced"] += out.evaluated
+                if out.plan is None:
+                    if out.pruned:
+                        stats["pruned"] += 1
+                    else:
+                        stats["shortfall"] = min(stats["shortfall"], out.shortfall_gib)
+                    continue
+                for table in (results, best_here):
+                    prev = table.get(out.mesh.key)
+                    if prev is None or (out.estimate.step_time_s, out.plan.to_string()) < \
+                            (prev.estimate.step_time_s, prev.plan.to_string()):
+                        table[out.mesh.key] = out
+    return best_here
+
+
+def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, options: SearchOptions,
+                 threshold: float, screen: bool) -> list[MeshResult]:
+    """Search the variants of one degree tuple.
+
+    Screening evaluates the first variant (ZeRO-3 if it fits nowhere).  Refining walks the
+    (SP, CP algorithm) variants with the first axis order and ZeRO-1; ZeRO-2/3 are searched
+    only where ZeRO-1 was memory-limited (they trade communication for memory, so they cannot
+    win otherwise); the other axis orders re-price the tuple's best plan (an order changes
+    only the data-parallel and pipeline groups' links, never a stage's work or memory)."""
+    def run(mesh: MeshChoice) -> MeshResult:
+        return best_plan(est, mesh, global_batch, mbs_choices=options.mbs, schedules=options.schedules,
+                         max_vpp=options.max_vpp, threshold=threshold, screen=screen)
+
+    if screen:
+        # the representative, then — while memory binds — the next ZeRO stages of the same variant
+        out = [run(variants[0])]
+        for z in (2, 3):
+            last = out[-1]
+            if last.pruned or not (last.plan is None or last.memory_limited):
+                break
+            nxt = next((v for v in variants if v.zero == z and v.sp == last.mesh.sp
+                        and v.cp_algo == last.mesh.cp_algo and v.order == last.mesh.order), None)
+            if nxt is not None:
+                out.append(run(nxt))
+        return out
+    out: list[MeshResult] = []
+    orders = sorted({v.order for v in variants}, key=lambda o: [v.order for v in variants].index(o))
+    base_order = orders[0]
+    families = sorted({(v.sp, v.cp_algo) for v in variants}, key=lambda f: (not f[0], f[1]))
+    for sp, algo in families:
+        family = [v for v in variants if v.sp == sp and v.cp_algo == algo and v.order == base_order]
+        zeros = sorted({v.zero for v in family})
+        first_zero = 1 if 1 in zeros else zeros[0]
+        result = run(next(v for v in family if v.zero == first_zero))
+        out.append(result)
+        if result.plan is None or result.memory_limited:
+            for z in zeros:
+                if z != first_zero:
+                    out.append(run(next(v for v in family if v.zero == z)))
+    fitting = [r for r in out if r.plan is not None]
+    if fitting:
+        best = min(fitting, key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
+        for order in orders[1:]:
+            plan = best.plan.replace(order=order)
+            try:
+                e = est.estimate(plan, global_batch)
+            except UserError:
+                continue
+            mesh = MeshChoice(best.mesh.tp, best.mesh.cp, best.mesh.ep, best.mesh.pp, best.mesh.dp,
+                              best.mesh.zero, best.mesh.sp, best.mesh.cp_algo, order)
+            out.append(MeshResult(mesh, plan, e, 0.0, 1) if e.fits else MeshResult(mesh, None, None, 0.0, 1))
+    return out
+
+
+def _kth_best(results: dict, k: int) -> float:
+    if len(results) < k:
+        return float("inf")
+    return sorted(r.estimate.step_time_s for r in results.values())[k - 1]
+
+
+_WORKER_ESTIMATOR: Estimator | None = None
+
+
+def _evaluate(args) -> list[MeshResult]:
+    variants, global_batch, options, threshold, screen = args
+    return refine_tuple(_WORKER_ESTIMATOR, variants, global_batch, options, threshold, screen)
+
+
+def _pool(est: Estimator, workers: int):
+    """Worker processes forked with the parent's estimator (ILP solutions included)."""
+    try:
+        ctx = mp.get_context("fork")
+    except ValueError:
+        return None
+    return ctx.Pool(workers)
+
+
+class _NoProgress:
+    def advance(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class _RichProgress:
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self._p = Progress(TextColumn("searching meshes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           transient=True)
+        self._task = self._p.add_task("", total=total)
+        self._p.start()
+
+    def advance(self) -> None:
+        self._p.advance(self._task)
+
+    def stop(self) -> None:
+        self._p.stop()
+
+
+def _progress(enabled: bool, total: int):
+    return _RichProgress(total) if enabled else _NoProgress()
+
+
+def _no_fit_message(est: Estimator, meshes, shortfall: float) -> str:
+    hbm = est.cluster.gpu.hbm_bytes / 1024 ** 3
+    if shortfall == float("inf"):
+        best_states = min(est.state_bytes_lower_bound(m.plan(mbs=1, schedule="1f1b", vpp=1, recompute=("full",)))
+                          for m in meshes) / 1024 ** 3
+        shortfall = best_states - hbm
+    return (f"{est.model.model.name} fits no plan on {est.cluster.name}: the closest plan needs "
+            f"{shortfall:.1f} GiB more than the {hbm:.1f} GiB of HBM per GPU")
+
+
+def _no_fit_fix(est: Estimator) -> str:
+    return ("use more GPUs (or GPUs with more memory), a shorter --seq or a smaller --global-batch; "
+            "ZeRO-3, full recomputation and the largest pipeline were already tried")

@@ -1,0 +1,133 @@
+"""The mesh part of the search space: degrees, algorithms and axis orders, under the hard rules.
+
+A ``MeshChoice`` fixes everything but the pipeline-internal knobs (micro-batch size,
+schedule, virtual stages, stage cuts, recomputation), which ``search.stages`` chooses.
+
+Hard rules (a choice that breaks one is never generated, unless ``allow_cross_domain``):
+
+* the tp group lies inside one NVLink domain: tp divides the domain size (tp is the
+  innermost axis, so its ranks are consecutive);
+* the EP all-to-all group lies inside one NVLink domain: tp·cp·ep divides the domain
+  (ep sits right outside tp and cp);
+* a Ulysses all-to-all group lies inside one NVLink domain: tp·cp divides the domain
+  (USP keeps its Ulysses part inside the domain and runs ring across, so it may exceed it).
+
+Model rules: tp divides the heads (and the KV heads, or is a multiple of them), cp
+divides the sequence into chunks of at least ``MIN_CP_CHUNK`` tokens, ep divides the
+experts and dp, pp ≤ layers, dp divides the global batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.ir import ModelInfo
+from autoplan.plan import Plan
+from topologies.cluster import Cluster
+
+MIN_CP_CHUNK = 1024          # tokens per cp rank below which attention chunks get too small
+MAX_CP = 32
+ORDERS = (("tp", "cp", "ep", "dp", "pp"),     # pipeline outermost (Megatron default)
+          ("tp", "cp", "ep", "pp", "dp"))     # data parallel outermost (MegaScale, Llama 3)
+
+
+@dataclass(frozen=True)
+class MeshChoice:
+    tp: int
+    cp: int
+    ep: int
+    pp: int
+    dp: int
+    zero: int
+    sp: bool
+    cp_algo: str
+    order: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple[int, int, int, int, int]:
+        """What makes two plans different meshes (top-K returns distinct keys)."""
+        return (self.tp, self.cp, self.ep, self.pp, self.dp)
+
+    def plan(self, **inner) -> Plan:
+        fields = dict(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, zero=self.zero,
+                      sp=self.sp, cp_algo=self.cp_algo, order=self.order)
+        fields.update(inner)
+        return Plan(**fields)
+
+
+@dataclass(frozen=True)
+class SpaceStats:
+    enumerated: int          # degree combinations looked at
+    broke_rules: int         # dropped by a hard rule (NVLink domain)
+    generated: int           # mesh choices handed to the search
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, p = [], 1
+    while p <= limit:
+        out.append(p)
+        p *= 2
+    return out
+
+
+def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq: int, global_batch: int,
+                     allow_cross_domain: bool = False, zero_levels: tuple[int, ...] = (0, 1, 2, 3),
+                     orders: tuple[tuple[str, ...], ...] = ORDERS) -> tuple[list[MeshChoice], SpaceStats]:
+    n = cluster.num_gpus
+    domain = cluster.nvlink_domain
+    heads, kv = info.heads or 1, info.kv_heads or info.heads or 1
+    experts = info.experts
+    out: list[MeshChoice] = []
+    enumerated = broke = 0
+    for tp in divisors(n):
+        if heads % tp or (kv and tp > kv and tp % kv) or (kv and tp <= kv and kv % tp):
+            continue
+        for cp in _powers_of_two(min(MAX_CP, n // tp)):
+            if n % (tp * cp) or seq % cp or (cp > 1 and seq // cp < MIN_CP_CHUNK):
+                continue
+            for pp in divisors(n // (tp * cp)):
+                if pp > num_layers:
+                    continue
+                dp = n // (tp * cp * pp)
+                if global_batch % dp:
+                    continue
+                for ep in (divisors(experts) if experts else [1]):
+                    if dp % ep:
+                        continue
+                    for cp_algo in (("ring", "ulysses", "usp") if cp > 1 else ("ring",)):
+                        if cp_algo != "ring" and (heads // tp) % cp:
+                            continue
+                        enumerated += 1
+                        if not allow_cross_domain and not _inside_domains(tp, cp, ep, cp_algo, domain):
+                            broke += 1
+                            continue
+                        for sp in ((True, False) if tp > 1 else (False,)):
+                            if sp and (seq // cp) % tp:
+                                continue
+                            for zero in (_useful_zero(zero_levels) if dp > 1 else (0,)):
+                                for order in (orders if pp > 1 and dp > 1 else orders[:1]):
+                                    out.append(MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order))
+    return out, SpaceStats(enumerated, broke, len(out))
+
+
+def _useful_zero(levels: tuple[int, ...]) -> tuple[int, ...]:
+    """ZeRO-0 is dominated by ZeRO-1 when both are allowed: a reduce-scatter of fp32 gradients
+    plus an all-gather of bf16 parameters moves less than an fp32 all-reduce, and the
+    optimizer states shrink by dp — no better time or memory is lost by skipping it."""
+    return tuple(z for z in levels if not (z == 0 and 1 in levels))
+
+
+def _inside_domains(tp: int, cp: int, ep: int, cp_algo: str, domain: int) -> bool:
+    """The hard rule: per-layer collective groups stay inside one NVLink domain."""
+    if domain % tp:
+        return False
+    if ep > 1 and domain % (tp * cp * ep):
+        return False
+    if cp_algo == "ulysses" and domain % (tp * cp):
+        return False
+    if cp_algo == "usp" and (domain % tp or cp * tp <= domain):
+        return False      # USP only where Ulysses alone cannot fit the domain
+    return True

@@ -1,0 +1,202 @@
+"""The pipeline part of the search: for one mesh, the best micro-batch size, schedule,
+virtual stages, stage cuts and recomputation per stage.
+
+For every micro-batch size and schedule variant (``schedule_variants``):
+
+1. **Stage cuts.**  Layers are near-identical, so the even split is one candidate; the other
+   is the balanced split of ``balanced_cuts``, a dynamic program over layer boundaries that
+   minimises the heaviest pipeline rank's work (F + B + W per micro-batch), the first rank
+   carrying the embedding and the last the head and the loss — which usually moves a layer
+   or two off the last stage.
+2. **Recomputation per stage.**  A rank's memory depends on its own recompute policy only
+   (its states plus its saved activations times the micro-batches it holds in flight), and
+   its time grows with it; so each rank takes the least recomputation that fits
+   (none < selective < full), read off the estimates under each uniform policy.
+3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
+
+``best_plan`` returns the fastest plan that fits, or the smallest memory shortfall.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autoplan.errors import UserError
+from autoplan.estimate import Estimate, Estimator
+from autoplan.plan import RECOMPUTE, Plan
+from autoplan.search.space import MeshChoice
+from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
+
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class MeshResult:
+    mesh: MeshChoice
+    plan: Plan | None
+    estimate: Estimate | None
+    shortfall_gib: float          # smallest memory excess over HBM seen (0 when a plan fits)
+    evaluated: int                # plans priced
+    pruned: bool = False          # every micro-batch size was bounded out
+    memory_limited: bool = False  # some candidate needed recomputation or did not fit
+
+
+def schedule_variants(pp: int, m: int, layers: int, *, schedules: tuple[str, ...],
+                      max_vpp: int) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs that can run ``m`` micro-batches on ``pp`` ranks."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    out = []
+    for name in schedules:
+        if name == "interleaved":
+            for v in range(2, max_vpp + 1):
+                if pp * v <= layers and m % pp == 0:
+                    out.append((name, v))
+            continue
+        vpp = 2 if name in ("zbv", "dualpipev") else 1
+        if pp * vpp > layers:
+            continue
+        if name == "gpipe" and m >= pp and "1f1b" in schedules:
+            continue      # same bubble as 1F1B, more micro-batches in flight: dominated
+        spec = SCHEDULE_SPECS[name]
+        if m < spec.min_microbatches(pp) or (name != "gpipe" and m < pp):
+            continue
+        out.append((name, vpp))
+    return out
+
+
+@lru_cache(maxsize=4096)
+def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float, stages: int,
+                  rank_of_chunk: tuple[int, ...], slack: int = 3) -> tuple[int, ...]:
+    """Layers per virtual stage minimising the heaviest rank's work.
+
+    ``layer_work[i]`` is layer i's F+B+W per micro-batch; chunk 0 also carries ``pre`` and
+    the last chunk ``post``.  Each chunk gets within ``slack`` layers of the even share,
+    so the DP over (chunk, layers so far) is O(chunks · layers · slack)."""
+    n, chunks = len(layer_work), len(rank_of_chunk)
+    prefix = [0.0]
+    for w in layer_work:
+        prefix.append(prefix[-1] + w)
+    even = n / chunks
+    lo, hi = max(1, int(even) - slack), int(even) + 1 + slack
+    ranks = max(rank_of_chunk) + 1
+    # state: layers used -> (rank loads, cuts); keep the best by max load for each count
+    states: dict[int, tuple[tuple[float, ...], tuple[int, ...]]] = {0: (tuple(0.0 for _ in range(ranks)), ())}
+    for c in range(chunks):
+        nxt: dict[int, tuple[tuple[float, ...], tuple[int, ...]]] = {}
+        remaining = chunks - c - 1
+        for used, (loads, cuts) in states.items():
+            for k in range(lo, hi + 1):
+                end = used + k
+                if end > n or (remaining and n - end < remaining) or (not remaining and end != n):
+                    continue
+                work = prefix[end] - prefix[used] + (pre if c == 0 else 0.0) + (post if c == chunks - 1 else 0.0)
+                new = list(loads)
+                new[rank_of_chunk[c]] += work
+                cand = (tuple(new), cuts + (k,))
+                if end not in nxt or (max(cand[0]), cand[1]) < (max(nxt[end][0]), nxt[end][1]):
+                    nxt[end] = cand
+        states = nxt
+    if n not in states:
+        raise ValueError(f"no cut of {n} layers into {chunks} stages within ±{slack} of even")
+    return states[n][1]
+
+
+def _rank_of_chunk(schedule: str, pp: int, vpp: int) -> list[int]:
+    if schedule in ("zbv", "dualpipev"):
+        return [c if c < pp else 2 * pp - 1 - c for c in range(pp * vpp)]
+    return [c % pp for c in range(pp * vpp)]
+
+
+SCREEN_SCHEDULES = ("1f1b", "zb-h1", "zbv", "interleaved")
+
+
+def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choices: tuple[int, ...],
+              schedules: tuple[str, ...], max_vpp: int, threshold: float = float("inf"),
+              screen: bool = False) -> MeshResult:
+    """The fastest plan of ``mesh`` that fits, searching mbs, schedule, vpp, cuts and recompute.
+
+    Micro-batch sizes whose lower bound cannot beat ``threshold`` (the search's K-th best so
+    far) or this mesh's best so far are skipped, cheapest bound first.  ``screen`` narrows
+    the pipeline knobs to a representative few (1F1B, ZB-H1, ZB-V, interleaved with 2
+    chunks; even cuts) for the search's first pass over meshes."""
+    if screen:
+        schedules = tuple(x for x in schedules if x in SCREEN_SCHEDULES)
+        max_vpp = min(max_vpp, 2)
+    model = est.model
+    best: tuple[float, str, Plan] | None = None
+    shortfall = float("inf")
+    evaluated = 0
+    local_batch = global_batch // mesh.dp
+    bounded = sorted((est.lower_bound(mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",)),
+                                      global_batch), mbs) for mbs in mbs_choices if local_batch % mbs == 0)
+    skipped = 0
+    limited = False
+    for lb, mbs in bounded:
+        if lb >= threshold or (best is not None and lb >= best[0]):
+            skipped += 1
+            continue
+        m = local_batch // mbs
+        for schedule, vpp in schedule_variants(mesh.pp, m, model.num_layers, schedules=schedules, max_vpp=max_vpp):
+            base = mesh.plan(mbs=mbs, schedule=schedule, vpp=vpp, recompute=("none",))
+            for cuts in ([()] if screen else _cut_variants(est, base)):
+                plan = base.replace(layers=cuts)
+                result, short, n = _best_recompute(est, plan, global_batch)
+                evaluated += n
+                shortfall = min(shortfall, short)
+                limited = limited or result is None or result[1].recompute != ("none",)
+                if result is not None:
+                    key = (result[0].step_time_s, result[1].to_string())
+                    if best is None or key < best[:2]:
+                        best = (key[0], key[1], result[1])
+    if best is None:
+        return MeshResult(mesh, None, None, shortfall, evaluated, pruned=skipped == len(bounded),
+                          memory_limited=limited)
+    final = est.estimate(best[2], global_batch)          # full detail for the winner
+    return MeshResult(mesh, best[2], final, 0.0, evaluated + 1, memory_limited=limited)
+
+
+def _cut_variants(est: Estimator, plan: Plan) -> list[tuple[int, ...]]:
+    """Even split (as ``()``) and, for pipelines, the balanced uneven split."""
+    if plan.pp == 1:
+        return [()]
+    variants: list[tuple[int, ...]] = [()]
+    if plan.schedule == "interleaved":
+        return variants
+    work = est.layer_work(plan)
+    ranks = tuple(_rank_of_chunk(plan.schedule, plan.pp, plan.vpp))
+    try:
+        cuts = balanced_cuts(tuple(work["layers"]), work["pre"], work["post"], plan.pp, ranks)
+    except ValueError:
+        return variants
+    if cuts != plan.stage_layers(est.model.num_layers):
+        variants.append(cuts)
+    return variants
+
+
+def _best_recompute(est: Estimator, plan: Plan, global_batch: int):
+    """Least recomputation per stage that fits; returns ((estimate, plan) | None, shortfall GiB, plans priced)."""
+    per_policy: dict[str, Estimate] = {}
+    priced = 0
+    for policy in RECOMPUTE:
+        try:
+            e = est.estimate(plan.replace(recompute=(policy,)), global_batch, detail=False)
+        except UserError:
+            return None, float("inf"), priced
+        priced += 1
+        per_policy[policy] = e
+        if e.fits and policy == "none":
+            return (e, plan.replace(recompute=(policy,))), 0.0, priced
+    hbm = est.cluster.gpu.hbm_bytes / GIB
+    choice = []
+    for rank in range(plan.pp):
+        fitting = [p for p in RECOMPUTE if per_policy[p].memory_per_stage_gib[rank] <= hbm]
+        if not fitting:
+            return None, per_policy["full"].memory_per_stage_gib[rank] - hbm, priced
+        choice.append(fitting[0])
+    mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
+    e = per_policy.get(choice[0]) if len(set(choice)) == 1 else None
+    if e is None:
+        e = est.estimate(mixed, global_batch, detail=False)
+        priced += 1
+    return ((e, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
