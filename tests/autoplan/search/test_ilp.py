@@ -77,3 +77,17 @@ def test_infeasible_memory_raises():
 def test_unknown_backend():
     with pytest.raises(ValueError, match="cpsat"):
         solve(IlpProblem(nodes=(IlpNode("a", (1.0,)),), tensors=()), "gurobi")
+
+
+def test_time_limit_returns_best_solution_with_its_gap():
+    p = random_problem(7, nodes=60, strategies=6, placements=4)
+    sol = solve(p, "cpsat", time_limit_s=0.002)
+    again = solve(p, "cpsat", time_limit_s=0.002)
+    assert sol.status in ("feasible", "optimal")
+    assert sol.choice == again.choice                 # deterministic time: reproducible
+    assert evaluate(p, sol.choice) == pytest.approx(sol.objective)
+    if sol.status == "feasible":
+        assert 0.0 < sol.gap < 1.0
+        assert sol.bound <= sol.objective
+    longer = solve(p, "cpsat", time_limit_s=1.0)
+    assert longer.objective <= sol.objective + 1e-9

@@ -1,0 +1,211 @@
+"""Run one benchmark case: trace, search, recipes, grid — every contender priced by one Estimator.
+
+    run_case(case, workers=0, search_timeout_s=900) -> dict
+
+Contenders, in this order:
+
+* ``auto``: the best plan of ``autoplan.search.search`` (its default options: top 5, every
+  schedule, ZeRO 0–3, the NVLink rule enforced), re-priced by the harness's Estimator;
+* ``grid``: the best plan of the Megatron grid (``bench.grid``);
+* one per recipe of ``autoplan.baselines.RECIPES`` (megatron, megascale, llama3, fsdp,
+  deepseek); a recipe that cannot apply (deepseek on a dense model, fsdp when the batch does
+  not split over the GPUs, nothing on its ladder fits) is a row with status ``n/a`` and why.
+
+Every plan is priced by the same ``Estimator`` (``baselines.common.price``: plan checks, then
+``Estimator.estimate``), which prices hand plans as written and flags rule breaks, so a
+recipe whose EP group crosses nodes is priced on the slower links and marked
+``respects_nvlink = False``.
+
+Ratios (throughput, tokens/s; above 1 the automatic plan is faster):
+
+    auto_vs_hand     = auto / the fastest recipe that fits and respects the NVLink rule
+    auto_vs_hand_any = auto / the fastest recipe that fits
+    auto_vs_grid     = auto / grid
+
+The case fails (``status = "error"``, the message in ``error``) when tracing or the search
+fails or the search runs past ``search_timeout_s``; the other contenders are still priced
+when the model traced.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+import traceback
+
+from autoplan.baselines import RECIPES, baseline
+from autoplan.baselines.common import price
+from autoplan.bench.grid import search_grid, respects_nvlink
+from autoplan.bench.suite import Case
+from autoplan.commands.clusters import load_cluster
+from autoplan.errors import UserError
+from autoplan.estimate import Estimate, Estimator
+from autoplan.frontend import trace
+from autoplan.plan import Plan
+from autoplan.search import SearchOptions, search
+
+CONTENDERS = ("auto", "grid") + tuple(RECIPES)
+MISMATCH_TOLERANCE = 1e-9      # relative: the search's own estimate vs the harness's re-pricing
+
+
+class SearchTimeout(Exception):
+    """The search ran past the case's time limit."""
+
+
+def run_case(case: Case, *, workers: int = 0, search_timeout_s: float = 900.0) -> dict:
+    """The case's record: its setup, one row per contender, the ratios, and timings (seconds)."""
+    start = time.perf_counter()
+    record: dict = {"case": case.to_dict(), "status": "ok", "error": None, "warnings": []}
+    try:
+        cluster = load_cluster(case.cluster)
+        t0 = time.perf_counter()
+        graph = trace(case.model, seq=case.seq)
+        record["trace_s"] = time.perf_counter() - t0
+    except Exception as e:          # a failing case is logged, the suite goes on
+        return _failed(record, e, start)
+    record.update(gpus=cluster.num_gpus, gpu=cluster.gpu.name, nvlink_domain=cluster.nvlink_domain,
+                  cluster_name=cluster.name, params=graph.param_count, model_name=graph.model.name)
+    estimator = Estimator(graph, cluster)
+    rows: dict[str, dict] = {}
+
+    # auto: the search, bounded in time
+    t0 = time.perf_counter()
+    try:
+        with _time_limit(search_timeout_s):
+            result = search(graph, cluster, global_batch=case.global_batch, options=SearchOptions(workers=workers))
+        record["search_s"] = result.stats.seconds
+        record["search_stats"] = {"meshes_generated": result.stats.space.generated,
+                                  "meshes_evaluated": result.stats.meshes_evaluated,
+                                  "plans_priced": result.stats.plans_priced,
+                                  "pruned_bound": result.stats.pruned_bound,
+                                  "pruned_memory": result.stats.pruned_memory,
+                                  "max_ilp_gap": result.max_ilp_gap}
+        best = result.candidates[0]
+        rows["auto"] = _priced("auto", "auto", estimator, best.plan, case.global_batch)
+        repriced = rows["auto"].get("step_time_s")
+        if repriced is not None and abs(repriced - best.estimate.step_time_s) > \
+                MISMATCH_TOLERANCE * best.estimate.step_time_s:
+            record["warnings"].append(f"search priced its best plan at {best.estimate.step_time_s:.6g} s, "
+                                      f"the harness's Estimator at {repriced:.6g} s")
+    except Exception as e:
+        record["search_s"] = time.perf_counter() - t0
+        rows["auto"] = _row("auto", "auto", status="error", error=_message(e))
+        record["status"], record["error"] = "error", f"search: {_message(e)}"
+
+    # grid
+    grid = search_grid(estimator, case.global_batch, case.grid_cp)
+    record["grid"] = grid.to_dict()
+    if grid.best is not None:
+        rows["grid"] = _priced("grid", "grid", estimator, grid.best, case.global_batch)
+    else:
+        why = ("no grid plan fits in HBM" if not grid.fitting else
+               "every grid plan that fits breaks the NVLink rule")
+        rows["grid"] = _row("grid", "grid", status="n/a", error=f"{why} ({grid.valid} valid of {grid.plans})")
+
+    # hand-written recipes
+    record["recipe_s"] = {}
+    for name in RECIPES:
+        t0 = time.perf_counter()
+        try:
+            plan = baseline(name, graph, cluster, seq=case.seq, global_batch=case.global_batch,
+                            estimator=estimator)
+        except UserError as e:
+            rows[name] = _row(name, "recipe", status="n/a", error=e.problem)
+        except Exception as e:
+            rows[name] = _row(name, "recipe", status="error", error=_message(e))
+        else:
+            rows[name] = _priced(name, "recipe", estimator, plan, case.global_batch)
+        record["recipe_s"][name] = time.perf_counter() - t0
+
+    record["contenders"] = [rows[c] for c in CONTENDERS]
+    record.update(_ratios(rows))
+    record["case_s"] = time.perf_counter() - start
+    return record
+
+
+# --- rows -----------------------------------------------------------------------------------------
+
+def _row(contender: str, kind: str, *, status: str, error: str | None = None, plan: Plan | None = None,
+         estimate: Estimate | None = None) -> dict:
+    row = {"contender": contender, "kind": kind, "status": status, "error": error,
+           "plan": plan.to_string() if plan else None, "step_time_s": None, "tokens_per_s": None, "mfu": None,
+           "memory_gib": None, "hbm_gib": None, "fits": None, "respects_nvlink": None, "violations": []}
+    if estimate is not None:
+        row.update(step_time_s=estimate.step_time_s, tokens_per_s=estimate.tokens_per_s, mfu=estimate.mfu,
+                   memory_gib=estimate.memory_gib, hbm_gib=estimate.hbm_gib, fits=estimate.fits,
+                   respects_nvlink=respects_nvlink(estimate),
+                   violations=[v.rule for v in estimate.violations])
+    return row
+
+
+def _priced(contender: str, kind: str, estimator: Estimator, plan: Plan, global_batch: int) -> dict:
+    try:
+        e = price(estimator, plan, global_batch)
+    except UserError as err:
+        return _row(contender, kind, status="error", error=err.problem, plan=plan)
+    return _row(contender, kind, status="ok", plan=plan, estimate=e)
+
+
+def usable(row: dict, *, nvlink: bool = True) -> bool:
+    """A contender that counts for a ratio: priced, fits, and (by default) respects NVLink."""
+    return row["status"] == "ok" and bool(row["fits"]) and (row["respects_nvlink"] or not nvlink)
+
+
+def _ratios(rows: dict[str, dict]) -> dict:
+    auto = rows["auto"]
+    recipes = [rows[n] for n in RECIPES]
+
+    def best(candidates):
+        ok = [r for r in candidates if r["tokens_per_s"] is not None]
+        return max(ok, key=lambda r: (r["tokens_per_s"], r["contender"])) if ok else None
+
+    hand = best([r for r in recipes if usable(r)])
+    hand_any = best([r for r in recipes if usable(r, nvlink=False)])
+    grid = rows["grid"] if usable(rows["grid"]) else None
+
+    def ratio(other):
+        if not usable(auto) or other is None:
+            return None
+        return auto["tokens_per_s"] / other["tokens_per_s"]
+
+    return {"best_hand": hand["contender"] if hand else None,
+            "best_hand_any": hand_any["contender"] if hand_any else None,
+            "auto_vs_hand": ratio(hand), "auto_vs_hand_any": ratio(hand_any), "auto_vs_grid": ratio(grid)}
+
+
+def _message(e: BaseException) -> str:
+    """One line for the log: ``UserError``'s problem, or the exception type, text and where it was raised."""
+    if isinstance(e, UserError):
+        return e.problem
+    if isinstance(e, SearchTimeout):
+        return str(e)
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {e}{at}"
+
+
+def _failed(record: dict, e: BaseException, start: float) -> dict:
+    record.update(status="error", error=_message(e), contenders=[], case_s=time.perf_counter() - start,
+                  best_hand=None, best_hand_any=None, auto_vs_hand=None, auto_vs_hand_any=None, auto_vs_grid=None)
+    return record
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise ``SearchTimeout`` in this thread after ``seconds`` (SIGALRM; no limit off the main thread)."""
+    if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum, frame):
+        raise SearchTimeout(f"search ran past the {seconds:g} s limit")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,57 @@
+"""``autoplan estimate``: price a hand-written plan with the cost model.
+
+    autoplan estimate gpt3-175b --cluster h100x1024 \\
+        --plan tp=8,pp=8,vpp=3,schedule=interleaved,recompute=selective --seq 2048 --global-batch 1536
+
+The plan runs Megatron's operator sharding for tp/sp (column- then row-parallel, which the
+block ILP recovers on its own).  ``--json`` prints the Estimate: step_time_s, tokens_per_s,
+tokens_per_s_per_gpu, mfu, hfu, model_flops_per_step, memory_gib (max over GPUs),
+memory_breakdown_gib {params, grads, optimizer, activations, other}, fits,
+bubble_fraction, comm_exposed_s, violations [{rule, text}], primitives [{kind, dim,
+group_size, span, level, calls_per_step, bytes_per_call, time_s, exposed_s}] and more.
+"""
+from __future__ import annotations
+
+import argparse
+
+from autoplan.commands.baseline import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("estimate", help="price a hand-written plan (step time, MFU, memory, collectives)",
+                              description=__doc__.split("\n\n")[1])
+    p.add_argument("model", metavar="MODEL", help="zoo name, family spec or model.py")
+    p.add_argument("--cluster", required=True, help="cluster name, <gpu>x<N> or YAML path")
+    p.add_argument("--plan", required=True, metavar="PLAN",
+                   help="plan string (e.g. tp=8,pp=8,vpp=3,recompute=selective) or a plan JSON file")
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
+    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                   help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH})")
+    p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
+    p.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="do not overlap the data-parallel gradient reduction with backward (2021-era Megatron)")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoplan.baselines.common import price
+    from autoplan.commands.baseline import prepare, print_estimate, wide_console
+    from autoplan.commands.clusters import load_cluster
+    from autoplan.estimate import EstimateOptions, Estimator
+    from autoplan.export.load import load_plan
+
+    cluster = load_cluster(args.cluster)                      # bad input fails before the trace
+    plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
+    graph, cluster, _ = prepare(args.model, cluster, args.seq, args.global_batch)
+    estimator = Estimator(graph, cluster, EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce,
+                                                          profile=args.profile))
+    est = price(estimator, plan, args.global_batch)
+    if args.json:
+        print(est.to_json())
+        return 0
+    console = wide_console()
+    console.print(f"{graph.model.name} on {cluster.name} ({cluster.describe()}), seq {args.seq:,}, "
+                  f"global batch {args.global_batch:,}")
+    print_estimate(console, plan, est)
+    return 0

@@ -1,0 +1,106 @@
+"""``autoplan search``: the K best distinct parallel plans for a model on a cluster.
+
+    autoplan search gpt3-175b --cluster h100x1024
+    autoplan search llama3-8b --cluster h100x256 --seq 131072 --global-batch 64 --top 3 --json
+    autoplan search model.py --cluster my_cluster.yaml --report plans.html
+
+Prints a ranked table (or ``--json``: a list of {plan, estimate}, byte-identical for the same
+inputs).  Plans respect the hard rule that per-layer collectives (TP/SP, EP all-to-all,
+Ulysses all-to-all) stay inside one NVLink domain unless ``--allow-cross-domain``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from autoplan.commands.baseline import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
+from autoplan.errors import UserError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("search", help="search the K best distinct parallel plans",
+                              description=__doc__.split("\n\n")[1] + "\n\n" + __doc__.split("\n\n")[2],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL", help="zoo name, family spec or model.py")
+    p.add_argument("--cluster", required=True, help="cluster name, <gpu>x<N> or YAML path")
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
+    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                   help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH})")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="how many distinct meshes to return (default 5)")
+    p.add_argument("--solver", choices=("cpsat", "cbc"), default="cpsat", help="block ILP backend (default cpsat)")
+    p.add_argument("--time-limit", type=float, default=30.0, metavar="S",
+                   help="seconds per block ILP; on time-out the best solution and its gap are used (default 30)")
+    p.add_argument("--allow-cross-domain", action="store_true",
+                   help="let TP/EP/Ulysses groups leave the NVLink domain (off: a hard rule)")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
+    p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's)")
+    p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoplan.commands.baseline import prepare, wide_console
+    from autoplan.commands.clusters import load_cluster
+    from autoplan.search import SearchOptions, search
+
+    if args.top < 1:
+        raise UserError(f"--top must be ≥ 1, got {args.top}", "pass --top K with K ≥ 1")
+    cluster = load_cluster(args.cluster)
+    graph, cluster, _ = prepare(args.model, cluster, args.seq, args.global_batch)
+    options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
+                            allow_cross_domain=args.allow_cross_domain, workers=args.workers,
+                            profile=args.profile, progress=not args.json and sys.stderr.isatty())
+    result = search(graph, cluster, global_batch=args.global_batch, options=options)
+    if args.report:
+        _write_report(args, graph, cluster, result)
+    if args.json:
+        print(json.dumps([json.loads(_candidate_json(c)) for c in result.candidates], indent=2, sort_keys=True,
+                         ensure_ascii=False))
+        return 0
+    _print(wide_console(), graph, cluster, args, result)
+    return 0
+
+
+def _candidate_json(c) -> str:
+    return json.dumps({"plan": c.plan.to_string(), "estimate": json.loads(c.estimate.to_json())}, sort_keys=True)
+
+
+def _print(console, graph, cluster, args, result) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from autoplan.explain.units import percent, seconds
+
+    console.print(f"[bold]{graph.model.name}[/bold] on {cluster.name} ({cluster.describe()}), "
+                  f"seq {args.seq:,}, global batch {args.global_batch:,}")
+    table = Table(box=box.SIMPLE_HEAD, title=f"Top {len(result.candidates)} distinct meshes")
+    for col in ("#", "plan", "step", "tokens/s", "MFU", "memory GiB", "bubble", "comm exposed"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    for i, c in enumerate(result.candidates, 1):
+        e = c.estimate
+        table.add_row(str(i), c.plan.to_string(), seconds(e.step_time_s), f"{e.tokens_per_s:,.0f}", percent(e.mfu),
+                      f"{e.memory_gib:.1f} / {e.hbm_gib:.1f}", percent(e.bubble_fraction), seconds(e.comm_exposed_s))
+    console.print(table)
+    st = result.stats
+    console.print(f"[dim]{st.space.generated} meshes after the NVLink rules ({st.space.broke_rules} degree choices "
+                  f"broke them), {st.pruned_memory} cannot hold their model states, {st.pruned_bound} bounded out, "
+                  f"{st.meshes_evaluated} searched, {st.plans_priced} plans priced, "
+                  f"{len(st.ilps)} block ILPs; {st.seconds:.1f} s[/dim]")
+    if result.max_ilp_gap > 0:
+        console.print(f"[yellow]a block ILP hit its time limit: the plans use its best solution, "
+                      f"optimality gap {result.max_ilp_gap:.2%}[/yellow] (raise --time-limit)")
+
+
+def _write_report(args, graph, cluster, result) -> None:
+    from autoplan.estimate import EstimateOptions, Estimator
+    from autoplan.explain.report import render_report
+
+    estimator = Estimator(graph, cluster, EstimateOptions(profile=args.profile))
+    html = render_report(graph.model.name, cluster, [(c.plan, c.estimate) for c in result.candidates], estimator)
+    try:
+        with open(args.report, "w") as f:
+            f.write(html)
+    except OSError as e:
+        raise UserError(f"cannot write report {args.report}: {e}", "give a writable path for --report") from None
