@@ -1,0 +1,30 @@
+"""The cost model on the published Megatron runs: the guard on its accuracy (issue 3).
+
+Prices all 19 rows of experiments/validate_published.py (SC21 Table 1, Korthikanti Table 5 and
+the 2,240-GPU row) with the physical parameters in the repository and checks MAPE ≤ 8 % on
+iteration time (the experiment reports the exact figures; target MAPE ≤ 5 %, max ≤ 12 %)."""
+import importlib.util
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("validate_published",
+                                                  os.path.join(REPO, "experiments", "validate_published.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_published_runs_mape_under_8_percent(capsys):
+    vp = load()
+    assert vp.main(["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["rows"]) == 19
+    assert all(r["predicted_s"] is not None for r in report["rows"]), "every published run must fit"
+    assert report["mape"] <= 0.08
+    assert report["max_error"] <= 0.15
