@@ -123,17 +123,17 @@ class Estimate:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(_rounded(self.to_dict()), sort_keys=True)
+        return json.dumps(rounded(self.to_dict()), sort_keys=True)
 
 
-def _rounded(x):
-    """Round floats to 6 significant digits so JSON is stable and readable."""
+def rounded(x):
+    """Floats to 6 significant digits, recursively: stable, readable JSON (shared by every writer)."""
     if isinstance(x, float):
         return float(f"{x:.6g}")
     if isinstance(x, dict):
-        return {k: _rounded(v) for k, v in x.items()}
+        return {k: rounded(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_rounded(v) for v in x]
+        return [rounded(v) for v in x]
     return x
 
 

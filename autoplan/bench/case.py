@@ -81,7 +81,11 @@ def run_case(case: Case, *, workers: int = 0, search_timeout_s: float = 900.0) -
                                   "plans_priced": result.stats.plans_priced,
                                   "pruned_bound": result.stats.pruned_bound,
                                   "pruned_memory": result.stats.pruned_memory,
-                                  "max_ilp_gap": result.max_ilp_gap}
+                                  "max_ilp_gap": result.max_ilp_gap,
+                                  "ilp_seconds": sum(i.solve_seconds for i in result.stats.ilps),
+                                  "cpus": os.cpu_count()}
+        record["search_top"] = [{"plan": c.plan.to_string(), "step_time_s": c.estimate.step_time_s,
+                                 "mfu": c.estimate.mfu} for c in result.candidates]
         best = result.candidates[0]
         rows["auto"] = _priced("auto", "auto", estimator, best.plan, case.global_batch)
         repriced = rows["auto"].get("step_time_s")
@@ -131,12 +135,14 @@ def _row(contender: str, kind: str, *, status: str, error: str | None = None, pl
          estimate: Estimate | None = None) -> dict:
     row = {"contender": contender, "kind": kind, "status": status, "error": error,
            "plan": plan.to_string() if plan else None, "step_time_s": None, "tokens_per_s": None, "mfu": None,
-           "memory_gib": None, "hbm_gib": None, "fits": None, "respects_nvlink": None, "violations": []}
+           "memory_gib": None, "hbm_gib": None, "fits": None, "respects_nvlink": None, "violations": [],
+           "bubble_fraction": None, "time_breakdown_s": {}}
     if estimate is not None:
         row.update(step_time_s=estimate.step_time_s, tokens_per_s=estimate.tokens_per_s, mfu=estimate.mfu,
                    memory_gib=estimate.memory_gib, hbm_gib=estimate.hbm_gib, fits=estimate.fits,
                    respects_nvlink=respects_nvlink(estimate),
-                   violations=[v.rule for v in estimate.violations])
+                   violations=[v.rule for v in estimate.violations],
+                   bubble_fraction=estimate.bubble_fraction, time_breakdown_s=dict(estimate.time_breakdown_s))
     return row
 
 

@@ -19,7 +19,8 @@ from autoplan.commands.baseline import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("estimate", help="price a hand-written plan (step time, MFU, memory, collectives)",
-                              description=__doc__.split("\n\n")[1])
+                              description=__doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="zoo name, family spec or model.py")
     p.add_argument("--cluster", required=True, help="cluster name, <gpu>x<N> or YAML path")
     p.add_argument("--plan", required=True, metavar="PLAN",

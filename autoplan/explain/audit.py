@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from autoplan.estimate import Estimate, Primitive
+from autoplan.estimate import Estimate, Primitive, rounded
 from autoplan.explain import rules
 from autoplan.explain.rules import Verdict
 from autoplan.explain.units import percent, seconds
@@ -108,7 +108,7 @@ class Audit:
                                  "plan_exposed_s": c.plan_exposed_s, "baseline_time_s": c.base_time_s,
                                  "baseline_exposed_s": c.base_exposed_s, "delta_time_s": c.delta_time_s,
                                  "delta_exposed_s": c.delta_exposed_s} for c in self.classes]}
-        return _rounded({
+        return rounded({
             "model": self.model, "cluster": self.cluster, "cluster_text": self.cluster_text, "seq": self.seq,
             "global_batch": self.global_batch,
             "plan": side(self.plan, self.verdicts), "baseline": side(self.baseline, self.baseline_verdicts),
@@ -179,12 +179,3 @@ def attention_note(model: BlockGraph, plan: Plan, est: Estimate) -> Attention:
     return Attention(time_share=share, flops_share=est.attention_flops_share, seq=seq, sp=sp, cp=cp)
 
 
-def _rounded(x):
-    """Floats to 6 significant digits, recursively (stable, readable JSON)."""
-    if isinstance(x, float):
-        return float(f"{x:.6g}")
-    if isinstance(x, dict):
-        return {k: _rounded(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_rounded(v) for v in x]
-    return x

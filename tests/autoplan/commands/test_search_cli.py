@@ -28,10 +28,13 @@ def test_json_is_a_ranked_list_of_distinct_meshes_and_byte_identical(cli):
         assert set(e["memory_breakdown_gib"]) == {"params", "grads", "optimizer", "activations", "other"}
 
 
-def test_human_output_has_the_table_and_the_search_record(cli):
-    out = cli("search", *SMALL, "--top", "2")
+def test_human_output_and_html_report(cli, tmp_path):
+    report = tmp_path / "plans.html"
+    out = cli("search", *SMALL, "--top", "2", "--report", str(report))
     assert out.returncode == 0, out.stderr
     assert "Top 2 distinct meshes" in out.stdout and "block ILPs" in out.stdout
+    html = report.read_text()
+    assert html.count("<svg") >= 3 and "http://" not in html.replace("http://www.w3.org", "")
 
 
 def test_long_context_chooses_context_parallelism_and_shows_why():

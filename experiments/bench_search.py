@@ -1,0 +1,167 @@
+"""Search speed and quality (issue 4): cold search times, block ILP sizes, auto vs hand-written recipes.
+
+    python experiments/bench_search.py [--write] [--speed-only] [--quality-only]
+
+Speed: each search runs in a fresh process with the trace cache off (``AUTOPLAN_NO_CACHE=1``),
+so tracing, every block ILP and the mesh search are included — GPT-3 175B on h100x1024
+(target ≤ 10 s on 2 cores) and Llama-3 405B on the 16,384-GPU cluster (target ≤ 30 s).
+
+Quality: for each case the search's best plan against the best hand-written recipe
+(megatron, megascale, llama3, fsdp; deepseek for MoE) priced by the same Estimator; the ratio
+is hand step time / auto step time (≥ 1 means the search is at least as fast).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SPEED_CASES = [
+    ("gpt3-175b", "h100x1024", 2048, 1536, 10.0),
+    ("llama3-405b", "h100x16384", 8192, 2048, 30.0),
+]
+QUALITY_CASES = [
+    ("gpt3-175b", "h100x1024", 2048, 1536),
+    ("llama3-70b", "h100x1024", 8192, 1024),
+    ("llama3-405b", "h100x16384", 8192, 2048),
+    ("mixtral-8x22b", "h100x512", 4096, 1024),
+    ("deepseek-v3", "h100x2048", 4096, 4096),
+]
+
+from results_md import write_section  # noqa: E402
+
+_CHILD = """
+import json, sys, time
+t0 = time.perf_counter()
+from autoplan.frontend import trace
+from autoplan.commands.clusters import load_cluster
+from autoplan.search import search, SearchOptions
+model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+g = trace(model, seq=seq)
+t1 = time.perf_counter()
+r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
+t2 = time.perf_counter()
+print(json.dumps({"total_s": t2 - t0, "trace_s": t1 - t0, "search_s": t2 - t1,
+                  "best": r.candidates[0].plan.to_string(), "step_s": r.candidates[0].estimate.step_time_s,
+                  "stats": {"meshes": r.stats.space.generated, "searched": r.stats.meshes_evaluated,
+                            "priced": r.stats.plans_priced},
+                  "ilps": [{"block": i.block, "tp": i.tp, "sp": i.sp, "nodes": i.size["nodes"],
+                            "vars": i.size["x_vars"] + i.size["e_vars"] + i.size["w_vars"],
+                            "constraints": i.size["constraints"], "solve_s": i.solve_seconds, "gap": i.gap}
+                           for i in r.stats.ilps]}))
+"""
+
+
+def speed() -> list[dict]:
+    rows = []
+    env = dict(os.environ, AUTOPLAN_NO_CACHE="1", PYTHONPATH=REPO)
+    for model, cluster, seq, batch, target in SPEED_CASES:
+        out = subprocess.run([sys.executable, "-c", _CHILD, model, cluster, str(seq), str(batch)],
+                             capture_output=True, text=True, env=env, check=True)
+        r = json.loads(out.stdout)
+        r.update(model=model, cluster=cluster, seq=seq, batch=batch, target_s=target)
+        rows.append(r)
+        print(f"{model} on {cluster}: {r['total_s']:.1f} s cold (trace {r['trace_s']:.1f} s, search "
+              f"{r['search_s']:.1f} s; target {target:.0f} s) best {r['best']}", flush=True)
+    return rows
+
+
+def quality() -> list[dict]:
+    from autoplan.baselines import RECIPES, baseline
+    from autoplan.baselines.common import price
+    from autoplan.commands.clusters import load_cluster
+    from autoplan.errors import UserError
+    from autoplan.estimate import Estimator
+    from autoplan.frontend import trace
+    from autoplan.search import SearchOptions, search
+
+    rows = []
+    for model_name, cluster_name, seq, batch in QUALITY_CASES:
+        model, cluster = trace(model_name, seq=seq), load_cluster(cluster_name)
+        start = time.perf_counter()
+        best = search(model, cluster, global_batch=batch, options=SearchOptions()).candidates[0]
+        seconds = time.perf_counter() - start
+        est = Estimator(model, cluster)
+        hands = {}
+        for name in RECIPES:
+            try:
+                plan = baseline(name, model, cluster, seq=seq, global_batch=batch, estimator=est)
+                hands[name] = (plan, price(est, plan, batch))
+            except UserError as e:
+                hands[name] = (None, str(e).splitlines()[0])
+        fitting = {k: v for k, v in hands.items() if v[0] is not None and v[1].fits}
+        best_hand = min(fitting, key=lambda k: fitting[k][1].step_time_s) if fitting else None
+        row = {"model": model_name, "cluster": cluster_name, "seq": seq, "batch": batch, "search_s": seconds,
+               "auto_plan": best.plan.to_string(), "auto_step_s": best.estimate.step_time_s,
+               "auto_mfu": best.estimate.mfu, "best_hand": best_hand,
+               "hand": {k: ({"plan": v[0].to_string(), "step_s": v[1].step_time_s, "mfu": v[1].mfu,
+                             "fits": v[1].fits} if v[0] is not None else {"error": v[1]}) for k, v in hands.items()}}
+        row["ratio"] = (fitting[best_hand][1].step_time_s / best.estimate.step_time_s) if best_hand else None
+        rows.append(row)
+        print(f"{model_name} on {cluster_name}: auto {best.estimate.step_time_s:.3f} s "
+              f"({best.estimate.mfu:.1%} MFU, {seconds:.1f} s search) vs best hand {best_hand} "
+              f"{fitting[best_hand][1].step_time_s if best_hand else float('nan'):.3f} s: ratio "
+              f"{row['ratio'] if row['ratio'] else float('nan'):.3f}", flush=True)
+    return rows
+
+
+def markdown(speed_rows, quality_rows) -> str:
+    lines = []
+    if speed_rows:
+        lines += ["Cold search (fresh process, trace cache off, 2 workers on this 2-core machine):", "",
+                  "| model | cluster | total s | trace s | search s | target s | meshes (after rules) | searched | "
+                  "plans priced | best plan |", "|" + "---|" * 10]
+        for r in speed_rows:
+            lines.append(f"| {r['model']} | {r['cluster']} | {r['total_s']:.1f} | {r['trace_s']:.1f} | "
+                         f"{r['search_s']:.1f} | {r['target_s']:.0f} | {r['stats']['meshes']} | "
+                         f"{r['stats']['searched']} | {r['stats']['priced']} | `{r['best']}` |")
+        lines += ["", "Block ILPs of those searches (one per block kind × tp × sp; pre/post are the embedding and "
+                  "the head + loss):", "", "| model | block | tp | sp | ILP nodes | variables | constraints | "
+                  "solve s | gap |", "|" + "---|" * 9]
+        for r in speed_rows:
+            for i in r["ilps"]:
+                lines.append(f"| {r['model']} | {i['block']} | {i['tp']} | {'on' if i['sp'] else 'off'} | "
+                             f"{i['nodes']} | {i['vars']} | {i['constraints']} | {i['solve_s']:.2f} | "
+                             f"{i['gap']:.1%} |")
+    if quality_rows:
+        lines += ["", "Auto vs hand-written recipes, same cost model (ratio = best hand step / auto step; "
+                  "≥ 1: the search is no worse):", "",
+                  "| model | cluster | seq | batch | auto plan | auto step s | auto MFU | best hand | hand step s | "
+                  "ratio |", "|" + "---|" * 10]
+        for r in quality_rows:
+            hand = r["hand"].get(r["best_hand"], {}) if r["best_hand"] else {}
+            lines.append(f"| {r['model']} | {r['cluster']} | {r['seq']} | {r['batch']} | `{r['auto_plan']}` | "
+                         f"{r['auto_step_s']:.3f} | {r['auto_mfu']:.1%} | {r['best_hand']} | "
+                         f"{hand.get('step_s', float('nan')):.3f} | "
+                         f"{r['ratio'] if r['ratio'] else float('nan'):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(text: str) -> None:
+    write_section("bench_search", "Search speed and quality (`python experiments/bench_search.py --write`)", text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write the tables into experiments/RESULTS.md")
+    ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--quality-only", action="store_true")
+    args = ap.parse_args(argv)
+    speed_rows = [] if args.quality_only else speed()
+    quality_rows = [] if args.speed_only else quality()
+    text = markdown(speed_rows, quality_rows)
+    print(text)
+    if args.write:
+        write_results(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
