@@ -194,7 +194,8 @@ def shard_module_tree(model: nn.Module, layout: ModelLayout, placements: dict[st
                                                        requires_grad=param.requires_grad))
 
         layouts = _io_layouts(module, name, chosen.get("weight"), layout, sp)
-        distribute_module(module, tp_mesh, partition, _input_fn(layouts[0]), _output_fn(layouts[1]))
+        output_fn = _embedding_output_fn if isinstance(module, nn.Embedding) else _output_fn
+        distribute_module(module, tp_mesh, partition, _input_fn(layouts[0]), output_fn(layouts[1]))
 
 
 def _input_fn(placements):
@@ -203,6 +204,21 @@ def _input_fn(placements):
 
     def fn(module, inputs, mesh):
         return (_to_dtensor(inputs[0], mesh, placements),) + tuple(inputs[1:])
+    return fn
+
+
+def _embedding_output_fn(placements):
+    """Like ``_output_fn``, and the gradient arriving at the embedding's output is brought to
+    that layout first: a vocab-parallel embedding's output is a masked partial sum, and DTensor
+    cannot turn a plain partial-sum gradient (what the residual stream carries back without
+    sp) into a masked one; reduced to the output's layout, it can."""
+    if placements is None:
+        return None
+
+    def fn(module, output, mesh):
+        x = _to_dtensor(output, mesh, placements)
+        # from_local's backward redistributes the incoming gradient to ``placements``
+        return DTensor.from_local(x.to_local(), mesh, placements, run_check=False)
     return fn
 
 

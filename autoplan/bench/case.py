@@ -23,35 +23,29 @@ Ratios (throughput, tokens/s; above 1 the automatic plan is faster):
     auto_vs_grid     = auto / grid
 
 The case fails (``status = "error"``, the message in ``error``) when tracing or the search
-fails or the search runs past ``search_timeout_s``; the other contenders are still priced
-when the model traced.
+fails or the search runs past ``search_timeout_s`` (it runs in a child process that is
+killed then, ``bench.child``); the other contenders are still priced when the model traced.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import threading
 import time
 import traceback
 
 from autoplan.baselines import RECIPES, baseline
 from autoplan.baselines.common import price
-from autoplan.bench.grid import search_grid, respects_nvlink
+from autoplan.bench.child import SearchFailed, SearchTimeout, search_with_limit
+from autoplan.bench.grid import respects_nvlink, search_grid
 from autoplan.bench.suite import Case
 from autoplan.commands.clusters import load_cluster
 from autoplan.errors import UserError
 from autoplan.estimate import Estimate, Estimator
 from autoplan.frontend import trace
 from autoplan.plan import Plan
-from autoplan.search import SearchOptions, search
+from autoplan.search import SearchOptions
 
 CONTENDERS = ("auto", "grid") + tuple(RECIPES)
 MISMATCH_TOLERANCE = 1e-9      # relative: the search's own estimate vs the harness's re-pricing
-
-
-class SearchTimeout(Exception):
-    """The search ran past the case's time limit."""
 
 
 def run_case(case: Case, *, workers: int = 0, search_timeout_s: float = 900.0) -> dict:
@@ -73,8 +67,8 @@ def run_case(case: Case, *, workers: int = 0, search_timeout_s: float = 900.0) -
     # auto: the search, bounded in time
     t0 = time.perf_counter()
     try:
-        with _time_limit(search_timeout_s):
-            result = search(graph, cluster, global_batch=case.global_batch, options=SearchOptions(workers=workers))
+        result = search_with_limit(graph, cluster, global_batch=case.global_batch,
+                                   options=SearchOptions(workers=workers), limit_s=search_timeout_s)
         record["search_s"] = result.stats.seconds
         record["search_stats"] = {"meshes_generated": result.stats.space.generated,
                                   "meshes_evaluated": result.stats.meshes_evaluated,
@@ -185,7 +179,7 @@ def _message(e: BaseException) -> str:
     """One line for the log: ``UserError``'s problem, or the exception type, text and where it was raised."""
     if isinstance(e, UserError):
         return e.problem
-    if isinstance(e, SearchTimeout):
+    if isinstance(e, (SearchTimeout, SearchFailed)):
         return str(e)
     frames = traceback.extract_tb(e.__traceback__)
     at = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
@@ -196,22 +190,3 @@ def _failed(record: dict, e: BaseException, start: float) -> dict:
     record.update(status="error", error=_message(e), contenders=[], case_s=time.perf_counter() - start,
                   best_hand=None, best_hand_any=None, auto_vs_hand=None, auto_vs_hand_any=None, auto_vs_grid=None)
     return record
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Raise ``SearchTimeout`` in this thread after ``seconds`` (SIGALRM; no limit off the main thread)."""
-    if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def alarm(signum, frame):
-        raise SearchTimeout(f"search ran past the {seconds:g} s limit")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)

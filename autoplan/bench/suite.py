@@ -71,17 +71,15 @@ DEFAULT: tuple[Case, ...] = (
 
 # Small cases for the tests: seconds each on 2 cores.  The second one is designed to fail
 # (a 53B-parameter, 4-layer model on 8 GPUs cannot hold its model states even with ZeRO-3),
-# so that the tests see the suite go on after a failure.  The tiny MoE has 5 heads so that
-# TP stays 1 (5 does not divide the 8-GPU NVLink domain): the search's MoE-block sharding
-# ILPs at tp > 1 take 10–60 s each on 2 cores, too slow for a quick suite.
+# so that the tests see the suite go on after a failure.
 QUICK: tuple[Case, ...] = (
     Case("gpt-1.7b-h100x64", "quick", "gpt-1.7b", "h100x64", 2048, 256,
          "SC21 Table 1's 1.7B model, 256 × 2K"),
     Case("does-not-fit-h100x8", "quick", "gpt:layers=4,hidden=32768,heads=64,vocab=51200",
          "h100x8", 2048, 8, "designed to fail: 53B parameters do not fit on 8 GPUs even with ZeRO-3"),
     Case("tiny-moe-h100x64", "quick",
-         "moe:layers=8,hidden=640,heads=5,kv_heads=5,ffn=2560,vocab=32000,experts=8,topk=2,moe_ffn=1280",
-         "h100x64", 2048, 256, "a 0.2B-parameter, 8-expert top-2 MoE, 256 × 2K"),
+         "moe:layers=8,hidden=1024,heads=16,kv_heads=4,ffn=4096,vocab=32000,experts=8,topk=2,moe_ffn=2048",
+         "h100x64", 2048, 256, "a 0.5B-parameter, 8-expert top-2 MoE, 256 × 2K"),
     Case("llama-1b-32k-h100x64", "quick",
          "llama:layers=16,hidden=2048,heads=32,kv_heads=8,ffn=8192,vocab=128256",
          "h100x64", 32768, 32, "a Llama-3.2-1B-like model at 32K, 32 × 32K = 1M tokens", _CP_32K),

@@ -660,7 +660,13 @@ class BlockAssignment:
 
 
 def solve_assignment(graph: OpGraph, ctx: ShardingContext) -> BlockAssignment:
-    """Solve the block ILP for ``ctx`` and return the chosen strategy of every node."""
+    """Solve the block ILP for ``ctx`` and return the chosen strategy of every node.
+
+    With tp = 1 there is nothing to choose: every op runs replicated."""
+    if ctx.tp == 1:
+        choice = {n.name: _replicated(n) for n in graph.nodes if n.op != "output"}
+        return BlockAssignment(choice, 0.0, 0.0, 0.0, "optimal", {"nodes": 0, "x_vars": 0, "e_vars": 0,
+                                                                   "w_vars": 0, "constraints": 0})
     prep = prepare(graph, ctx)
     problem = build_problem(prep, ctx)
     sol = ilp.solve(problem, ctx.backend, ctx.time_limit_s)
