@@ -36,6 +36,7 @@ HFU adds recomputation.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -484,23 +485,24 @@ class Estimator:
                 parts[key] = self.part(kind, g, plan, recompute, mesh)
             return parts[key]
 
+        # each virtual stage as a bag of (part, how many layers of it), pre/post once
         f, b, w, f_comm, b_comm = [], [], [], [], []
-        chunk_parts: list[list[_Part]] = []
+        chunk_bags: list[list[tuple[_Part, int]]] = []
         for c in range(chunks):
             rc = recompute_of_rank[rank_of_chunk[c]]
-            ps = [part(k, rc) for k in chunk_layers[c]]
+            bag = [(part(k, rc), n) for k, n in Counter(chunk_layers[c]).items()]
             if c == 0:
-                ps.append(part("@pre", "none"))
+                bag.append((part("@pre", "none"), 1))
             if c == chunks - 1:
-                ps.append(part("@post", "none"))
-            chunk_parts.append(ps)
-            f.append(sum(p.forward_s + p.exposed_fwd_s for p in ps))
-            b.append(sum(p.backward_s + p.exposed_bwd_s for p in ps))
-            w.append(sum(p.wgrad_s for p in ps))
+                bag.append((part("@post", "none"), 1))
+            chunk_bags.append(bag)
+            f.append(sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag))
+            b.append(sum((p.backward_s + p.exposed_bwd_s) * n for p, n in bag))
+            w.append(sum(p.wgrad_s * n for p, n in bag))
             # DualPipeV hides the MoE all-to-all of one micro-batch under the other's compute
             # (DeepSeek-V3 §3.2.1); TP/CP collectives stay on each layer's critical path
-            f_comm.append(sum(p.ep_fwd_s for p in ps))
-            b_comm.append(sum(p.ep_bwd_s for p in ps))
+            f_comm.append(sum(p.ep_fwd_s * n for p, n in bag))
+            b_comm.append(sum(p.ep_bwd_s * n for p, n in bag))
 
         # pipeline
         act_bytes = plan.mbs * self.model.seq_len / plan.cp * self.hidden * 2 / (plan.tp if plan.sp else 1)
@@ -522,9 +524,9 @@ class Estimator:
         rank_chunks = [[c for c in range(chunks) if rank_of_chunk[c] == r] for r in range(plan.pp)]
         dp_exposed_by_rank, dp_colls_by_rank, mem_by_rank, states_by_rank = [], [], [], []
         for r in range(plan.pp):
-            ps = [p for c in rank_chunks[r] for p in chunk_parts[c]]
-            dense = sum(p.dense_numel for p in ps)
-            expert = sum(p.expert_numel for p in ps)
+            bag = [pn for c in rank_chunks[r] for pn in chunk_bags[c]]
+            dense = sum(p.dense_numel * n for p, n in bag)
+            expert = sum(p.expert_numel * n for p, n in bag)
             colls, exposed = self._dp_comm(plan, dense, expert, dp_ranks, edp_ranks, m,
                                            last_backward=sum(b[c] + w[c] for c in rank_chunks[r]),
                                            first_forward=sum(f[c] for c in rank_chunks[r]))
@@ -532,14 +534,14 @@ class Estimator:
             dp_exposed_by_rank.append(exposed)
             st_dense = model_state_bytes(dense, zero=plan.zero, dp=len(dp_ranks))
             st_exp = model_state_bytes(expert, zero=plan.zero, dp=len(edp_ranks))
-            per_chunk_act = [sum(p.saved_bytes for p in chunk_parts[c]) for c in rank_chunks[r]]
+            per_chunk_act = [sum(p.saved_bytes * n for p, n in chunk_bags[c]) for c in rank_chunks[r]]
             inflight = sim.peak_activations[r]
             act = inflight * (sum(per_chunk_act) / max(len(per_chunk_act), 1))
             if chunks - 1 in rank_chunks[r]:
                 act += self._logits_bytes(plan)
             other = OVERHEAD_BYTES
             if plan.zero >= 3:   # two layers' parameters gathered at once (prefetch)
-                biggest = max((p.dense_numel + p.expert_numel for p in ps), default=0)
+                biggest = max((p.dense_numel + p.expert_numel for p, _ in bag), default=0)
                 other += 2 * biggest * 2 * len(dp_ranks) / len(dp_ranks)
             br = {"params": st_dense.params + st_exp.params, "grads": st_dense.grads + st_exp.grads,
                   "optimizer": st_dense.optimizer + st_exp.optimizer, "activations": act, "other": other}
@@ -562,8 +564,7 @@ class Estimator:
         per_sample = sum(part(k, "none").model_flops * n for k, n in counts.items()) / plan.mbs
         per_sample += (part("@pre", "none").model_flops + part("@post", "none").model_flops) / plan.mbs
         model_flops = per_sample * global_batch
-        rec_flops = sum(part(kinds[i], recompute_of_rank[rank_of_chunk[c]]).recompute_flops
-                        for c in range(chunks) for i in _layer_indices(layers_per_chunk, c)) / plan.mbs * global_batch
+        rec_flops = sum(p.recompute_flops * n for bag in chunk_bags for p, n in bag) / plan.mbs * global_batch
         peak = gpu.bf16_flops * self.cluster.num_gpus
         mfu = model_flops / (step * peak)
         hfu = (model_flops + rec_flops) / (step * peak)
@@ -573,17 +574,18 @@ class Estimator:
         worst = max(range(plan.pp), key=lambda r: totals[r])
         mem = mem_by_rank[worst]
 
-        # primitives on the busiest rank (most layers; ties: the first)
-        busy_rank = max(range(plan.pp), key=lambda r: (sum(len(chunk_layers[c]) for c in rank_chunks[r]), -r))
-        primitives = self._primitives(plan, mesh, m, rank_chunks[busy_rank], chunk_parts, p2p, p2p_exposed,
+        # primitives and the time breakdown on the busiest rank (most busy seconds; ties: the first),
+        # so that pp_bubble is the idle time no rank can avoid, not stage imbalance
+        busy_rank = max(range(plan.pp), key=lambda r: (sim.busy[r], -r))
+        primitives = self._primitives(plan, mesh, m, rank_chunks[busy_rank], chunk_bags, p2p, p2p_exposed,
                                       dp_colls_by_rank[busy_rank], dp_exposed_by_rank[busy_rank],
                                       embed_bytes, embed_s) if detail else []
         comm_time = sum(p.time_s for p in primitives)
         comm_exposed = sum(p.exposed_s for p in primitives)
 
         violations = self._violations(plan, mesh, totals[worst])
-        block_compute = sum(p.compute_s for c in rank_chunks[busy_rank] for p in chunk_parts[c])
-        attention = sum(p.attention_s for c in rank_chunks[busy_rank] for p in chunk_parts[c])
+        block_compute = sum(p.compute_s * n for c in rank_chunks[busy_rank] for p, n in chunk_bags[c])
+        attention = sum(p.attention_s * n for c in rank_chunks[busy_rank] for p, n in chunk_bags[c])
         all_flops = sum(part(k, "none").model_flops * n for k, n in counts.items())
         attn_flops = self._attention_flops_per_sample * plan.mbs
         busy_compute = m * block_compute
@@ -592,7 +594,7 @@ class Estimator:
             "tp_comm": sum(p.time_s for p in primitives if p.dim in ("tp", "sp")),
             "cp_comm_exposed": sum(p.exposed_s for p in primitives if p.dim == "cp"),
             "ep_comm_exposed": sum(p.exposed_s for p in primitives if p.dim == "ep"),
-            "pp_bubble": max(0.0, pipe_time - sim.busy[busy_rank]) - p2p_exposed,
+            "pp_bubble": max(0.0, pipe_time - sim.busy[busy_rank] - p2p_exposed),
             "pp_p2p_exposed": p2p_exposed,
             "dp_exposed": dp_exposed,
             "embed_sync": embed_s,
@@ -666,7 +668,7 @@ class Estimator:
         exposed += max(0.0, once_grad - last_backward) + max(0.0, once_param - first_forward)
         return colls, exposed
 
-    def _primitives(self, plan, mesh, m, chunks_of_rank, chunk_parts, p2p, p2p_exposed, dp_colls, dp_exposed,
+    def _primitives(self, plan, mesh, m, chunks_of_rank, chunk_bags, p2p, p2p_exposed, dp_colls, dp_exposed,
                     embed_bytes, embed_s) -> list[Primitive]:
         groups = {"tp": mesh.group("tp"), "sp": mesh.group("tp"), "cp": mesh.group("cp"),
                   "ep": mesh.group("ep"), "pp": mesh.group("pp")}
@@ -684,14 +686,14 @@ class Estimator:
             a[4] += exposed
 
         for c in chunks_of_rank:
-            for p in chunk_parts[c]:
+            for p, n in chunk_bags[c]:
                 for dim, kind, nbytes, seconds, exposed, _ in p.collectives:
                     calls = m * (4 if dim == "cp" and kind == "all_to_all" else 1)
                     if dim == "cp" and kind == "p2p":
                         calls = m * max(1, round(seconds / max(self.coll("p2p", nbytes, groups["cp"][:2]), 1e-30)))
                     if dim == "ep":
                         calls = 2 * m
-                    add(kind, dim, groups[dim], calls, nbytes, m * seconds, m * exposed)
+                    add(kind, dim, groups[dim], n * calls, nbytes, n * m * seconds, n * m * exposed)
         if plan.pp > 1:
             sends = 2 * m * len(chunks_of_rank)
             add("p2p", "pp", groups["pp"][:2], sends, 0.0, sends * p2p, p2p_exposed)
@@ -736,11 +738,6 @@ def _rank_of_chunk(c: int, plan: Plan) -> int:
     if plan.schedule in V_SCHEDULES:
         return c if c < plan.pp else 2 * plan.pp - 1 - c
     return c % plan.pp
-
-
-def _layer_indices(layers_per_chunk, c):
-    start = sum(layers_per_chunk[:c])
-    return range(start, start + layers_per_chunk[c])
 
 
 def _stride_inner(mesh: Mesh, axis: str) -> int:

@@ -289,7 +289,8 @@ class Plan:
             need = SCHEDULE_SPECS[self.schedule].min_microbatches(self.pp)
             if m < need:
                 raise UserError(f"bad plan: schedule={self.schedule} needs at least {need} micro-batches on "
-                                f"pp={self.pp}, the plan has {m}", "raise the global batch or lower pp/mbs")
+                                f"pp={self.pp}, the plan has {m}",
+                                f"raise the global batch to ≥ {need * self.dp * self.mbs} sequences, or lower pp/mbs")
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:

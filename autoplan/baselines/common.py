@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from autoplan.errors import UserError
 from autoplan.ir import BlockGraph, ModelInfo
 from autoplan.plan import Plan
-from costmodels.pipeline.schedules import get_spec
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:   # the cost model is only called, never needed to import a recipe
@@ -109,25 +108,9 @@ def microbatches(global_batch: int, dp: int, mbs: int = 1) -> int:
     return global_batch // (dp * mbs)
 
 
-def check_schedule(plan: Plan, global_batch: int) -> None:
-    """What the schedule itself needs of the micro-batch count (e.g. DualPipeV: m ≥ 2·pp),
-    beyond ``Plan.validate``; raises UserError."""
-    if plan.pp == 1:
-        return
-    m = plan.microbatches(global_batch)
-    try:
-        get_spec(plan.schedule).check(plan.pp, m, plan.vpp)
-    except ValueError as e:
-        need = get_spec(plan.schedule).min_microbatches(plan.pp)
-        raise UserError(f"bad plan: {e}",
-                        f"raise the global batch to ≥ {need * plan.dp * plan.mbs} sequences, "
-                        f"or lower pp/mbs") from None
-
-
 def price(estimator: Estimator, plan: Plan, global_batch: int) -> Estimate:
     """``estimator.estimate`` after every check a user plan needs (UserError on a bad one)."""
     estimator.check(plan, global_batch)
-    check_schedule(plan, global_batch)
     return estimator.estimate(plan, global_batch)
 
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from autoplan.baselines.common import check_schedule, divisors, ep_degree
+from autoplan.baselines.common import divisors, ep_degree
 from autoplan.errors import UserError
 from autoplan.estimate import Estimate, Estimator
 from autoplan.plan import DEFAULT_ORDER, RECOMPUTE, Plan
@@ -97,7 +97,7 @@ def search_grid(estimator: Estimator, global_batch: int, cp_values: tuple[int, .
     for plan in grid_plans(estimator, global_batch, cp_values):
         plans += 1
         try:
-            check_schedule(plan, global_batch)
+            estimator.check(plan, global_batch)
             e = estimator.estimate(plan, global_batch, detail=False)
         except UserError:
             continue

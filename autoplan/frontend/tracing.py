@@ -37,6 +37,7 @@ from autoplan.frontend.info import expert_modules, infer_model_info
 from autoplan.frontend.joint import TracedRegion, trace_joint
 from autoplan.frontend.regions import block_region, capture, post_region, pre_region
 from autoplan.frontend.source import ModelSource, build_on_meta, load_source, user_frame
+from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import Block, BlockGraph, ModelInfo, OpGraph
 
 DTYPES = tuple(TORCH_DTYPES)
@@ -70,7 +71,8 @@ def trace_with_status(model: str, *, seq: int = 2048, batch: int = 1, dtype: str
     if cached is not None:
         return cached, True
     start = time.perf_counter()
-    graph = trace_source(source, seq=seq, batch=batch, dtype=dtype)
+    with cyclic_gc_paused():
+        graph = trace_source(source, seq=seq, batch=batch, dtype=dtype)
     graph = replace(graph, trace_seconds=round(time.perf_counter() - start, 3),
                     trace_peak_rss_bytes=peak_rss_bytes())
     cache.store(key, graph)

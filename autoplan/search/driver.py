@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from autoplan.errors import UserError
 from autoplan.estimate import Estimate, EstimateOptions, Estimator
+from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
 from autoplan.mesh import Mesh
 from autoplan.plan import SCHEDULES, Plan
@@ -93,6 +94,11 @@ class SearchResult:
 
 def search(model: BlockGraph, cluster: Cluster, *, global_batch: int,
            options: SearchOptions = SearchOptions()) -> SearchResult:
+    with cyclic_gc_paused():   # forked workers inherit the pause
+        return _search(model, cluster, global_batch, options)
+
+
+def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: SearchOptions) -> SearchResult:
     start = time.perf_counter()
     est = Estimator(model, cluster, EstimateOptions(overlap_grad_reduce=options.overlap_grad_reduce,
                                                      allow_cross_domain=options.allow_cross_domain,
@@ -194,10 +200,13 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions)
             chosen = sorted(tuples, key=lambda k: (screened[k].estimate.step_time_s if k in screened
                                                    else float("inf"), k))[:refine_n]
         else:
-            chosen = sorted(tuples)
+            chosen, screened = sorted(tuples), {}
         tasks = sorted(((min(t[0] for t in tuples[k]), k, sorted(tuples[k], key=lambda t: t[1])) for k in chosen),
                        key=lambda t: (t[0], t[1]))
-        _run(est, pool, workers, tasks, global_batch, options, results, stats, progress, screen=False)
+        # after a screen the threshold is already tight: refine every chosen tuple in one batch,
+        # so that no worker idles waiting for the slowest of a small batch
+        _run(est, pool, len(tasks) if screened and pool else workers, tasks, global_batch, options, results, stats,
+             progress, screen=False)
     finally:
         progress.stop()
         if pool:
@@ -214,14 +223,15 @@ def _representative(variants):
     return min(variants, key=rank)
 
 
-def _run(est, pool, workers, tasks, global_batch, options, results, stats, progress, *, screen: bool):
-    """Run (lb, tuple key, variants) tasks best-first in batches; returns the best result per tuple."""
+def _run(est, pool, batch, tasks, global_batch, options, results, stats, progress, *, screen: bool):
+    """Run (lb, tuple key, variants) tasks best-first, ``batch`` at a time (the K-th best so far,
+    the pruning threshold, is updated between batches); returns the best result per tuple."""
     best_here: dict[tuple, MeshResult] = {}
     i = 0
     while i < len(tasks):
         kth = _kth_best(results, options.top_k)
         todo = []
-        while i < len(tasks) and len(todo) < workers:
+        while i < len(tasks) and len(todo) < batch:
             lb, key, variants = tasks[i]
             i += 1
             current = results.get(key)
@@ -233,7 +243,7 @@ def _run(est, pool, workers, tasks, global_batch, options, results, stats, progr
         if not todo:
             continue
         args = [(variants, global_batch, options, kth, screen) for variants in todo]
-        outs = pool.map(_evaluate, args) if pool else [_evaluate(a) for a in args]
+        outs = pool.map(_evaluate, args, chunksize=1) if pool else [_evaluate(a) for a in args]
         for tuple_results in outs:
             progress.advance()
             for out in tuple_results:

@@ -74,3 +74,12 @@ def _validate(plan_text, **kw):
 def test_conflicts_with_model_and_cluster(text, kw, needle):
     with pytest.raises(UserError, match=needle):
         _validate(text, **kw)
+
+
+def test_dualpipev_needs_two_microbatches_per_stage_and_says_what_batch_would_do():
+    plan = "tp=1,pp=16,dp=128,ep=64,schedule=dualpipev"
+    args = dict(num_gpus=2048, num_layers=64, heads=32, experts=256)
+    _validate(plan, global_batch=4096, **args)                      # 32 micro-batches = 2·pp
+    with pytest.raises(UserError) as err:
+        _validate(plan, global_batch=2048, **args)                  # 16 < 32
+    assert "16" in err.value.problem and "4096" in err.value.fix

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.baselines.common import (MAX_VPP, check_schedule, divisors, ep_degree, interleaving, tp_degree)
-from autoplan.errors import UserError
+from autoplan.baselines.common import (MAX_VPP, divisors, ep_degree, interleaving, tp_degree)
 from autoplan.ir import ModelInfo
-from autoplan.plan import Plan
 from topologies import load
 
 
@@ -50,11 +48,3 @@ def test_interleaving():
     assert interleaving(126, 16, 64) == ("1f1b", 1)                # Llama-3 405B: no even split
     assert interleaving(96, 1, 64) == ("1f1b", 1)
     assert all(v <= MAX_VPP for _, v in (interleaving(n, 2, 64) for n in range(2, 200, 2)))
-
-
-def test_check_schedule_dualpipev_needs_two_microbatches_per_stage():
-    plan = Plan(tp=1, pp=16, dp=128, ep=64, vpp=2, schedule="dualpipev")
-    check_schedule(plan, 4096)                                      # 32 micro-batches = 2·pp
-    with pytest.raises(UserError) as err:
-        check_schedule(plan, 2048)                                  # 16 < 32
-    assert "16" in err.value.problem and "4096" in err.value.fix
