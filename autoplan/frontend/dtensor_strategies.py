@@ -229,13 +229,17 @@ def _from_single_dim(op, node: Node, in_nodes: list[Node], val_of) -> list[tuple
     rules = single_dim_rules(op, args_meta, kwargs_meta)
     is_tensor = _tensor_returns(op)
     n_out = sum(is_tensor)
+    # a Tensor return the op leaves undefined here (LayerNorm's bias gradient without a
+    # bias) has no placement in the rules; only the outputs that exist need one
+    out_vals = _out_vals(node)
+    exists = [t and i < len(out_vals) and isinstance(out_vals[i], torch.Tensor) for i, t in enumerate(is_tensor)]
     pairs = [(("R",) * len(in_nodes), tuple("R" if t else None for t in is_tensor))]
     for rule in rules:
         if len(rule) != n_out + len(in_nodes):
             continue
         outs_iter = iter(rule[:n_out])
         outs = tuple(placement_name(next(outs_iter)) if t else None for t in is_tensor)
-        if any(t and o is None for t, o in zip(is_tensor, outs)):
+        if any(e and o is None for e, o in zip(exists, outs)):
             continue
         pairs.append((tuple(placement_name(p) for p in rule[n_out:]), outs))
     return pairs

@@ -80,3 +80,14 @@ def test_no_strategy_depends_on_tp_degree():
     gm = _traced(lambda x: x * 2, (1, 3, 8))
     names = {s.name for s in ds.enumerate_strategies(gm, set()).strategies["mul"]}
     assert "S(1)<-S(1)" in names and "S(0)<-S(0)" not in names
+
+
+def test_bias_free_layer_norm_backward_keeps_its_sequence_sharded_rule():
+    """Without a bias, native_layer_norm_backward returns no bias gradient; DTensor's rule
+    leaves that output unplaced, and the rule must still be offered (Megatron SP runs it)."""
+    def fn(x, w, g):
+        out, mean, rstd = aten.native_layer_norm(x, [8], w, None, 1e-5)
+        return aten.native_layer_norm_backward(g, x, [8], mean, rstd, w, None, [True, True, False])
+    gm = _traced(fn, (16, 4, 8), (8,), (16, 4, 8))
+    names = [s.name for s in ds.enumerate_strategies(gm, partial_inputs=set()).strategies["native_layer_norm_backward"]]
+    assert "S(0),P,-<-S(0),S(0),S(0),S(0),R" in names, names

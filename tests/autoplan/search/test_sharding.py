@@ -60,6 +60,19 @@ def test_llama_with_sp_shards_the_sequence_outside_the_gemms(llama_block, a100):
     _norms_sequence_sharded(llama_block, bs)
 
 
+def test_bias_free_layernorm_block_with_sp_is_megatron_too(a100):
+    """A Llama block with LayerNorm (no bias) instead of RMSNorm: the same two pairs forward,
+    no activation all-reduce anywhere, norms sequence-sharded (its backward has a rule too)."""
+    from autoplan.frontend import trace
+    graph = trace("llama:layers=2,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=32000,norm=layernorm",
+                  seq=2048).blocks[0].graph
+    bs = solve_block(graph, a100(8, sp=True))
+    forward = [c for c in bs.collectives if c.phase == "forward" and c.nbytes >= 1e6]
+    assert sorted(c.kind for c in forward) == ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"]
+    assert not big(bs, "all_reduce")
+    _norms_sequence_sharded(graph, bs)
+
+
 def _norms_sequence_sharded(graph, bs):
     norms = [n for n in graph.ops("forward") if "norm" in n.op]
     assert len(norms) == 2
