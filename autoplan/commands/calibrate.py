@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         if device is None:
             raise UserError("no CUDA GPU found: autoplan calibrate measures the local GPU",
                             fix="run it on a machine with an NVIDIA GPU; the shipped profiles in "
-                                "costmodels/profiles come from published figures")
+                                "costmodels/profiles come from published figures (A100: fitted to published runs), "
+                                "or refit stored measurements with --from PATH")
         gpu = gpu or catalog_gpu_name(device)
         if gpu is None:
             raise UserError(f"cannot tell which catalog GPU kind '{device}' is",

@@ -22,6 +22,7 @@ def test_without_a_gpu_it_says_so(cli, no_gpu):
         assert proc.returncode == 2, proc.stderr
         assert "no CUDA GPU found: autoplan calibrate measures the local GPU" in proc.stderr
         assert "shipped profiles in costmodels/profiles come from published figures" in proc.stderr
+        assert "--from PATH" in proc.stderr
         assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
