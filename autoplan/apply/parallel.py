@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import loss_parallel
 
 from autoplan.apply import data_parallel, pipeline, recompute, tensor_parallel
 from autoplan.apply._torch import plain_tensors_are_replicated, register_cpu_attention_sharding
@@ -35,6 +36,23 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over all positions (computed in fp32)."""
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+def vocab_parallel_cross_entropy(tp_mesh: DeviceMesh, vocab: int) -> LossFn:
+    """``cross_entropy`` on logits whose vocabulary dim is split over the tp axis, as Megatron
+    computes it: each rank holds [.., vocab/tp] and the softmax statistics (max, sum) and the
+    target logit are reduced over tp, so the whole [.., vocab] logits never exist on one GPU.
+    Logits that arrive whole (the head was not vocab-parallel) take the plain path.  Call it,
+    and run its backward, inside DTensor's ``loss_parallel()`` context (not re-entrant, so
+    ``ParallelModel.forward_backward`` enters it once around the whole step)."""
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if logits.shape[-1] == vocab:
+            return cross_entropy(logits, targets)
+        sharded = DTensor.from_local(logits, tp_mesh, (Shard(logits.dim() - 1),), run_check=False)
+        # a fresh tensor, not a view of the DTensor's local one: zero-bubble schedules detach
+        # the loss in place after its input-gradient pass
+        return cross_entropy(sharded, targets).to_local().clone()
+    return loss
 
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -105,6 +123,7 @@ class ParallelModel:
     microbatches: int
     coords: dict[str, int]
     tied: tuple[str, ...] = ()
+    vocab_parallel_loss: bool = False       # the last stage keeps logits split over tp (see vocab_parallel_cross_entropy)
     _tied_group: object | None = None
     _dp_group: object | None = field(default=None, repr=False)
     _dp_ranks: tuple[int, ...] = ()
@@ -145,7 +164,12 @@ class ParallelModel:
 
     # --- a training step ---------------------------------------------------------
     def _context(self):
-        return plain_tensors_are_replicated() if self.plan.tp > 1 else contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        if self.plan.tp > 1:
+            stack.enter_context(plain_tensors_are_replicated())
+        if self.vocab_parallel_loss:
+            stack.enter_context(loss_parallel())
+        return stack
 
     def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor) -> float | None:
         """Forward and backward of this rank's local batch [B/dp, seq]; gradients end synced.
@@ -232,6 +256,9 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     "S(1)", ...), or a callable (block index, block) → such a mapping; None derives
     Megatron's placements from the module graph (see ``layout.py``).
     ``global_batch`` sequences of length ``seq`` per step; ``plan.mbs`` per micro-batch.
+    With tp > 1 and the default loss, vocabulary-parallel logits stay split over tp and the
+    loss is computed on the shards (``vocab_parallel_cross_entropy``); a custom ``loss_fn``
+    gets whole logits.
     """
     check_supported(plan, global_batch)
     if not dist.is_initialized():
@@ -252,6 +279,9 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         register_cpu_attention_sharding()
         resolved = tensor_parallel.resolve_placements(model, layout, plan.tp, placements)
     stream = (Shard(1),) if plan.sp else (Replicate(),)
+    vocab_parallel = tp_mesh is not None and loss_fn is cross_entropy and layout.vocab > 0
+    if vocab_parallel:
+        loss_fn = vocab_parallel_cross_entropy(tp_mesh, layout.vocab)
     bounds = pipeline.stage_bounds(plan, layout.num_blocks)
     num_stages = len(bounds)
     stages = []
@@ -262,7 +292,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         if tp_mesh is not None:
             tensor_parallel.shard_module_tree(copy, layout, resolved, tp_mesh, plan.sp)
         stage = pipeline.StageModule(copy, inject, index=sid, first=sid == 0, last=sid == num_stages - 1,
-                                     seq=seq, tp_mesh=tp_mesh, stream=stream)
+                                     seq=seq, tp_mesh=tp_mesh, stream=stream, keep_vocab_shard=vocab_parallel)
         blocks = stage.stage_blocks(layout)
         recompute.recompute_blocks(blocks, plan.recompute_of_stage(coords["pp"]))
         if plan.dp > 1 and plan.zero >= 2:
@@ -279,6 +309,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     dp_ranks = Mesh.of(plan).group("dp", rank)
     return ParallelModel(plan=plan, mesh=mesh, layout=layout, stages=stages, schedule=schedule,
                          loss_fn=loss_fn, microbatches=microbatches, coords=coords, tied=tied,
+                         vocab_parallel_loss=vocab_parallel,
                          _tied_group=tied_group, _dp_group=dp_group, _dp_ranks=dp_ranks)
 
 

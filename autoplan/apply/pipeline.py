@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
                                           ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
                                           ScheduleZBVZeroBubble)
-from torch.distributed.tensor import DTensor, Placement, Replicate
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from autoplan.apply.layout import ModelLayout
 from autoplan.plan import V_SCHEDULES, Plan
@@ -130,13 +130,15 @@ class StageModule(nn.Module):
     """One pipeline stage: ids (first stage) or the residual stream in, stream or logits out."""
 
     def __init__(self, model: nn.Module, inject: _Inject | None, *, index: int, first: bool, last: bool,
-                 seq: int, tp_mesh: DeviceMesh | None, stream: tuple[Placement, ...]) -> None:
+                 seq: int, tp_mesh: DeviceMesh | None, stream: tuple[Placement, ...],
+                 keep_vocab_shard: bool = False) -> None:
         super().__init__()
         self.model = model
         self.index, self.first, self.last, self.seq = index, first, last, seq
         self._inject = [inject]                  # a list: not registered twice as a submodule
         self._tp_mesh = tp_mesh
         self._stream = stream
+        self._keep_vocab_shard = keep_vocab_shard and last
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
@@ -154,7 +156,10 @@ class StageModule(nn.Module):
             if not self.first:
                 self._inject[0].value = None
         if isinstance(out, DTensor):
-            out = out.redistribute(out.device_mesh, (Replicate(),) if self.last else self._stream).to_local()
+            if self._keep_vocab_shard and out.placements == (Shard(out.dim() - 1),):
+                out = out.to_local()          # vocab-parallel logits: the loss reduces over tp
+            else:
+                out = out.redistribute(out.device_mesh, (Replicate(),) if self.last else self._stream).to_local()
         if out._base is not None:             # zero-bubble schedules detach stage outputs in place
             out = out.clone()
         return out

@@ -20,8 +20,10 @@ other           any     as propagated: a norm on the sp residual  SequenceParall
                         stream runs on its sequence shard
 ==============  ======  ========================================  ===========================
 
-With sp the residual stream between blocks is S(1) (sequence) on tp, else R.  The
-last stage gathers the logits to R before the loss (no loss parallelism).
+With sp the residual stream between blocks is S(1) (sequence) on tp, else R.  Logits
+of a vocabulary-parallel head stay split over tp and the default loss is computed on the
+shards (``parallel.vocab_parallel_cross_entropy``, DTensor's ``loss_parallel``); other
+logits, or a custom loss, are gathered to R first.
 
 Why not ``parallelize_module`` with those styles: they return local tensors between
 modules (so a model's own ``view(b, s, heads, d)`` sees the local head count), and
