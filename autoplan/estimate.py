@@ -43,7 +43,7 @@ from functools import lru_cache
 from autoplan.errors import UserError
 from autoplan.ir import BlockGraph, OpGraph
 from autoplan.mesh import Mesh
-from autoplan.plan import Plan, V_SCHEDULES
+from autoplan.plan import Plan
 from autoplan.search.sharding import (BlockAssignment, BlockSharding, ShardingContext, price_assignment,
                                       solve_assignment)
 from costmodels import compute
@@ -183,6 +183,7 @@ class Estimator:
         except (ValueError, OSError) as e:
             raise UserError(str(e), "pass --profile PATH to a compute profile YAML") from None
         self._blocks: dict[tuple, BlockSharding] = {}
+        self._max_ilp_gap = 0.0                   # over every block sharding priced so far
         self._assignments: dict[tuple, BlockAssignment] = {}
         self._spans: dict[tuple, object] = {}
         self._parts: dict[tuple, _Part] = {}
@@ -247,6 +248,7 @@ class Estimator:
                 self._assignments[akey] = assignment
             hit = price_assignment(graph, assignment, self._context(plan, recompute, tp_ranks, span))
             self._blocks[key] = hit
+            self._max_ilp_gap = max(self._max_ilp_gap, hit.gap)
         return hit
 
     def _context(self, plan: Plan, recompute: str, tp_ranks, span) -> ShardingContext:
@@ -284,11 +286,10 @@ class Estimator:
                 exp_b += c.seconds
         scale = plan.mbs
         gemm_attn = sum(n.flops for n in graph.ops() if n.gemm is not None or "attention" in n.op)
-        attn_flops = sum(n.flops for n in graph.ops() if "attention" in n.op or _is_score_op(n))
         model_flops = gemm_attn * scale
         rec_flops = (sum(n.flops for n in graph.ops("forward") if n.gemm is not None or "attention" in n.op)
                      * scale if recompute == "full" else
-                     sum(n.flops for n in graph.ops("forward") if "attention" in n.op or _is_score_op(n)) * scale
+                     sum(n.flops for n in graph.ops("forward") if _is_attention_op(n)) * scale
                      if recompute == "selective" else 0.0)
         attention_s = self._attention_seconds(graph, plan)
         # CP and EP communication
@@ -307,7 +308,7 @@ class Estimator:
         """Compute seconds of the attention core (kernels and s×s score ops), per micro-batch, per GPU."""
         total = 0.0
         for n in graph.ops():
-            if "attention" in n.op or _is_score_op(n):
+            if _is_attention_op(n):
                 kind = ("attention_bwd" if "backward" in n.op else "attention_fwd") if "attention" in n.op else (
                     "gemm" if n.gemm else "memory")
                 gemm = None
@@ -385,26 +386,24 @@ class Estimator:
 
         What the stage-cut DP balances."""
         mesh = Mesh.of(plan)
-        cache: dict[str, float] = {}
+        work = {}
+        for kind in dict.fromkeys((*self.model.order, "@pre", "@post")):
+            p = self.part(kind, self._graph(kind), plan, "none", mesh)
+            work[kind] = p.forward_s + p.backward_s + p.wgrad_s + p.exposed_fwd_s + p.exposed_bwd_s
+        return {"layers": [work[k] for k in self.model.order], "pre": work["@pre"], "post": work["@post"]}
 
-        def work(kind: str, graph: OpGraph) -> float:
-            if kind not in cache:
-                p = self.part(kind, graph, plan, "none", mesh)
-                cache[kind] = p.forward_s + p.backward_s + p.wgrad_s + p.exposed_fwd_s + p.exposed_bwd_s
-            return cache[kind]
+    def _graph(self, kind: str) -> OpGraph:
+        """The graph of a block kind, or of the part before ("@pre") / after ("@post") the blocks."""
+        if kind == "@pre":
+            return self.model.pre
+        if kind == "@post":
+            return self.model.post
+        return self.model.block(kind).graph
 
-        return {"layers": [work(k, self.model.block(k).graph) for k in self.model.order],
-                "pre": work("@pre", self.model.pre), "post": work("@post", self.model.post)}
-
-    def layer_compute(self, plan: Plan) -> dict:
-        """Like ``layer_work`` but compute only (what an overlapped F&B pair cannot hide)."""
-        mesh = Mesh.of(plan)
-
-        def compute_s(kind: str, graph: OpGraph) -> float:
-            return self.part(kind, graph, plan, "none", mesh).compute_s
-
-        return {"layers": [compute_s(k, self.model.block(k).graph) for k in self.model.order],
-                "pre": compute_s("@pre", self.model.pre), "post": compute_s("@post", self.model.post)}
+    def _counted_parts(self, plan: Plan, mesh: Mesh) -> list[tuple[_Part, int]]:
+        """Every graph of the model under ``plan`` (no recompute), with how often it occurs."""
+        kinds = [(b.kind, b.count) for b in self.model.blocks] + [("@pre", 1), ("@post", 1)]
+        return [(self.part(k, self._graph(k), plan, "none", mesh), n) for k, n in kinds]
 
     def lower_bound(self, plan: Plan, global_batch: int) -> float:
         """A lower bound on ``estimate(plan).step_time_s`` for any stage cut, schedule and
@@ -417,12 +416,9 @@ class Estimator:
         possible (pp > 1, MoE) the all-to-all a pair can hide is left out."""
         mesh = Mesh.of(plan)
         m = plan.microbatches(global_batch)
-        work = compute = hideable = 0.0
+        work = hideable = 0.0
         dense = expert = 0.0
-        parts = [(b.kind, b.graph, b.count) for b in self.model.blocks] + [
-            ("@pre", self.model.pre, 1), ("@post", self.model.post, 1)]
-        for kind, graph, count in parts:
-            p = self.part(kind, graph, plan, "none", mesh)
+        for p, count in self._counted_parts(plan, mesh):
             work += count * (p.forward_s + p.backward_s + p.wgrad_s + p.exposed_fwd_s + p.exposed_bwd_s)
             hideable += count * (p.ep_fwd_s + p.ep_bwd_s)
             dense += p.dense_numel * count
@@ -446,10 +442,7 @@ class Estimator:
         the parameters under its ZeRO stage, plus the fixed reserve."""
         mesh = Mesh.of(plan)
         dense = expert = 0.0
-        parts = [(b.kind, b.graph, b.count) for b in self.model.blocks] + [
-            ("@pre", self.model.pre, 1), ("@post", self.model.post, 1)]
-        for kind, graph, count in parts:
-            p = self.part(kind, graph, plan, "none", mesh)
+        for p, count in self._counted_parts(plan, mesh):
             dense += p.dense_numel * count
             expert += p.expert_numel * count
         d = model_state_bytes(dense / plan.pp, zero=plan.zero, dp=len(mesh.group("dp")))
@@ -472,7 +465,7 @@ class Estimator:
         for n in layers_per_chunk:
             chunk_layers.append(kinds[start:start + n])
             start += n
-        rank_of_chunk = [_rank_of_chunk(c, plan) for c in range(chunks)]
+        rank_of_chunk = [plan.stage_rank(c) for c in range(chunks)]
         recompute_of_rank = [plan.recompute_of_stage(r) for r in range(plan.pp)]
 
         parts: dict[tuple[str, str], _Part] = {}
@@ -480,9 +473,7 @@ class Estimator:
         def part(kind: str, recompute: str) -> _Part:
             key = (kind, recompute)
             if key not in parts:
-                g = self.model.pre if kind == "@pre" else self.model.post if kind == "@post" else \
-                    self.model.block(kind).graph
-                parts[key] = self.part(kind, g, plan, recompute, mesh)
+                parts[key] = self.part(kind, self._graph(kind), plan, recompute, mesh)
             return parts[key]
 
         # each virtual stage as a bag of (part, how many layers of it), pre/post once
@@ -577,7 +568,7 @@ class Estimator:
         # primitives and the time breakdown on the busiest rank (most busy seconds; ties: the first),
         # so that pp_bubble is the idle time no rank can avoid, not stage imbalance
         busy_rank = max(range(plan.pp), key=lambda r: (sim.busy[r], -r))
-        primitives = self._primitives(plan, mesh, m, rank_chunks[busy_rank], chunk_bags, p2p, p2p_exposed,
+        primitives = self._primitives(plan, mesh, m, rank_chunks[busy_rank], chunk_bags, act_bytes, p2p, p2p_exposed,
                                       dp_colls_by_rank[busy_rank], dp_exposed_by_rank[busy_rank],
                                       embed_bytes, embed_s) if detail else []
         comm_time = sum(p.time_s for p in primitives)
@@ -622,7 +613,7 @@ class Estimator:
             attention_flops_share=attn_flops / all_flops if all_flops else 0.0,
             microbatches=m,
             stage_times_s=tuple(zip(f, b, w)),
-            ilp_gap=max((bs.gap for bs in self._blocks.values()), default=0.0),
+            ilp_gap=self._max_ilp_gap,
         )
 
     def _logits_bytes(self, plan: Plan) -> float:
@@ -668,8 +659,8 @@ class Estimator:
         exposed += max(0.0, once_grad - last_backward) + max(0.0, once_param - first_forward)
         return colls, exposed
 
-    def _primitives(self, plan, mesh, m, chunks_of_rank, chunk_bags, p2p, p2p_exposed, dp_colls, dp_exposed,
-                    embed_bytes, embed_s) -> list[Primitive]:
+    def _primitives(self, plan, mesh, m, chunks_of_rank, chunk_bags, p2p_bytes, p2p, p2p_exposed, dp_colls,
+                    dp_exposed, embed_bytes, embed_s) -> list[Primitive]:
         groups = {"tp": mesh.group("tp"), "sp": mesh.group("tp"), "cp": mesh.group("cp"),
                   "ep": mesh.group("ep"), "pp": mesh.group("pp")}
         acc: dict[tuple, list] = {}
@@ -696,10 +687,7 @@ class Estimator:
                     add(kind, dim, groups[dim], n * calls, nbytes, n * m * seconds, n * m * exposed)
         if plan.pp > 1:
             sends = 2 * m * len(chunks_of_rank)
-            add("p2p", "pp", groups["pp"][:2], sends, 0.0, sends * p2p, p2p_exposed)
-            key = ("p2p", "pp", 2, self._span(groups["pp"][:2]).level)
-            act = plan.mbs * self.model.seq_len / plan.cp * self.hidden * 2 / (plan.tp if plan.sp else 1)
-            acc[key][2] = act * sends
+            add("p2p", "pp", groups["pp"][:2], sends, p2p_bytes, sends * p2p, p2p_exposed)
         dp_total = sum(c[3] for c in dp_colls)
         for kind, nbytes, calls, seconds, ranks, tag in dp_colls:
             # the exposed part of data-parallel traffic, shared in proportion to each collective's time
@@ -733,13 +721,6 @@ class Estimator:
 
 # --- small pure helpers -------------------------------------------------------------------------
 
-def _rank_of_chunk(c: int, plan: Plan) -> int:
-    """Pipeline rank holding virtual stage ``c``: looped (c mod pp) or V-shaped."""
-    if plan.schedule in V_SCHEDULES:
-        return c if c < plan.pp else 2 * plan.pp - 1 - c
-    return c % plan.pp
-
-
 def _stride_inner(mesh: Mesh, axis: str) -> int:
     """Product of the sizes of the axes between tp and ``axis`` (1 when adjacent)."""
     return max(1, mesh.stride(axis) // max(mesh.stride("tp") * mesh.size("tp"), 1))
@@ -749,12 +730,17 @@ def _is_score_op(n) -> bool:
     return any(t is not None and sum(r == "seq" for r in t.dim_roles) >= 2 for t in n.outputs)
 
 
+def _is_attention_op(n) -> bool:
+    """An attention kernel, or an op of eager attention's s×s scores (the attention core)."""
+    return "attention" in n.op or _is_score_op(n)
+
+
 def _has_attention(graph: OpGraph) -> bool:
-    return any("attention" in n.op or _is_score_op(n) for n in graph.ops())
+    return any(_is_attention_op(n) for n in graph.ops())
 
 
 def _attention_flops(graph: OpGraph) -> float:
-    return sum(n.flops for n in graph.ops() if "attention" in n.op or _is_score_op(n))
+    return sum(n.flops for n in graph.ops() if _is_attention_op(n))
 
 
 def _is_moe(graph: OpGraph) -> bool:

@@ -33,6 +33,7 @@ from typing import Any
 
 from autoplan.errors import UserError
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
+from costmodels.pipeline import stage_rank
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")
@@ -80,6 +81,15 @@ class Plan:
     def expert_dp(self) -> int:
         """Data-parallel degree of expert parameters (dp / ep)."""
         return self.dp // self.ep
+
+    def stage_rank(self, stage: int) -> int:
+        """Pipeline rank holding virtual stage ``stage`` (0 … pp·vpp−1, model order): looped
+        (stage mod pp), or V-shaped for zbv/dualpipev (rank r holds r and 2·pp−1−r)."""
+        return stage_rank(stage, self.pp, SCHEDULE_SPECS[self.schedule].placement)
+
+    def stages_of_rank(self, pp_rank: int) -> tuple[int, ...]:
+        """Virtual stages pipeline rank ``pp_rank`` holds, in model order."""
+        return tuple(s for s in range(self.pp * self.vpp) if self.stage_rank(s) == pp_rank)
 
     def recompute_of_stage(self, stage: int) -> str:
         return self.recompute[0] if len(self.recompute) == 1 else self.recompute[stage]
@@ -245,6 +255,23 @@ class Plan:
         if self.sp and self.tp == 1:
             object.__setattr__(self, "sp", False)   # sp is meaningless without tp; normalise
 
+    def check_batch(self, global_batch: int) -> None:
+        """The global batch splits into dp · mbs-sequence micro-batches; UserError if not."""
+        if global_batch % (self.dp * self.mbs):
+            raise UserError(f"bad plan: global batch {global_batch} is not divisible into dp·mbs = "
+                            f"{self.dp}·{self.mbs} = {self.dp * self.mbs} micro-batches",
+                            "change --global-batch, mbs or dp")
+
+    def check_layers(self, num_layers: int) -> None:
+        """Every virtual stage gets a layer and explicit cuts add up; UserError if not."""
+        chunks = self.pp * self.vpp
+        if chunks > num_layers:
+            raise UserError(f"bad plan: pp·vpp = {chunks} stages for only {num_layers} layers",
+                            "reduce pp or vpp")
+        if self.layers and sum(self.layers) != num_layers:
+            raise UserError(f"bad plan: layers={'-'.join(map(str, self.layers))} sums to {sum(self.layers)}, "
+                            f"the model has {num_layers}", "make the per-stage layer counts add up")
+
     def validate(self, *, num_gpus: int, num_layers: int, heads: int, kv_heads: int = 0,
                  experts: int = 0, seq: int, global_batch: int) -> None:
         """Checks against a model, a cluster and run parameters; UserError names the conflict."""
@@ -267,18 +294,9 @@ class Plan:
         if experts and experts % self.ep:
             raise UserError(f"bad plan: ep={self.ep} does not divide the {experts} experts",
                             "pick ep dividing the expert count")
-        if global_batch % (self.dp * self.mbs):
-            raise UserError(f"bad plan: global batch {global_batch} is not divisible into dp·mbs = "
-                            f"{self.dp}·{self.mbs} = {self.dp * self.mbs} micro-batches",
-                            "change --global-batch, mbs or dp")
+        self.check_batch(global_batch)
         m = self.microbatches(global_batch)
-        chunks = self.pp * self.vpp
-        if chunks > num_layers:
-            raise UserError(f"bad plan: pp·vpp = {chunks} stages for only {num_layers} layers",
-                            "reduce pp or vpp")
-        if self.layers and sum(self.layers) != num_layers:
-            raise UserError(f"bad plan: layers={'-'.join(map(str, self.layers))} sums to {sum(self.layers)}, "
-                            f"the model has {num_layers}", "make the per-stage layer counts add up")
+        self.check_layers(num_layers)
         if self.schedule == "interleaved" and m % self.pp:
             raise UserError(f"bad plan: the interleaved schedule needs micro-batches ({m}) divisible by pp={self.pp}",
                             "change the global batch, mbs or pp")

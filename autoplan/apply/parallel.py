@@ -285,7 +285,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     bounds = pipeline.stage_bounds(plan, layout.num_blocks)
     num_stages = len(bounds)
     stages = []
-    for sid in pipeline.stage_ids(plan, coords["pp"]):
+    for sid in plan.stages_of_rank(coords["pp"]):
         first, end = bounds[sid]
         copy, inject = pipeline.cut_stage(model, layout, first, end, owns_pre=sid == 0,
                                           owns_post=sid == num_stages - 1)

@@ -32,7 +32,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleD
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from autoplan.apply.layout import ModelLayout
-from autoplan.plan import V_SCHEDULES, Plan
+from autoplan.plan import Plan
 
 # plan schedule -> (torch schedule class, several stages per rank)
 SCHEDULE_CLASSES = {
@@ -80,13 +80,6 @@ def stage_bounds(plan: Plan, num_blocks: int) -> list[tuple[int, int]]:
         bounds.append((start, start + n))
         start += n
     return bounds
-
-
-def stage_ids(plan: Plan, pp_rank: int) -> tuple[int, ...]:
-    """Virtual stages held by pipeline rank ``pp_rank``."""
-    if plan.schedule in V_SCHEDULES:
-        return (pp_rank, 2 * plan.pp - 1 - pp_rank)
-    return tuple(pp_rank + k * plan.pp for k in range(plan.vpp))
 
 
 def _stub(t: torch.Tensor) -> torch.Tensor:

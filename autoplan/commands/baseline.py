@@ -24,6 +24,15 @@ DEFAULT_SEQ = 2048
 DEFAULT_GLOBAL_BATCH = 1024
 
 
+def add_workload_args(p: argparse.ArgumentParser, batch_note: str = "") -> None:
+    """MODEL, --cluster, --seq and --global-batch: what every pricing command is about."""
+    p.add_argument("model", metavar="MODEL", help="zoo name, family spec or model.py")
+    p.add_argument("--cluster", required=True, help="cluster name, <gpu>x<N> or YAML path")
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
+    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                   help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH}{batch_note})")
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from autoplan.baselines import SUMMARIES
 
@@ -31,14 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "baseline", help="the plan a hand-written 4D recipe gives (megatron, megascale, llama3, fsdp, deepseek)",
         description=f"Build the plan a hand-written recipe gives for MODEL on a cluster, and price it. {recipes}.")
-    p.add_argument("model", metavar="MODEL", help="zoo name, family spec or model.py")
-    p.add_argument("--cluster", required=True, help="cluster name, <gpu>x<N> or YAML path")
+    add_workload_args(p, "; raise it on big clusters where the pipeline needs more micro-batches")
     p.add_argument("--recipe", required=True, metavar="RECIPE",
                    help=f"one of: {', '.join(SUMMARIES)}")
-    p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
-    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
-                   help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH}; raise it on big clusters "
-                        "where the pipeline needs more micro-batches)")
     p.add_argument("--json", action="store_true", help="print JSON (sorted keys) instead of tables")
     p.set_defaults(func=run)
 

@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import argparse
 
-from autoplan.commands.baseline import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
+from autoplan.commands.baseline import add_workload_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("estimate", help="price a hand-written plan (step time, MFU, memory, collectives)",
                               description=__doc__.split("\n\n")[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", metavar="MODEL", help="zoo name, family spec or model.py")
-    p.add_argument("--cluster", required=True, help="cluster name, <gpu>x<N> or YAML path")
+    add_workload_args(p)
     p.add_argument("--plan", required=True, metavar="PLAN",
                    help="plan string (e.g. tp=8,pp=8,vpp=3,recompute=selective) or a plan JSON file")
-    p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
-    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
-                   help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH})")
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="do not overlap the data-parallel gradient reduction with backward (2021-era Megatron)")

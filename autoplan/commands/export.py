@@ -75,14 +75,7 @@ def model_layers(model: str) -> int:
 
 def check(plan, num_layers: int | None, global_batch: int | None) -> None:
     """The plan/model/batch conflicts an export would silently carry."""
-    chunks = plan.pp * plan.vpp
     if num_layers is not None:
-        if chunks > num_layers:
-            raise UserError(f"bad plan: pp·vpp = {chunks} stages for only {num_layers} layers",
-                            "reduce pp or vpp")
-        if plan.layers and sum(plan.layers) != num_layers:
-            raise UserError(f"bad plan: layers={'-'.join(map(str, plan.layers))} sums to {sum(plan.layers)}, "
-                            f"the model has {num_layers}", "make the per-stage layer counts add up")
-    if global_batch is not None and global_batch % (plan.dp * plan.mbs):
-        raise UserError(f"global batch {global_batch} is not divisible into dp·mbs = {plan.dp}·{plan.mbs} "
-                        "micro-batches", "change --global-batch, mbs or dp")
+        plan.check_layers(num_layers)
+    if global_batch is not None:
+        plan.check_batch(global_batch)

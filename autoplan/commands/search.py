@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from autoplan.commands.baseline import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
+from autoplan.commands.baseline import add_workload_args
 from autoplan.errors import UserError
 
 
@@ -22,11 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("search", help="search the K best distinct parallel plans",
                               description=__doc__.split("\n\n")[1] + "\n\n" + __doc__.split("\n\n")[2],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", metavar="MODEL", help="zoo name, family spec or model.py")
-    p.add_argument("--cluster", required=True, help="cluster name, <gpu>x<N> or YAML path")
-    p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
-    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
-                   help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH})")
+    add_workload_args(p)
     p.add_argument("--top", type=int, default=5, metavar="K", help="how many distinct meshes to return (default 5)")
     p.add_argument("--solver", choices=("cpsat", "cbc"), default="cpsat", help="block ILP backend (default cpsat)")
     p.add_argument("--time-limit", type=float, default=30.0, metavar="S",
@@ -43,6 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.commands.baseline import prepare, wide_console
     from autoplan.commands.clusters import load_cluster
+    from autoplan.estimate import rounded
     from autoplan.search import SearchOptions, search
 
     if args.top < 1:
@@ -56,15 +53,11 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         _write_report(args, graph, cluster, result)
     if args.json:
-        print(json.dumps([json.loads(_candidate_json(c)) for c in result.candidates], indent=2, sort_keys=True,
+        print(json.dumps([rounded(c.to_dict()) for c in result.candidates], indent=2, sort_keys=True,
                          ensure_ascii=False))
         return 0
     _print(wide_console(), graph, cluster, args, result)
     return 0
-
-
-def _candidate_json(c) -> str:
-    return json.dumps({"plan": c.plan.to_string(), "estimate": json.loads(c.estimate.to_json())}, sort_keys=True)
 
 
 def _print(console, graph, cluster, args, result) -> None:

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from autoplan.errors import UserError
 from autoplan.estimate import Estimate, Estimator
-from autoplan.plan import RECOMPUTE, Plan
+from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
@@ -53,7 +53,7 @@ def schedule_variants(pp: int, m: int, layers: int, *, schedules: tuple[str, ...
                 if pp * v <= layers and m % pp == 0:
                     out.append((name, v))
             continue
-        vpp = 2 if name in ("zbv", "dualpipev") else 1
+        vpp = 2 if name in V_SCHEDULES else 1
         if pp * vpp > layers:
             continue
         if name == "gpipe" and m >= pp and "1f1b" in schedules:
@@ -66,7 +66,7 @@ def schedule_variants(pp: int, m: int, layers: int, *, schedules: tuple[str, ...
 
 
 @lru_cache(maxsize=4096)
-def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float, stages: int,
+def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float,
                   rank_of_chunk: tuple[int, ...], slack: int = 3) -> tuple[int, ...]:
     """Layers per virtual stage minimising the heaviest rank's work.
 
@@ -100,12 +100,6 @@ def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float, stages
     if n not in states:
         raise ValueError(f"no cut of {n} layers into {chunks} stages within ±{slack} of even")
     return states[n][1]
-
-
-def _rank_of_chunk(schedule: str, pp: int, vpp: int) -> list[int]:
-    if schedule in ("zbv", "dualpipev"):
-        return [c if c < pp else 2 * pp - 1 - c for c in range(pp * vpp)]
-    return [c % pp for c in range(pp * vpp)]
 
 
 SCREEN_SCHEDULES = ("1f1b", "zb-h1", "zbv", "interleaved")
@@ -164,9 +158,9 @@ def _cut_variants(est: Estimator, plan: Plan) -> list[tuple[int, ...]]:
     if plan.schedule == "interleaved":
         return variants
     work = est.layer_work(plan)
-    ranks = tuple(_rank_of_chunk(plan.schedule, plan.pp, plan.vpp))
+    ranks = tuple(plan.stage_rank(c) for c in range(plan.pp * plan.vpp))
     try:
-        cuts = balanced_cuts(tuple(work["layers"]), work["pre"], work["post"], plan.pp, ranks)
+        cuts = balanced_cuts(tuple(work["layers"]), work["pre"], work["post"], ranks)
     except ValueError:
         return variants
     if cuts != plan.stage_layers(est.model.num_layers):

@@ -17,6 +17,24 @@ NORM_KINDS = ("layernorm", "rmsnorm")
 ATTENTION_KINDS = ("flash", "eager")
 
 
+class DerivedSizes:
+    """The sizes a family config leaves at 0 to mean "the usual": KV heads = heads, head dim =
+    hidden / heads, FFN = 4 · hidden (a mixin for configs with ``heads``, ``kv_heads``,
+    ``head_dim``, ``hidden`` and ``ffn`` fields)."""
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def d_ffn(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+
 def make_norm(kind: str, hidden: int, bias: bool, eps: float = 1e-5) -> nn.Module:
     """LayerNorm (with or without bias) or RMSNorm over the last dim."""
     if kind == "layernorm":

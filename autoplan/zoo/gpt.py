@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.zoo.common import MLP, Attention, make_norm
+from autoplan.zoo.common import MLP, Attention, DerivedSizes, make_norm
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(DerivedSizes):
     layers: int
     hidden: int
     heads: int
@@ -39,18 +39,6 @@ class GPTConfig:
     norm: str = "layernorm"    # layernorm | rmsnorm
     tie: bool = True           # output head shares the token embedding
     bias: bool = True
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.kv_heads or self.heads
-
-    @property
-    def d_head(self) -> int:
-        return self.head_dim or self.hidden // self.heads
-
-    @property
-    def d_ffn(self) -> int:
-        return self.ffn or 4 * self.hidden
 
 
 class Block(nn.Module):

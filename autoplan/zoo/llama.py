@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.zoo.common import MLP, Attention, make_norm, rope_cos_sin
+from autoplan.zoo.common import MLP, Attention, DerivedSizes, make_norm, rope_cos_sin
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(DerivedSizes):
     layers: int
     hidden: int
     heads: int
@@ -32,18 +32,6 @@ class LlamaConfig:
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     attention: str = "flash"   # flash | eager
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.kv_heads or self.heads
-
-    @property
-    def d_head(self) -> int:
-        return self.head_dim or self.hidden // self.heads
-
-    @property
-    def d_ffn(self) -> int:
-        return self.ffn or 4 * self.hidden
 
 
 class Block(nn.Module):

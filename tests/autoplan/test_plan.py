@@ -83,3 +83,11 @@ def test_dualpipev_needs_two_microbatches_per_stage_and_says_what_batch_would_do
     with pytest.raises(UserError) as err:
         _validate(plan, global_batch=2048, **args)                  # 16 < 32
     assert "16" in err.value.problem and "4096" in err.value.fix
+
+
+def test_stage_placement_loop_and_v():
+    interleaved = Plan.parse("pp=4,vpp=2,schedule=interleaved")
+    assert [interleaved.stages_of_rank(r) for r in range(4)] == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    zbv = Plan.parse("pp=4,schedule=zbv")
+    assert [zbv.stages_of_rank(r) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    assert Plan.parse("pp=4").stages_of_rank(2) == (2,)

@@ -6,7 +6,7 @@ from torch.distributed.tensor import Replicate
 
 from autoplan import zoo
 from autoplan.apply.layout import probe
-from autoplan.apply.pipeline import StageModule, cut_stage, stage_bounds, stage_ids
+from autoplan.apply.pipeline import StageModule, cut_stage, stage_bounds
 from autoplan.plan import Plan
 from autoplan.zoo.spec import parse_spec
 
@@ -30,14 +30,6 @@ def _stages(spec, plan):
 def test_stage_bounds_follow_plan_layers():
     assert stage_bounds(Plan.parse("pp=2,layers=1-3"), 4) == [(0, 1), (1, 4)]
     assert stage_bounds(Plan.parse("pp=2,vpp=2,schedule=interleaved"), 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-
-
-def test_stage_placement_loop_and_v():
-    interleaved = Plan.parse("pp=4,vpp=2,schedule=interleaved")
-    assert [stage_ids(interleaved, r) for r in range(4)] == [(0, 4), (1, 5), (2, 6), (3, 7)]
-    zbv = Plan.parse("pp=4,schedule=zbv")
-    assert [stage_ids(zbv, r) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
-    assert stage_ids(Plan.parse("pp=4"), 2) == (2,)
 
 
 def test_chained_stages_compute_the_whole_model_and_its_gradients():
