@@ -9,35 +9,18 @@ the layout axes are tp, cp, ep, dp' and pp with ``dp' = dp / ep``, so
 * the group of an axis set holds the ranks that differ from a given rank only in
   those axes.
 
-Groups used by the cost model and the exporters:
-
-==============  ====================  ======================================
-group           axes                  what runs on it
-==============  ====================  ======================================
-tp              tp                    TP/SP all-reduce, reduce-scatter, all-gather
-cp              cp                    ring P2P / Ulysses all-to-all
-ep              ep                    MoE token dispatch/combine all-to-all
-pp              pp                    stage-to-stage P2P
-dense dp        cp, ep, dp            gradients of non-expert parameters
-expert dp       cp, dp                gradients of expert parameters
-==============  ====================  ======================================
+Groups are named by ``autoplan.axes``: one per axis, plus ``DENSE_DP`` (cp, ep, dp: gradients
+of non-expert parameters) and ``EXPERT_DP`` (cp, dp: gradients of expert parameters).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
+from typing import Sequence
 
+from autoplan.axes import GROUP_AXES
 from autoplan.plan import Plan
-
-GROUP_AXES = {
-    "tp": ("tp",),
-    "cp": ("cp",),
-    "ep": ("ep",),
-    "pp": ("pp",),
-    "dp": ("cp", "ep", "dp"),
-    "edp": ("cp", "dp"),
-}
 
 
 @dataclass(frozen=True)
@@ -75,11 +58,11 @@ class Mesh:
         return sum(coords.get(a, 0) * self.stride(a) for a, _ in self.sizes)
 
     def group(self, name: str, rank: int = 0) -> tuple[int, ...]:
-        """Ranks of group ``name`` (see GROUP_AXES) that contains ``rank``."""
+        """Ranks of group ``name`` (an axis or a composite group of ``autoplan.axes``) holding ``rank``."""
         return _group(self, name, rank)
 
     def _group(self, name: str, rank: int) -> tuple[int, ...]:
-        axes = GROUP_AXES.get(name, (name,))
+        axes = GROUP_AXES[name]
         base = self.coords(rank)
         ranks = [0]
         for a in axes:
@@ -105,3 +88,15 @@ class Mesh:
 @lru_cache(maxsize=4096)
 def _group(mesh: Mesh, name: str, rank: int) -> tuple[int, ...]:
     return mesh._group(name, rank)
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """A group's ranks in a few characters: "0…15" (consecutive), "0, 64, …, 960" (strided)."""
+    ranks = list(ranks)
+    if len(ranks) == 1:
+        return str(ranks[0])
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}…{ranks[-1]}"
+    if len(ranks) <= 4:
+        return ", ".join(map(str, ranks))
+    return f"{ranks[0]}, {ranks[1]}, …, {ranks[-1]}"

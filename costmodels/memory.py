@@ -12,7 +12,7 @@ optimizer  12 (fp32 master, m, v) zero ≥ 1 (distributed optimizer)
 =========  =====================  ==================================================
 
 Activations come from the traced graph (bytes saved for backward per micro-batch, see
-``autoplan.search.sharding``) times the micro-batches a pipeline rank holds in flight
+``autoplan.sharding``) times the micro-batches a pipeline rank holds in flight
 (``costmodels.pipeline``).  ``korthikanti_layer_bytes`` gives the published per-layer
 formulas (Korthikanti et al. 2022, Table 2) that the traced numbers are tested against.
 """

@@ -78,7 +78,7 @@ def quality() -> list[dict]:
     from autoplan.baselines.common import price
     from autoplan.commands.clusters import load_cluster
     from autoplan.errors import UserError
-    from autoplan.estimate import Estimator
+    from autoplan.cost import Estimator
     from autoplan.frontend import trace
     from autoplan.search import SearchOptions, search
 

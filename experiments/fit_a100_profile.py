@@ -21,7 +21,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import validate_published as vp  # noqa: E402
-from autoplan.estimate import EstimateOptions  # noqa: E402
+from autoplan.cost import EstimateOptions  # noqa: E402
 from costmodels.compute import PROFILE_DIR  # noqa: E402
 
 

@@ -33,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from autoplan.estimate import EstimateOptions, Estimator  # noqa: E402
+from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
 from autoplan.frontend import trace  # noqa: E402
 from autoplan.plan import Plan  # noqa: E402
 from autoplan.errors import UserError  # noqa: E402

@@ -27,6 +27,7 @@ from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
 from autoplan.apply.layout import ModelLayout, probe
 from autoplan.apply.tensor_parallel import PlacementsArg
 from autoplan.errors import UserError
+from autoplan.axes import DENSE_DP
 from autoplan.mesh import Mesh
 from autoplan.plan import V_SCHEDULES, Plan
 
@@ -306,7 +307,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     tied = tuple(sorted(layout.pre & layout.post))
     tied_group = _tied_group(plan, rank) if tied and plan.pp > 1 else None
     dp_group = mesh["dp"].get_group() if plan.dp > 1 else None
-    dp_ranks = Mesh.of(plan).group("dp", rank)
+    dp_ranks = Mesh.of(plan).group(DENSE_DP, rank)
     return ParallelModel(plan=plan, mesh=mesh, layout=layout, stages=stages, schedule=schedule,
                          loss_fn=loss_fn, microbatches=microbatches, coords=coords, tied=tied,
                          vocab_parallel_loss=vocab_parallel,

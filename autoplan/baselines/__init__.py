@@ -21,7 +21,7 @@ from autoplan.plan import Plan
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:
-    from autoplan.estimate import Estimator
+    from autoplan.cost import Estimator
 
 RECIPES = {m.NAME: m.recipe for m in (megatron, megascale, llama3, fsdp, deepseek)}
 """Recipe name → ``recipe(model, cluster, *, seq, global_batch, estimator) -> Plan``."""

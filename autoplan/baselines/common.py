@@ -18,7 +18,7 @@ from autoplan.plan import Plan
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:   # the cost model is only called, never needed to import a recipe
-    from autoplan.estimate import Estimate, Estimator
+    from autoplan.cost import Estimate, Estimator
 
 MAX_VPP = 4
 """Megatron users' habit: at most 4 model chunks per pipeline rank (more chunks cut the

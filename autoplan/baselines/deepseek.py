@@ -24,7 +24,7 @@ from autoplan.plan import Plan
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:
-    from autoplan.estimate import Estimator
+    from autoplan.cost import Estimator
 
 NAME = "deepseek"
 SUMMARY = "MoE: PP 16 with DualPipeV, 64-way EP across nodes, TP 1, ZeRO-1"

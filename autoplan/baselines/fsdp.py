@@ -20,7 +20,7 @@ from autoplan.plan import Plan
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:
-    from autoplan.estimate import Estimator
+    from autoplan.cost import Estimator
 
 NAME = "fsdp"
 SUMMARY = "ZeRO-3 over all GPUs (no TP/PP/CP), least recomputation and largest micro-batch that fit"

@@ -28,7 +28,7 @@ from autoplan.plan import Plan
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:
-    from autoplan.estimate import Estimator
+    from autoplan.cost import Estimator
 
 NAME = "llama3"
 SUMMARY = "TP 8, CP seq/8K when seq ≥ 32K, smallest PP ≤ 16 that fits, FSDP (ZeRO-2) DP outermost"

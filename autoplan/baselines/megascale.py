@@ -21,7 +21,7 @@ from autoplan.plan import Plan
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:
-    from autoplan.estimate import Estimator
+    from autoplan.cost import Estimator
 
 NAME = "megascale"
 SUMMARY = "TP 8 in NVLink, PP across IB, DP outermost (order tp-cp-ep-pp-dp), ZeRO-1, interleaved, selective"

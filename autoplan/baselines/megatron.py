@@ -27,7 +27,7 @@ from autoplan.plan import Plan
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:
-    from autoplan.estimate import Estimator
+    from autoplan.cost import Estimator
 
 NAME = "megatron"
 SUMMARY = "TP = NVLink domain, SP, smallest PP that fits, DP rest, interleaved 1F1B, selective recompute, ZeRO-1"

@@ -39,7 +39,7 @@ from autoplan.bench.grid import respects_nvlink, search_grid
 from autoplan.bench.suite import Case
 from autoplan.commands.clusters import load_cluster
 from autoplan.errors import UserError
-from autoplan.estimate import Estimate, Estimator
+from autoplan.cost import Estimate, Estimator
 from autoplan.frontend import trace
 from autoplan.plan import Plan
 from autoplan.search import SearchOptions

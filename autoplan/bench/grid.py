@@ -28,7 +28,7 @@ from typing import Iterator
 
 from autoplan.baselines.common import divisors, ep_degree
 from autoplan.errors import UserError
-from autoplan.estimate import Estimate, Estimator
+from autoplan.cost import Estimate, Estimator
 from autoplan.plan import DEFAULT_ORDER, RECOMPUTE, Plan
 from topologies.cluster import Cluster
 

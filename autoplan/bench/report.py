@@ -17,7 +17,7 @@ import os
 from statistics import median
 
 from autoplan.bench.case import CONTENDERS
-from autoplan.estimate import rounded
+from autoplan.cost import rounded
 from autoplan.plan import Plan
 
 CSV_COLUMNS = ("case", "group", "model", "cluster", "gpus", "seq", "global_batch", "tokens_per_step",

@@ -24,7 +24,7 @@ from autoplan.bench.plots import write_plots
 from autoplan.bench.report import markdown, results_csv, results_json, write_section
 from autoplan.bench.suite import Case
 from autoplan.errors import UserError
-from autoplan.estimate import rounded
+from autoplan.cost import rounded
 
 
 def run_suite(cases: tuple[Case, ...], out_dir: str, *, suite: str, all_cases: tuple[Case, ...], command: str,

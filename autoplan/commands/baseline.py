@@ -51,7 +51,7 @@ def prepare(model: str, cluster, seq: int, global_batch: int):
     """(BlockGraph traced at ``seq``, Cluster, Estimator); ``cluster`` is a Cluster or a name.
     UserError on bad input."""
     from autoplan.commands.clusters import load_cluster
-    from autoplan.estimate import Estimator
+    from autoplan.cost import Estimator
     from autoplan.frontend import trace
 
     if global_batch < 1:

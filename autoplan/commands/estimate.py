@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.baselines.common import price
     from autoplan.commands.baseline import prepare, print_estimate, wide_console
     from autoplan.commands.clusters import load_cluster
-    from autoplan.estimate import EstimateOptions, Estimator
+    from autoplan.cost import EstimateOptions, Estimator
     from autoplan.export.load import load_plan
 
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace

@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.commands.baseline import prepare, wide_console
     from autoplan.commands.clusters import load_cluster
-    from autoplan.estimate import rounded
+    from autoplan.cost import rounded
     from autoplan.search import SearchOptions, search
 
     if args.top < 1:
@@ -87,7 +87,7 @@ def _print(console, graph, cluster, args, result) -> None:
 
 
 def _write_report(args, graph, cluster, result) -> None:
-    from autoplan.estimate import EstimateOptions, Estimator
+    from autoplan.cost import EstimateOptions, Estimator
     from autoplan.explain.report import render_report
 
     estimator = Estimator(graph, cluster, EstimateOptions(profile=args.profile))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from autoplan.estimate import Estimate, Primitive, rounded
+from autoplan.cost import Estimate, Primitive, rounded
 from autoplan.explain import rules
 from autoplan.explain.rules import Verdict
 from autoplan.explain.units import percent, seconds

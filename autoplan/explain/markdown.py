@@ -2,7 +2,7 @@
 primitive class, rule verdicts with evidence, and the attention note."""
 from __future__ import annotations
 
-from autoplan.estimate import Estimate
+from autoplan.cost import Estimate
 from autoplan.explain.audit import Audit, Side, shown
 from autoplan.explain.rules import Verdict
 from autoplan.explain.units import AXIS_NAMES, KIND_NAMES, count, percent, seconds, signed_seconds, size

@@ -18,7 +18,7 @@ from html import escape
 from typing import Sequence
 
 import autoplan
-from autoplan.estimate import Estimate, Estimator
+from autoplan.cost import Estimate, Estimator
 from autoplan.explain.audit import Audit, Side, audit, shown
 from autoplan.explain.rules import Verdict
 from autoplan.explain.svg import (gantt_svg, group_caption, map_window, memory_bars_svg, mesh_map_svg,

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.estimate import Estimate
+from autoplan.cost import Estimate
 from autoplan.explain.units import percent, ranks_text, seconds, size
 from autoplan.ir import BlockGraph
+from autoplan.axes import DENSE_DP
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from topologies.cluster import LEVELS, Cluster
@@ -148,7 +149,7 @@ def pp_p2p(cluster: Cluster, plan: Plan, est: Estimate, mesh: Mesh) -> Verdict:
 
 def dp_outermost(cluster: Cluster, plan: Plan, est: Estimate, mesh: Mesh) -> Verdict:
     """DP outermost: the once-per-step gradient traffic takes the slowest links."""
-    dp_group = mesh.group("dp")
+    dp_group = mesh.group(DENSE_DP)
     if len(dp_group) == 1:
         return Verdict("dp-outermost", "pass", "no data parallelism: nothing to place")
     sizes = dict(mesh.sizes)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from autoplan.mesh import ranks_text  # noqa: F401  (re-exported for the explainer)
+
 
 def seconds(s: float) -> str:
     """Seconds as "1.234 s", "12.3 ms" or "45 µs"."""
@@ -37,18 +39,6 @@ def percent(x: float) -> str:
 
 def count(n: float) -> str:
     return f"{n:,.0f}"
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """A group's ranks in a few characters: "0…15" (consecutive), "0, 64, …, 960" (strided)."""
-    ranks = list(ranks)
-    if len(ranks) == 1:
-        return str(ranks[0])
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}…{ranks[-1]}"
-    if len(ranks) <= 4:
-        return ", ".join(map(str, ranks))
-    return f"{ranks[0]}, {ranks[1]}, …, {ranks[-1]}"
 
 
 AXIS_NAMES = {"tp": "TP", "sp": "SP", "cp": "CP", "ep": "EP", "pp": "PP", "dp": "DP", "embed": "embedding"}

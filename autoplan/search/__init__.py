@@ -3,22 +3,11 @@
     from autoplan.search import search, SearchOptions
     result = search(model, cluster, global_batch=1536, options=SearchOptions(top_k=5))
 
-Modules: ``ilp`` (the sharding ILP and its two backends), ``placements`` and ``sharding``
-(one block's operator sharding on the tp axis), ``space`` (meshes under the hard rules),
-``stages`` (micro-batch, schedule, cuts, recompute per mesh), ``driver`` (best-first mesh
-search with bounds and worker processes).  Names are loaded lazily so that the cost model
-can use ``sharding`` without importing the driver.
+Modules: ``space`` (meshes under the hard rules of ``autoplan.rules``), ``stages`` (micro-batch,
+schedule, cuts, recompute per mesh), ``driver`` (best-first mesh search with bounds and worker
+processes).  The search calls the cost model (``autoplan.cost``), which calls the block ILP
+(``autoplan.sharding``); nothing below imports the search.
 """
-from __future__ import annotations
+from autoplan.search.driver import Candidate, IlpRecord, SearchOptions, SearchResult, SearchStats, lower_bound, search
 
-_DRIVER_NAMES = ("search", "SearchOptions", "SearchResult", "SearchStats", "Candidate", "IlpRecord", "lower_bound")
-
-
-def __getattr__(name: str):
-    if name in _DRIVER_NAMES:
-        from autoplan.search import driver
-        return getattr(driver, name)
-    raise AttributeError(f"module 'autoplan.search' has no attribute {name!r}")
-
-
-__all__ = list(_DRIVER_NAMES)
+__all__ = ["Candidate", "IlpRecord", "SearchOptions", "SearchResult", "SearchStats", "lower_bound", "search"]

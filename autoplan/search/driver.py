@@ -28,10 +28,11 @@ import time
 from dataclasses import dataclass, field
 
 from autoplan.errors import UserError
-from autoplan.estimate import Estimate, EstimateOptions, Estimator
+from autoplan.cost import Estimate, EstimateOptions, Estimator
+from autoplan.cost.bounds import states_lower_bound, step_lower_bound
 from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
-from autoplan.mesh import Mesh
+from costmodels.memory import GIB
 from autoplan.plan import SCHEDULES, Plan
 from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
 from autoplan.search.stages import MeshResult, best_plan
@@ -117,7 +118,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
     pruned_memory = 0
     for mesh in meshes:
         lb, states_gib = lower_bound(est, mesh, global_batch, options.mbs)
-        if states_gib > cluster.gpu.hbm_bytes / 1024 ** 3:
+        if states_gib > cluster.gpu.hbm_bytes / GIB:
             pruned_memory += 1
             continue
         bounded.append((lb, _mesh_sort_key(mesh), mesh))
@@ -128,8 +129,8 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
     ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
     candidates = tuple(Candidate(r.plan, r.estimate) for r in ranked[:options.top_k])
     ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status)
-                 for k, a in sorted(est._assignments.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
-                                                                              str(kv[0][3]))))
+                 for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
+                                                                                     str(kv[0][3]))))
     stats = SearchStats(space_stats, pruned_memory, pruned_bound, evaluated, priced,
                         time.perf_counter() - start, ilps)
     return SearchResult(candidates, stats, max((i.gap for i in ilps), default=0.0))
@@ -150,11 +151,7 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice]) -> None:
             continue
         seen.add(key)
         plan = mesh.plan(mbs=1, cp=1, schedule="1f1b", vpp=1, recompute=("none",))
-        plan = plan.replace(dp=plan.dp * mesh.cp)
-        m = Mesh.of(plan)
-        for kind, graph in [(b.kind, b.graph) for b in est.model.blocks] + [("@pre", est.model.pre),
-                                                                          ("@post", est.model.post)]:
-            est.sharding(kind, graph, plan, "none", m.group("tp"))
+        est.solve_layouts(plan.replace(dp=plan.dp * mesh.cp))
 
 
 def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> tuple[float, float]:
@@ -167,8 +164,8 @@ def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices
         if (global_batch // mesh.dp) % mbs:
             continue
         plan = mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",))
-        best = min(best, est.lower_bound(plan, global_batch))
-        states = est.state_bytes_lower_bound(plan) / 1024 ** 3
+        best = min(best, step_lower_bound(est, plan, global_batch))
+        states = states_lower_bound(est, plan) / GIB
     return best, states
 
 
@@ -368,10 +365,10 @@ def _progress(enabled: bool, total: int):
 
 
 def _no_fit_message(est: Estimator, meshes, shortfall: float) -> str:
-    hbm = est.cluster.gpu.hbm_bytes / 1024 ** 3
+    hbm = est.cluster.gpu.hbm_bytes / GIB
     if shortfall == float("inf"):
-        best_states = min(est.state_bytes_lower_bound(m.plan(mbs=1, schedule="1f1b", vpp=1, recompute=("full",)))
-                          for m in meshes) / 1024 ** 3
+        best_states = min(states_lower_bound(est, m.plan(mbs=1, schedule="1f1b", vpp=1, recompute=("full",)))
+                          for m in meshes) / GIB
         shortfall = best_states - hbm
     return (f"{est.model.model.name} fits no plan on {est.cluster.name}: the closest plan needs "
             f"{shortfall:.1f} GiB more than the {hbm:.1f} GiB of HBM per GPU")

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autoplan.errors import UserError
-from autoplan.estimate import Estimate, Estimator
+from autoplan.cost import Estimate, Estimator
+from autoplan.cost.bounds import step_lower_bound
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
+from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
-GIB = 1024 ** 3
+
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,8 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
     shortfall = float("inf")
     evaluated = 0
     local_batch = global_batch // mesh.dp
-    bounded = sorted((est.lower_bound(mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",)),
-                                      global_batch), mbs) for mbs in mbs_choices if local_batch % mbs == 0)
+    bounded = sorted((step_lower_bound(est, mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",)),
+                                            global_batch), mbs) for mbs in mbs_choices if local_batch % mbs == 0)
     skipped = 0
     limited = False
     for lb, mbs in bounded:

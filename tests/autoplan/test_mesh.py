@@ -1,4 +1,5 @@
 """Rank layout of plans onto the hardware order."""
+from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 
@@ -23,7 +24,8 @@ def test_ep_is_carved_out_of_dp():
     plan = Plan.parse("tp=2,ep=4,dp=8,order=tp-cp-ep-dp-pp", num_gpus=16)
     mesh = Mesh.of(plan)
     assert mesh.group("ep", 0) == (0, 2, 4, 6)
-    assert mesh.group("dp", 0) == (0, 2, 4, 6, 8, 10, 12, 14)      # dense gradients: all dp ranks
-    assert mesh.group("edp", 0) == (0, 8)                           # expert gradients: dp/ep ranks
+    assert mesh.group(DENSE_DP, 0) == (0, 2, 4, 6, 8, 10, 12, 14)   # dense gradients: all dp ranks
+    assert mesh.group(EXPERT_DP, 0) == (0, 8)                        # expert gradients: dp/ep ranks
+    assert mesh.group("dp", 0) == (0, 8)                             # the dp axis: dp/ep ranks
     for r in range(16):
         assert mesh.rank(mesh.coords(r)) == r

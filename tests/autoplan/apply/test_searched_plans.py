@@ -14,7 +14,7 @@ from autoplan.apply.parallel import check_supported
 from autoplan.apply.train import RunConfig
 from autoplan.apply.verify import verify
 from autoplan.errors import UserError
-from autoplan.estimate import Estimator
+from autoplan.cost import Estimator
 from autoplan.frontend import trace
 from autoplan.mesh import Mesh
 from autoplan.search import SearchOptions, search
@@ -46,8 +46,8 @@ def searched(model_spec: str) -> list[tuple[str, dict]]:
             if want(c.plan) and c.plan.to_string() not in seen:
                 seen.add(c.plan.to_string())
                 block = model.blocks[0]
-                layout = est.sharding(block.kind, block.graph, c.plan, c.plan.recompute_of_stage(0),
-                                      Mesh.of(c.plan).group("tp")).param_placements
+                layout = est.layouts.sharding(block.kind, block.graph, c.plan, c.plan.recompute_of_stage(0),
+                                              Mesh.of(c.plan)).param_placements
                 picks.append((c.plan.to_string(), layout))
                 break
     return picks

@@ -14,7 +14,7 @@ import pytest
 
 import topologies
 from autoplan.errors import UserError
-from autoplan.estimate import Estimator
+from autoplan.cost import Estimator
 from autoplan.frontend import trace
 from autoplan.plan import RECOMPUTE
 from autoplan.search import SearchOptions, search

@@ -1,4 +1,4 @@
-"""Traced blocks and cost contexts shared by the search tests (tracing is the slow part)."""
+"""Traced blocks and sharding contexts shared by the block-ILP tests (tracing is the slow part)."""
 from __future__ import annotations
 
 import pytest
@@ -9,21 +9,32 @@ from costmodels import compute
 from costmodels.collectives import collective_time
 
 
+class FirstRanksPricer:
+    """A ``sharding.Pricer`` written from the cost formulas directly: ops by the roofline of
+    ``costmodels.compute``, tp collectives by ``costmodels.collectives`` on ranks 0…tp−1."""
+
+    def __init__(self, cluster, tp: int):
+        self.cluster, self.span = cluster, cluster.span(range(tp))
+        self.profile = compute.load_profile(cluster.gpu.name)
+
+    def op_seconds(self, kind, flops, nbytes, gemm):
+        gpu = self.cluster.gpu
+        return compute.op_time(kind, flops, nbytes, peak_flops=gpu.bf16_flops, hbm_bw=gpu.hbm_bw,
+                               profile=self.profile, gemm=gemm)
+
+    def collective_seconds(self, kind, nbytes, axis):
+        assert axis == "tp", "the block ILP prices collectives on the tp axis only"
+        return collective_time(kind, nbytes, self.span, self.cluster)
+
+
 def context_factory(cluster_name: str):
     """A ShardingContext builder pricing ops and tp collectives on ``cluster_name``'s first tp ranks."""
-    from autoplan.search.sharding import ShardingContext
+    from autoplan.sharding import ShardingContext
 
     cluster = topologies.load(cluster_name)
-    profile = compute.load_profile(cluster.gpu.name)
-
-    def op_seconds(kind, flops, nbytes, gemm):
-        return compute.op_time(kind, flops, nbytes, peak_flops=cluster.gpu.bf16_flops, hbm_bw=cluster.gpu.hbm_bw,
-                               profile=profile, gemm=gemm)
 
     def make(tp, sp, **kw):
-        span = cluster.span(range(tp))
-        return ShardingContext(tp=tp, sp=sp, op_seconds=op_seconds,
-                               tp_seconds=lambda kind, nbytes: collective_time(kind, nbytes, span, cluster), **kw)
+        return ShardingContext(tp=tp, sp=sp, pricer=FirstRanksPricer(cluster, tp), **kw)
     return make
 
 

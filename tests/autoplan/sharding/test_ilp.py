@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from autoplan.search.ilp import IlpNode, IlpProblem, IlpTensor, IlpInfeasible, evaluate, solve
+from autoplan.sharding.ilp import IlpNode, IlpProblem, IlpTensor, IlpInfeasible, evaluate, solve
 
 
 def random_problem(seed: int, nodes: int = 5, strategies: int = 3, placements: int = 3,

@@ -1,0 +1,85 @@
+"""The memoised prices every per-parallelism pricer shares: op seconds, collective seconds, the pipeline simulator.
+
+``Comms`` answers three questions for one cluster and compute profile, each memoised because the
+search asks them many thousands of times:
+
+* ``op_seconds(kind, flops, bytes, gemm)``: one local op on one GPU (``costmodels.compute`` roofline);
+* ``collective(kind, nbytes, ranks)``: one collective on a rank group (``costmodels.collectives``
+  α–β model on the group's span of the hardware, ``topologies.Cluster.span``);
+* ``simulate(...)``: the pipeline event simulator (``costmodels.pipeline``).
+
+``AxisPricer`` binds a ``Comms`` to one plan's mesh: it is the ``sharding.Pricer`` the block
+ILP prices with ("collective seconds on the tp axis").
+"""
+from __future__ import annotations
+
+from autoplan.axes import Axis
+from autoplan.errors import UserError
+from autoplan.mesh import Mesh
+from costmodels import compute
+from costmodels.collectives import collective_time
+from costmodels.pipeline import simulate
+from topologies.cluster import Cluster
+
+SIMULATION_CACHE_LIMIT = 20_000   # simulator results kept (a few MB); the cache is cleared past it
+
+
+class Comms:
+    def __init__(self, cluster: Cluster, profile_path: str | None = None):
+        self.cluster = cluster
+        try:
+            self.profile = compute.load_profile(cluster.gpu.name, profile_path)
+        except (ValueError, OSError) as e:
+            raise UserError(str(e), "pass --profile PATH to a compute profile YAML") from None
+        self._spans: dict[tuple, object] = {}
+        self._colls: dict[tuple, float] = {}
+        self._sims: dict[tuple, object] = {}
+
+    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: tuple | None) -> float:
+        gpu = self.cluster.gpu
+        return compute.op_time(kind, flops, nbytes, peak_flops=gpu.bf16_flops, hbm_bw=gpu.hbm_bw,
+                               profile=self.profile, gemm=gemm)
+
+    def span(self, ranks):
+        key = tuple(ranks)
+        span = self._spans.get(key)
+        if span is None:
+            span = self._spans[key] = self.cluster.span(key)
+        return span
+
+    def collective(self, kind: str, nbytes: float, ranks) -> float:
+        """Seconds of one collective on the group ``ranks``."""
+        if len(ranks) <= 1 or nbytes <= 0:
+            return 0.0
+        key = (kind, nbytes, tuple(ranks))
+        hit = self._colls.get(key)
+        if hit is None:
+            hit = self._colls[key] = collective_time(kind, nbytes, self.span(ranks), self.cluster)
+        return hit
+
+    def simulate(self, schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm=None, b_comm=None):
+        """The pipeline simulator, memoised on its inputs (plans that differ only in ZeRO stage or
+        data-parallel layout share their pipeline)."""
+        key = (schedule, pp, m, vpp, tuple(f), tuple(b), tuple(w), p2p,
+               tuple(f_comm) if f_comm is not None else None, tuple(b_comm) if b_comm is not None else None)
+        hit = self._sims.get(key)
+        if hit is None:
+            hit = self._sims[key] = simulate(schedule, stages=pp, microbatches=m, chunks=vpp, f=f, b=b, w=w,
+                                             p2p=p2p, f_comm=f_comm, b_comm=b_comm)
+            if len(self._sims) > SIMULATION_CACHE_LIMIT:
+                self._sims.clear()
+        return hit
+
+
+class AxisPricer:
+    """``sharding.Pricer`` on one mesh: collectives on the group of a named axis holding rank 0."""
+
+    def __init__(self, comms: Comms, mesh: Mesh):
+        self._comms = comms
+        self._mesh = mesh
+
+    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: tuple | None) -> float:
+        return self._comms.op_seconds(kind, flops, nbytes, gemm)
+
+    def collective_seconds(self, kind: str, nbytes: float, axis: Axis) -> float:
+        return self._comms.collective(kind, nbytes, self._mesh.group(Axis(axis).value))

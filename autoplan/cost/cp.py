@@ -1,0 +1,98 @@
+"""Context parallelism: attention's sequence split over the cp axis, ring, Ulysses or both (USP).
+
+Per micro-batch and GPU, for a block with attention (bf16 activations; s = sequence, b = mbs,
+a_kv = KV heads, d = head dim, h = hidden, n = cp):
+
+* **ring** (Liu et al. 2023, Megatron-Core ``--context-parallel-size``): each of the n−1 hops
+  passes this rank's K and V chunk, ``2·b·(s/n)·a_kv·d·2/tp`` bytes, P2P to the next rank;
+  forward n−1 hops, backward 2·(n−1) (K/V again and their gradients).  Hops overlap the
+  attention kernels: exposed = max(0, hops − attention).
+* **Ulysses** (Jacobs et al. 2023): q, k, v and the output are re-sharded heads↔sequence with
+  one all-to-all each (4 per pass, ``b·(s/n)·h·2/tp`` bytes per rank), on the critical path.
+* **USP** (Fang & Zhao 2024): Ulysses inside the NVLink domain (as far as the domain allows),
+  ring across it, the ring passing Ulysses-sized chunks.
+
+Attention's forward is 1/``ATTENTION_TIME_OVER_FORWARD`` of its forward+backward time: flash
+attention's backward does 2.5× the forward's matmul work (Dao 2023, §3.1: 5 GEMMs vs 2) at
+higher efficiency, about twice the forward's time, so forward + backward ≈ 3 × forward.
+"""
+from __future__ import annotations
+
+from autoplan.axes import Axis
+from autoplan.cost.comms import Comms
+from autoplan.cost.types import AxisCost, Comm
+from autoplan.ir import ModelInfo, OpGraph
+from autoplan.mesh import Mesh
+from autoplan.opkinds import has_attention, is_attention_core, op_kind
+from autoplan.plan import Plan
+
+ATTENTION_TIME_OVER_FORWARD = 3.0
+ACTIVATION_BYTES = 2                    # bf16
+ULYSSES_ALL_TO_ALLS = 4                 # q, k, v and the output, per pass
+
+
+def attention_seconds(comms: Comms, graph: OpGraph, plan: Plan) -> float:
+    """Compute seconds of the attention core (kernels and s×s score ops), per micro-batch, per GPU."""
+    total = 0.0
+    for n in graph.ops():
+        if is_attention_core(n):
+            gemm = None
+            if n.gemm:
+                m, nn, k = n.gemm
+                gemm = (m * plan.mbs / plan.cp, nn, k)
+            total += comms.op_seconds(op_kind(n), n.flops * plan.mbs / plan.cp / plan.tp,
+                                      (n.bytes_read + n.bytes_written) * plan.mbs / plan.cp / plan.tp, gemm)
+    return total
+
+
+def ulysses_and_ring(plan: Plan, mesh: Mesh, nvlink_domain: int) -> tuple[int, int]:
+    """(Ulysses degree, ring degree) of the cp axis: USP keeps its Ulysses part inside the NVLink
+    domain, the largest divisor of cp that fits beside the tp ranks (and the axes between)."""
+    if plan.cp_algo == "ulysses":
+        return plan.cp, 1
+    if plan.cp_algo == "ring":
+        return 1, plan.cp
+    inner = max(1, min(plan.cp, nvlink_domain // (plan.tp * _stride_inner(mesh, "cp"))))
+    while plan.cp % inner:
+        inner -= 1
+    return inner, plan.cp // inner
+
+
+def _stride_inner(mesh: Mesh, axis: str) -> int:
+    """Product of the sizes of the axes between tp and ``axis`` (1 when adjacent)."""
+    return max(1, mesh.stride(axis) // max(mesh.stride("tp") * mesh.size("tp"), 1))
+
+
+def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpGraph, plan: Plan, mesh: Mesh,
+            attention_s: float) -> AxisCost:
+    """Exposed forward/backward seconds of context parallelism for one graph, and its collectives."""
+    if plan.cp == 1 or not has_attention(graph):
+        return AxisCost()
+    cp_ranks = mesh.group(Axis.CP.value)
+    kv_heads = info.kv_heads or info.heads
+    head_dim = info.head_dim or (hidden // max(info.heads, 1))
+    tokens = plan.mbs * seq_len / plan.cp
+    kv_bytes = 2 * tokens * kv_heads * head_dim * ACTIVATION_BYTES / plan.tp    # K and V chunk
+    qo_bytes = tokens * hidden * ACTIVATION_BYTES / plan.tp                      # one of q/k/v/o, per-rank send
+    att_f = attention_s / ATTENTION_TIME_OVER_FORWARD
+    att_b = attention_s - att_f
+    ulysses_n, ring_n = ulysses_and_ring(plan, mesh, comms.cluster.nvlink_domain)
+    out: list[Comm] = []
+    exp_f = exp_b = 0.0
+    if ulysses_n > 1:
+        t = ULYSSES_ALL_TO_ALLS * comms.collective("all_to_all", qo_bytes, cp_ranks[:ulysses_n])
+        for phase in ("forward", "backward"):
+            out.append(Comm(Axis.CP.value, "all_to_all", qo_bytes, t, t, phase, calls=ULYSSES_ALL_TO_ALLS,
+                            purpose="ulysses"))
+        exp_f += t
+        exp_b += t
+    if ring_n > 1:
+        chunk = kv_bytes * ulysses_n
+        hop = comms.collective("p2p", chunk, cp_ranks[::ulysses_n][:2])
+        fwd, bwd = (ring_n - 1) * hop, 2 * (ring_n - 1) * hop
+        e_f, e_b = max(0.0, fwd - att_f), max(0.0, bwd - att_b)
+        out.append(Comm(Axis.CP.value, "p2p", chunk, fwd, e_f, "forward", calls=ring_n - 1, purpose="ring"))
+        out.append(Comm(Axis.CP.value, "p2p", chunk, bwd, e_b, "backward", calls=2 * (ring_n - 1), purpose="ring"))
+        exp_f += e_f
+        exp_b += e_b
+    return AxisCost(exp_f, exp_b, tuple(out))

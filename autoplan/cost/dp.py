@@ -1,0 +1,84 @@
+"""Data parallelism and ZeRO 0–3: gradient reduction, parameter gathers and the optimizer step.
+
+Gradients are reduced over the dense dp group (cp·ep·dp ranks, ``axes.DENSE_DP``) and the
+expert dp group (cp·dp, ``axes.EXPERT_DP``).  Per pipeline rank holding n parameters, by ZeRO
+stage (bytes: ``GRAD_REDUCE_BYTES`` per gradient, ``PARAM_GATHER_BYTES`` per parameter):
+
+=====  =============================================================  =======================
+zero   collectives per step                                           overlapped with
+=====  =============================================================  =======================
+0      all-reduce of the gradients, once                              the last backward
+1      reduce-scatter of the gradients + all-gather of the updated    last backward /
+       parameters, once (Megatron's distributed optimizer)            first forward
+2      reduce-scatter per micro-batch (sharded gradients cannot       that micro-batch's
+       accumulate whole) + parameter all-gather once                  compute
+3      2 all-gathers (forward, backward) and 1 reduce-scatter per     that micro-batch's
+       micro-batch (FSDP)                                             compute
+=====  =============================================================  =======================
+
+With ``overlap_grad_reduce`` off, every collective is exposed.  The optimizer step is memory
+bound: ``OPTIMIZER_BYTES_PER_PARAM`` bytes of HBM traffic per parameter of the rank's shard.
+"""
+from __future__ import annotations
+
+from autoplan.cost.comms import Comms
+from autoplan.cost.types import DpComm
+from autoplan.plan import Plan
+
+# Adam: read fp32 master, m, v, grad (16 B), write master, m, v (12 B), bf16 param (2 B), rounded up
+OPTIMIZER_BYTES_PER_PARAM = 32.0
+GRAD_REDUCE_BYTES = 4.0            # gradients reduced in fp32 (Megatron's default main grads, FSDP reduce_dtype fp32)
+PARAM_GATHER_BYTES = 2.0           # parameters gathered in bf16
+PER_MICROBATCH = ("grad_mb", "zero3")
+
+
+def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, edp_ranks, m: int) -> list[DpComm]:
+    """Data-parallel collectives of one pipeline rank holding ``dense`` + ``expert`` parameters."""
+    out: list[DpComm] = []
+    for numel, ranks in ((dense, dp_ranks), (expert, edp_ranks)):
+        if numel == 0 or len(ranks) <= 1:
+            continue
+        grads = numel * GRAD_REDUCE_BYTES
+        params = numel * PARAM_GATHER_BYTES
+        if plan.zero == 0:
+            out.append(DpComm("all_reduce", grads, 1, comms.collective("all_reduce", grads, ranks), ranks, "grad"))
+        elif plan.zero == 1:
+            out.append(DpComm("reduce_scatter", grads, 1, comms.collective("reduce_scatter", grads, ranks), ranks, "grad"))
+            out.append(DpComm("all_gather", params, 1, comms.collective("all_gather", params, ranks), ranks, "param"))
+        elif plan.zero == 2:
+            t_rs = comms.collective("reduce_scatter", grads, ranks)
+            out.append(DpComm("reduce_scatter", grads, m, m * t_rs, ranks, "grad_mb"))
+            out.append(DpComm("all_gather", params, 1, comms.collective("all_gather", params, ranks), ranks, "param"))
+        else:
+            t_ag = comms.collective("all_gather", params, ranks)
+            t_rs = comms.collective("reduce_scatter", grads, ranks)
+            out.append(DpComm("all_gather", params, 2 * m, 2 * m * t_ag, ranks, "zero3"))
+            out.append(DpComm("reduce_scatter", grads, m, m * t_rs, ranks, "zero3"))
+    return out
+
+
+def per_microbatch_seconds(colls: list[DpComm], m: int) -> float:
+    return sum(c.seconds for c in colls if c.when in PER_MICROBATCH) / m
+
+
+def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: float, first_forward: float) -> float:
+    """Seconds the data-parallel collectives add to the step.
+
+    Per micro-batch traffic (ZeRO-2 gradient reduce-scatter, ZeRO-3 gathers) hides behind that
+    micro-batch's compute (prefetch); once-per-step traffic behind the last backward (gradients)
+    and the first forward (parameter all-gather), as Megatron overlaps them."""
+    if not colls:
+        return 0.0
+    per_mb = per_microbatch_seconds(colls, m)
+    once_grad = sum(c.seconds for c in colls if c.when == "grad")
+    once_param = sum(c.seconds for c in colls if c.when == "param")
+    if not overlap:
+        return m * per_mb + once_grad + once_param
+    exposed = m * max(0.0, per_mb - (first_forward + last_backward))
+    return exposed + max(0.0, once_grad - last_backward) + max(0.0, once_param - first_forward)
+
+
+def optimizer_seconds(comms: Comms, numel: float, plan: Plan, dp_size: int) -> float:
+    """The optimizer step on one GPU: its parameter shard's HBM traffic."""
+    shard = max(dp_size, 1) if plan.zero >= 1 else 1
+    return numel / shard * OPTIMIZER_BYTES_PER_PARAM / (comms.cluster.gpu.hbm_bw * comms.profile.memory_fraction)

@@ -1,0 +1,169 @@
+"""Price any Plan: step time, MFU, memory per GPU, and every collective's placement.
+
+``Estimator`` composes the per-parallelism pricers, one module each: ``tp`` (the block ILP's
+layout), ``cp``, ``ep``, ``pp`` (stage bags → the pipeline simulator), ``dp`` (ZeRO 0–3 and the
+optimizer step) and ``memory``; ``comms`` memoises the prices they share and ``report`` builds
+the primitive table.  How a step is priced (seconds, per GPU):
+
+1. every graph (block kinds, ``@pre``, ``@post``) → a per-micro-batch ``Part`` (``parts``);
+2. virtual stages → F/B/W → the schedule's makespan (``pp``);
+3. per pipeline rank: data-parallel collectives and their exposed share (``dp``), memory (``memory``);
+4. step = makespan + the slowest rank's exposed DP traffic + tied-embedding gradient all-reduce
+   (first and last stage) + optimizer step.
+
+MFU = model FLOPs / (step · GPUs · peak), model FLOPs being the GEMM and attention FLOPs of
+forward + backward (Korthikanti/Megatron: no recompute, full s² attention); HFU adds recomputation.
+"""
+from __future__ import annotations
+
+from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
+from autoplan.cost import dp, memory, pp, report
+from autoplan.cost.comms import Comms
+from autoplan.cost.parts import price_part
+from autoplan.cost.tp import BlockLayouts
+from autoplan.cost.types import Estimate, EstimateOptions, Part
+from autoplan.ir import BlockGraph, OpGraph
+from autoplan.mesh import Mesh
+from autoplan.opkinds import attention_flops
+from autoplan.plan import Plan
+from costmodels.memory import GIB
+from topologies.cluster import Cluster
+
+
+class Estimator:
+    """Prices plans of one model on one cluster; caches block layouts and parts across plans."""
+
+    def __init__(self, model: BlockGraph, cluster: Cluster, options: EstimateOptions = EstimateOptions(),
+                 *, enforce_rules: bool = False):
+        self.model = model
+        self.cluster = cluster
+        self.options = options
+        self.comms = Comms(cluster, options.profile)
+        self.layouts = BlockLayouts(self.comms, options, enforce_rules=enforce_rules)
+        self.info = model.model
+        self.hidden = self.info.hidden or _hidden_of(model)
+        self._parts: dict[tuple, Part] = {}
+        self._attention_flops_per_sample = sum(attention_flops(b.graph) * b.count for b in model.blocks)
+
+    def graph(self, kind: str) -> OpGraph:
+        """The graph of a block kind, or of the part before ("@pre") / after ("@post") the blocks."""
+        return {"@pre": self.model.pre, "@post": self.model.post}.get(kind) or self.model.block(kind).graph
+
+    def part(self, kind: str, plan: Plan, recompute: str, mesh: Mesh) -> Part:
+        """Per-micro-batch cost of one graph under ``plan`` (cached on what it depends on)."""
+        key = (kind, plan.tp, plan.sp, plan.cp, plan.cp_algo, plan.ep, plan.mbs, recompute,
+               mesh.group("tp"), mesh.group("cp"), mesh.group("ep"))
+        hit = self._parts.get(key)
+        if hit is None:
+            hit = self._parts[key] = price_part(self.comms, self.layouts, self.info, self.model.seq_len, self.hidden,
+                                                kind, self.graph(kind), plan, recompute, mesh)
+        return hit
+
+    def layer_work(self, plan: Plan) -> dict:
+        """Per micro-batch F+B+W+exposed seconds of every layer (model order) and of pre/post, no
+        recompute: what the stage-cut DP balances."""
+        mesh = Mesh.of(plan)
+        work = {k: self.part(k, plan, "none", mesh).work_s for k in dict.fromkeys((*self.model.order, "@pre", "@post"))}
+        return {"layers": [work[k] for k in self.model.order], "pre": work["@pre"], "post": work["@post"]}
+
+    def solve_layouts(self, plan: Plan) -> None:
+        """Solve the block ILP of every graph for ``plan``'s tp group (what the search does before forking)."""
+        mesh = Mesh.of(plan)
+        for kind in [b.kind for b in self.model.blocks] + ["@pre", "@post"]:
+            self.layouts.sharding(kind, self.graph(kind), plan, "none", mesh)
+
+    def check(self, plan: Plan, global_batch: int) -> None:
+        info = self.info
+        plan.validate(num_gpus=self.cluster.num_gpus, num_layers=self.model.num_layers, heads=info.heads,
+                      kv_heads=info.kv_heads, experts=info.experts, seq=self.model.seq_len, global_batch=global_batch)
+
+    def counted_parts(self, plan: Plan, mesh: Mesh) -> list[tuple[Part, int]]:
+        """Every graph of the model under ``plan`` (no recompute), with how often it occurs."""
+        kinds = [(b.kind, b.count) for b in self.model.blocks] + [("@pre", 1), ("@post", 1)]
+        return [(self.part(k, plan, "none", mesh), n) for k, n in kinds]
+
+    def estimate(self, plan: Plan, global_batch: int, *, detail: bool = True) -> Estimate:
+        """Price ``plan``.  ``detail=False`` (the search's inner loop) skips what only the report
+        needs: the exposed share of stage-to-stage P2P (a second simulation) and the primitives."""
+        self.check(plan, global_batch)
+        mesh = Mesh.of(plan)
+        m = plan.microbatches(global_batch)
+        bags = pp.stage_bags(plan, self.model.order, self.model.num_layers,
+                             lambda kind, rc: self.part(kind, plan, rc, mesh))
+        pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.seq_len, self.hidden, detail=detail)
+        dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
+        logits = memory.logits_bytes(plan, self.model.seq_len, self.info.vocab or 0)
+        mems = [memory.rank_memory(plan, pipe, r, dense_dp=len(dp_ranks), expert_dp=len(edp_ranks), logits=logits)
+                for r in range(plan.pp)]
+        dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m)
+                    for mem in mems]
+        dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
+                                    last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
+                                    first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]))
+                      for r, c in enumerate(dp_colls)]
+        embed_bytes, embed_s = self._embedding_sync(plan, mesh)
+        optimizer_s = dp.optimizer_seconds(self.comms, max(x.dense_numel + x.expert_numel for x in mems), plan,
+                                           len(dp_ranks))
+        step = pipe.step_s + max(dp_exposed) + embed_s + optimizer_s
+        busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
+        prims = report.primitives(self.comms, plan, mesh, m, pipe, busy, dp_colls[busy], dp_exposed[busy],
+                                  embed_bytes, embed_s) if detail else []
+        return self._assemble(plan, global_batch, m, pipe, mems, prims, busy, step, max(dp_exposed), embed_s,
+                              optimizer_s)
+
+    def _embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
+        """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""
+        if plan.pp == 1 or not (self.info.tied_embeddings and self.info.vocab):
+            return 0.0, 0.0
+        pp_ranks = mesh.group(Axis.PP.value)
+        nbytes = self.info.vocab * self.hidden / plan.tp * dp.GRAD_REDUCE_BYTES
+        return nbytes, self.comms.collective("all_reduce", nbytes, (pp_ranks[0], pp_ranks[-1]))
+
+    def _assemble(self, plan, global_batch, m, pipe, mems, prims, busy, step, dp_exposed, embed_s,
+                  optimizer_s) -> Estimate:
+        """MFU, memory and the breakdown on the busiest rank, into one Estimate."""
+        gpu = self.cluster.gpu
+        mesh = Mesh.of(plan)
+        counts = {b.kind: b.count for b in self.model.blocks}
+        all_flops = sum(self.part(k, plan, "none", mesh).model_flops * n for k, n in counts.items())
+        per_sample = all_flops / plan.mbs + (self.part("@pre", plan, "none", mesh).model_flops
+                                             + self.part("@post", plan, "none", mesh).model_flops) / plan.mbs
+        model_flops = per_sample * global_batch
+        rec_flops = sum(p.recompute_flops * n for bag in pipe.bags for p, n in bag) / plan.mbs * global_batch
+        peak = gpu.bf16_flops * self.cluster.num_gpus
+        totals = [x.total for x in mems]
+        worst = max(range(plan.pp), key=lambda r: totals[r])
+        busy_bags = [pn for c in pipe.rank_chunks[busy] for pn in pipe.bags[c]]
+        block_compute = sum(p.compute_s * n for p, n in busy_bags)
+        attention = sum(p.attention_s * n for p, n in busy_bags)
+        tokens = global_batch * self.model.seq_len
+        return Estimate(
+            plan=plan.to_string(), step_time_s=step, tokens_per_s=tokens / step,
+            tokens_per_s_per_gpu=tokens / step / self.cluster.num_gpus,
+            mfu=model_flops / (step * peak), hfu=(model_flops + rec_flops) / (step * peak),
+            model_flops_per_step=model_flops, memory_gib=totals[worst] / GIB,
+            memory_breakdown_gib={k: v / GIB for k, v in mems[worst].breakdown().items()},
+            fits=totals[worst] <= gpu.hbm_bytes, bubble_fraction=pipe.sim.bubble_fraction,
+            comm_exposed_s=sum(p.exposed_s for p in prims),
+            violations=tuple(report.violations(self.comms, plan, self.info.experts, totals[worst])),
+            primitives=tuple(prims), comm_time_s=sum(p.time_s for p in prims),
+            time_breakdown_s=report.breakdown(prims, compute=m * block_compute, pipe=pipe, rank=busy,
+                                              dp_exposed=dp_exposed, embed_s=embed_s, optimizer_s=optimizer_s),
+            memory_per_stage_gib=tuple(t / GIB for t in totals), hbm_gib=gpu.hbm_bytes / GIB,
+            attention_time_share=attention / block_compute if block_compute else 0.0,
+            attention_flops_share=self._attention_flops_per_sample * plan.mbs / all_flops if all_flops else 0.0,
+            microbatches=m, stage_times_s=tuple(zip(pipe.f, pipe.b, pipe.w)), ilp_gap=self.layouts.max_gap)
+
+
+def estimate(model: BlockGraph, cluster: Cluster, plan: Plan, *, global_batch: int,
+             options: EstimateOptions = EstimateOptions()) -> Estimate:
+    """Price ``plan`` for ``model`` (traced at its sequence length) on ``cluster``."""
+    return Estimator(model, cluster, options).estimate(plan, global_batch)
+
+
+def _hidden_of(model: BlockGraph) -> int:
+    """The residual width: the last dim of the first block's input."""
+    for n in model.blocks[0].graph.nodes:
+        if n.op == "placeholder" and n.role == "input" and n.out is not None:
+            return n.out.shape[-1]
+    return 0

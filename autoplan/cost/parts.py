@@ -1,0 +1,60 @@
+"""One graph (a block kind, or the model's pre/post part) under a plan, per micro-batch:
+its tp layout's compute and collectives, plus what cp and ep add.
+
+FLOPs (Korthikanti/Megatron): model FLOPs are the GEMM and attention-kernel FLOPs of forward
+and backward (``opkinds.is_model_flop_op``) at the plan's micro-batch; recomputation adds the
+forward's again under ``full`` and the attention core's under ``selective``.
+"""
+from __future__ import annotations
+
+from autoplan.cost.comms import Comms
+from autoplan.cost.cp import attention_seconds, cp_cost
+from autoplan.cost.ep import ep_cost
+from autoplan.cost.tp import BlockLayouts, tp_cost
+from autoplan.cost.types import Part
+from autoplan.ir import ModelInfo, OpGraph
+from autoplan.mesh import Mesh
+from autoplan.opkinds import is_attention_core, is_expert_param, is_model_flop_op
+from autoplan.plan import Plan
+from autoplan.sharding import BlockSharding
+
+
+def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: int, hidden: int,
+               graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> Part:
+    bs = layouts.sharding(graph_key, graph, plan, recompute, mesh)
+    tp = tp_cost(bs, plan)
+    attention_s = attention_seconds(comms, graph, plan)
+    cp = cp_cost(comms, info, seq_len, hidden, graph, plan, mesh, attention_s)
+    ep = ep_cost(comms, info, seq_len, hidden, graph, plan, mesh)
+    dense, expert = _param_split(graph, bs, plan)
+    return Part(
+        forward_s=bs.forward_s, backward_s=bs.backward_s, wgrad_s=bs.wgrad_s,
+        exposed_fwd_s=tp.exposed_fwd_s + cp.exposed_fwd_s + ep.exposed_fwd_s,
+        exposed_bwd_s=tp.exposed_bwd_s + cp.exposed_bwd_s + ep.exposed_bwd_s,
+        ep_fwd_s=ep.exposed_fwd_s, ep_bwd_s=ep.exposed_bwd_s,
+        saved_bytes=bs.saved_bytes, dense_numel=dense, expert_numel=expert,
+        model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
+        recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
+        attention_s=attention_s, compute_s=bs.forward_s + bs.backward_s + bs.wgrad_s,
+        comms=tp.comms + cp.comms + ep.comms)
+
+
+def _recompute_flops(graph: OpGraph, recompute: str) -> float:
+    if recompute == "full":
+        return sum(n.flops for n in graph.ops("forward") if is_model_flop_op(n))
+    if recompute == "selective":
+        return sum(n.flops for n in graph.ops("forward") if is_attention_core(n))
+    return 0.0
+
+
+def _param_split(graph: OpGraph, bs: BlockSharding, plan: Plan) -> tuple[int, int]:
+    """(dense, expert) parameters one GPU holds for this graph: tp-sharded, experts also /ep."""
+    dense = expert = 0
+    for n in graph.params():
+        pl = bs.param_placements.get(n.param or n.name, "R")
+        numel = n.out.numel // (plan.tp if pl.startswith("S(") else 1)
+        if is_expert_param(n):
+            expert += numel // plan.ep
+        else:
+            dense += numel
+    return dense, expert

@@ -1,0 +1,92 @@
+"""What an Estimate reports besides the step time: the primitive table, the time breakdown, violations.
+
+Primitives are aggregated on the *busiest* pipeline rank (most simulated busy seconds; ties: the
+first), per step, by (collective kind, what it is for, group size, level of the hardware).
+"""
+from __future__ import annotations
+
+from autoplan.axes import Axis
+from autoplan.cost.comms import Comms
+from autoplan.cost.pp import Pipeline
+from autoplan.cost.types import DpComm, Primitive, Violation
+from autoplan.mesh import Mesh, ranks_text
+from autoplan.plan import Plan
+from autoplan.rules import nvlink_breaks
+from costmodels.memory import GIB
+
+
+class _Table:
+    """Accumulates collectives into primitives keyed by (kind, dim, group size, level)."""
+
+    def __init__(self, comms: Comms):
+        self.comms = comms
+        self.acc: dict[tuple, list] = {}
+
+    def add(self, kind, dim, ranks, calls, nbytes, seconds, exposed):
+        if len(ranks) <= 1:
+            return
+        span = self.comms.span(ranks)
+        key = (kind, dim, len(ranks), span.level)
+        a = self.acc.setdefault(key, [self.comms.cluster.describe_span(span), 0, 0.0, 0.0, 0.0])
+        a[1] += calls
+        a[2] += nbytes * calls
+        a[3] += seconds
+        a[4] += exposed
+
+    def primitives(self) -> list[Primitive]:
+        return [Primitive(kind, dim, size, span, level, calls, total / max(calls, 1), seconds, exposed)
+                for (kind, dim, size, level), (span, calls, total, seconds, exposed) in sorted(self.acc.items())]
+
+
+def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, rank: int,
+               dp: list[DpComm], dp_exposed: float, embed_bytes: float, embed_s: float) -> list[Primitive]:
+    table = _Table(comms)
+    for c in pipe.rank_chunks[rank]:
+        for p, n in pipe.bags[c]:
+            for x in p.comms:
+                dim = "sp" if x.purpose == "sp" else x.axis
+                table.add(x.kind, dim, mesh.group(x.axis), n * m * x.calls, x.nbytes, n * m * x.seconds,
+                          n * m * x.exposed_s)
+    pp_ranks = mesh.group(Axis.PP.value)
+    if plan.pp > 1:
+        sends = 2 * m * len(pipe.rank_chunks[rank])
+        table.add("p2p", "pp", pp_ranks[:2], sends, pipe.act_bytes, sends * pipe.p2p_s, pipe.p2p_exposed_s)
+    dp_total = sum(c.seconds for c in dp)
+    for c in dp:
+        # the exposed part of data-parallel traffic, shared in proportion to each collective's time
+        table.add(c.kind, "dp", c.ranks, c.calls, c.nbytes, c.seconds,
+                  dp_exposed * c.seconds / dp_total if dp_total else 0.0)
+    if embed_s:
+        table.add("all_reduce", "embed", (pp_ranks[0], pp_ranks[-1]), 1, embed_bytes, embed_s, embed_s)
+    return table.primitives()
+
+
+def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: int, dp_exposed: float,
+              embed_s: float, optimizer_s: float) -> dict[str, float]:
+    """The step's seconds by cause on the busiest rank; pp_bubble is idle time no rank can avoid."""
+    return {
+        "compute": compute,
+        "tp_comm": sum(p.time_s for p in prims if p.dim in ("tp", "sp")),
+        "cp_comm_exposed": sum(p.exposed_s for p in prims if p.dim == "cp"),
+        "ep_comm_exposed": sum(p.exposed_s for p in prims if p.dim == "ep"),
+        "pp_bubble": max(0.0, pipe.step_s - pipe.sim.busy[rank] - pipe.p2p_exposed_s),
+        "pp_p2p_exposed": pipe.p2p_exposed_s,
+        "dp_exposed": dp_exposed,
+        "embed_sync": embed_s,
+        "optimizer": optimizer_s,
+    }
+
+
+def violations(comms: Comms, plan: Plan, experts: int, memory_bytes: float) -> list[Violation]:
+    """The hard rules a priced plan breaks (``autoplan.rules``), and memory beyond HBM."""
+    cluster = comms.cluster
+    out = []
+    for g, ranks in nvlink_breaks(plan, experts=experts, nvlink_domain=cluster.nvlink_domain):
+        span = comms.span(ranks)
+        out.append(Violation(g.rule, f"{g.label} group of {len(ranks)} ranks ({ranks_text(ranks)}) spans "
+                                     f"{span.domains} NVLink domains over {cluster.describe_span(span)}: "
+                                     f"per-layer collectives leave NVLink"))
+    if memory_bytes > cluster.gpu.hbm_bytes:
+        out.append(Violation("memory", f"needs {memory_bytes / GIB:.1f} GiB per GPU, "
+                                       f"{cluster.gpu.name} has {cluster.gpu.hbm_bytes / GIB:.1f} GiB"))
+    return out

@@ -1,0 +1,71 @@
+"""Tensor (and sequence) parallelism: each block kind's layout on the tp axis, from the block ILP.
+
+The ILP (``autoplan.sharding``) is solved once per (block kind, tp, sp, span of the tp group)
+at a fixed reference point — micro-batch 1, the whole sequence, no recomputation — so that a
+plan's price never depends on which plans were priced before it; its layout is then re-priced
+at every plan's micro-batch, cp and recomputation (every cost it weighs scales with them alike).
+
+Every tp collective sits on its layer's critical path (exposed = its time): Megatron's TP/SP
+collectives are not overlapped with the GEMMs that consume them.
+"""
+from __future__ import annotations
+
+from autoplan.axes import Axis
+from autoplan.cost.comms import AxisPricer, Comms
+from autoplan.cost.types import AxisCost, Comm, EstimateOptions
+from autoplan.ir import OpGraph
+from autoplan.mesh import Mesh
+from autoplan.plan import Plan
+from autoplan.sharding import BlockAssignment, BlockSharding, ShardingContext, price_assignment, solve_assignment
+
+
+class BlockLayouts:
+    """The block ILP's solutions and their prices under plans, memoised."""
+
+    def __init__(self, comms: Comms, options: EstimateOptions, *, enforce_rules: bool):
+        """``enforce_rules``: the search's mode, where the ILP may not place a per-layer collective
+        outside the NVLink domain; hand plans are priced as written (and flagged)."""
+        self.comms = comms
+        self.options = options
+        self.enforce_rules = enforce_rules
+        self.assignments: dict[tuple, BlockAssignment] = {}
+        self._priced: dict[tuple, BlockSharding] = {}
+        self.max_gap = 0.0                   # over every block sharding priced so far
+
+    def sharding(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> BlockSharding:
+        """The block's tp layout under ``plan``, priced at the plan's micro-batch, cp and recompute."""
+        span = self.comms.span(mesh.group(Axis.TP.value))
+        key = (graph_key, plan.tp, plan.sp, plan.mbs, plan.cp, recompute, span)
+        hit = self._priced.get(key)
+        if hit is None:
+            akey = (graph_key, plan.tp, plan.sp, span)
+            assignment = self.assignments.get(akey)
+            if assignment is None:
+                reference = plan.replace(mbs=1, cp=1, recompute=("none",))
+                assignment = solve_assignment(graph, self._context(reference, "none", mesh, span))
+                self.assignments[akey] = assignment
+            hit = price_assignment(graph, assignment, self._context(plan, recompute, mesh, span))
+            self._priced[key] = hit
+            self.max_gap = max(self.max_gap, hit.gap)
+        return hit
+
+    def _context(self, plan: Plan, recompute: str, mesh: Mesh, span) -> ShardingContext:
+        forbid = span.level != "nvlink" and not self.options.allow_cross_domain
+        return ShardingContext(tp=plan.tp, sp=plan.sp, pricer=AxisPricer(self.comms, mesh), mbs=plan.mbs,
+                               cp=plan.cp, recompute=recompute, forbid_tp_collectives=forbid and self.enforce_rules,
+                               backend=self.options.solver, time_limit_s=self.options.time_limit_s)
+
+
+def tp_cost(bs: BlockSharding, plan: Plan) -> AxisCost:
+    """The block's tp collectives per micro-batch, all exposed; reduce-scatters and all-gathers are
+    sequence parallelism's when SP is on."""
+    comms, fwd, bwd = [], 0.0, 0.0
+    for c in bs.collectives:
+        phase = "forward" if c.phase == "forward" else "backward"
+        purpose = "sp" if plan.sp and c.kind in ("reduce_scatter", "all_gather") else "tp"
+        comms.append(Comm(Axis.TP.value, c.kind, c.nbytes, c.seconds, c.seconds, phase, purpose=purpose))
+        if phase == "forward":
+            fwd += c.seconds
+        else:
+            bwd += c.seconds
+    return AxisCost(fwd, bwd, tuple(comms))

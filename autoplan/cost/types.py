@@ -1,0 +1,146 @@
+"""The records the cost model passes between its modules and returns: Estimate and its parts."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class EstimateOptions:
+    overlap_grad_reduce: bool = True      # DP reduction overlaps the last backward (Megatron --overlap-grad-reduce, FSDP)
+    allow_cross_domain: bool = False      # let per-layer collectives leave the NVLink domain
+    profile: str | None = None            # path to a compute profile YAML (default: the GPU's)
+    solver: str = "cpsat"
+    time_limit_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One collective of one graph per micro-batch, as a per-parallelism pricer returns it."""
+
+    axis: str              # the mesh axis whose group runs it: tp | cp | ep
+    kind: str              # all_reduce | reduce_scatter | all_gather | all_to_all | p2p
+    nbytes: float          # nccl-tests size argument of one call
+    seconds: float         # per micro-batch, all calls
+    exposed_s: float       # of which on the critical path
+    phase: str             # forward | backward
+    calls: int = 1         # calls per micro-batch
+    purpose: str = ""      # e.g. "sp" (sequence-parallel gather/scatter), "ulysses", "ring"
+
+
+@dataclass(frozen=True)
+class AxisCost:
+    """What one parallelism adds to one graph per micro-batch: exposed seconds and its collectives."""
+
+    exposed_fwd_s: float = 0.0
+    exposed_bwd_s: float = 0.0
+    comms: tuple[Comm, ...] = ()
+
+
+@dataclass(frozen=True)
+class Part:
+    """Per-micro-batch cost of one graph (a block, or the pre/post part) under a plan."""
+
+    forward_s: float
+    backward_s: float
+    wgrad_s: float
+    exposed_fwd_s: float         # communication on the critical path, forward
+    exposed_bwd_s: float
+    ep_fwd_s: float              # the EP all-to-all part of it (what DualPipeV's pairs can hide)
+    ep_bwd_s: float
+    saved_bytes: float
+    dense_numel: int
+    expert_numel: int
+    model_flops: float           # per micro-batch (one sequence × mbs), GEMM + attention
+    recompute_flops: float
+    attention_s: float
+    compute_s: float
+    comms: tuple[Comm, ...]
+
+    @property
+    def work_s(self) -> float:
+        """F + B + W + exposed per-layer communication, one micro-batch."""
+        return self.forward_s + self.backward_s + self.wgrad_s + self.exposed_fwd_s + self.exposed_bwd_s
+
+
+@dataclass(frozen=True)
+class DpComm:
+    """One data-parallel collective of one pipeline rank per step."""
+
+    kind: str
+    nbytes: float
+    calls: int
+    seconds: float             # all calls
+    ranks: tuple[int, ...]
+    when: str                  # grad (once) | param (once) | per_microbatch
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """One class of collective of a plan, on the busiest pipeline rank, per training step."""
+
+    kind: str              # all_reduce | reduce_scatter | all_gather | all_to_all | p2p
+    dim: str               # tp | sp | cp | ep | pp | dp | embed
+    group_size: int
+    span: str              # "NVLink", "IB rail", "IB spine", "across pods (1:7)"
+    level: str             # nvlink | rail | spine | pod
+    calls_per_step: int
+    bytes_per_call: float
+    time_s: float
+    exposed_s: float
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    plan: str
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    hfu: float
+    model_flops_per_step: float
+    memory_gib: float
+    memory_breakdown_gib: dict[str, float]
+    fits: bool
+    bubble_fraction: float
+    comm_exposed_s: float
+    violations: tuple[Violation, ...]
+    primitives: tuple[Primitive, ...]
+    # what the explainer and the report draw on
+    comm_time_s: float = 0.0
+    time_breakdown_s: dict[str, float] = field(default_factory=dict)
+    memory_per_stage_gib: tuple[float, ...] = ()
+    hbm_gib: float = 0.0
+    attention_time_share: float = 0.0
+    attention_flops_share: float = 0.0
+    microbatches: int = 0
+    stage_times_s: tuple[tuple[float, float, float], ...] = ()   # (F, B, W) per virtual stage
+    ilp_gap: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["violations"] = [asdict(v) for v in self.violations]
+        d["primitives"] = [asdict(p) for p in self.primitives]
+        d["stage_times_s"] = [list(t) for t in self.stage_times_s]
+        d["memory_per_stage_gib"] = list(self.memory_per_stage_gib)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(rounded(self.to_dict()), sort_keys=True)
+
+
+def rounded(x):
+    """Floats to 6 significant digits, recursively: stable, readable JSON (shared by every writer)."""
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [rounded(v) for v in x]
+    return x

@@ -1,0 +1,95 @@
+"""The hard rules of a plan, written once: read by the search space, the estimator and the explainer.
+
+**Per-layer groups stay inside one NVLink domain.**  Collectives that run in every layer —
+TP/SP (the tp group), the MoE all-to-all (the ep group) and Ulysses' all-to-all (the cp group,
+or under USP its Ulysses sub-groups) — may not leave an NVLink domain (ranks
+``r // nvlink_domain``, see ``topologies.cluster``).  A group's span is computed from its actual
+ranks, for every group of the axis, so a tp=6 plan on 8-GPU domains breaks the rule (its second
+group holds ranks 6–11) in the search, the estimate and the explanation alike.
+
+**The USP split.**  USP runs Ulysses inside the NVLink domain — the largest divisor of cp that
+fits in the domain beside the tp ranks and the axes between — and ring attention across.
+
+Checking every group is fast: the groups of one axis (stride s, size k) are ``{o + i·s}`` over the
+offsets o of the other axes, and a group lies in one domain of D ranks iff ``o mod D + (k−1)·s <
+D``; the offsets' residues mod D (at most D of them) are found axis by axis.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.axes import Axis
+from autoplan.mesh import Mesh
+from autoplan.plan import Plan
+
+
+@dataclass(frozen=True)
+class GroupRule:
+    """One per-layer group kind the NVLink rule applies to under a plan."""
+
+    rule: str          # e.g. "tp-inside-nvlink"
+    axis: str          # the mesh axis whose groups (or sub-groups) it is
+    label: str         # how an engineer names the traffic, e.g. "TP/SP"
+    size: int          # ranks per group
+    stride: int        # rank distance between neighbours of one group
+
+
+def ulysses_and_ring(plan: Plan, mesh: Mesh, nvlink_domain: int) -> tuple[int, int]:
+    """(Ulysses degree, ring degree) of the cp axis under ``plan.cp_algo``."""
+    if plan.cp_algo == "ulysses":
+        return plan.cp, 1
+    if plan.cp_algo == "ring":
+        return 1, plan.cp
+    between = max(1, mesh.stride("cp") // max(mesh.stride("tp") * mesh.size("tp"), 1))
+    inner = max(1, min(plan.cp, nvlink_domain // (plan.tp * between)))
+    while plan.cp % inner:
+        inner -= 1
+    return inner, plan.cp // inner
+
+
+def per_layer_groups(plan: Plan, mesh: Mesh, *, experts: int, nvlink_domain: int) -> list[GroupRule]:
+    """The per-layer group kinds of ``plan`` that must stay inside one NVLink domain."""
+    out = []
+    if plan.tp > 1:
+        out.append(GroupRule("tp-inside-nvlink", Axis.TP.value, "TP/SP", plan.tp, mesh.stride("tp")))
+    if plan.ep > 1 and experts:
+        out.append(GroupRule("ep-inside-nvlink", Axis.EP.value, "EP all-to-all", plan.ep, mesh.stride("ep")))
+    if plan.cp > 1 and plan.cp_algo in ("ulysses", "usp"):
+        ulysses, _ = ulysses_and_ring(plan, mesh, nvlink_domain)
+        if ulysses > 1:
+            out.append(GroupRule("cp-inside-nvlink", Axis.CP.value, "Ulysses all-to-all", ulysses, mesh.stride("cp")))
+    return out
+
+
+def groups_inside(mesh: Mesh, g: GroupRule, domain: int) -> bool:
+    """Every group of kind ``g`` lies in one NVLink domain of ``domain`` ranks."""
+    residues = {0}
+    for axis, size in mesh.sizes:
+        n = size if axis != g.axis else size // g.size        # USP: the ring part of cp is an offset
+        step = mesh.stride(axis) * (1 if axis != g.axis else g.size)
+        if n > 1:
+            residues = {(r + j * step) % domain for r in residues for j in range(min(n, domain))}
+    return max(residues) + (g.size - 1) * g.stride < domain
+
+
+def first_crossing_group(mesh: Mesh, g: GroupRule, domain: int) -> tuple[int, ...] | None:
+    """The ranks of the first group of kind ``g`` (by smallest rank) that leaves its domain."""
+    if groups_inside(mesh, g, domain):
+        return None
+    for full in mesh.groups(g.axis):
+        for i in range(0, len(full), g.size):
+            ranks = full[i:i + g.size]
+            if ranks[0] // domain != ranks[-1] // domain:
+                return ranks
+    return None
+
+
+def nvlink_breaks(plan: Plan, *, experts: int, nvlink_domain: int) -> list[tuple[GroupRule, tuple[int, ...]]]:
+    """(rule, first offending group) for every per-layer group kind that leaves the NVLink domain."""
+    mesh = Mesh.of(plan)
+    out = []
+    for g in per_layer_groups(plan, mesh, experts=experts, nvlink_domain=nvlink_domain):
+        bad = first_crossing_group(mesh, g, nvlink_domain)
+        if bad is not None:
+            out.append((g, bad))
+    return out

@@ -1,0 +1,159 @@
+"""One pricing pass for the block ILP: what a strategy costs and what a redistribution costs.
+
+The same functions build the ILP's objective (``solve.build_problem``) and price the solved
+layout back (``solve.price_assignment``), so the two cannot disagree.
+
+* ``node_cost``: compute seconds of an op on its local shard (FLOPs and bytes ÷ tp when any
+  operand is sharded; a GEMM's M, N or K shrinks with the sharded dim), how often it runs (2
+  when recomputation reruns it in backward), the activation bytes it keeps for backward, the
+  model states of a parameter, and the collectives a strategy runs inside the op
+  (vocabulary-parallel softmax).
+* ``redistribution_cost``: the collective that turns a tensor from layout a into b (see
+  ``placements``) on the tp group, and how often it runs (a forward collective reruns under full
+  recomputation).
+* ``memory_price``: seconds one byte of GPU memory is worth (what recomputation would cost to
+  free it), so that replicating a weight to save a collective must win back its memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
+from autoplan.opkinds import is_attention_core, is_attention_kernel, op_kind
+from autoplan.sharding.local import bytes_per_elem, local_bytes, scaled_numel
+from autoplan.sharding.placements import is_shard, redistribution, redistribution_bytes, shard_dim
+from autoplan.sharding.strategies import replicated
+from autoplan.sharding.types import ShardingContext
+from costmodels.memory import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES
+
+STATE_BYTES_PER_PARAM = PARAM_BYTES + GRAD_BYTES + OPTIMIZER_BYTES   # 18: bf16 weight, fp32 grad, master, m, v
+SOFTMAX_STAT_BYTES = 4                                               # per-token max/sum statistics, fp32
+
+# Reads of a tensor in one phase share one redistribution; backward redistributes a saved tensor again.
+FORWARD_GROUP, BACKWARD_GROUP = 0, 1
+
+
+@dataclass(frozen=True)
+class OpCollective:
+    """A collective a strategy runs inside an op, per micro-batch."""
+
+    kind: str
+    nbytes: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    seconds: float                       # compute seconds of one run on one GPU
+    runs: int                            # 2 when recomputation reruns it in backward
+    saved_bytes: float                   # activations kept for backward
+    state_bytes: float                   # model states, for a parameter placeholder
+    intrinsic: tuple[OpCollective, ...]  # collectives inside the op
+
+
+@dataclass(frozen=True)
+class Redistribution:
+    kind: str                            # all_gather | reduce_scatter | all_reduce | all_to_all
+    nbytes: float                        # nccl-tests size argument
+    seconds: float                       # one run on the tp group
+    runs: int                            # 2 when full recomputation reruns a forward collective
+
+
+def recomputed(n: OpNode, recompute: str) -> bool:
+    """Forward ops rerun in backward: all for ``full``, the attention core for ``selective``."""
+    if n.phase != "forward" or n.op == "placeholder" or recompute == "none":
+        return False
+    return recompute == "full" or is_attention_core(n)
+
+
+def node_seconds(n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
+    """Compute seconds of ``n`` under strategy ``s`` on one GPU (one run)."""
+    if n.op == "placeholder" or n.is_view:
+        return 0.0
+    sharded = any(is_shard(p) for p in s.inputs) or any(is_shard(p) for p in s.outputs if p)
+    div = ctx.tp if sharded else 1
+    scale = ctx.mbs / ctx.cp
+    flops = n.flops * scale / div
+    nbytes = (n.bytes_read + n.bytes_written) * scale / div
+    gemm = None
+    if n.gemm is not None:
+        m, nn, k = n.gemm
+        m = m * scale
+        out = s.outputs[0] if s.outputs else None
+        if out == "P":
+            k = k / ctx.tp
+        elif is_shard(out):
+            t = n.out
+            d = shard_dim(out) % len(t.shape)
+            if d == len(t.shape) - 1:
+                nn = nn / ctx.tp
+            else:
+                m = m / ctx.tp
+        gemm = (max(m, 1.0), max(nn, 1.0), max(k, 1.0))
+    return ctx.op_seconds(op_kind(n), flops, nbytes, gemm)
+
+
+def saved_bytes(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
+    """Activation bytes ``n`` keeps for backward under ``s``: only the outputs backward reads
+    (a dropout keeps its mask, not its output); none of a recomputed op but the attention
+    kernel's output, which feeds the next GEMM; under full recomputation only the block input."""
+    if not n.saved or n.role == "param" or n.is_view:
+        return 0.0
+    saved = g.saved_outputs()
+    outs = [(i, t, p) for i, (t, p) in enumerate(zip(n.outputs, s.outputs))
+            if t is not None and TensorRef(n.name, i) in saved]
+
+    def size(t, p):
+        return local_bytes(t, p, ctx.tp, ctx.mbs, ctx.cp)
+
+    if ctx.recompute == "full":
+        return sum(size(t, p) for _, t, p in outs) if n.role == "input" else 0.0
+    if recomputed(n, ctx.recompute):
+        return sum(size(t, p) for i, t, p in outs if i == 0 and is_attention_kernel(n))
+    return sum(size(t, p) for _, t, p in outs)
+
+
+def intrinsic_collectives(n: OpNode, s: Strategy, ctx: ShardingContext) -> tuple[OpCollective, ...]:
+    """Vocabulary-parallel softmax all-reduces the per-token max and sum (forward) and the
+    per-token gradient sum (backward), fp32 (Megatron's vocab-parallel cross entropy)."""
+    if ctx.tp == 1 or not s.inputs or not is_shard(s.inputs[0]):
+        return ()
+    t = n.out
+    if t is None or not t.shape or not t.shape[-1]:
+        return ()
+    tokens = scaled_numel(t, ctx.mbs, ctx.cp) / t.shape[-1]
+    count = {"aten._log_softmax.default": 2, "aten._log_softmax_backward_data.default": 1}.get(n.op, 0)
+    nbytes = tokens * SOFTMAX_STAT_BYTES
+    return tuple(OpCollective("all_reduce", nbytes, ctx.tp_seconds("all_reduce", nbytes)) for _ in range(count))
+
+
+def node_cost(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> NodeCost:
+    state = 0.0
+    if n.role == "param" and n.op == "placeholder" and n.out is not None:
+        state = n.out.numel / (ctx.tp if is_shard(s.outputs[0]) else 1) * STATE_BYTES_PER_PARAM
+    return NodeCost(node_seconds(n, s, ctx), 2 if recomputed(n, ctx.recompute) else 1,
+                    saved_bytes(g, n, s, ctx), state, intrinsic_collectives(n, s, ctx))
+
+
+def redistribution_cost(g: OpGraph, ref: TensorRef, a: str, b: str, group: int,
+                        ctx: ShardingContext) -> Redistribution | None:
+    """The collective turning tensor ``ref`` from layout ``a`` into ``b`` for one read group."""
+    kind = redistribution(a, b)
+    if kind is None:
+        return None
+    t = g.tensor(ref)
+    nbytes = redistribution_bytes(kind, scaled_numel(t, ctx.mbs, ctx.cp) * bytes_per_elem(t), ctx.tp)
+    producer = g.node(ref.node)
+    rerun = (group == FORWARD_GROUP and ctx.recompute == "full" and producer.phase == "forward"
+             and producer.op != "placeholder")
+    return Redistribution(kind, nbytes, ctx.tp_seconds(kind, nbytes), 2 if rerun else 1)
+
+
+def memory_price(g: OpGraph, ctx: ShardingContext) -> float:
+    """Seconds one byte of GPU memory is worth: the block's replicated forward time divided by
+    its replicated saved-activation bytes (memory can always be bought back by recomputing the
+    forward that filled it)."""
+    fwd = sum(node_seconds(n, replicated(n), ctx) for n in g.ops("forward"))
+    saved = sum(local_bytes(t, "R", ctx.tp, ctx.mbs, ctx.cp) for r in g.saved_outputs()
+                if (t := g.tensor(r)) is not None and g.node(r.node).role != "param")
+    return fwd / saved if saved else 0.0

@@ -1,0 +1,185 @@
+"""Build the block ILP from a prepared graph, solve it, and price the solved layout back.
+
+``solve_assignment(graph, ctx)`` → ``BlockAssignment`` (a strategy per node) and
+``price_assignment(graph, assignment, ctx)`` → ``BlockSharding`` (compute seconds by phase,
+tp collectives, saved bytes, parameter placements).  The ILP (``ilp.py``) is built from the
+same ``price`` functions the read-back uses, over the same units and reads.
+"""
+from __future__ import annotations
+
+from autoplan.ir import OpGraph, OpNode, Strategy
+from autoplan.sharding import ilp
+from autoplan.sharding.placements import is_shard
+from autoplan.sharding.prepare import (Prepared, dedupe_views, is_unary_elementwise, prepare, read_group, read_phase,
+                                       reads_of, resolve, resolved_reads, view_inverse)
+from autoplan.sharding.price import memory_price, node_cost, redistribution_cost
+from autoplan.sharding.strategies import replicated
+from autoplan.sharding.types import BlockAssignment, BlockSharding, Collective, ShardingContext
+
+_EMPTY_SIZE = {"nodes": 0, "x_vars": 0, "e_vars": 0, "w_vars": 0, "constraints": 0}
+
+
+def build_problem(prep: Prepared, ctx: ShardingContext) -> ilp.IlpProblem:
+    """``ilp.IlpProblem``: per unit, the cost of each strategy (constraint 1 and the first objective
+    term); per tensor, its placements and readers (constraint 2) and the priced redistributions
+    (the second objective term; forbidden under the NVLink rule, constraint 5).  Parameters tie
+    to their gradient through the sink reads, blocks to the next block through the boundary
+    reads, so constraints 3–4 of ``ilp.py`` are not needed here."""
+    g = prep.graph
+    price = memory_price(g, ctx)
+    nodes = tuple(ilp.IlpNode(u.leader, *_unit_costs(g, u.strategies, ctx, price)) for u in prep.units)
+    inverse = view_inverse(g)
+
+    def unit_strategies(read):
+        return [(lambda name, us=us: us[name]) for us in prep.units[prep.unit_of[read.sink or read.reader]].strategies]
+
+    tensors = []
+    for ref, rows_in in resolved_reads(g, prep.reads, unit_strategies, inverse).items():
+        if g.tensor(ref) is None or ref.node not in prep.unit_of:
+            continue
+        pu = prep.unit_of[ref.node]
+        ids: dict[str, int] = {}
+
+        def pid(p: str) -> int:
+            return ids.setdefault(p, len(ids))
+
+        out_pl = tuple(pid(us[ref.node].outputs[ref.index] or "R") for us in prep.units[pu].strategies)
+        rows = [(prep.unit_of[read.sink or read.reader], tuple(pid(p or "R") for p in pls), read_group(g, read))
+                for read, pls in rows_in]
+        names = {v: k for k, v in ids.items()}
+        redist, forbidden = [], []
+        for grp in sorted({r[2] for r in rows}):
+            for a in names:
+                for b in names:
+                    r = a != b and redistribution_cost(g, ref, names[a], names[b], grp, ctx)
+                    if r:
+                        redist.append((a, b, grp, r.seconds * r.runs))
+                        if ctx.forbid_tp_collectives:
+                            forbidden.append((a, b))
+        tensors.append(ilp.IlpTensor(f"{ref.node}:{ref.index}", pu, out_pl, tuple(rows), tuple(redist),
+                                     tuple(sorted(set(forbidden)))))
+    return ilp.IlpProblem(nodes, tuple(tensors))
+
+
+def _unit_costs(g: OpGraph, strategies: list[dict[str, Strategy]], ctx: ShardingContext, price: float):
+    """(objective seconds, memory bytes) of each strategy of one unit."""
+    costs, mems = [], []
+    for us in strategies:
+        sec = mem = state = 0.0
+        for name, s in us.items():
+            c = node_cost(g, g.node(name), s, ctx)
+            sec += c.seconds * c.runs
+            sec += sum(x.seconds for x in c.intrinsic)
+            mem += c.saved_bytes
+            state += c.state_bytes
+        costs.append(sec + ctx.memory_weight_s_per_byte * mem + price * state)
+        mems.append(mem + state)
+    return tuple(costs), tuple(mems)
+
+
+def solve_assignment(graph: OpGraph, ctx: ShardingContext) -> BlockAssignment:
+    """Solve the block ILP for ``ctx``: the chosen strategy of every node.
+
+    With tp = 1 there is nothing to choose: every op runs replicated."""
+    if ctx.tp == 1:
+        choice = {n.name: replicated(n) for n in graph.nodes if n.op != "output"}
+        return BlockAssignment(choice, 0.0, 0.0, 0.0, "optimal", dict(_EMPTY_SIZE))
+    prep = prepare(graph, ctx)
+    problem = build_problem(prep, ctx)
+    sol = ilp.solve(problem, ctx.backend, ctx.time_limit_s)
+    choice: dict[str, Strategy] = {}
+    for ui, u in enumerate(prep.units):
+        choice.update(u.strategies[sol.choice[ui]])
+    for dup, kept in prep.alias.items():
+        choice[dup] = choice[kept]
+    return BlockAssignment(choice, sol.objective, sol.gap, sol.solve_seconds, sol.status, problem.size)
+
+
+def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext) -> BlockSharding:
+    """Price a solved assignment under ``ctx``.
+
+    Micro-batch, cp and recompute may differ from the ones it was solved at: every cost
+    scales with them and the layout stays the best one (tested)."""
+    g = graph
+    chosen = assignment.choice
+    alias = dedupe_views(g)
+    fwd = bwd = wgd = rec = saved = 0.0
+    collectives: list[Collective] = []
+    for name, s in chosen.items():
+        if name in alias:
+            continue
+        n = g.node(name)
+        c = node_cost(g, n, s, ctx)
+        if n.phase == "forward":
+            fwd += c.seconds
+        elif n.wgrad:
+            wgd += c.seconds
+        else:
+            bwd += c.seconds
+        if c.runs == 2:
+            bwd += c.seconds
+            rec += c.seconds
+        saved += c.saved_bytes
+        phase = "forward" if n.phase == "forward" else "backward"
+        collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
+                        for x in c.intrinsic]
+    collectives += _redistributions(g, chosen, alias, ctx)
+    params = {}
+    param_numel = 0
+    for n in g.params():
+        pl = chosen[n.name].outputs[0]
+        params[n.param or n.name] = pl
+        param_numel += n.out.numel // (ctx.tp if is_shard(pl) else 1)
+    return BlockSharding(
+        strategies={k: v.name for k, v in sorted(chosen.items())},
+        placements={k: (v.outputs[0] or "-") if v.outputs else "-" for k, v in sorted(chosen.items())},
+        param_placements=dict(sorted(params.items())),
+        collectives=tuple(collectives),
+        forward_s=fwd, backward_s=bwd, wgrad_s=wgd, recompute_s=rec, saved_bytes=saved,
+        param_numel=param_numel, objective_s=assignment.objective_s, gap=assignment.gap,
+        solve_seconds=assignment.solve_seconds, ilp_size=assignment.ilp_size,
+    )
+
+
+def _redistributions(g: OpGraph, chosen: dict[str, Strategy], alias: dict[str, str],
+                     ctx: ShardingContext) -> list[Collective]:
+    """The tp collectives the chosen layouts imply, one per (tensor, target layout, read group);
+    a forward collective rerun by full recomputation appears once more, in backward."""
+    nodes = [n for n in g.nodes if n.name not in alias and n.op != "output"]
+    reads = resolved_reads(g, reads_of(g, nodes, alias, _units_of_choice(nodes, alias, chosen)),
+                           lambda read: [chosen.__getitem__], view_inverse(g))
+    out: list[Collective] = []
+    for ref, rows in reads.items():
+        if g.tensor(ref) is None:
+            continue
+        outs = chosen[ref.node].outputs
+        a = (outs[ref.index] if ref.index < len(outs) else None) or "R"
+        seen = set()
+        for read, (b,) in rows:
+            grp = read_group(g, read)
+            b = b or "R"
+            if b == a or (b, grp) in seen:
+                continue
+            r = redistribution_cost(g, ref, a, b, grp, ctx)
+            if not r:
+                continue
+            seen.add((b, grp))
+            producer = g.node(ref.node)
+            label = f"{producer.module or producer.op}:{ref.node} ({a}->{b})"
+            if r.runs == 2:
+                out.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
+            out.append(Collective(r.kind, r.nbytes, read_phase(g, read), label, r.seconds))
+    return out
+
+
+def _units_of_choice(nodes: list[OpNode], alias: dict[str, str], chosen: dict[str, Strategy]) -> dict[str, int]:
+    """Which ops run in their producer's layout under a chosen assignment (as merged followers)."""
+    unit_of: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        unit_of[n.name] = i
+        if n.op != "placeholder" and len(n.inputs) == 1 and (n.is_view or is_unary_elementwise(n.strategies)):
+            src = resolve(n.inputs[0], alias)
+            outs = chosen[src.node].outputs if src.node in chosen else ()
+            if src.index < len(outs) and outs[src.index] == chosen[n.name].inputs[0]:
+                unit_of[n.name] = unit_of[src.node]
+    return unit_of
