@@ -28,7 +28,7 @@ Omitted keys take defaults (``dp`` = GPUs / (tp·cp·pp), ``sp=on`` when tp > 1,
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from autoplan.errors import UserError
@@ -53,20 +53,49 @@ PLAN_GRAMMAR = ("a plan is comma-separated key=value pairs, e.g. "
 
 @dataclass(frozen=True)
 class Plan:
+    """One plan; validated on construction, so every Plan that exists is well-formed.
+
+    Fields left at ``None`` take their defaults in ``__post_init__`` (one set of defaults for
+    ``Plan(...)`` and ``Plan.parse``): ``sp`` on when tp > 1, ``zero=1`` when dp > 1 (else 0),
+    ``schedule`` interleaved when vpp > 1 (else 1f1b), ``vpp=2`` for the V schedules (else 1).
+    """
+
     tp: int = 1
     pp: int = 1
     dp: int = 1
     cp: int = 1
     ep: int = 1
-    vpp: int = 1
+    vpp: int | None = None
     mbs: int = 1
-    schedule: str = "1f1b"
+    schedule: str | None = None
     recompute: tuple[str, ...] = ("none",)     # one entry, or one per pipeline stage
     layers: tuple[int, ...] = ()               # layers per virtual stage; () = even split
-    sp: bool = False
-    zero: int = 1
+    sp: bool | None = None
+    zero: int | None = None
     cp_algo: str = "ring"
     order: tuple[str, ...] = DEFAULT_ORDER
+
+    def __post_init__(self) -> None:
+        for key in ("tp", "pp", "dp", "cp", "ep", "mbs") + (("vpp",) if self.vpp is not None else ()):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"bad plan: {key}={value!r} must be an integer ≥ 1", PLAN_GRAMMAR)
+        if self.schedule is None:
+            self._set("schedule", "interleaved" if (self.vpp or 1) > 1 else "1f1b")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"bad plan: schedule={self.schedule!r}", f"schedule is one of: {', '.join(SCHEDULES)}")
+        if self.vpp is None:
+            self._set("vpp", 2 if self.schedule in V_SCHEDULES else 1)
+        self._set("sp", bool(self.tp > 1 if self.sp is None else self.sp) and self.tp > 1)
+        if self.zero is None:
+            self._set("zero", 1 if self.dp > 1 else 0)
+        self._set("recompute", tuple(self.recompute))
+        self._set("layers", tuple(self.layers))
+        self._set("order", tuple(self.order))
+        self.check_shape()
+
+    def _set(self, key: str, value: Any) -> None:
+        object.__setattr__(self, key, value)   # frozen: only __post_init__ fills in defaults
 
     # --- derived -----------------------------------------------------------
     @property
@@ -151,8 +180,6 @@ class Plan:
                     kw[key] = int(raw[key])
                 except (TypeError, ValueError):
                     raise UserError(f"bad plan string: {key}={raw[key]!r} is not an integer", PLAN_GRAMMAR) from None
-                if kw[key] < (0 if key == "zero" else 1):
-                    raise UserError(f"bad plan string: {key}={kw[key]} must be ≥ {0 if key == 'zero' else 1}")
         if "sp" in raw:
             sp = str(raw["sp"]).lower()
             if sp not in ("on", "off", "true", "false", "1", "0"):
@@ -191,15 +218,7 @@ class Plan:
                                     f"does not divide {num_gpus} GPUs",
                                     "choose degrees whose product divides the GPU count")
                 kw["dp"] = num_gpus // mp
-        kw.setdefault("sp", tp > 1)
-        kw.setdefault("zero", 1 if kw["dp"] > 1 else 0)
-        if "schedule" not in kw:
-            kw["schedule"] = "interleaved" if kw.get("vpp", 1) > 1 else "1f1b"
-        if "vpp" not in kw and kw["schedule"] in V_SCHEDULES:
-            kw["vpp"] = 2
-        plan = Plan(**kw)
-        plan.check_shape()
-        return plan
+        return Plan(**kw)
 
     # --- JSON --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -229,7 +248,7 @@ class Plan:
 
     # --- validation --------------------------------------------------------
     def check_shape(self) -> None:
-        """Checks that need no model or cluster."""
+        """Checks that need no model or cluster (run on construction)."""
         if self.zero not in (0, 1, 2, 3):
             raise UserError(f"bad plan: zero={self.zero}", "zero must be 0, 1, 2 or 3")
         if self.dp % self.ep:
@@ -252,8 +271,16 @@ class Plan:
         if self.layers and len(self.layers) != self.pp * self.vpp:
             raise UserError(f"bad plan: layers lists {len(self.layers)} stages, pp·vpp = {self.pp * self.vpp}",
                             "give layers per virtual stage, pp·vpp entries")
-        if self.sp and self.tp == 1:
-            object.__setattr__(self, "sp", False)   # sp is meaningless without tp; normalise
+        for key, value, allowed in (("recompute", None, RECOMPUTE), ("cp_algo", self.cp_algo, CP_ALGOS)):
+            for v in (self.recompute if value is None else (value,)):
+                if v not in allowed:
+                    raise UserError(f"bad plan: {key}={v!r}", f"{key} is one of: {', '.join(allowed)}")
+        if sorted(self.order) != sorted(AXES):
+            raise UserError(f"bad plan: order={'-'.join(self.order)} must list each of {', '.join(AXES)} once",
+                            "e.g. order=tp-cp-ep-dp-pp (innermost first)")
+        if any(not isinstance(n, int) or n < 1 for n in self.layers):
+            raise UserError(f"bad plan: layers={'-'.join(map(str, self.layers))} gives a virtual stage no layer",
+                            "every virtual stage needs at least one layer")
 
     def check_batch(self, global_batch: int) -> None:
         """The global batch splits into dp · mbs-sequence micro-batches; UserError if not."""

@@ -93,3 +93,10 @@ def nvlink_breaks(plan: Plan, *, experts: int, nvlink_domain: int) -> list[tuple
         if bad is not None:
             out.append((g, bad))
     return out
+
+
+def respects_nvlink(plan: Plan, *, experts: int, nvlink_domain: int) -> bool:
+    """Every per-layer group of ``plan`` lies inside one NVLink domain (what the search enforces)."""
+    mesh = Mesh.of(plan)
+    return all(groups_inside(mesh, g, nvlink_domain)
+               for g in per_layer_groups(plan, mesh, experts=experts, nvlink_domain=nvlink_domain))

@@ -25,6 +25,7 @@ from autoplan.ir import ModelInfo, OpGraph
 from autoplan.mesh import Mesh
 from autoplan.opkinds import has_attention, is_attention_core, op_kind
 from autoplan.plan import Plan
+from autoplan.rules import ulysses_and_ring
 
 ATTENTION_TIME_OVER_FORWARD = 3.0
 ACTIVATION_BYTES = 2                    # bf16
@@ -43,24 +44,6 @@ def attention_seconds(comms: Comms, graph: OpGraph, plan: Plan) -> float:
             total += comms.op_seconds(op_kind(n), n.flops * plan.mbs / plan.cp / plan.tp,
                                       (n.bytes_read + n.bytes_written) * plan.mbs / plan.cp / plan.tp, gemm)
     return total
-
-
-def ulysses_and_ring(plan: Plan, mesh: Mesh, nvlink_domain: int) -> tuple[int, int]:
-    """(Ulysses degree, ring degree) of the cp axis: USP keeps its Ulysses part inside the NVLink
-    domain, the largest divisor of cp that fits beside the tp ranks (and the axes between)."""
-    if plan.cp_algo == "ulysses":
-        return plan.cp, 1
-    if plan.cp_algo == "ring":
-        return 1, plan.cp
-    inner = max(1, min(plan.cp, nvlink_domain // (plan.tp * _stride_inner(mesh, "cp"))))
-    while plan.cp % inner:
-        inner -= 1
-    return inner, plan.cp // inner
-
-
-def _stride_inner(mesh: Mesh, axis: str) -> int:
-    """Product of the sizes of the axes between tp and ``axis`` (1 when adjacent)."""
-    return max(1, mesh.stride(axis) // max(mesh.stride("tp") * mesh.size("tp"), 1))
 
 
 def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpGraph, plan: Plan, mesh: Mesh,

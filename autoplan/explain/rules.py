@@ -27,12 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.axes import DENSE_DP
 from autoplan.cost import Estimate
 from autoplan.explain.units import percent, ranks_text, seconds, size
 from autoplan.ir import BlockGraph
-from autoplan.axes import DENSE_DP
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
+from autoplan.rules import first_crossing_group
+from autoplan.rules import per_layer_groups as per_layer_groups_of
 from topologies.cluster import LEVELS, Cluster
 
 SP_ATTENTION_SHARE = 0.30
@@ -88,44 +90,39 @@ def _dim_time(est: Estimate, dims: tuple[str, ...], kinds: tuple[str, ...] | Non
 
 
 def per_layer_groups(model: BlockGraph, cluster: Cluster, plan: Plan, est: Estimate, mesh: Mesh) -> list[Verdict]:
-    """Per-layer collectives inside one NVLink domain: TP/SP, EP all-to-all, Ulysses all-to-all."""
-    checks = []
-    if plan.tp > 1:
-        checks.append(("tp", "TP", "TP/SP collectives", ("tp", "sp"), None))
-    if plan.ep > 1 and model.model.experts:
-        checks.append(("ep", "EP", "EP all-to-alls", ("ep",), None))
-    if plan.cp > 1 and plan.cp_algo == "ulysses":
-        checks.append(("cp", "CP (Ulysses)", "Ulysses all-to-alls", ("cp",), ("all_to_all",)))
+    """Per-layer collectives inside one NVLink domain (the groups of ``autoplan.rules``): TP/SP,
+    EP all-to-all, Ulysses all-to-all (under USP its sub-groups)."""
+    traffic = {"tp": ("TP/SP collectives", ("tp", "sp"), None), "ep": ("EP all-to-alls", ("ep",), None),
+               "cp": ("Ulysses all-to-alls", ("cp",), ("all_to_all",))}
     out = []
-    for axis, label, what, dims, kinds in checks:
-        groups = mesh.groups(axis)
-        spans = [(g, cluster.span(g)) for g in groups]
-        bad = next(((g, s) for g, s in spans if s.level != "nvlink"), None)
+    groups = per_layer_groups_of(plan, mesh, experts=model.model.experts, nvlink_domain=cluster.nvlink_domain)
+    for g in groups:
+        what, dims, kinds = traffic[g.axis]
+        label = {"tp": "TP", "ep": "EP", "cp": "CP (Ulysses)"}[g.axis]
         calls, t, exposed = _dim_time(est, dims, kinds)
-        ev = (("group_size", len(groups[0])), ("groups", len(groups)), ("calls_per_step", calls),
-              ("time_s", t), ("exposed_s", exposed))
+        count = mesh.num_ranks // g.size
+        ev = (("group_size", g.size), ("groups", count), ("calls_per_step", calls), ("time_s", t),
+              ("exposed_s", exposed))
         cost = f"{calls:,} {what} per step take {seconds(t)} ({seconds(exposed)} exposed)"
+        bad = first_crossing_group(mesh, g, cluster.nvlink_domain)
         if bad is None:
-            g, s = spans[0]
-            out.append(Verdict(f"{axis}-inside-nvlink", "pass",
-                               f"{label} groups of {len(g)} ranks ({ranks_text(g)}, …) each sit in one NVLink "
+            first = mesh.group(g.axis)[:g.size]
+            s = cluster.span(first)
+            out.append(Verdict(g.rule, "pass",
+                               f"{label} groups of {g.size} ranks ({ranks_text(first)}, …) each sit in one NVLink "
                                f"domain of {cluster.nvlink_domain} GPUs: {cost} on {cluster.describe_span(s)}",
                                ev + (("span", cluster.describe_span(s)),)))
         else:
-            g, s = bad
+            s = cluster.span(bad)
             link = cluster.describe_span(s)
-            out.append(Verdict(f"{axis}-inside-nvlink", "fail",
-                               f"{label} group of {len(g)} ranks ({ranks_text(g)}) spans {s.domains} NVLink "
+            out.append(Verdict(g.rule, "fail",
+                               f"{label} group of {g.size} ranks ({ranks_text(bad)}) spans {s.domains} NVLink "
                                f"domains over {link}: {cost}, per layer, off NVLink",
-                               ev + (("span", link), ("domains", s.domains), ("ranks", ranks_text(g)))))
-    if plan.cp > 1 and plan.cp_algo == "usp":
-        calls, t, exposed = _dim_time(est, ("cp",), ("all_to_all",))
-        text = (f"USP runs its Ulysses all-to-alls inside the NVLink domain and the ring across: "
-                f"{calls:,} all-to-alls per step, {seconds(t)}" if calls else
-                f"USP with tp = {plan.tp} leaves no room for Ulysses inside the {cluster.nvlink_domain}-GPU NVLink "
-                f"domain: all CP traffic is the ring's P2P")
-        out.append(Verdict("cp-inside-nvlink", "info", text,
-                           (("calls_per_step", calls), ("time_s", t), ("exposed_s", exposed))))
+                               ev + (("span", link), ("domains", s.domains), ("ranks", ranks_text(bad)))))
+    if plan.cp > 1 and plan.cp_algo == "usp" and not any(g.axis == "cp" for g in groups):
+        out.append(Verdict("cp-inside-nvlink", "info",
+                           f"USP with tp = {plan.tp} leaves no room for Ulysses inside the {cluster.nvlink_domain}-GPU "
+                           f"NVLink domain: all CP traffic is the ring's P2P"))
     return out
 
 

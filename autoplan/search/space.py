@@ -3,14 +3,11 @@
 A ``MeshChoice`` fixes everything but the pipeline-internal knobs (micro-batch size,
 schedule, virtual stages, stage cuts, recomputation), which ``search.stages`` chooses.
 
-Hard rules (a choice that breaks one is never generated, unless ``allow_cross_domain``):
-
-* the tp group lies inside one NVLink domain: tp divides the domain size (tp is the
-  innermost axis, so its ranks are consecutive);
-* the EP all-to-all group lies inside one NVLink domain: tp·cp·ep divides the domain
-  (ep sits right outside tp and cp);
-* a Ulysses all-to-all group lies inside one NVLink domain: tp·cp divides the domain
-  (USP keeps its Ulysses part inside the domain and runs ring across, so it may exceed it).
+Hard rule (``autoplan.rules``): every per-layer group — tp, ep, Ulysses (under USP its
+sub-groups) — lies inside one NVLink domain, checked on the ranks of every group under each
+axis order; a degree choice that breaks it under every order is never generated, unless
+``allow_cross_domain``.  USP is generated only where Ulysses alone cannot fit the domain
+(tp·cp > domain): below that, plain Ulysses does the same all-to-alls without ring hops.
 
 Model rules: tp divides the heads (and the KV heads, or is a multiple of them), cp
 divides the sequence into chunks of at least ``MIN_CP_CHUNK`` tokens, ep divides the
@@ -22,10 +19,11 @@ from dataclasses import dataclass
 
 from autoplan.ir import ModelInfo
 from autoplan.plan import Plan
+from autoplan.rules import respects_nvlink
 from topologies.cluster import Cluster
 
 MIN_CP_CHUNK = 1024          # tokens per cp rank below which attention chunks get too small
-MAX_CP = 32
+MAX_CP = 32                  # Llama 3 405B's 128K run used cp=16 (Dubey et al. 2024, §3.3.2); 2x that is the ceiling
 ORDERS = (("tp", "cp", "ep", "dp", "pp"),     # pipeline outermost (Megatron default)
           ("tp", "cp", "ep", "pp", "dp"))     # data parallel outermost (MegaScale, Llama 3)
 
@@ -101,14 +99,20 @@ def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq:
                         if cp_algo != "ring" and (heads // tp) % cp:
                             continue
                         enumerated += 1
-                        if not allow_cross_domain and not _inside_domains(tp, cp, ep, cp_algo, domain):
+                        legal = list(orders if pp > 1 and dp > 1 else orders[:1])
+                        if not allow_cross_domain:
+                            legal = [] if cp_algo == "usp" and tp * cp <= domain else [
+                                o for o in legal if respects_nvlink(Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp,
+                                                                         cp_algo=cp_algo, order=o),
+                                                                    experts=experts, nvlink_domain=domain)]
+                        if not legal:
                             broke += 1
                             continue
                         for sp in ((True, False) if tp > 1 else (False,)):
                             if sp and (seq // cp) % tp:
                                 continue
                             for zero in (_useful_zero(zero_levels) if dp > 1 else (0,)):
-                                for order in (orders if pp > 1 and dp > 1 else orders[:1]):
+                                for order in legal:
                                     out.append(MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order))
     return out, SpaceStats(enumerated, broke, len(out))
 
@@ -118,16 +122,3 @@ def _useful_zero(levels: tuple[int, ...]) -> tuple[int, ...]:
     plus an all-gather of bf16 parameters moves less than an fp32 all-reduce, and the
     optimizer states shrink by dp — no better time or memory is lost by skipping it."""
     return tuple(z for z in levels if not (z == 0 and 1 in levels))
-
-
-def _inside_domains(tp: int, cp: int, ep: int, cp_algo: str, domain: int) -> bool:
-    """The hard rule: per-layer collective groups stay inside one NVLink domain."""
-    if domain % tp:
-        return False
-    if ep > 1 and domain % (tp * cp * ep):
-        return False
-    if cp_algo == "ulysses" and domain % (tp * cp):
-        return False
-    if cp_algo == "usp" and (domain % tp or cp * tp <= domain):
-        return False      # USP only where Ulysses alone cannot fit the domain
-    return True
