@@ -23,7 +23,8 @@ Schema (one mapping; only ``gpu`` and ``num_gpus`` are required)::
     pod_oversubscription: 1.0   # x in 1:x above the pods (Llama 3's cluster: 7.0)
     sharp: false                # InfiniBand SHARP in-network all-reduce
 
-    # physical calibration      default: topologies/network.yaml (edit there for all clusters)
+    # physical calibration      default: systems.yaml for the GPU kind (NVLink generation), else
+                                #   topologies/network.yaml (edit there for all clusters)
     nic_efficiency: 0.96        # fraction of nic_bw NCCL achieves per NIC
     nvlink_efficiency: 0.822    # ring busbw / nvlink_bw
     nvls_efficiency: 0.686      # NVLS all-reduce algbw / (nvlink_bw * k/(k+1))
@@ -92,11 +93,11 @@ def from_mapping(raw: Mapping[str, Any], *, default_name: str, source: str) -> C
     gpu = gpu_spec(values["gpu"])
 
     merged: dict[str, Any] = {}
-    systems = read_yaml("systems.yaml")
-    merged.update(systems[gpu.name])
     network = read_yaml("network.yaml")
     for key, (section, entry) in _NETWORK_DEFAULTS.items():
         merged[key] = network[section][entry]
+    systems = read_yaml("systems.yaml")
+    merged.update(systems[gpu.name])       # per GPU generation: may override network.yaml's links
     nic = values.get("nic", merged["nic"])
     nic_kind = network["nics"].get(nic)
     if nic_kind is not None:
