@@ -44,6 +44,8 @@ VTRAIN_VOCAB = 50304
 VTRAIN_PROFILE = os.path.join(PROFILE_DIR, "a100-megatron-deepspeed.yaml")
 VTRAIN_OPTIONS = EstimateOptions(overlap_grad_reduce=False, profile=VTRAIN_PROFILE)
 RANK_TOLERANCE = 0.05
+VTRAIN_LINKS = {"nvlink_efficiency": 0.72, "nvlink_latency": 1.5e-6, "launch_latency": 48.0e-6}
+"""The vTrain node's NVLink as its own nccl-tests LUTs measure it (experiments/fit_nccl_lut.py)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ def _cluster(name: str):
     with open(os.path.join(REFERENCE, "vtrain", "cluster_a100.yaml")) as f:
         raw = yaml.safe_load(f)
     raw["num_gpus"] = n
+    raw.update(VTRAIN_LINKS)
     if n < raw["gpus_per_node"]:
         raw["gpus_per_node"] = raw["nvlink_domain"] = n
         raw["nics_per_node"] = min(raw["nics_per_node"], n)
@@ -175,3 +178,9 @@ def summary(priced: list[Priced]) -> dict:
         return {"rows": 0}
     return {"rows": len(errs), "mean_abs": sum(abs(e) for e in errs) / len(errs),
             "max_abs": max(abs(e) for e in errs), "mean_signed": sum(errs) / len(errs)}
+
+
+def rounded_summary(numbers: dict) -> dict:
+    """Per-regime summaries with floats to 4 decimals (stable JSON)."""
+    return {k: {kk: round(vv, 4) if isinstance(vv, float) else vv for kk, vv in v.items()}
+            for k, v in numbers.items()}
