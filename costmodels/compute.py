@@ -12,7 +12,15 @@ For an op with ``flops`` FLOPs that moves ``nbytes`` bytes through HBM::
 * Everything else is memory bound; ``fusion`` is the fraction of the unfused ATen
   graph's elementwise HBM traffic that remains once a training stack fuses
   bias/activation/dropout/residual kernels (Megatron, torch.compile).
-* ``overhead_s`` is a per-kernel launch/tail cost.
+* ``overhead_s`` is a per-kernel launch/tail cost on the GPU.
+* ``host_floor_s`` is the CPU side of one eager op (Python, the dispatcher, autograd, the
+  launch call): the host issues kernels no faster than one per ``host_floor_s``, so a kernel
+  shorter than that leaves the GPU waiting for the next launch.  An op costs at least that::
+
+      t_op = max(t_gpu, host_floor_s)
+
+  It is what keeps a small transformer layer from getting faster than ~3 ms per micro-batch
+  on vTrain's Megatron-DeepSpeed A100 runs (fitted there: ``experiments/fit_host_floor.py``).
 
 Profiles are YAML data files in ``costmodels/profiles/<gpu>.yaml`` (or any path
 given with ``--profile``); ``autoplan calibrate`` writes new ones from measurements.
@@ -45,6 +53,7 @@ class ComputeProfile:
     memory_fraction: float           # achieved / peak HBM bandwidth for streaming kernels
     fusion: float                    # fraction of unfused elementwise traffic that remains
     overhead_s: float                # per-kernel launch + tail, seconds
+    host_floor_s: float = 0.0        # CPU seconds to issue one op (eager dispatch + launch)
     source: str = ""                 # where the numbers come from
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
@@ -81,8 +90,9 @@ def _load_profile_file(path: str) -> ComputeProfile:
 
 
 def gemm_time(m: float, n: float, k: float, peak_flops: float, profile: ComputeProfile) -> float:
-    """Seconds for one (M, N, K) GEMM: 2·M·N·K / (peak · eff(M, N, K)) + overhead."""
-    return 2.0 * m * n * k / (peak_flops * profile.gemm_efficiency(m, n, k)) + profile.overhead_s
+    """Seconds for one (M, N, K) GEMM: max(2·M·N·K / (peak · eff(M, N, K)) + overhead, host floor)."""
+    t_gpu = 2.0 * m * n * k / (peak_flops * profile.gemm_efficiency(m, n, k)) + profile.overhead_s
+    return max(t_gpu, profile.host_floor_s)
 
 
 def op_time(kind: str, flops: float, nbytes: float, *, peak_flops: float, hbm_bw: float,
@@ -103,4 +113,4 @@ def op_time(kind: str, flops: float, nbytes: float, *, peak_flops: float, hbm_bw
     else:
         t_compute = flops / (peak_flops * profile.gemm_peak_fraction)
         t_memory = nbytes * profile.fusion / (hbm_bw * profile.memory_fraction)
-    return max(t_compute, t_memory) + profile.overhead_s
+    return max(max(t_compute, t_memory) + profile.overhead_s, profile.host_floor_s)

@@ -5,6 +5,9 @@ Schema (one mapping; only ``gpu`` and ``num_gpus`` are required)::
     name: selene                # default: the file name without .yaml
     description: "..."          # default: generated from the hardware
     gpu: a100-80gb              # GPU kind from topologies/gpus.yaml (aliases allowed: a100)
+    gpu_hbm_bytes: 96.0e9       # optional: this cluster's parts differ from the catalog kind
+    gpu_hbm_bw: 2.4e12          #   (HBM size, HBM bytes/s, power-limited dense BF16 FLOP/s),
+    gpu_bf16_flops: 989.0e12    #   e.g. torchtitan's Grand Teton H100s: 96 GB HBM2e at 500 W
     num_gpus: 4480              # multiple of nvlink_domain (and so of gpus_per_node)
 
     # node and NVLink          default: topologies/systems.yaml for the GPU kind
@@ -23,7 +26,8 @@ Schema (one mapping; only ``gpu`` and ``num_gpus`` are required)::
     pod_oversubscription: 1.0   # x in 1:x above the pods (Llama 3's cluster: 7.0)
     sharp: false                # InfiniBand SHARP in-network all-reduce
 
-    # physical calibration      default: topologies/network.yaml (edit there for all clusters)
+    # physical calibration      default: systems.yaml for the GPU kind (NVLink generation), else
+                                #   topologies/network.yaml (edit there for all clusters)
     nic_efficiency: 0.96        # fraction of nic_bw NCCL achieves per NIC
     nvlink_efficiency: 0.822    # ring busbw / nvlink_bw
     nvls_efficiency: 0.686      # NVLS all-reduce algbw / (nvlink_bw * k/(k+1))
@@ -46,15 +50,20 @@ import yaml
 from topologies._data import read_yaml
 from topologies.cluster import Cluster
 from topologies.errors import TopologyError
-from topologies.gpus import gpu_spec
+from topologies.gpus import GPUSpec, gpu_spec
 
 INT_KEYS = ("num_gpus", "gpus_per_node", "nvlink_domain", "nics_per_node", "leaf_nodes", "pod_size")
 FLOAT_KEYS = ("nic_bw", "nic_efficiency", "pod_oversubscription", "nvlink_efficiency",
               "nvls_efficiency", "launch_latency", "nvlink_latency", "rail_latency",
               "spine_latency", "pod_latency")
 BOOL_KEYS = ("nvls", "sharp")
-KEYS = tuple(f.name for f in dataclasses.fields(Cluster))
-"""Every accepted key, in schema order (the Cluster fields; ``gpu`` is a kind name)."""
+GPU_OVERRIDES = {"gpu_hbm_bytes": "hbm_bytes", "gpu_hbm_bw": "hbm_bw", "gpu_bf16_flops": "bf16_flops"}
+"""Cluster keys that override a field of the catalog GPUSpec (key -> GPUSpec field)."""
+FLOAT_KEYS = FLOAT_KEYS + tuple(GPU_OVERRIDES)
+CLUSTER_KEYS = tuple(f.name for f in dataclasses.fields(Cluster))
+KEYS = CLUSTER_KEYS[:3] + tuple(GPU_OVERRIDES) + CLUSTER_KEYS[3:]
+"""Every accepted key, in schema order (the Cluster fields, ``gpu`` a kind name, then the
+optional GPU overrides)."""
 
 _NETWORK_DEFAULTS = {  # cluster key -> (section, key) in network.yaml
     "nvlink_efficiency": ("nvlink", "ring_efficiency"),
@@ -89,14 +98,14 @@ def from_mapping(raw: Mapping[str, Any], *, default_name: str, source: str) -> C
             raise TopologyError(f"{source}: missing required key {key!r}",
                                 "a cluster file needs at least `gpu:` and `num_gpus:`")
     values = {key: _checked(key, raw[key], source) for key in raw}
-    gpu = gpu_spec(values["gpu"])
+    gpu = _gpu_with_overrides(gpu_spec(values["gpu"]), values, source)
 
     merged: dict[str, Any] = {}
-    systems = read_yaml("systems.yaml")
-    merged.update(systems[gpu.name])
     network = read_yaml("network.yaml")
     for key, (section, entry) in _NETWORK_DEFAULTS.items():
         merged[key] = network[section][entry]
+    systems = read_yaml("systems.yaml")
+    merged.update(systems[gpu.name])       # per GPU generation: may override network.yaml's links
     nic = values.get("nic", merged["nic"])
     nic_kind = network["nics"].get(nic)
     if nic_kind is not None:
@@ -109,7 +118,7 @@ def from_mapping(raw: Mapping[str, Any], *, default_name: str, source: str) -> C
     merged["gpu"] = gpu
     merged.setdefault("name", default_name)
     merged.setdefault("description", "")
-    kwargs = {key: _coerce(key, merged[key]) for key in KEYS}
+    kwargs = {key: _coerce(key, merged[key]) for key in CLUSTER_KEYS}
 
     try:
         cluster = Cluster(**kwargs)
@@ -121,10 +130,29 @@ def from_mapping(raw: Mapping[str, Any], *, default_name: str, source: str) -> C
     return cluster
 
 
+def _gpu_with_overrides(gpu: GPUSpec, values: dict[str, Any], source: str) -> GPUSpec:
+    """The catalog spec with the cluster's ``gpu_*`` overrides applied (each must be > 0)."""
+    changes = {}
+    for key, field in GPU_OVERRIDES.items():
+        if key in values:
+            if values[key] <= 0:
+                raise TopologyError(f"{source}: {key} must be a positive number, got {values.pop(key)!r}",
+                                    f"give the part's {field} or leave the key out for the {gpu.name} default")
+            changes[field] = float(values.pop(key))
+    return dataclasses.replace(gpu, **changes) if changes else gpu
+
+
 def to_mapping(cluster: Cluster) -> dict[str, Any]:
-    """Every key of the schema, explicit, in schema order (``gpu`` as its kind name)."""
+    """Every key of the schema, explicit, in schema order (``gpu`` as its kind name); the
+    ``gpu_*`` overrides only where the cluster's GPU differs from the catalog kind."""
     out = {}
+    catalog = gpu_spec(cluster.gpu.name)
     for key in KEYS:
+        if key in GPU_OVERRIDES:
+            value = getattr(cluster.gpu, GPU_OVERRIDES[key])
+            if value != getattr(catalog, GPU_OVERRIDES[key]):
+                out[key] = value
+            continue
         value = getattr(cluster, key)
         out[key] = value.name if key == "gpu" else value
     return out

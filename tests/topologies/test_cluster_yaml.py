@@ -70,3 +70,22 @@ def test_bundled_files_are_named_after_themselves():
     for cluster in topologies.named_clusters():
         assert topologies.load(cluster.name) == cluster
         assert cluster.description
+
+
+def test_gpu_overrides_apply_and_round_trip():
+    from topologies.cluster_yaml import from_mapping, to_mapping
+    raw = {"gpu": "h100", "num_gpus": 8, "gpu_hbm_bytes": 96e9, "gpu_hbm_bw": "2.4e12", "gpu_bf16_flops": 800e12}
+    c = from_mapping(raw, default_name="gt", source="gt.yaml")
+    assert (c.gpu.name, c.gpu.hbm_bytes, c.gpu.hbm_bw, c.gpu.bf16_flops) == ("h100", 96e9, 2.4e12, 800e12)
+    m = to_mapping(c)
+    assert m["gpu_hbm_bytes"] == 96e9 and from_mapping(m, default_name="gt", source="gt.yaml") == c
+    plain = to_mapping(from_mapping({"gpu": "h100", "num_gpus": 8}, default_name="p", source="p.yaml"))
+    assert "gpu_hbm_bytes" not in plain
+
+
+def test_gpu_override_must_be_positive():
+    import pytest
+    from topologies.cluster_yaml import from_mapping
+    from topologies.errors import TopologyError
+    with pytest.raises(TopologyError, match="gpu_hbm_bw must be a positive number"):
+        from_mapping({"gpu": "h100", "num_gpus": 8, "gpu_hbm_bw": 0}, default_name="x", source="x.yaml")

@@ -1,0 +1,186 @@
+"""Public rows outside the Megatron TP+PP tables, grouped by regime, and their pricing.
+
+Read by ``experiments/validate_published.py --regimes``.  Two sources in ``../shared/reference``:
+
+* ``regime_runs.json`` (torchtitan FSDP on A100 and H100; published layouts that must fit):
+  each row carries its model spec, cluster, sequence, global batch and plan string; it is
+  priced exactly as written (gradient reduction overlapped, as FSDP does).
+* ``vtrain/ground_truth_single.csv``: 1,440 Megatron-DeepSpeed GPT runs on one 8x A100-SXM4
+  node (fp16, iteration ms).  Mapping, the same for every row: GPT-2 vocabulary padded to
+  50,304; unfused attention (2023 Megatron-DeepSpeed: fused softmax, no flash attention);
+  no activation recompute, no SP, no ZeRO, 1F1B, gradient all-reduce after backward (not
+  overlapped: DeepSpeed's pipeline engine reduces at the end of the step), priced with the
+  profile of that software stack (``costmodels/profiles/a100-megatron-deepspeed.yaml``: the A100
+  efficiencies plus its fitted per-op host floor).  The cluster is
+  ``vtrain/cluster_a100.yaml`` with ``num_gpus`` set to the run's; runs of 2 or 4 GPUs use
+  a node of that many GPUs (their NVLink ring has 2 or 4 members).
+
+Error = predicted / published - 1.  Group (vTrain): same model, GPUs, global batch, sequence;
+a group is "ranked right" when the plan the model prices fastest measures within 5 % of the
+group's measured best.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import yaml
+
+from autoplan.errors import UserError
+from autoplan.estimate import EstimateOptions, Estimator
+from autoplan.frontend import trace
+from autoplan.plan import Plan
+from costmodels.compute import PROFILE_DIR
+import topologies
+from topologies.cluster_yaml import from_mapping
+
+REFERENCE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                          "shared", "reference"))
+REFERENCE = os.environ.get("AUTOPLAN_REFERENCE", REFERENCE if os.path.isdir(REFERENCE) else "/work/shared/reference")
+VTRAIN_VOCAB = 50304
+VTRAIN_PROFILE = os.path.join(PROFILE_DIR, "a100-megatron-deepspeed.yaml")
+VTRAIN_OPTIONS = EstimateOptions(overlap_grad_reduce=False, profile=VTRAIN_PROFILE)
+RANK_TOLERANCE = 0.05
+VTRAIN_LINKS = {"nvlink_efficiency": 0.72, "nvlink_latency": 1.5e-6, "launch_latency": 48.0e-6}
+"""The vTrain node's NVLink as its own nccl-tests LUTs measure it (experiments/fit_nccl_lut.py)."""
+
+
+@dataclass(frozen=True)
+class RegimeRow:
+    """One public run: what to price and what was measured."""
+
+    regime: str          # fsdp | single-node | memory-must-fit
+    ident: str
+    model: str           # zoo name or family spec
+    cluster: str         # shorthand, name or YAML path
+    seq: int
+    global_batch: int
+    plan: str
+    published_s: float
+    group: str = ""      # vTrain ranking group
+
+
+@dataclass(frozen=True)
+class Priced:
+    row: RegimeRow
+    predicted_s: float
+    memory_gib: float
+    fits: bool
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.row.published_s - 1.0
+
+
+def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
+    """The rows of ``regime_runs.json`` (regime = the note's ``group=``)."""
+    path = path or os.path.join(REFERENCE, "regime_runs.json")
+    with open(path) as f:
+        raw = json.load(f)
+    out = []
+    for r in raw:
+        parts = [part.strip() for part in r["note"].split(";")]
+        note = dict(part.split("=", 1) for part in parts if "=" in part.split(" ")[0])
+        cluster = r["cluster"]
+        if cluster.endswith(".yaml"):
+            cluster = os.path.join(os.path.dirname(path), cluster)
+        out.append(RegimeRow(note["group"], note["id"], r["model"], cluster, r["seq"], r["global_batch"],
+                             r["plan"], r["iter_s"]))
+    return out
+
+
+def vtrain_rows(path: str | None = None) -> list[RegimeRow]:
+    """The 1,440 single-node vTrain rows (see the module docstring for the mapping)."""
+    path = path or os.path.join(REFERENCE, "vtrain", "ground_truth_single.csv")
+    out = []
+    with open(path, encoding="utf-8-sig") as f:
+        for rec in csv.reader(f):
+            if not rec or rec[0].startswith("#"):
+                continue
+            n, gb, mbs, h, a, l, s, tp, dp, pp, ms = (float(x) for x in rec)
+            n, gb, mbs, h, a, l, s, tp, dp, pp = (int(x) for x in (n, gb, mbs, h, a, l, s, tp, dp, pp))
+            model = f"gpt:layers={l},hidden={h},heads={a},vocab={VTRAIN_VOCAB},max_seq={s},attention=eager"
+            plan = f"tp={tp},pp={pp},dp={dp},mbs={mbs},recompute=none,sp=off,zero=0,schedule=1f1b"
+            out.append(RegimeRow("single-node", f"vtrain-{len(out)}", model, f"vtrain:{n}", s, gb, plan,
+                                 ms / 1000.0, group=f"h{h} l{l} n{n} B{gb} s{s}"))
+    return out
+
+
+@lru_cache(maxsize=None)
+def _cluster(name: str):
+    if not name.startswith("vtrain:"):
+        return topologies.load(name)
+    n = int(name.split(":")[1])
+    with open(os.path.join(REFERENCE, "vtrain", "cluster_a100.yaml")) as f:
+        raw = yaml.safe_load(f)
+    raw["num_gpus"] = n
+    raw.update(VTRAIN_LINKS)
+    if n < raw["gpus_per_node"]:
+        raw["gpus_per_node"] = raw["nvlink_domain"] = n
+        raw["nics_per_node"] = min(raw["nics_per_node"], n)
+        raw["leaf_nodes"], raw["pod_size"] = 1, n
+    return from_mapping(raw, default_name=f"vtrain-a100x{n}", source="vtrain/cluster_a100.yaml")
+
+
+@lru_cache(maxsize=None)
+def _model(spec: str, seq: int):
+    return trace(spec, seq=seq)
+
+
+_ESTIMATORS: dict = {}
+
+
+def price_row(row: RegimeRow, options: EstimateOptions) -> Priced | None:
+    """Price one row as written; None when the plan does not parse for the row."""
+    cluster = _cluster(row.cluster)
+    key = (row.model, row.seq, row.cluster, options)
+    est = _ESTIMATORS.get(key)
+    if est is None:
+        est = _ESTIMATORS[key] = Estimator(_model(row.model, row.seq), cluster, options)
+    try:
+        e = est.estimate(Plan.parse(row.plan, num_gpus=cluster.num_gpus), row.global_batch, detail=False)
+    except UserError:
+        return None
+    return Priced(row, e.step_time_s, e.memory_gib, e.fits)
+
+
+def price_all(rows: list[RegimeRow]) -> list[Priced]:
+    """Every row priced (vTrain rows with the vTrain options, the others with FSDP's overlap)."""
+    out = []
+    for row in rows:
+        options = VTRAIN_OPTIONS if row.regime == "single-node" else EstimateOptions()
+        p = price_row(row, options)
+        if p is not None:
+            out.append(p)
+    return out
+
+
+def group_ranking(priced: list[Priced]) -> tuple[int, int]:
+    """(groups whose predicted-best plan measures within RANK_TOLERANCE of the measured best, groups)."""
+    groups: dict[str, list[Priced]] = {}
+    for p in priced:
+        groups.setdefault(p.row.group, []).append(p)
+    good = 0
+    for members in groups.values():
+        best_measured = min(p.row.published_s for p in members)
+        chosen = min(members, key=lambda p: (p.predicted_s, p.row.ident))
+        good += chosen.row.published_s <= best_measured * (1.0 + RANK_TOLERANCE)
+    return good, len(groups)
+
+
+def summary(priced: list[Priced]) -> dict:
+    """Mean/max |error| and mean signed error of a list of priced rows."""
+    errs = [p.error for p in priced]
+    if not errs:
+        return {"rows": 0}
+    return {"rows": len(errs), "mean_abs": sum(abs(e) for e in errs) / len(errs),
+            "max_abs": max(abs(e) for e in errs), "mean_signed": sum(errs) / len(errs)}
+
+
+def rounded_summary(numbers: dict) -> dict:
+    """Per-regime summaries with floats to 4 decimals (stable JSON)."""
+    return {k: {kk: round(vv, 4) if isinstance(vv, float) else vv for kk, vv in v.items()}
+            for k, v in numbers.items()}
