@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.zoo.common import MLP, Attention, DerivedSizes, make_norm
+from autoplan.zoo.common import MLP, Attention, DerivedSizes, init_weights, make_norm
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = make_norm(cfg.norm, cfg.hidden, cfg.bias)
         self.lm_head = None if cfg.tie else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        init_weights(self, cfg.layers)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         seq = ids.shape[1]

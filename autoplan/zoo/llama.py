@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.zoo.common import MLP, Attention, DerivedSizes, make_norm, rope_cos_sin
+from autoplan.zoo.common import MLP, Attention, DerivedSizes, init_weights, make_norm, rope_cos_sin
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class Llama(nn.Module):
                                     else (Block(cfg) for _ in range(cfg.layers)))
         self.norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
         self.output = None if cfg.tie else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        init_weights(self, cfg.layers)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok_embeddings(ids)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -24,6 +25,18 @@ def test_four_rank_run_prints_decreasing_loss(cli):
     assert len(losses) == 4, r.stdout
     assert all(a > b for a, b in zip(losses, losses[1:])), losses
     assert "on 4 processes (gloo)" in r.stdout
+
+
+def test_readme_check_example_reports_a_match(cli):
+    """The README's `autoplan run gpt:... --plan tp=2,pp=2 --nproc 4 --check` (GPT: dropout 0.1 by default)."""
+    r = cli("run", "gpt:layers=4,hidden=64,heads=4,vocab=256", "--plan", "tp=2,pp=2", "--nproc", "4",
+            "--steps", "4", "--check")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    first = float(re.search(r"^step 1/4  loss ([0-9.]+)$", r.stdout, flags=re.M).group(1))
+    assert abs(first - math.log(256)) < 0.1                    # a fresh model starts at ≈ ln(vocab)
+    assert re.search(r"^  grad wte\.weight +rel err \d\.\d\de-0[6-9]$", r.stdout, flags=re.M), r.stdout
+    assert "tolerance 4.58e-05 = 32·ε·(L+2)·√N, fp32 ε = 2^-23, L = 4 blocks, N = 4 ranks" in r.stdout
+    assert re.search(r"^OK: max relative error .* <= tolerance 4.58e-05$", r.stdout, flags=re.M)
 
 
 @pytest.mark.parametrize("args, message", [
