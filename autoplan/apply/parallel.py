@@ -25,6 +25,7 @@ from autoplan.apply import data_parallel, pipeline, recompute, tensor_parallel
 from autoplan.apply._torch import plain_tensors_are_replicated, register_cpu_attention_sharding
 from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
 from autoplan.apply.layout import ModelLayout, probe
+from autoplan.apply.outputs import training_config
 from autoplan.apply.tensor_parallel import PlacementsArg
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
@@ -261,6 +262,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     gets whole logits.
     """
     check_supported(plan, global_batch)
+    training_config(model)
     if not dist.is_initialized():
         raise UserError("apply needs an initialised process group",
                         "call torch.distributed.init_process_group first (autoplan run does)")

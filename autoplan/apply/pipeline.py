@@ -32,6 +32,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleD
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from autoplan.apply.layout import ModelLayout
+from autoplan.apply.outputs import logits_of
 from autoplan.plan import Plan
 
 # plan schedule -> (torch schedule class, several stages per rank)
@@ -142,7 +143,7 @@ class StageModule(nn.Module):
                 x = DTensor.from_local(x, self._tp_mesh, self._stream, run_check=False)
             self._inject[0].value = x
         try:
-            out = self.model(ids)
+            out = logits_of(self.model(ids))
         except StageExit as e:
             out = e.tensor
         finally:

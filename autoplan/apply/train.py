@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autoplan.apply.layout import find_blocks
+from autoplan.apply.outputs import logits_of, training_config
 from autoplan.apply.parallel import ParallelModel, apply, cross_entropy, make_optimizer
 from autoplan.errors import UserError
 from autoplan.plan import Plan
@@ -51,7 +52,7 @@ def build_model(cfg: RunConfig) -> nn.Module:
     from autoplan.frontend.source import load_source
 
     torch.manual_seed(cfg.seed)
-    model = load_source(cfg.model).build()
+    model = training_config(load_source(cfg.model).build())
     model.train(cfg.dropout)
     return model.to(DTYPES[cfg.dtype])
 
@@ -173,7 +174,7 @@ def run_reference(cfg: RunConfig) -> tuple[list[float], dict[str, torch.Tensor],
     for step in range(cfg.steps):
         total = 0.0
         for mb_ids, mb_targets in zip(ids.chunk(n), targets.chunk(n)):
-            loss = cross_entropy(model(mb_ids), mb_targets)
+            loss = cross_entropy(logits_of(model(mb_ids)), mb_targets)
             (loss / n).backward()
             total += loss.item()
         losses.append(total / n)
