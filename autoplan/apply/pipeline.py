@@ -121,13 +121,17 @@ def cut_stage(model: nn.Module, layout: ModelLayout, first: int, end: int, owns_
 
 
 class StageModule(nn.Module):
-    """One pipeline stage: ids (first stage) or the residual stream in, stream or logits out."""
+    """One pipeline stage: ids (first stage) or the residual stream in, stream or logits out.
+
+    ``seq`` is the tokens per sequence on this rank (S/cp under context parallelism).
+    """
 
     def __init__(self, model: nn.Module, inject: _Inject | None, *, index: int, first: bool, last: bool,
                  seq: int, tp_mesh: DeviceMesh | None, stream: tuple[Placement, ...],
-                 keep_vocab_shard: bool = False) -> None:
+                 keep_vocab_shard: bool = False, positions: torch.Tensor | None = None) -> None:
         super().__init__()
         self.model = model
+        self._positions = positions              # [1, seq]: this cp rank's token positions (None: 0..seq-1)
         self.index, self.first, self.last, self.seq = index, first, last, seq
         self._inject = [inject]                  # a list: not registered twice as a submodule
         self._tp_mesh = tp_mesh
@@ -143,7 +147,8 @@ class StageModule(nn.Module):
                 x = DTensor.from_local(x, self._tp_mesh, self._stream, run_check=False)
             self._inject[0].value = x
         try:
-            out = logits_of(self.model(ids))
+            kwargs = {} if self._positions is None else {"position_ids": self._positions}
+            out = logits_of(self.model(ids, **kwargs))
         except StageExit as e:
             out = e.tensor
         finally:

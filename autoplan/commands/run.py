@@ -81,7 +81,7 @@ def _checked_config(args: argparse.Namespace):
     plan.validate(num_gpus=nproc, num_layers=info.layers if info else plan.pp * plan.vpp,
                   heads=info.heads if info else 0, kv_heads=info.kv_heads if info else 0,
                   experts=info.experts if info else 0, seq=args.seq, global_batch=args.global_batch)
-    check_supported(plan, args.global_batch)
+    check_supported(plan, args.global_batch, args.seq)
     if args.backend == "nccl":
         from autoplan.apply.train import cuda_devices
 

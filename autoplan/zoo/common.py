@@ -98,14 +98,16 @@ class MLP(nn.Module):
 
 
 def rope_cos_sin(seq: int, head_dim: int, theta: float, device: torch.device,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables ``cos, sin`` of shape [seq, head_dim] (rotate-half layout).
+                 dtype: torch.dtype, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables ``cos, sin`` of shape [seq, head_dim] (rotate-half layout) at
+    ``positions`` [seq] (default 0..seq-1).
 
     Computed on the fly from ``arange`` (no buffers), so a model built on the
     meta device needs no re-initialisation before it runs.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    pos = torch.arange(seq, device=device, dtype=torch.float32)
+    pos = (torch.arange(seq, device=device, dtype=torch.float32) if positions is None
+           else positions.to(device=device, dtype=torch.float32))
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -41,7 +41,7 @@ def test_readme_check_example_reports_a_match(cli):
 
 @pytest.mark.parametrize("args, message", [
     (["--plan", "tp=two"], "tp='two' is not an integer"),
-    (["--plan", "tp=2,cp=2", "--nproc", "4"], "does not run context parallelism"),
+    (["--plan", "tp=2,cp=2", "--nproc", "4", "--seq", "18"], "the sequence length 18 does not divide by 4"),
     (["--plan", "tp=2,dp=1", "--nproc", "4"], "= 2, but the cluster has 4 GPUs"),
     (["--plan", "tp=2", "--nproc", "3"], "does not divide 3 GPUs"),
     (["--plan", "tp=2", "--steps", "0"], "--steps must be at least 1"),
