@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from autoplan.apply.layout import ModelLayout
 from autoplan.apply.outputs import logits_of
+from autoplan.apply.schedules import OrderedSchedule
 from autoplan.plan import Plan
 
 # plan schedule -> (torch schedule class, several stages per rank)
@@ -43,6 +44,7 @@ SCHEDULE_CLASSES = {
     "zb-h1": ScheduleInterleavedZeroBubble,   # one stage per rank: ZB-H1's B/W split, W fills bubbles
     "zbv": ScheduleZBVZeroBubble,
     "dualpipev": ScheduleDualPipeV,
+    "zb-h2": OrderedSchedule,                 # no torch class: the simulator's own order (schedules.py)
 }
 SINGLE_STAGE = ("gpipe", "1f1b")
 
@@ -175,6 +177,8 @@ def build_schedule(plan: Plan, stages: list[StageModule], pp_group, device: torc
     num_stages = plan.pp * plan.vpp
     pipe_stages = [PipelineStage(s, s.index, num_stages, device, group=pp_group) for s in stages]
     cls = SCHEDULE_CLASSES[plan.schedule]
+    if cls is OrderedSchedule:
+        return cls(pipe_stages, microbatches, loss_fn, plan.schedule)
     if plan.schedule in SINGLE_STAGE:
         return cls(pipe_stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     return cls(pipe_stages, n_microbatches=microbatches, loss_fn=loss_fn)
