@@ -22,7 +22,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import published_regimes as pr  # noqa: E402
-from autoplan.estimate import EstimateOptions  # noqa: E402
+from autoplan.cost import EstimateOptions  # noqa: E402
 
 GRID_US = (0.0, 20.0, 35.0, 45.0, 50.0, 55.0, 60.0, 70.0)
 

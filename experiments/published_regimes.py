@@ -30,7 +30,7 @@ from functools import lru_cache
 import yaml
 
 from autoplan.errors import UserError
-from autoplan.estimate import EstimateOptions, Estimator
+from autoplan.cost import EstimateOptions, Estimator
 from autoplan.frontend import trace
 from autoplan.plan import Plan
 from costmodels.compute import PROFILE_DIR

@@ -10,6 +10,7 @@ What torch 2.13 cannot run raises ``UserError`` instead of running something els
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,13 +22,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from autoplan.apply import data_parallel, pipeline, recompute, tensor_parallel
+from autoplan.apply import context_parallel, data_parallel, pipeline, recompute, tensor_parallel
 from autoplan.apply._torch import plain_tensors_are_replicated, register_cpu_attention_sharding
 from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
 from autoplan.apply.layout import ModelLayout, probe
+from autoplan.apply.outputs import training_config
 from autoplan.apply.tensor_parallel import PlacementsArg
 from autoplan.errors import UserError
 from autoplan.axes import DENSE_DP
+from autoplan.frontend.hf import unpacked_sequences
 from autoplan.mesh import Mesh
 from autoplan.plan import V_SCHEDULES, Plan
 
@@ -68,19 +71,19 @@ def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
     raise UserError(f"unknown optimizer {kind!r}", f"use one of: {', '.join(OPTIMIZERS)}")
 
 
-def check_supported(plan: Plan, global_batch: int | None = None) -> None:
+def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None = None) -> None:
     """Raise UserError for the parts of a plan this torch cannot run.
 
-    With ``global_batch``, also the micro-batch counts torch's schedules refuse.
+    With ``global_batch``, also the micro-batch counts torch's schedules refuse; with ``seq``,
+    a sequence that context parallelism cannot cut into 2·cp chunks.
     """
-    if plan.cp > 1:
-        raise UserError(
-            f"autoplan apply does not run context parallelism (cp={plan.cp}): torch 2.13's "
-            "context_parallel swaps attention for ring attention only on the CUDA flash/efficient/"
-            "cuDNN kernels (not on CPU), has no Ulysses all-to-all, and needs the model's position "
-            "tensors passed in as sequence-sharded buffers, while the zoo models derive positions "
-            "from the input length inside forward",
-            "run the plan with cp=1, or export it to torchtitan/Megatron-LM (autoplan export)")
+    if seq is not None and plan.cp > 1:
+        # 2·cp chunks; each rank's S/cp tokens split over tp under sp
+        per = math.lcm(2 * plan.cp, plan.cp * (plan.tp if plan.sp else 1))
+        if seq % per:
+            raise UserError(f"cp={plan.cp} cuts the sequence into 2·cp chunks (and sp splits each rank's share "
+                            f"over tp): the sequence length {seq} does not divide by {per}",
+                            f"use a multiple of {per}")
     if plan.ep > 1:
         raise UserError(
             f"autoplan apply does not run expert parallelism (ep={plan.ep}): torch 2.13 has no "
@@ -125,8 +128,10 @@ class ParallelModel:
     coords: dict[str, int]
     tied: tuple[str, ...] = ()
     vocab_parallel_loss: bool = False       # the last stage keeps logits split over tp (see vocab_parallel_cross_entropy)
+    cp_groups: context_parallel.CPGroups | None = None
+    _cp_group: object | None = field(default=None, repr=False)
     _tied_group: object | None = None
-    _dp_group: object | None = field(default=None, repr=False)
+    _dp_group: object | None = field(default=None, repr=False)   # the data group: cp·ep·dp ranks (Mesh "dp")
     _dp_ranks: tuple[int, ...] = ()
 
     # --- where this rank sits -------------------------------------------------
@@ -158,10 +163,12 @@ class ParallelModel:
 
     # --- data -------------------------------------------------------------------
     def local_batch(self, batch: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of a global batch (split over the dp axis)."""
+        """This rank's rows of a global batch [B, S] (split over the dp axis) and, under context
+        parallelism, its two sequence chunks (``context_parallel.split_sequence``)."""
         n = batch.shape[0] // self.plan.dp
         i = self.coords["dp"] * self.plan.ep + self.coords["ep"]
-        return batch[i * n:(i + 1) * n]
+        rows = batch[i * n:(i + 1) * n]
+        return rows if self.plan.cp == 1 else context_parallel.split_sequence(rows, self.plan.cp, self.coords["cp"])
 
     # --- a training step ---------------------------------------------------------
     def _context(self):
@@ -170,6 +177,9 @@ class ParallelModel:
             stack.enter_context(plain_tensors_are_replicated())
         if self.vocab_parallel_loss:
             stack.enter_context(loss_parallel())
+        if self.cp_groups is not None:
+            stack.enter_context(unpacked_sequences())      # positions of a chunk pair are not a packed batch
+            stack.enter_context(context_parallel.ContextParallelAttention(self.cp_groups))
         return stack
 
     def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor) -> float | None:
@@ -199,8 +209,12 @@ class ParallelModel:
     def _finish_gradients(self) -> None:
         params = self.parameters()
         data_parallel.settle_tp_gradients(params)
-        if self.plan.dp > 1 and self.plan.zero <= 1:
-            data_parallel.average_gradients(params, self._dp_group, self.plan.dp)
+        data = len(self._dp_ranks)
+        if data > 1 and (self.plan.zero <= 1 or self.plan.dp == 1):
+            # every rank's gradient is of the mean over its own rows and tokens: average over cp·dp
+            data_parallel.average_gradients(params, self._dp_group, data)
+        elif self.plan.cp > 1:                    # FSDP averaged over dp; cp ranks hold other tokens
+            data_parallel.average_gradients(params, self._cp_group, self.plan.cp)
         self._sum_tied_gradients()
 
     def _sum_tied_gradients(self) -> None:
@@ -217,12 +231,12 @@ class ParallelModel:
                 dist.all_reduce(grads[0], group=self._tied_group)
 
     def global_loss(self, loss: float) -> float:
-        """Average of a last-stage rank's loss over the dp axis (call on last-stage ranks only)."""
-        if self.plan.dp == 1:
+        """Average of a last-stage rank's loss over the dp and cp axes (call on last-stage ranks only)."""
+        if len(self._dp_ranks) == 1:
             return loss
         t = torch.tensor([loss], dtype=torch.float64, device=self._device())
         dist.all_reduce(t, group=self._dp_group)
-        return t.item() / self.plan.dp
+        return t.item() / len(self._dp_ranks)
 
     def _device(self) -> torch.device:
         return next(iter(self.stages[0].parameters()), torch.empty(0)).device
@@ -231,7 +245,7 @@ class ParallelModel:
     def optimizer(self, kind: str = "adamw", lr: float = 1e-3):
         """SGD or AdamW over this rank's parameters; ZeRO-1 sharded when the plan says zero=1."""
         params = self.parameters()
-        if self.plan.zero == 1 and self.plan.dp > 1:
+        if self.plan.zero == 1 and len(self._dp_ranks) > 1:
             return data_parallel.ZeroOneOptimizer(params, lambda ps: make_optimizer(kind, ps, lr),
                                                   self._dp_group, self._dp_ranks)
         return make_optimizer(kind, params, lr)
@@ -261,7 +275,8 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     loss is computed on the shards (``vocab_parallel_cross_entropy``); a custom ``loss_fn``
     gets whole logits.
     """
-    check_supported(plan, global_batch)
+    check_supported(plan, global_batch, seq)
+    training_config(model)
     if not dist.is_initialized():
         raise UserError("apply needs an initialised process group",
                         "call torch.distributed.init_process_group first (autoplan run does)")
@@ -283,6 +298,11 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     vocab_parallel = tp_mesh is not None and loss_fn is cross_entropy and layout.vocab > 0
     if vocab_parallel:
         loss_fn = vocab_parallel_cross_entropy(tp_mesh, layout.vocab)
+    cp_groups = None
+    if plan.cp > 1:
+        context_parallel.check_model(model)
+        cp_groups = context_parallel.build_groups(plan, rank)
+        positions = context_parallel.local_positions(seq, plan.cp, coords["cp"], device)
     bounds = pipeline.stage_bounds(plan, layout.num_blocks)
     num_stages = len(bounds)
     stages = []
@@ -293,7 +313,8 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         if tp_mesh is not None:
             tensor_parallel.shard_module_tree(copy, layout, resolved, tp_mesh, plan.sp)
         stage = pipeline.StageModule(copy, inject, index=sid, first=sid == 0, last=sid == num_stages - 1,
-                                     seq=seq, tp_mesh=tp_mesh, stream=stream, keep_vocab_shard=vocab_parallel)
+                                     seq=seq // plan.cp, tp_mesh=tp_mesh, stream=stream,
+                                     keep_vocab_shard=vocab_parallel, positions=positions if cp_groups else None)
         blocks = stage.stage_blocks(layout)
         recompute.recompute_blocks(blocks, plan.recompute_of_stage(coords["pp"]))
         if plan.dp > 1 and plan.zero >= 2:
@@ -306,11 +327,12 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         schedule = pipeline.build_schedule(plan, stages, mesh["pp"].get_group(), device, microbatches, loss_fn)
     tied = tuple(sorted(layout.pre & layout.post))
     tied_group = _tied_group(plan, rank) if tied and plan.pp > 1 else None
-    dp_group = mesh["dp"].get_group() if plan.dp > 1 else None
     dp_ranks = Mesh.of(plan).group(DENSE_DP, rank)
+    dp_group = _data_group(plan, mesh, rank) if len(dp_ranks) > 1 else None
     return ParallelModel(plan=plan, mesh=mesh, layout=layout, stages=stages, schedule=schedule,
                          loss_fn=loss_fn, microbatches=microbatches, coords=coords, tied=tied,
-                         vocab_parallel_loss=vocab_parallel,
+                         vocab_parallel_loss=vocab_parallel, cp_groups=cp_groups,
+                         _cp_group=mesh["cp"].get_group() if plan.cp > 1 else None,
                          _tied_group=tied_group, _dp_group=dp_group, _dp_ranks=dp_ranks)
 
 
@@ -322,6 +344,20 @@ def _check_mesh(mesh: DeviceMesh, plan: Plan) -> None:
         raise UserError(f"the DeviceMesh {tuple(mesh.mesh_dim_names or ())} {tuple(mesh.shape)} does not lay "
                         f"ranks out as the plan: axes {names} of sizes {shape} over ranks 0..{plan.num_gpus - 1}",
                         "build it with autoplan.apply.device_mesh(plan) or pass mesh=None")
+
+
+def _data_group(plan: Plan, mesh: DeviceMesh, rank: int):
+    """Process group of the ranks holding the same dense parameters: the ``DENSE_DP`` group
+    (cp·ep·dp ranks).  Without cp/ep it is the torch mesh's dp axis; else every rank creates
+    every group (``new_group`` is collective)."""
+    if plan.cp == 1 and plan.ep == 1:
+        return mesh["dp"].get_group()
+    mine = None
+    for group in Mesh.of(plan).groups(DENSE_DP):
+        pg = dist.new_group(list(group))
+        if rank in group:
+            mine = pg
+    return mine
 
 
 def _tied_group(plan: Plan, rank: int):

@@ -32,6 +32,8 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleD
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from autoplan.apply.layout import ModelLayout
+from autoplan.apply.outputs import logits_of
+from autoplan.apply.schedules import OrderedSchedule
 from autoplan.plan import Plan
 
 # plan schedule -> (torch schedule class, several stages per rank)
@@ -42,6 +44,7 @@ SCHEDULE_CLASSES = {
     "zb-h1": ScheduleInterleavedZeroBubble,   # one stage per rank: ZB-H1's B/W split, W fills bubbles
     "zbv": ScheduleZBVZeroBubble,
     "dualpipev": ScheduleDualPipeV,
+    "zb-h2": OrderedSchedule,                 # no torch class: the simulator's own order (schedules.py)
 }
 SINGLE_STAGE = ("gpipe", "1f1b")
 
@@ -120,13 +123,17 @@ def cut_stage(model: nn.Module, layout: ModelLayout, first: int, end: int, owns_
 
 
 class StageModule(nn.Module):
-    """One pipeline stage: ids (first stage) or the residual stream in, stream or logits out."""
+    """One pipeline stage: ids (first stage) or the residual stream in, stream or logits out.
+
+    ``seq`` is the tokens per sequence on this rank (S/cp under context parallelism).
+    """
 
     def __init__(self, model: nn.Module, inject: _Inject | None, *, index: int, first: bool, last: bool,
                  seq: int, tp_mesh: DeviceMesh | None, stream: tuple[Placement, ...],
-                 keep_vocab_shard: bool = False) -> None:
+                 keep_vocab_shard: bool = False, positions: torch.Tensor | None = None) -> None:
         super().__init__()
         self.model = model
+        self._positions = positions              # [1, seq]: this cp rank's token positions (None: 0..seq-1)
         self.index, self.first, self.last, self.seq = index, first, last, seq
         self._inject = [inject]                  # a list: not registered twice as a submodule
         self._tp_mesh = tp_mesh
@@ -142,7 +149,8 @@ class StageModule(nn.Module):
                 x = DTensor.from_local(x, self._tp_mesh, self._stream, run_check=False)
             self._inject[0].value = x
         try:
-            out = self.model(ids)
+            kwargs = {} if self._positions is None else {"position_ids": self._positions}
+            out = logits_of(self.model(ids, **kwargs))
         except StageExit as e:
             out = e.tensor
         finally:
@@ -169,6 +177,8 @@ def build_schedule(plan: Plan, stages: list[StageModule], pp_group, device: torc
     num_stages = plan.pp * plan.vpp
     pipe_stages = [PipelineStage(s, s.index, num_stages, device, group=pp_group) for s in stages]
     cls = SCHEDULE_CLASSES[plan.schedule]
+    if cls is OrderedSchedule:
+        return cls(pipe_stages, microbatches, loss_fn, plan.schedule)
     if plan.schedule in SINGLE_STAGE:
         return cls(pipe_stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     return cls(pipe_stages, n_microbatches=microbatches, loss_fn=loss_fn)

@@ -134,6 +134,18 @@ def check_placements(model: nn.Module, layout: ModelLayout, tp: int, placements:
     return resolved
 
 
+def check_placements_on_meta(build: Callable[[], nn.Module], tp: int, mbs: int,
+                             placements: PlacementsArg) -> dict[str, str]:
+    """``check_placements`` on a model built and probed on the meta device (no memory, no
+    weights): what ``autoplan run`` checks once before it starts any process."""
+    from autoplan.apply.layout import probe
+
+    with torch.device("meta"):
+        model = build()
+        layout = probe(model, torch.zeros(mbs, 2, dtype=torch.long))
+    return check_placements(model, layout, tp, placements)
+
+
 def _with_biases(given: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
     out = dict(given)
     for n in names:

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autoplan.apply.layout import find_blocks
+from autoplan.apply.outputs import logits_of, training_config
 from autoplan.apply.parallel import ParallelModel, apply, cross_entropy, make_optimizer
 from autoplan.errors import UserError
 from autoplan.plan import Plan
@@ -37,17 +39,21 @@ class RunConfig:
     backend: str = "gloo"             # gloo | nccl
     seed: int = 0
     placements: dict[str, str] | None = field(default=None)   # tp placement per block parameter
+    dropout: bool = True              # False: the model runs in eval mode (what a check compares)
+    misplace: str | None = None       # test only: this parameter's tp shards are swapped between ranks
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def build_model(cfg: RunConfig) -> nn.Module:
-    """The model with seeded weights (identical on every rank), in ``cfg.dtype``."""
+    """The model with seeded weights (identical on every rank), in ``cfg.dtype``; in eval mode
+    (dropout off) unless ``cfg.dropout``."""
     from autoplan.frontend.source import load_source
 
     torch.manual_seed(cfg.seed)
-    model = load_source(cfg.model).build()
+    model = training_config(load_source(cfg.model).build())
+    model.train(cfg.dropout)
     return model.to(DTYPES[cfg.dtype])
 
 
@@ -88,6 +94,18 @@ def init_distributed(backend: str) -> torch.device:
     return device
 
 
+def cuda_devices() -> int:
+    """CUDA devices this process sees (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run_worker(cfg: RunConfig, report) -> None:
+    """One rank of ``autoplan run``: join the process group, train, leave."""
+    device = init_distributed(cfg.backend)
+    run_steps(cfg, device, report=report)
+    dist.destroy_process_group()
+
+
 def run_steps(cfg: RunConfig, device: torch.device, *, report=None,
               keep_last_gradients: bool = False) -> tuple[ParallelModel, list[float], dict[str, torch.Tensor]]:
     """Build, shard and train ``cfg.steps`` steps on this rank.
@@ -102,6 +120,8 @@ def run_steps(cfg: RunConfig, device: torch.device, *, report=None,
     vocab = vocab_of(model)
     pm = apply(model, plan, global_batch=cfg.global_batch, seq=cfg.seq, placements=cfg.placements)
     del model
+    if cfg.misplace is not None:
+        misplace_shards(pm, cfg.misplace)
     opt = pm.optimizer(cfg.optimizer, cfg.lr)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
@@ -119,8 +139,27 @@ def run_steps(cfg: RunConfig, device: torch.device, *, report=None,
     return pm, losses, grads
 
 
-def run_reference(cfg: RunConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The same run on one process: losses per step and the last step's gradients.
+def misplace_shards(pm: ParallelModel, name: str) -> None:
+    """Give parameter ``name`` the tp shard of the next tp rank (rank c holds shard c+1 mod tp):
+    what a placement applied in the wrong rank order computes.  A fault for testing the check;
+    ranks whose stages do not hold ``name`` do nothing."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    for fqn, p in pm.named_parameters():
+        if fqn != name:
+            continue
+        shard = isinstance(p, DTensor) and [q for q in p.placements if isinstance(q, Shard)]
+        if not shard:
+            raise UserError(f"parameter {name} is not sharded over tp", "name a parameter with an S(d) placement")
+        tp, c = p.device_mesh.size(), p.device_mesh.get_local_rank()
+        other = p.full_tensor().chunk(tp, shard[0].dim)[(c + 1) % tp]
+        with torch.no_grad():
+            p.to_local().copy_(other)
+
+
+def run_reference(cfg: RunConfig) -> tuple[list[float], dict[str, torch.Tensor], int]:
+    """The same run on one process: losses per step, the last step's gradients and the
+    model's depth (blocks).
 
     Micro-batches of ``mbs`` sequences, as in the plan (capacity-based MoE routing
     depends on the tokens per forward), losses averaged over the global batch.
@@ -135,7 +174,7 @@ def run_reference(cfg: RunConfig) -> tuple[list[float], dict[str, torch.Tensor]]
     for step in range(cfg.steps):
         total = 0.0
         for mb_ids, mb_targets in zip(ids.chunk(n), targets.chunk(n)):
-            loss = cross_entropy(model(mb_ids), mb_targets)
+            loss = cross_entropy(logits_of(model(mb_ids)), mb_targets)
             (loss / n).backward()
             total += loss.item()
         losses.append(total / n)
@@ -143,4 +182,4 @@ def run_reference(cfg: RunConfig) -> tuple[list[float], dict[str, torch.Tensor]]
             grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
         opt.step()
         opt.zero_grad()
-    return losses, grads
+    return losses, grads, len(find_blocks(model)[1])

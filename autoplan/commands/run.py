@@ -8,8 +8,10 @@ Without RANK/WORLD_SIZE in the environment the command checks its arguments, the
 starts ``--nproc`` copies of itself with torchrun's environment (MASTER_ADDR/PORT,
 RANK, LOCAL_RANK, WORLD_SIZE) and waits; each copy is one rank.  The rank holding
 the last pipeline stage (first on every other axis) prints the loss of each step,
-averaged over the global batch.  ``--check`` also runs the model on one process
-and compares losses and gradients (exit 1 beyond 1e-5 relative).
+averaged over the global batch.  ``--check`` turns dropout off, also runs the model
+on one process and prints the relative error of the loss and of every gradient
+against a tolerance scaled to fp32 rounding over depth and ranks (exit 1 beyond it;
+see ``apply.verify.Tolerance``).
 """
 from __future__ import annotations
 
@@ -17,12 +19,9 @@ import argparse
 import json
 import os
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from autoplan.errors import UserError
-
-TOLERANCE = 1e-5
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -67,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
 def _checked_config(args: argparse.Namespace):
     """Everything checkable before starting processes (errors exit 2 here, once)."""
     from autoplan.apply.parallel import check_supported
-    from autoplan.apply.train import RunConfig
     from autoplan.export.load import load_plan
     from autoplan.frontend.source import load_source
 
@@ -83,23 +81,30 @@ def _checked_config(args: argparse.Namespace):
     plan.validate(num_gpus=nproc, num_layers=info.layers if info else plan.pp * plan.vpp,
                   heads=info.heads if info else 0, kv_heads=info.kv_heads if info else 0,
                   experts=info.experts if info else 0, seq=args.seq, global_batch=args.global_batch)
-    check_supported(plan, args.global_batch)
+    check_supported(plan, args.global_batch, args.seq)
     if args.backend == "nccl":
-        import torch
+        from autoplan.apply.train import cuda_devices
 
-        if not torch.cuda.is_available() or torch.cuda.device_count() < nproc:
-            raise UserError(f"--backend nccl needs {nproc} CUDA devices, this machine has "
-                            f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}",
+        if cuda_devices() < nproc:
+            raise UserError(f"--backend nccl needs {nproc} CUDA devices, this machine has {cuda_devices()}",
                             "use --backend gloo (CPU) or fewer processes")
     if args.check and args.dtype != "fp32":
         raise UserError("--check compares in fp32", "drop --dtype or use --dtype fp32")
     placements = _placements(args.placements)
     if placements is not None and plan.tp > 1:
-        _check_placements(source, plan, placements)
-    cfg = RunConfig(model=args.model, plan=plan.to_string(), steps=args.steps, seq=args.seq,
-                    global_batch=args.global_batch, lr=args.lr, optimizer=args.optimizer, dtype=args.dtype,
-                    backend=args.backend, seed=args.seed, placements=placements)
-    return cfg, nproc
+        from autoplan.apply.tensor_parallel import check_placements_on_meta
+
+        check_placements_on_meta(source.build, plan.tp, plan.mbs, placements)
+    return _config(args, plan.to_string(), placements), nproc
+
+
+def _config(args: argparse.Namespace, plan: str, placements: dict[str, str] | None):
+    """The run's RunConfig; dropout is off under ``--check`` (the two runs would draw different masks)."""
+    from autoplan.apply.train import RunConfig
+
+    return RunConfig(model=args.model, plan=plan, steps=args.steps, seq=args.seq,
+                     global_batch=args.global_batch, lr=args.lr, optimizer=args.optimizer, dtype=args.dtype,
+                     backend=args.backend, seed=args.seed, placements=placements, dropout=not args.check)
 
 
 def _placements(path: str | None) -> dict[str, str] | None:
@@ -116,19 +121,6 @@ def _placements(path: str | None) -> dict[str, str] | None:
     return dict(sorted(data.items()))
 
 
-def _check_placements(source, plan, placements: dict[str, str]) -> None:
-    """Resolve the placements on a meta-device copy of the model (errors exit 2 here, once)."""
-    import torch
-
-    from autoplan.apply.layout import probe
-    from autoplan.apply.tensor_parallel import check_placements
-
-    with torch.device("meta"):
-        model = source.build()
-        layout = probe(model, torch.zeros(plan.mbs, 2, dtype=torch.long))
-    check_placements(model, layout, plan.tp, placements)
-
-
 def _argv(args: argparse.Namespace, plan: str) -> list[str]:
     """The command line each worker process runs (the same command, plan resolved)."""
     argv = ["run", args.model, "--plan", plan, "--nproc", str(args.nproc), "--backend", args.backend,
@@ -140,37 +132,32 @@ def _argv(args: argparse.Namespace, plan: str) -> list[str]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    import torch.distributed as dist
-
-    from autoplan.apply.train import RunConfig, init_distributed, run_steps
+    from autoplan.apply.train import run_worker
     from autoplan.export.load import load_plan
 
     plan = load_plan(args.plan, num_gpus=int(os.environ["WORLD_SIZE"]))
-    cfg = RunConfig(model=args.model, plan=plan.to_string(), steps=args.steps, seq=args.seq,
-                    global_batch=args.global_batch, lr=args.lr, optimizer=args.optimizer, dtype=args.dtype,
-                    backend=args.backend, seed=args.seed, placements=_placements(args.placements))
-    device = init_distributed(cfg.backend)
+    cfg = _config(args, plan.to_string(), _placements(args.placements))
     width = len(str(cfg.steps))
 
     def report(step: int, loss: float) -> None:
         print(f"step {step:>{width}}/{cfg.steps}  loss {loss:.6f}", flush=True)
 
-    run_steps(cfg, device, report=report)
-    dist.destroy_process_group()
+    run_worker(cfg, report)
     return 0
 
 
 def _run_and_check(cfg, nproc: int) -> int:
-    from autoplan.apply.train import run_reference
-    from autoplan.apply.verify import compare, run_parallel
+    from autoplan.apply.verify import check_against_reference, run_parallel
 
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as tmp:
         [(losses, grads)] = run_parallel([cfg], nproc, tmp)
     width = len(str(cfg.steps))
     for i, loss in enumerate(losses):
         print(f"step {i + 1:>{width}}/{cfg.steps}  loss {loss:.6f}")
-    check = compare(cfg, losses, grads, *run_reference(replace(cfg, backend="gloo")))
-    verdict = "OK" if check.ok(TOLERANCE) else f"MISMATCH (tolerance {TOLERANCE:g})"
-    print(f"check against one process: {check.summary()}: {verdict}")
-    return 0 if check.ok(TOLERANCE) else 1
+    check = check_against_reference(cfg, losses, grads, nproc)
+    verdict = "OK" if check.ok() else "MISMATCH"
+    print(f"check against one process (dropout off, fp32):\n{check.report()}\n{verdict}: "
+          f"max relative error {max(check.loss_rel, check.grad_rel, check.worst_tensor_rel):.2e} "
+          f"{'<=' if check.ok() else '>'} tolerance {check.tolerance.value:.2e}")
+    return 0 if check.ok() else 1
 

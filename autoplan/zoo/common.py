@@ -35,6 +35,31 @@ class DerivedSizes:
         return self.ffn or 4 * self.hidden
 
 
+INIT_STD = 0.02
+
+
+def init_weights(model: nn.Module, layers: int, std: float = INIT_STD) -> None:
+    """GPT-2 / Megatron initialisation: every Linear weight, Embedding and raw expert tensor
+    ~ N(0, std²), biases 0, norms 1, and the two projections that write into the residual
+    stream (a module's ``RESIDUAL_OUT``: attention ``o_proj``, MLP ``down_proj``, expert
+    ``w_down``) ~ N(0, std²/(2·layers)),
+    so the stream's variance does not grow with depth (Radford et al. 2019, §2.3).
+
+    With std = 0.02 a fresh model's logits have standard deviation ≈ 0.02·√hidden ≪ 1,
+    so its cross-entropy starts at ≈ ln(vocab).
+    """
+    residual = std / math.sqrt(2 * max(layers, 1))
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if p.dim() == 1:
+                nn.init.zeros_(p) if name == "bias" else nn.init.ones_(p)
+            else:
+                nn.init.normal_(p, std=std)
+    for module in model.modules():
+        for name in getattr(module, "RESIDUAL_OUT", ()):
+            nn.init.normal_(module.get_parameter(name), std=residual)
+
+
 def make_norm(kind: str, hidden: int, bias: bool, eps: float = 1e-5) -> nn.Module:
     """LayerNorm (with or without bias) or RMSNorm over the last dim."""
     if kind == "layernorm":
@@ -51,6 +76,8 @@ class MLP(nn.Module):
     * ``relu2``:  down(relu(up(x))²)              (squared ReLU, 2 matrices)
     * ``swiglu``: down(silu(gate(x)) · up(x))     (Llama, 3 matrices)
     """
+
+    RESIDUAL_OUT = ("down_proj.weight",)      # writes into the residual stream (see init_weights)
 
     def __init__(self, hidden: int, ffn: int, kind: str = "gelu", bias: bool = False) -> None:
         super().__init__()
@@ -71,14 +98,16 @@ class MLP(nn.Module):
 
 
 def rope_cos_sin(seq: int, head_dim: int, theta: float, device: torch.device,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables ``cos, sin`` of shape [seq, head_dim] (rotate-half layout).
+                 dtype: torch.dtype, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables ``cos, sin`` of shape [seq, head_dim] (rotate-half layout) at
+    ``positions`` [seq] (default 0..seq-1).
 
     Computed on the fly from ``arange`` (no buffers), so a model built on the
     meta device needs no re-initialisation before it runs.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    pos = torch.arange(seq, device=device, dtype=torch.float32)
+    pos = (torch.arange(seq, device=device, dtype=torch.float32) if positions is None
+           else positions.to(device=device, dtype=torch.float32))
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -122,6 +151,8 @@ class Attention(nn.Module):
     tensor parallelism.  ``rope=True`` rotates q and k by the (cos, sin)
     tables passed to ``forward``.
     """
+
+    RESIDUAL_OUT = ("o_proj.weight",)
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool,
                  dropout: float = 0.0, attention: str = "flash") -> None:

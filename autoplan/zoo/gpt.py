@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.zoo.common import MLP, Attention, DerivedSizes, make_norm
+from autoplan.zoo.common import MLP, Attention, DerivedSizes, init_weights, make_norm
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,15 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = make_norm(cfg.norm, cfg.hidden, cfg.bias)
         self.lm_head = None if cfg.tie else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        init_weights(self, cfg.layers)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``position_ids`` [1 or batch, seq]: the tokens' positions (default 0..seq-1; context
+        parallelism passes each rank's own)."""
         seq = ids.shape[1]
-        if seq > self.config.max_seq:
+        if position_ids is None and seq > self.config.max_seq:
             raise ValueError(f"sequence length {seq} exceeds max_seq={self.config.max_seq}")
-        pos = torch.arange(seq, device=ids.device)
+        pos = torch.arange(seq, device=ids.device) if position_ids is None else position_ids
         x = self.wte(ids) + self.wpe(pos)
         x = F.dropout(x, self.config.dropout if self.training else 0.0, self.training)
         for block in self.layers:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.zoo.common import MLP, Attention, DerivedSizes, make_norm, rope_cos_sin
+from autoplan.zoo.common import MLP, Attention, DerivedSizes, init_weights, make_norm, rope_cos_sin
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,14 @@ class Llama(nn.Module):
                                     else (Block(cfg) for _ in range(cfg.layers)))
         self.norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
         self.output = None if cfg.tie else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        init_weights(self, cfg.layers)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``position_ids`` [1, seq]: the tokens' positions (default 0..seq-1; context
+        parallelism passes each rank's own)."""
         x = self.tok_embeddings(ids)
         cos, sin = rope_cos_sin(ids.shape[1], self.config.d_head, self.config.rope_theta,
-                                ids.device, x.dtype)
+                                ids.device, x.dtype, None if position_ids is None else position_ids[0])
         for block in self.layers:
             x = block(x, cos, sin)
         x = self.norm(x)

@@ -55,15 +55,14 @@ class MoEConfig(LlamaConfig):
 class Experts(nn.Module):
     """E SwiGLU experts as batched weights: x [E, C, h] → [E, C, h]."""
 
+    RESIDUAL_OUT = ("w_down",)
+
     def __init__(self, experts: int, hidden: int, ffn: int) -> None:
         super().__init__()
         self.w_gate = nn.Parameter(torch.empty(experts, hidden, ffn))
         self.w_up = nn.Parameter(torch.empty(experts, hidden, ffn))
         self.w_down = nn.Parameter(torch.empty(experts, ffn, hidden))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        for w in (self.w_gate, self.w_up, self.w_down):
+        for w in (self.w_gate, self.w_up, self.w_down):    # the model's init_weights sets the scale
             nn.init.normal_(w, std=1.0 / math.sqrt(w.shape[1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

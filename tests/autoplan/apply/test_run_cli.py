@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -26,9 +27,21 @@ def test_four_rank_run_prints_decreasing_loss(cli):
     assert "on 4 processes (gloo)" in r.stdout
 
 
+def test_readme_check_example_reports_a_match(cli):
+    """The README's `autoplan run gpt:... --plan tp=2,pp=2 --nproc 4 --check` (GPT: dropout 0.1 by default)."""
+    r = cli("run", "gpt:layers=4,hidden=64,heads=4,vocab=256", "--plan", "tp=2,pp=2", "--nproc", "4",
+            "--steps", "4", "--check")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    first = float(re.search(r"^step 1/4  loss ([0-9.]+)$", r.stdout, flags=re.M).group(1))
+    assert abs(first - math.log(256)) < 0.1                    # a fresh model starts at ≈ ln(vocab)
+    assert re.search(r"^  grad wte\.weight +rel err \d\.\d\de-0[6-9]$", r.stdout, flags=re.M), r.stdout
+    assert "tolerance 4.58e-05 = 32·ε·(L+2)·√N, fp32 ε = 2^-23, L = 4 blocks, N = 4 ranks" in r.stdout
+    assert re.search(r"^OK: max relative error .* <= tolerance 4.58e-05$", r.stdout, flags=re.M)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--plan", "tp=two"], "tp='two' is not an integer"),
-    (["--plan", "tp=2,cp=2", "--nproc", "4"], "does not run context parallelism"),
+    (["--plan", "tp=2,cp=2", "--nproc", "4", "--seq", "18"], "the sequence length 18 does not divide by 4"),
     (["--plan", "tp=2,dp=1", "--nproc", "4"], "= 2, but the cluster has 4 GPUs"),
     (["--plan", "tp=2", "--nproc", "3"], "does not divide 3 GPUs"),
     (["--plan", "tp=2", "--steps", "0"], "--steps must be at least 1"),
@@ -56,8 +69,8 @@ def test_unknown_model_and_bad_placements_file_exit_2(capsys, tmp_path):
 
 
 def test_one_subprocess_error_path_prints_no_traceback(cli):
-    r = cli("run", LLAMA, "--plan", "pp=2,schedule=zb-h2", "--nproc", "2")
-    assert r.returncode == 2 and r.stderr.startswith("error: ") and "no zb-h2 schedule" in r.stderr
+    r = cli("run", LLAMA, "--plan", "cp=2", "--nproc", "2", "--seq", "6")
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "does not divide by 4" in r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -72,5 +72,5 @@ def test_searched_plans_cover_tp_and_pp(runs):
 def test_searched_plans_match_one_process(runs):
     configs, checks = runs
     for config, check in zip(configs, checks):
-        assert check.ok(1e-5), f"{config.model} {config.plan}: {check.summary()}"
+        assert check.ok(), f"{config.model} {config.plan}: {check.summary()}, tolerance {check.tolerance}"
         assert len(check.losses) == 3

@@ -33,6 +33,16 @@ def test_forward_backward_on_cpu(family):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@pytest.mark.parametrize("family", sorted(SMALL))
+def test_a_fresh_model_starts_at_ln_vocab(family):
+    """GPT-2 initialisation (std 0.02, residual projections / √(2L)): logits ≈ 0, loss ≈ ln V."""
+    torch.manual_seed(0)
+    model = zoo.build(SMALL[family]).eval()
+    ids, targets = torch.randint(0, 50, (2, 12)), torch.randint(0, 50, (2, 12))
+    loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+    assert abs(loss.item() - math.log(50)) < 0.05, loss.item()
+
+
 def test_gpt_eager_attention_equals_sdpa():
     torch.manual_seed(0)
     cfg = GPTConfig(layers=2, hidden=32, heads=4, vocab=50, max_seq=16, dropout=0.0)
