@@ -33,7 +33,8 @@ DEFAULT_TRACE_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class Bound:
-    """Inclusive range of one numeric flag; ``hi`` None: the machine-dependent worker cap."""
+    """Inclusive range of one numeric flag.  ``lo`` -inf: the command checks the lower end
+    itself (with its own message); ``hi`` None: the machine-dependent process cap."""
 
     flag: str
     lo: float
@@ -46,13 +47,13 @@ def process_cap() -> int:
 
 
 BOUNDS = {  # argparse dest -> Bound (values of None are "not given" and pass)
-    "seq": Bound("--seq", 2, 2 ** 24),
-    "batch": Bound("--batch", 1, 2 ** 16),
-    "global_batch": Bound("--global-batch", 1, 2 ** 24),
-    "top": Bound("--top", 1, 1000),
+    "seq": Bound("--seq", -math.inf, 2 ** 24),
+    "batch": Bound("--batch", -math.inf, 2 ** 16),
+    "global_batch": Bound("--global-batch", -math.inf, 2 ** 24),
+    "top": Bound("--top", -math.inf, 1000),
     "workers": Bound("--workers", 0, None),
     "nproc": Bound("--nproc", 0, None),
-    "steps": Bound("--steps", 1, 100_000),
+    "steps": Bound("--steps", -math.inf, 100_000),
     "time_limit": Bound("--time-limit", 0, 86_400),
     "search_timeout": Bound("--search-timeout", 1, 7 * 86_400),
     "trace_timeout": Bound("--trace-timeout", 0, 86_400),
@@ -91,7 +92,7 @@ def check_bounds(args: argparse.Namespace) -> None:
             continue
         hi = process_cap() if b.hi is None else b.hi
         if not (isinstance(value, (int, float)) and math.isfinite(value) and b.lo <= value <= hi):
-            why = f"between {_num(b.lo)} and {_num(hi)}"
+            why = f"at most {_num(hi)}" if b.lo == -math.inf else f"between {_num(b.lo)} and {_num(hi)}"
             if b.hi is None:
                 why += f" on this machine ({os.cpu_count()} CPU cores)"
             raise UserError(f"{b.flag} {value!r} is out of range: it must be {why}",

@@ -178,6 +178,7 @@ def _trace_regions(model: nn.Module, stack: LayerStack | None, source: ModelSour
         raise
     except Exception as e:  # noqa: BLE001
         raise _run_error(e, source, "the forward pass") from None
+    _check_output(cap.logits_shape, sizes, source)
     regions = []
     if stack is not None:
         if kinds is None:
@@ -192,6 +193,28 @@ def _trace_regions(model: nn.Module, stack: LayerStack | None, source: ModelSour
         except Exception as e:  # noqa: BLE001
             raise _run_error(e, source, f"tracing forward+backward of {region.name}") from None
     return traced
+
+
+def _check_output(logits_shape: tuple[int, ...] | None, sizes: tuple[int, int], source: ModelSource) -> None:
+    """The model's output is a scalar loss or logits shaped (batch, seq, vocab) or (batch·seq, vocab)."""
+    if logits_shape is None:
+        return
+    batch, seq = sizes
+    if tuple(logits_shape[:-1]) in ((batch, seq), (batch * seq,)) and logits_shape[-1] >= 2:
+        return
+    raise UserError(f"{source.name}: the model returned a tensor of shape {list(logits_shape)}, which is "
+                    f"neither a scalar loss nor logits of shape [{batch}, {seq}, vocab] for input "
+                    f"tokens [{batch}, {seq}]",
+                    "return the logits (or an object with .logits / .loss, or a 0-d loss tensor) from forward()")
+
+
+def _no_stack_note(model: nn.Module) -> str:
+    """What a model without a stack of repeated blocks is made of (it traces as pre + post only,
+    and no plan can cut it into pipeline stages)."""
+    children = [f"{name} ({type(m).__name__})" for name, m in model.named_children()][:8]
+    found = ", ".join(children) if children else "no submodules"
+    return (f"no repeated block found (top-level modules: {found}): the model is priced as one "
+            "unit, pp=1 only; build it around an nn.ModuleList of identical layers to plan more")
 
 
 def _describe(graph: OpGraph, kind: str, info: ModelInfo) -> str:
@@ -257,7 +280,7 @@ def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> Bl
                                  kinds=tuple(k2 for k2, k in by_position.items() if k in moe_kinds))
         experts_alt = {by_position[k2]: tr for k2, tr in traced2.items()}
 
-    notes = list(info.notes)
+    notes = list(info.notes) + ([_no_stack_note(model)] if stack is None else [])
     fallbacks: set[str] = set()
 
     def convert(name: str) -> OpGraph:

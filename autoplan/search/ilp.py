@@ -145,9 +145,15 @@ def solve(problem: IlpProblem, backend: str = "cpsat", time_limit_s: float = 30.
 
 
 def _feasible(problem: IlpProblem, choice: Sequence[int]) -> bool:
-    """No forbidden strategy chosen and the memory row (if any) met."""
+    """Every constraint met: no forbidden strategy or redistribution, ties kept, memory row."""
     if any(s in n.forbidden for n, s in zip(problem.nodes, choice)):
         return False
+    if any(choice[m] != sigma[choice[n]] for n, m, sigma in problem.ties):
+        return False
+    for t in problem.tensors:
+        a = t.out_placement[choice[t.producer]]
+        if any((a, pl[choice[c]]) in t.forbidden_redist for c, pl, _ in t.consumers):
+            return False
     if problem.memory_budget is None:
         return True
     return sum(n.memory[s] if n.memory else 0.0 for n, s in zip(problem.nodes, choice)) <= problem.memory_budget
