@@ -257,8 +257,6 @@ def test_exposed_at_most_total_without_pipeline_p2p(case):
             assert p.exposed_s <= p.time_s * (1 + 1e-9) + 1e-15, p
 
 
-@pytest.mark.xfail(strict=True, reason="virtual stages with zero layers (layers=0-...) are accepted: "
-                                       "lead fixes in autoplan/plan.py (check_layers/validate)")
 @pytest.mark.fuzz
 @settings(max_examples=300)
 @given(cases())
@@ -270,6 +268,8 @@ def test_fuzz_all_invariants_that_hold(case):
     test_exposed_at_most_total_without_pipeline_p2p.hypothesis.inner_test(case)
 
 
+@pytest.mark.xfail(strict=True, reason="virtual stages with zero layers (layers=0-...) are accepted: "
+                                       "lead fixes in autoplan/plan.py (check_layers/validate)")
 def test_zero_layer_virtual_stage_rejected():
     from autoplan.baselines.common import price
     from autoplan.estimate import Estimator
@@ -319,31 +319,26 @@ def test_search_same_bytes_and_valid_plans(searched, capsys, key):
     assert capsys.readouterr().out == first
     for c in json.loads(first):
         est = c["estimate"]
-        p = c["plan"]
-        assert p["tp"] * p["cp"] * p["pp"] * p["dp"] == load_cluster(key[1]).num_gpus
+        p = _plan(c)
+        assert p.tp * p.cp * p.pp * p.dp == load_cluster(key[1]).num_gpus
         assert est["violations"] == [] and est["fits"] and 0 < est["mfu"] < 1
-
-
-def _without_gap(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k != "ilp_gap"}
 
 
 @pytest.mark.parametrize("key", SEARCH_CASES)
 def test_search_estimate_equals_estimate_of_its_plan(searched, capsys, key):
-    """Everything but ilp_gap (see the xfail below) agrees with `autoplan estimate` of the plan."""
+    """Every field, ilp_gap included, equals `autoplan estimate` of the same plan (the issue's
+    ilp_gap disagreements did not reproduce on these small cases: no xfail)."""
     model, cluster, batch = key
     for c in json.loads(searched[key][1]):
         again = _cli_json(capsys, "estimate", model, "--cluster", cluster, "--seq", str(SEQ), "--global-batch",
-                          str(batch), "--plan", c["plan_string"] if "plan_string" in c else _plan_string(c),
-                          "--json")
-        assert _without_gap(again) == pytest.approx(_without_gap(c["estimate"]), rel=2e-6) or \
-            json.dumps(_without_gap(again), sort_keys=True) == json.dumps(_without_gap(c["estimate"]), sort_keys=True)
+                          str(batch), "--plan", _plan(c).to_string(), "--json")
+        assert json.dumps(again, sort_keys=True) == json.dumps(c["estimate"], sort_keys=True)
 
 
-def _plan_string(c: dict) -> str:
+def _plan(c: dict):
     from autoplan.plan import Plan
 
-    return Plan.from_fields(c["plan"]).to_string()
+    return Plan.parse(c["plan"]) if isinstance(c["plan"], str) else Plan.from_fields(c["plan"])
 
 
 @pytest.mark.parametrize("key", SEARCH_CASES)
@@ -357,4 +352,4 @@ def test_explain_and_export_read_search_output(searched, capsys, tmp_path, key):
         _cli_json(capsys, "explain", str(path), "--model", model, "--cluster", cluster, "--format", "json"),
         sort_keys=True)
     exported = _cli_json(capsys, "export", str(path), "--to", "json", "--model", model)
-    assert json.dumps(exported, sort_keys=True) != "" and (exported.get("plan") or exported)["tp"] == best["plan"]["tp"]
+    assert _plan({"plan": exported.get("plan", exported)}).tp == _plan(best).tp
