@@ -1,19 +1,64 @@
-"""The ``autoplan`` command line.
+"""The ``autoplan`` command line, and its one error path.
 
 Each sub-command lives in ``autoplan/commands/<name>.py`` and exposes
-``add_parser(subparsers)`` and ``run(args) -> int``.  Bad input raises
-``UserError``: printed as one message, exit code 2, no traceback.
+``add_parser(subparsers)`` and ``run(args) -> int``.  ``main`` turns every way a
+run can end into one exit code:
+
+* bad input (``UserError``, ``TopologyError``, a count out of bounds): ``error:`` and
+  ``  fix:`` on stderr, exit 2, no traceback;
+* Ctrl-C / SIGINT: ``interrupted`` on stderr, exit 130; forked worker processes leave
+  quietly (their parent reports), and output files are written whole or not at all
+  (``autoplan.atomic``);
+* stdout closed by the reader (``autoplan clusters --json | head -c 1``): exit 0, silent.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
+import signal
 import sys
+from dataclasses import dataclass
 
-from autoplan.errors import UserError
+from autoplan.errors import EXIT_INTERRUPTED, UserError
 
 COMMANDS = ("search", "trace", "estimate", "clusters", "baseline", "explain", "export", "run",
             "bench", "calibrate")
+TRACING = ("search", "trace", "estimate", "baseline", "explain", "export")
+"""Commands that may trace a model, and so take ``--trace-timeout``."""
+
+DEFAULT_TRACE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Inclusive range of one numeric flag.  ``lo`` -inf: the command checks the lower end
+    itself (with its own message); ``hi`` None: the machine-dependent process cap."""
+
+    flag: str
+    lo: float
+    hi: float | None
+
+
+def process_cap() -> int:
+    """Most local processes a command may start: 4 per CPU core, at least 16."""
+    return max(16, 4 * (os.cpu_count() or 1))
+
+
+BOUNDS = {  # argparse dest -> Bound (values of None are "not given" and pass)
+    "seq": Bound("--seq", -math.inf, 2 ** 24),
+    "batch": Bound("--batch", -math.inf, 2 ** 16),
+    "global_batch": Bound("--global-batch", -math.inf, 2 ** 24),
+    "top": Bound("--top", -math.inf, 1000),
+    "workers": Bound("--workers", 0, None),
+    "nproc": Bound("--nproc", 0, None),
+    "steps": Bound("--steps", -math.inf, 100_000),
+    "time_limit": Bound("--time-limit", 0, 86_400),
+    "search_timeout": Bound("--search-timeout", 1, 7 * 86_400),
+    "trace_timeout": Bound("--trace-timeout", 0, 86_400),
+    "lr": Bound("--lr", 0, 1e3),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,20 +76,100 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not built yet
             raise
         module.add_parser(sub)
+        if name in TRACING:
+            sub.choices[name].add_argument(
+                "--trace-timeout", type=float, default=DEFAULT_TRACE_TIMEOUT_S, metavar="S",
+                help="give up on a model whose import, build or trace runs longer than S seconds "
+                     f"(default {DEFAULT_TRACE_TIMEOUT_S:g}; 0: no limit)")
     return parser
+
+
+def check_bounds(args: argparse.Namespace) -> None:
+    """Every numeric flag finite and inside its ``BOUNDS`` range, else a UserError."""
+    for dest, b in BOUNDS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        hi = process_cap() if b.hi is None else b.hi
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and b.lo <= value <= hi):
+            why = f"at most {_num(hi)}" if b.lo == -math.inf else f"between {_num(b.lo)} and {_num(hi)}"
+            if b.hi is None:
+                why += f" on this machine ({os.cpu_count()} CPU cores)"
+            raise UserError(f"{b.flag} {value!r} is out of range: it must be {why}",
+                            f"pass {b.flag} with a value {why}")
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _own_sigint()
     try:
-        return int(args.func(args) or 0)
+        check_bounds(args)
+        if getattr(args, "trace_timeout", None) is not None:
+            os.environ["AUTOPLAN_TRACE_TIMEOUT"] = repr(float(args.trace_timeout))
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+        return _fail(err.problem, err.fix, err.exit_code)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        _say("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 0
+    except Exception as err:  # noqa: BLE001
+        from topologies import TopologyError
+
+        if isinstance(err, TopologyError):   # the hardware layer cannot import UserError
+            return _fail(err.problem, err.fix, 2)
+        raise
+
+
+def _fail(problem: str, fix: str, code: int) -> int:
+    # a UserError without a fix is a bug (tests/autoplan/test_errors.py); never show one bare
+    _say(f"error: {problem}\n  fix: {fix or 'see `autoplan <command> --help` for what is accepted'}")
+    return code
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _stdout_to_devnull() -> None:
+    """After EPIPE: point fd 1 at /dev/null so the interpreter's final flush is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+_MAIN_PID = os.getpid()
+
+
+def _on_sigint(signum, frame) -> None:
+    if os.getpid() != _MAIN_PID:
+        os._exit(EXIT_INTERRUPTED)      # a forked worker: leave quietly, the parent reports
+    raise KeyboardInterrupt
+
+
+def _own_sigint() -> None:
+    """SIGINT raises KeyboardInterrupt in the main process and ends forked workers silently."""
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    try:
+        signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread (tests calling main() from a thread)
+        pass
 
 
 if __name__ == "__main__":

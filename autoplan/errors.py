@@ -2,16 +2,36 @@
 
 Anything a user can cause by bad input (a model file that does not import, an
 unknown cluster, a bad plan string, a model that fits nowhere) raises
-``UserError``.  The CLI prints ``error: <message>`` and exits with 2, never a
-traceback.  Bugs stay ordinary exceptions.
+``UserError(problem, fix)``.  The CLI prints ``error: <problem>`` and
+``  fix: <fix>`` and exits with 2, never a traceback.  Bugs stay ordinary
+exceptions.  Every construction names a fix (``tests/autoplan/test_errors.py``
+checks the sources); ``fix`` keeps a default only so that a missing one is a
+test failure, not a ``TypeError`` in front of the user.
 """
 from __future__ import annotations
+
+import reprlib
+
+EXIT_USER = 2          # bad input
+EXIT_INTERRUPTED = 130  # SIGINT (128 + 2), as a shell reports it
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 60
+_SHORT.maxother = 60
+_SHORT.maxlevel = 2
+_SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 4
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)`` cut to about 60 characters and two levels of nesting, for messages
+    about user-supplied values (a YAML alias bomb must not be expanded into the message)."""
+    return _SHORT.repr(value)
 
 
 class UserError(Exception):
     """Bad input.  ``str(err)`` is the whole message shown to the user."""
 
-    exit_code = 2
+    exit_code = EXIT_USER
 
     def __init__(self, problem: str, fix: str = "") -> None:
         self.problem = problem

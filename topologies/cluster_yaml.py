@@ -38,11 +38,18 @@ Schema (one mapping; only ``gpu`` and ``num_gpus`` are required)::
     pod_latency: 8.0e-6
 
 Unknown keys are rejected (a misspelt key would otherwise silently fall back to a default).
+Every number must be finite and in its ``RANGES`` row (efficiencies in (0, 1], latencies
+under a second, ``pod_oversubscription`` >= 1, counts up to 2^24); a file is at most
+``MAX_FILE_BYTES`` of UTF-8 YAML; values quoted in messages are cut short (an alias bomb is
+never expanded).
 ``to_mapping`` writes every key, so ``from_mapping(to_mapping(c)) == c``.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import reprlib
+from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
@@ -65,6 +72,26 @@ KEYS = CLUSTER_KEYS[:3] + tuple(GPU_OVERRIDES) + CLUSTER_KEYS[3:]
 """Every accepted key, in schema order (the Cluster fields, ``gpu`` a kind name, then the
 optional GPU overrides)."""
 
+MAX_FILE_BYTES = 1 << 20
+MAX_COUNT = 1 << 24
+RANGES = {  # float key -> (lowest, highest, lowest allowed itself?)
+    "nic_bw": (0.0, 1e13, False),              # bytes/s per direction: up to 10 TB/s
+    "nic_efficiency": (0.0, 1.0, False),
+    "nvlink_efficiency": (0.0, 1.0, False),
+    "nvls_efficiency": (0.0, 1.0, False),
+    "pod_oversubscription": (1.0, 1e3, True),  # x in 1:x
+    "launch_latency": (0.0, 1.0, True),        # seconds
+    "nvlink_latency": (0.0, 1.0, True),
+    "rail_latency": (0.0, 1.0, True),
+    "spine_latency": (0.0, 1.0, True),
+    "pod_latency": (0.0, 1.0, True),
+}
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+_SHORT.maxlevel = 2
+_SHORT.maxlist = _SHORT.maxdict = 4
+
 _NETWORK_DEFAULTS = {  # cluster key -> (section, key) in network.yaml
     "nvlink_efficiency": ("nvlink", "ring_efficiency"),
     "nvls_efficiency": ("nvlink", "nvls_efficiency"),
@@ -81,6 +108,27 @@ def nic_kinds() -> list[str]:
     return sorted(read_yaml("network.yaml")["nics"])
 
 
+def read_file(path: Path) -> Any:
+    """The parsed cluster YAML at ``path`` (None for an empty file); TopologyError if it is too
+    big, not UTF-8 text or not YAML."""
+    fix = "start from `autoplan clusters h100x1024 --yaml`"
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise TopologyError(f"{path}: {size:,} bytes is more than a cluster file holds "
+                                f"({MAX_FILE_BYTES:,})", fix)
+        text = path.read_bytes().decode("utf-8")
+        return yaml.safe_load(text)
+    except UnicodeDecodeError:
+        raise TopologyError(f"{path}: not a text file (not UTF-8)", fix) from None
+    except yaml.YAMLError as err:
+        raise TopologyError(f"{path}: not valid YAML ({_SHORT.repr(str(err))})", "fix the YAML syntax") from None
+    except RecursionError:
+        raise TopologyError(f"{path}: nested too deeply to be a cluster file", fix) from None
+    except OSError as err:
+        raise TopologyError(f"{path}: cannot read it ({err.strerror})", "give a readable cluster YAML file") from None
+
+
 def from_mapping(raw: Mapping[str, Any], *, default_name: str, source: str) -> Cluster:
     """Build a Cluster from a parsed cluster YAML, filling missing keys with defaults.
 
@@ -89,9 +137,9 @@ def from_mapping(raw: Mapping[str, Any], *, default_name: str, source: str) -> C
     if not isinstance(raw, Mapping):
         raise TopologyError(f"{source}: a cluster file must be a YAML mapping of keys to values",
                             "start from `autoplan clusters h100x1024 --yaml`")
-    unknown = sorted(str(k) for k in raw if k not in KEYS)
+    unknown = sorted(_SHORT.repr(k) if not isinstance(k, str) else k[:60] for k in raw if k not in KEYS)
     if unknown:
-        raise TopologyError(f"{source}: unknown key(s) {', '.join(unknown)}",
+        raise TopologyError(f"{source}: unknown key(s) {', '.join(unknown[:10])}",
                             f"allowed keys: {', '.join(KEYS)}")
     for key in ("gpu", "num_gpus"):
         if key not in raw:
@@ -172,11 +220,13 @@ def _checked(key: str, value: Any, source: str) -> Any:
         except ValueError:
             pass
     if key in INT_KEYS:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        want = "a positive integer"
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_COUNT
+        want = f"a positive integer (at most {MAX_COUNT:,})"
     elif key in FLOAT_KEYS:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-        want = "a non-negative number"
+        lo, hi, closed = RANGES[key]
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and (lo <= value if closed else lo < value) and value <= hi)
+        want = f"a finite number {'≥' if closed else '>'} {lo:g} and ≤ {hi:g}"
     elif key in BOOL_KEYS:
         ok = isinstance(value, bool)
         want = "true or false"
@@ -184,7 +234,7 @@ def _checked(key: str, value: Any, source: str) -> Any:
         ok = isinstance(value, str) and value != ""
         want = "a non-empty string"
     if not ok:
-        raise TopologyError(f"{source}: {key} must be {want}, got {value!r}",
+        raise TopologyError(f"{source}: {key} must be {want}, got {_SHORT.repr(value)}",
                             "see the cluster schema in the README")
     return value
 

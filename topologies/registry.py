@@ -20,11 +20,10 @@ import os
 import re
 from pathlib import Path
 
-import yaml
 
 from topologies._data import DATA_DIR, read_yaml
 from topologies.cluster import Cluster
-from topologies.cluster_yaml import from_mapping
+from topologies.cluster_yaml import from_mapping, read_file
 from topologies.errors import TopologyError
 from topologies.gpus import gpu_names, gpu_spec
 
@@ -82,9 +81,5 @@ def shorthand(gpu: str, num_gpus: int, *, name: str | None = None) -> Cluster:
 
 
 def _load_file(path: Path) -> Cluster:
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except yaml.YAMLError as err:
-        raise TopologyError(f"{path}: not valid YAML ({err})", "fix the YAML syntax") from None
+    raw = read_file(path)
     return from_mapping(raw if raw is not None else {}, default_name=path.stem, source=str(path))

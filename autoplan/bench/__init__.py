@@ -4,7 +4,7 @@
     python experiments/bench.py            # the same, writing experiments/bench and RESULTS.md
 
 For each case (``suite``: model, cluster, sequence length, global batch) the harness prices,
-with one cost model (``autoplan.estimate.Estimator``):
+with one cost model (``autoplan.cost.Estimator``):
 
 * the best plan of ``autoplan.search`` (``case``),
 * every hand-written recipe of ``autoplan.baselines`` that applies (``case``),

@@ -98,11 +98,9 @@ def run(args: argparse.Namespace) -> int:
         a = audit(graph, cluster, Side("plan", plan, est), base)
         text = a.to_json() if args.format == "json" else render_markdown(a)
     if args.output:
-        try:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            raise UserError(f"cannot write {args.output}: {e.strerror}", "choose a writable path for -o") from None
+        from autoplan.atomic import write_text
+
+        write_text(args.output, text)
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -50,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     for warning in result.warnings:
         print(f"warning: {result.engine} cannot express the plan exactly: {warning}", file=sys.stderr)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(result.text)
+        from autoplan.atomic import write_text
+
+        write_text(args.output, result.text)
     else:
         sys.stdout.write(result.text)
     return 0
@@ -67,9 +68,16 @@ def model_layers(model: str) -> int:
     import torch
 
     from autoplan.apply.layout import find_blocks
+    from autoplan.frontend.tracing import time_limit
 
-    with torch.device("meta"):
-        module = source.build()
+    try:
+        with time_limit(model), torch.device("meta"):
+            module = source.build()
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001  -- the user's build_model()
+        raise UserError(f"{model}: build_model() failed: {type(e).__name__}: {e}",
+                        "fix the model file so that build_model() returns an nn.Module") from None
     return len(find_blocks(module)[1])
 
 

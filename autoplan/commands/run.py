@@ -111,8 +111,8 @@ def _placements(path: str | None) -> dict[str, str] | None:
     if path is None:
         return None
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:   # ValueError: not JSON, not UTF-8
         raise UserError(f"cannot read placements {path}: {e}",
                         "give a JSON file mapping block parameter names to R, S(0), S(1), ...") from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):

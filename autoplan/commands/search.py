@@ -33,17 +33,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's)")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="with --json: write the list to PATH (whole, or not at all) instead of stdout")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.commands.baseline import prepare, wide_console
     from autoplan.commands.clusters import load_cluster
+    from autoplan.atomic import write_text
     from autoplan.cost import rounded
     from autoplan.search import SearchOptions, search
 
     if args.top < 1:
         raise UserError(f"--top must be ≥ 1, got {args.top}", "pass --top K with K ≥ 1")
+    if args.output and not args.json:
+        raise UserError("-o/--output writes the --json list", "add --json, or drop -o")
     cluster = load_cluster(args.cluster)
     graph, cluster, _ = prepare(args.model, cluster, args.seq, args.global_batch)
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
@@ -53,8 +58,12 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         _write_report(args, graph, cluster, result)
     if args.json:
-        print(json.dumps([rounded(c.to_dict()) for c in result.candidates], indent=2, sort_keys=True,
-                         ensure_ascii=False))
+        text = json.dumps([rounded(c.to_dict()) for c in result.candidates], indent=2, sort_keys=True,
+                          ensure_ascii=False) + "\n"
+        if args.output:
+            write_text(args.output, text)
+        else:
+            sys.stdout.write(text)
         return 0
     _print(wide_console(), graph, cluster, args, result)
     return 0
@@ -92,8 +101,6 @@ def _write_report(args, graph, cluster, result) -> None:
 
     estimator = Estimator(graph, cluster, EstimateOptions(profile=args.profile))
     html = render_report(graph.model.name, cluster, [(c.plan, c.estimate) for c in result.candidates], estimator)
-    try:
-        with open(args.report, "w") as f:
-            f.write(html)
-    except OSError as e:
-        raise UserError(f"cannot write report {args.report}: {e}", "give a writable path for --report") from None
+    from autoplan.atomic import write_text
+
+    write_text(args.report, html, flag="--report")

@@ -17,8 +17,12 @@ Tracing cost is one block per kind, so it is nearly flat in depth.
 """
 from __future__ import annotations
 
+import os
 import resource
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -62,11 +66,16 @@ def trace_with_status(model: str, *, seq: int = 2048, batch: int = 1, dtype: str
         raise UserError(f"unknown dtype {dtype!r}", f"use one of: {', '.join(DTYPES)}")
     if seq < 2 or batch < 1:
         raise UserError(f"bad run size seq={seq}, batch={batch}", "use seq >= 2 and batch >= 1")
+    with time_limit(model):
+        return _trace_cached(model, seq, batch, dtype, use_cache)
+
+
+def _trace_cached(model: str, seq: int, batch: int, dtype: str, use_cache: bool) -> tuple[BlockGraph, bool]:
     source = load_source(model)
     if source.max_seq and seq > source.max_seq:
         raise UserError(f"{source.name} has {source.max_seq} learned positions, --seq {seq} is longer",
                         f"use --seq <= {source.max_seq}, or a gpt spec with max_seq={seq}")
-    key = cache.cache_key(source.fingerprint, seq, batch, dtype)
+    key = cache.cache_key(source.fingerprint, seq, batch, dtype, model_path=source.path)
     cached = cache.load(key) if use_cache else None
     if cached is not None:
         return cached, True
@@ -77,6 +86,50 @@ def trace_with_status(model: str, *, seq: int = 2048, batch: int = 1, dtype: str
                     trace_peak_rss_bytes=peak_rss_bytes())
     cache.store(key, graph)
     return graph, False
+
+
+class _TraceTimeout(BaseException):
+    """Raised by SIGALRM inside the model's code; a BaseException so that the frontend's
+    ``except Exception`` wrappers (and the model's own) do not swallow it."""
+
+
+def trace_timeout_s() -> float:
+    """Seconds a trace may take: ``$AUTOPLAN_TRACE_TIMEOUT`` (the CLI's ``--trace-timeout``
+    sets it), default 300; 0 or less: no limit."""
+    try:
+        return float(os.environ.get("AUTOPLAN_TRACE_TIMEOUT", "300"))
+    except ValueError:
+        return 300.0
+
+
+@contextmanager
+def time_limit(model: str):
+    """Stop the import, build and trace of ``model`` after ``trace_timeout_s()`` (SIGALRM; only
+    in the main thread, and only where no other alarm is set); a model calling ``sys.exit``
+    is bad input too."""
+    limit = trace_timeout_s()
+    armed = (limit > 0 and threading.current_thread() is threading.main_thread()
+             and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+
+    def on_alarm(signum, frame):
+        raise _TraceTimeout
+
+    old = signal.signal(signal.SIGALRM, on_alarm) if armed else None
+    if armed:
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    except _TraceTimeout:
+        raise UserError(f"{model}: importing, building or tracing the model took more than {limit:g} s",
+                        "make build_model() and the model file's import finish (no loops waiting on "
+                        "input, no downloads), or raise --trace-timeout") from None
+    except SystemExit as e:
+        raise UserError(f"{model}: the model called sys.exit({e.code!r}) while being built or traced",
+                        "remove the exit from the model file; raise an exception instead") from None
+    finally:
+        if armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
 
 
 def peak_rss_bytes() -> int:
@@ -125,6 +178,7 @@ def _trace_regions(model: nn.Module, stack: LayerStack | None, source: ModelSour
         raise
     except Exception as e:  # noqa: BLE001
         raise _run_error(e, source, "the forward pass") from None
+    _check_output(cap.logits_shape, sizes, source)
     regions = []
     if stack is not None:
         if kinds is None:
@@ -139,6 +193,28 @@ def _trace_regions(model: nn.Module, stack: LayerStack | None, source: ModelSour
         except Exception as e:  # noqa: BLE001
             raise _run_error(e, source, f"tracing forward+backward of {region.name}") from None
     return traced
+
+
+def _check_output(logits_shape: tuple[int, ...] | None, sizes: tuple[int, int], source: ModelSource) -> None:
+    """The model's output is a scalar loss or logits shaped (batch, seq, vocab) or (batch·seq, vocab)."""
+    if logits_shape is None:
+        return
+    batch, seq = sizes
+    if tuple(logits_shape[:-1]) in ((batch, seq), (batch * seq,)) and logits_shape[-1] >= 2:
+        return
+    raise UserError(f"{source.name}: the model returned a tensor of shape {list(logits_shape)}, which is "
+                    f"neither a scalar loss nor logits of shape [{batch}, {seq}, vocab] for input "
+                    f"tokens [{batch}, {seq}]",
+                    "return the logits (or an object with .logits / .loss, or a 0-d loss tensor) from forward()")
+
+
+def _no_stack_note(model: nn.Module) -> str:
+    """What a model without a stack of repeated blocks is made of (it traces as pre + post only,
+    and no plan can cut it into pipeline stages)."""
+    children = [f"{name} ({type(m).__name__})" for name, m in model.named_children()][:8]
+    found = ", ".join(children) if children else "no submodules"
+    return (f"no repeated block found (top-level modules: {found}): the model is priced as one "
+            "unit, pp=1 only; build it around an nn.ModuleList of identical layers to plan more")
 
 
 def _describe(graph: OpGraph, kind: str, info: ModelInfo) -> str:
@@ -204,7 +280,7 @@ def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> Bl
                                  kinds=tuple(k2 for k2, k in by_position.items() if k in moe_kinds))
         experts_alt = {by_position[k2]: tr for k2, tr in traced2.items()}
 
-    notes = list(info.notes)
+    notes = list(info.notes) + ([_no_stack_note(model)] if stack is None else [])
     fallbacks: set[str] = set()
 
     def convert(name: str) -> OpGraph:

@@ -49,7 +49,7 @@ limit).  A time limit returns the best solution found, with its optimality gap.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 BACKENDS = ("cpsat", "cbc")
@@ -101,6 +101,7 @@ class IlpSolution:
     status: str                      # optimal | feasible | infeasible
     solve_seconds: float
     backend: str
+    note: str = ""                   # how a failed solve was recovered (empty: it was not)
 
     @property
     def gap(self) -> float:
@@ -115,12 +116,47 @@ class IlpInfeasible(Exception):
 
 
 def solve(problem: IlpProblem, backend: str = "cpsat", time_limit_s: float = 30.0) -> IlpSolution:
-    """Solve ``problem`` with ``backend`` ("cpsat" or "cbc")."""
-    if backend == "cpsat":
-        return _solve_cpsat(problem, time_limit_s)
-    if backend == "cbc":
-        return _solve_cbc(problem, time_limit_s)
-    raise ValueError(f"unknown ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    """Solve ``problem`` with ``backend`` ("cpsat" or "cbc").
+
+    A solve that ends without a solution (time-out before the first incumbent, a solver
+    failure) falls back, in order, to the greedy start (each node's cheapest allowed
+    strategy) when it meets the constraints, then to the other backend; the solution's
+    ``note`` says so and its gap is against the LP bound.  Only a problem neither finds
+    a solution to raises ``IlpInfeasible``.
+    """
+    solvers = {"cpsat": _solve_cpsat, "cbc": _solve_cbc}
+    if backend not in solvers:
+        raise ValueError(f"unknown ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    start = time.perf_counter()
+    try:
+        return solvers[backend](problem, time_limit_s)
+    except IlpInfeasible as failed:
+        hint = _greedy_choice(problem)
+        if _feasible(problem, hint):
+            obj = evaluate(problem, hint)
+            return IlpSolution(hint, obj, min(obj, _lp_bound(problem)), "feasible",
+                               time.perf_counter() - start, backend, f"{failed}: used the greedy start")
+        other = next(b for b in BACKENDS if b != backend)
+        try:
+            sol = solvers[other](problem, max(time_limit_s, 1.0))
+        except IlpInfeasible:
+            raise failed from None
+        return replace(sol, note=f"{failed}: solved with {other}")
+
+
+def _feasible(problem: IlpProblem, choice: Sequence[int]) -> bool:
+    """Every constraint met: no forbidden strategy or redistribution, ties kept, memory row."""
+    if any(s in n.forbidden for n, s in zip(problem.nodes, choice)):
+        return False
+    if any(choice[m] != sigma[choice[n]] for n, m, sigma in problem.ties):
+        return False
+    for t in problem.tensors:
+        a = t.out_placement[choice[t.producer]]
+        if any((a, pl[choice[c]]) in t.forbidden_redist for c, pl, _ in t.consumers):
+            return False
+    if problem.memory_budget is None:
+        return True
+    return sum(n.memory[s] if n.memory else 0.0 for n, s in zip(problem.nodes, choice)) <= problem.memory_budget
 
 
 def evaluate(problem: IlpProblem, choice: Sequence[int]) -> float:
@@ -224,6 +260,7 @@ def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
     solver.parameters.max_deterministic_time = float(time_limit_s)
     solver.parameters.max_time_in_seconds = 10.0 * float(time_limit_s)
     solver.parameters.num_workers = 1          # deterministic
+    solver.parameters.catch_sigint_signal = False   # Ctrl-C is the CLI's (exit 130), not the solver's
     solver.parameters.random_seed = 0
     # the edge formulation's LP relaxation is nearly integral: keep the full LP in the loop
     # (a 110-node MoE block: 0.1 s instead of a minute)

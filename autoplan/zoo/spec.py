@@ -93,6 +93,11 @@ def _check(family: str, cfg) -> None:
     if not cfg.head_dim and cfg.hidden % cfg.heads:
         raise UserError(f"hidden ({cfg.hidden}) is not a multiple of heads ({cfg.heads}) in {family} spec",
                         "change hidden or heads, or give head_dim")
+    head_dim = cfg.head_dim or cfg.hidden // cfg.heads
+    if family != "gpt" and head_dim % 2:
+        raise UserError(f"head_dim {head_dim} is odd in {family} spec: rotary embeddings (RoPE) rotate "
+                        "pairs of channels",
+                        "pick hidden/heads (or head_dim) even, e.g. hidden a multiple of 2·heads")
     if cfg.heads % cfg.n_kv_heads:
         raise UserError(f"heads ({cfg.heads}) is not a multiple of kv_heads ({cfg.n_kv_heads})",
                         "kv_heads must divide heads")

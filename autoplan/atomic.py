@@ -1,0 +1,38 @@
+"""Output files written whole or not at all.
+
+``write_text(path, text)`` writes to a temporary file in the target's folder and
+renames it over ``path`` (``os.replace``, atomic on POSIX), so an interrupted
+command (SIGINT, a crash, a full disk) never leaves a partial file behind, and
+a reader never sees half a file.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from autoplan.errors import UserError
+
+
+def write_text(path: str, text: str, *, flag: str = "-o") -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically; an unwritable path is a UserError."""
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())           # mkstemp makes 0600; an output file is 0644-like
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}",
+                        f"give {flag} a path in an existing, writable folder") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
