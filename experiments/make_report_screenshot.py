@@ -26,11 +26,12 @@ WIDTH, MAX_HEIGHT = 1300, 8000
 def build_html() -> str:
     from autoplan.baselines import baseline
     from autoplan.baselines.common import price
-    from autoplan.commands.baseline import prepare
+    from autoplan.workload import Workload
     from autoplan.explain import render_report
     from autoplan.plan import Plan
 
-    graph, cluster, estimator = prepare(MODEL, CLUSTER, SEQ, GLOBAL_BATCH)
+    w = Workload.load(MODEL, CLUSTER, seq=SEQ, global_batch=GLOBAL_BATCH)
+    graph, cluster, estimator = w.model, w.cluster, w.estimator()
     plan = Plan.parse(HAND_PLAN, num_gpus=cluster.num_gpus)
     est = price(estimator, plan, GLOBAL_BATCH)
     bplan = baseline(BASELINE, graph, cluster, seq=SEQ, global_batch=GLOBAL_BATCH, estimator=estimator)

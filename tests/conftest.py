@@ -51,13 +51,14 @@ def traced():
 @pytest.fixture(scope="session")
 def setup():
     """``setup(model, cluster, seq=2048)`` → (BlockGraph, Cluster, Estimator), built once per session."""
-    from autoplan.commands.baseline import prepare
+    from autoplan.workload import Workload
 
     memo = {}
 
     def get(model: str, cluster: str, seq: int = 2048):
         key = (model, cluster, seq)
         if key not in memo:
-            memo[key] = prepare(model, cluster, seq, 1)
+            w = Workload.load(model, cluster, seq=seq, global_batch=1)
+            memo[key] = (w.model, w.cluster, w.estimator())
         return memo[key]
     return get

@@ -37,7 +37,7 @@ from autoplan.baselines.common import price
 from autoplan.bench.child import SearchFailed, SearchTimeout, search_with_limit
 from autoplan.bench.grid import respects_nvlink, search_grid
 from autoplan.bench.suite import Case
-from autoplan.commands.clusters import load_cluster
+from autoplan.workload import load_cluster
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
 from autoplan.frontend import trace

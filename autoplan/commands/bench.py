@@ -84,7 +84,7 @@ def _print(records: list[dict], out: str) -> None:
     from rich.table import Table
 
     from autoplan.bench.report import compact_plan
-    from autoplan.commands.baseline import wide_console
+    from autoplan.commands.common import wide_console
 
     table = Table(box=box.SIMPLE_HEAD, title="auto vs hand-written 4D (same cost model)")
     for col in ("case", "GPUs", "auto plan", "auto MFU", "best recipe", "recipe MFU", "grid MFU", "auto/hand",

@@ -4,9 +4,6 @@
     autoplan clusters --json               the same as sorted JSON
     autoplan clusters gb200x576            one cluster's levels, bandwidths and latencies
     autoplan clusters h100x1024 --yaml     a complete cluster YAML to start your own file from
-
-Also home of ``load_cluster``, the one place where ``topologies.TopologyError`` (the hardware
-layer cannot import ``autoplan``) becomes a ``UserError`` (exit 2).
 """
 from __future__ import annotations
 
@@ -16,15 +13,8 @@ from typing import Any
 
 import topologies
 from autoplan.errors import UserError
+from autoplan.workload import load_cluster
 from topologies import Cluster
-
-
-def load_cluster(name_or_path: str) -> Cluster:
-    """``topologies.load`` for the CLI: a bad name or file becomes a ``UserError``."""
-    try:
-        return topologies.load(name_or_path)
-    except topologies.TopologyError as err:
-        raise UserError(err.problem, err.fix) from None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

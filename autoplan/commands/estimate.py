@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from autoplan.commands.baseline import add_workload_args
+from autoplan.commands.common import add_workload_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,16 +33,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines.common import price
-    from autoplan.commands.baseline import prepare, print_estimate, wide_console
-    from autoplan.commands.clusters import load_cluster
-    from autoplan.cost import EstimateOptions, Estimator
+    from autoplan.commands.common import print_estimate, wide_console
+    from autoplan.cost import EstimateOptions
     from autoplan.export.load import load_plan
+    from autoplan.workload import Workload, load_cluster
 
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
-    graph, cluster, _ = prepare(args.model, cluster, args.seq, args.global_batch)
-    estimator = Estimator(graph, cluster, EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce,
-                                                          profile=args.profile))
+    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
+    graph = w.model
+    estimator = w.estimator(EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile))
     est = price(estimator, plan, args.global_batch)
     if args.json:
         print(est.to_json())

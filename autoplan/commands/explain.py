@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from autoplan.commands.baseline import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
+from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 from autoplan.errors import UserError
 
 
@@ -72,8 +72,7 @@ def parse_baseline(text: str, num_gpus: int):
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines import baseline
     from autoplan.baselines.common import price
-    from autoplan.commands.baseline import prepare
-    from autoplan.commands.clusters import load_cluster
+    from autoplan.workload import Workload, load_cluster
     from autoplan.explain import Side, audit, render_markdown, render_report
     from autoplan.export.load import load_plan
 
@@ -82,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     wanted = parse_baseline(args.baseline, cluster.num_gpus) if args.baseline else None
-    graph, cluster, estimator = prepare(args.model, cluster, seq, global_batch)
+    w = Workload.load(args.model, cluster, seq=seq, global_batch=global_batch)
+    graph, estimator = w.model, w.estimator()
     est = price(estimator, plan, global_batch)
     base = None
     if isinstance(wanted, str):

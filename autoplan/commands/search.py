@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from autoplan.commands.baseline import add_workload_args
+from autoplan.commands.common import add_workload_args
 from autoplan.errors import UserError
 
 
@@ -39,24 +39,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoplan.commands.baseline import prepare, wide_console
-    from autoplan.commands.clusters import load_cluster
     from autoplan.atomic import write_text
+    from autoplan.commands.common import wide_console
     from autoplan.cost import rounded
     from autoplan.search import SearchOptions, search
+    from autoplan.workload import Workload
 
     if args.top < 1:
         raise UserError(f"--top must be ≥ 1, got {args.top}", "pass --top K with K ≥ 1")
     if args.output and not args.json:
         raise UserError("-o/--output writes the --json list", "add --json, or drop -o")
-    cluster = load_cluster(args.cluster)
-    graph, cluster, _ = prepare(args.model, cluster, args.seq, args.global_batch)
+    w = Workload.load(args.model, args.cluster, seq=args.seq, global_batch=args.global_batch)
+    graph, cluster = w.model, w.cluster
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
                             allow_cross_domain=args.allow_cross_domain, workers=args.workers,
                             profile=args.profile, progress=not args.json and sys.stderr.isatty())
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
-        _write_report(args, graph, cluster, result)
+        _write_report(args, graph, cluster, result, options)
     if args.json:
         text = json.dumps([rounded(c.to_dict()) for c in result.candidates], indent=2, sort_keys=True,
                           ensure_ascii=False) + "\n"
@@ -95,11 +95,11 @@ def _print(console, graph, cluster, args, result) -> None:
                       f"optimality gap {result.max_ilp_gap:.2%}[/yellow] (raise --time-limit)")
 
 
-def _write_report(args, graph, cluster, result) -> None:
-    from autoplan.cost import EstimateOptions, Estimator
+def _write_report(args, graph, cluster, result, options) -> None:
+    from autoplan.cost import Estimator
     from autoplan.explain.report import render_report
 
-    estimator = Estimator(graph, cluster, EstimateOptions(profile=args.profile))
+    estimator = Estimator(graph, cluster, options.estimate_options())   # priced as the search priced
     html = render_report(graph.model.name, cluster, [(c.plan, c.estimate) for c in result.candidates], estimator)
     from autoplan.atomic import write_text
 

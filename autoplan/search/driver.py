@@ -54,6 +54,11 @@ class SearchOptions:
     profile: str | None = None
     progress: bool = False
 
+    def estimate_options(self) -> EstimateOptions:
+        """The cost model's options under this search."""
+        return EstimateOptions(overlap_grad_reduce=self.overlap_grad_reduce, allow_cross_domain=self.allow_cross_domain,
+                               profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s)
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -101,10 +106,7 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int,
 
 def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: SearchOptions) -> SearchResult:
     start = time.perf_counter()
-    est = Estimator(model, cluster, EstimateOptions(overlap_grad_reduce=options.overlap_grad_reduce,
-                                                     allow_cross_domain=options.allow_cross_domain,
-                                                     profile=options.profile, solver=options.solver,
-                                                     time_limit_s=options.time_limit_s), enforce_rules=True)
+    est = Estimator(model, cluster, options.estimate_options(), enforce_rules=True)
     meshes, space_stats = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.seq_len,
                                            global_batch=global_batch,
                                            allow_cross_domain=options.allow_cross_domain,

@@ -58,9 +58,10 @@ def test_tp_degrees_stay_inside_nvlink_and_divide_heads():
 @pytest.fixture(scope="module")
 def small():
     """A GPT-1.7B on 64 H100 (24 layers, 24 heads) and its Estimator."""
-    from autoplan.commands.baseline import prepare
+    from autoplan.workload import Workload
 
-    return prepare("gpt-1.7b", "h100x64", 2048, 1)
+    w = Workload.load("gpt-1.7b", "h100x64", seq=2048, global_batch=1)
+    return w.model, w.cluster, w.estimator()
 
 
 def test_grid_plans_follow_megatron_rules(small):
@@ -214,9 +215,10 @@ def test_search_in_a_child_returns_the_same_plans_and_reraises_user_errors(small
     there = search_with_limit(graph, cluster, global_batch=256, options=options, limit_s=120)
     assert [c.plan for c in there.candidates] == [c.plan for c in here.candidates]
     assert [c.estimate.step_time_s for c in there.candidates] == [c.estimate.step_time_s for c in here.candidates]
-    from autoplan.commands.baseline import prepare
+    from autoplan.workload import Workload
 
-    big, eight, _ = prepare("gpt:layers=4,hidden=32768,heads=64,vocab=51200", "h100x8", 2048, 1)
+    w = Workload.load("gpt:layers=4,hidden=32768,heads=64,vocab=51200", "h100x8", seq=2048, global_batch=1)
+    big, eight = w.model, w.cluster
     with pytest.raises(UserError, match="fits no plan") as err:
         search_with_limit(big, eight, global_batch=8, options=options, limit_s=120)
     assert err.value.fix       # problem and fix both came back

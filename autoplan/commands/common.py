@@ -1,0 +1,53 @@
+"""What the pricing commands share: the workload arguments and the rich tables of an estimate."""
+from __future__ import annotations
+
+import argparse
+
+from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
+
+
+def add_workload_args(p: argparse.ArgumentParser, batch_note: str = "") -> None:
+    """MODEL, --cluster, --seq and --global-batch: what every pricing command is about."""
+    p.add_argument("model", metavar="MODEL", help="zoo name, family spec or model.py")
+    p.add_argument("--cluster", required=True, help="cluster name, <gpu>x<N> or YAML path")
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
+    p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
+                   help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH}{batch_note})")
+
+
+
+def wide_console():
+    """A rich Console; when stdout is not a terminal (a pipe, a file), 200 columns wide so
+    that plan strings and tables are not wrapped at 80."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def print_estimate(console, plan, est, title: str = "") -> None:
+    """The plan, its headline numbers and its primitive placement as rich tables."""
+    from rich import box
+    from rich.table import Table
+
+    from autoplan.explain.audit import shown
+    from autoplan.explain.units import AXIS_NAMES, KIND_NAMES, count, percent, seconds, size
+
+    console.print(f"{title + ': ' if title else ''}[bold cyan]{plan.to_string()}[/bold cyan]")
+    head = Table(box=box.SIMPLE_HEAD, show_header=True)
+    for col in ("step", "tokens/s", "MFU", "HFU", "memory GiB", "fits", "bubble", "comm", "comm exposed"):
+        head.add_column(col, justify="right")
+    head.add_row(seconds(est.step_time_s), f"{est.tokens_per_s:,.0f}", percent(est.mfu), percent(est.hfu),
+                 f"{est.memory_gib:.1f} / {est.hbm_gib:.1f}", "yes" if est.fits else "[red]no[/red]",
+                 percent(est.bubble_fraction), seconds(est.comm_time_s), seconds(est.comm_exposed_s))
+    console.print(head)
+    prims = Table(title="Primitive placement (per step, busiest pipeline rank)", box=box.SIMPLE_HEAD)
+    for col in ("primitive", "dim", "group", "span", "calls/step", "bytes/call", "time/step", "exposed"):
+        prims.add_column(col, justify="right" if col in ("group", "calls/step", "bytes/call", "time/step",
+                                                         "exposed") else "left")
+    for p in shown(est.primitives):
+        prims.add_row(KIND_NAMES.get(p.kind, p.kind), AXIS_NAMES.get(p.dim, p.dim), str(p.group_size), p.span,
+                      count(p.calls_per_step), size(p.bytes_per_call), seconds(p.time_s), seconds(p.exposed_s))
+    console.print(prims)
+    for v in est.violations:
+        console.print(f"[red]violation[/red] {v.rule}: {v.text}")
