@@ -1,6 +1,6 @@
 """Tracing HuggingFace transformers models as a GPU training run would execute them.
 
-Two patches, both active only while tracing (``training_kernels()``):
+Three patches, all active only while tracing (``training_kernels()``):
 
 * ``unpacked_sequences()``: without a KV cache or attention mask (training),
   transformers checks the position ids for *packed* sequences; on fake
@@ -11,6 +11,12 @@ Two patches, both active only while tracing (``training_kernels()``):
   ``is_causal``.  While active, transformers' packed-sequence detection
   reports "not packed".  Plans therefore assume one sequence per row,
   causal mask.
+* ``unpadded_rows()``: a model that makes its own all-ones padding mask
+  (BART's decoder) hands it to transformers' mask builder, which may only
+  skip the mask (and let SDPA run flash attention with ``is_causal``) after
+  reading that no token is padding — values fake tensors do not have.
+  While active, the builder's skip checks see no padding mask, as on a
+  real batch without padding.
 * ``sliding_window_kernels()``: a causal sliding-window layer (Mistral,
   Qwen2 with ``use_sliding_window``, Gemma 2/3 local layers) under ``sdpa``
   gets a materialised band mask from transformers once the sequence is
@@ -49,6 +55,27 @@ def unpacked_sequences() -> Iterator[None]:
         masking.find_packed_sequence_indices = original
 
 
+def _without_padding(check: Callable) -> Callable:
+    def skip(padding_mask, *args, **kwargs):
+        return check(None, *args, **kwargs)
+    return skip
+
+
+@contextlib.contextmanager
+def unpadded_rows() -> Iterator[None]:
+    """While active, transformers' SDPA mask-skip checks treat every padding mask as all ones."""
+    masking = sys.modules.get("transformers.masking_utils")
+    names = [n for n in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa") if hasattr(masking, n)]
+    originals = {n: getattr(masking, n) for n in names}
+    for n, check in originals.items():
+        setattr(masking, n, _without_padding(check))
+    try:
+        yield
+    finally:
+        for n, check in originals.items():
+            setattr(masking, n, check)
+
+
 def windowed_sdpa(original: Callable) -> Callable:
     """transformers' sdpa attention function, with sliding windows run as windowed flash attention."""
     def forward(module, query, key, value, attention_mask, *args, sliding_window=None, **kwargs):
@@ -81,6 +108,6 @@ def sliding_window_kernels() -> Iterator[None]:
 
 @contextlib.contextmanager
 def training_kernels() -> Iterator[None]:
-    """Both patches (see the module docstring)."""
-    with unpacked_sequences(), sliding_window_kernels():
+    """All three patches (see the module docstring)."""
+    with unpacked_sequences(), unpadded_rows(), sliding_window_kernels():
         yield
