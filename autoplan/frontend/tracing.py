@@ -153,6 +153,9 @@ def _describe(graph: OpGraph, kind: str, info: ModelInfo) -> str:
         attention = "eager attention"
     else:
         attention = "no attention"
+    window = max((n.attention_window for n in graph.ops()), default=0)
+    if window:
+        attention += f" (window {window:,})"
     if kind.startswith("moe"):
         shared = f" + {info.shared_experts} shared" if info.shared_experts else ""
         mlp = f"MoE ({info.experts} experts, top-{info.topk}{shared})" if info.experts else "MoE"

@@ -108,6 +108,7 @@ def test_mistral_at_32k_prices_attention_with_its_4k_window(traced):
     full_forward = 4 * heads * s * s * head_dim                    # QKᵀ and PV at full s²
     assert [n.flops for n in kernels] == pytest.approx([band * full_forward, band * 2.5 * full_forward])
     assert all(n.attention_window == w for n in kernels)
+    assert g.blocks[0].description == "flash attention (window 4,096) + SwiGLU MLP"
     # no s×s mask or score tensor is kept: the window runs inside the kernel
     two_seq = [n for n in g.blocks[0].graph.nodes for t in n.outputs
                if t is not None and t.dim_roles.count("seq") >= 2]
