@@ -27,7 +27,9 @@ def hf_model_info(name: str, model: nn.Module, stack: LayerStack | None) -> Mode
     c = model.config
     hidden = _first(c, "hidden_size", "n_embd", "d_model")
     heads = _first(c, "num_attention_heads", "n_head", "encoder_attention_heads")
-    head_dim = _first(c, "head_dim", "d_kv", default=hidden // heads if heads else 0)
+    # MLA configs (DeepSeek-V2/V3) call the rotary part "head_dim"; the q/k head is qk_head_dim
+    head_dim = _first(c, "qk_head_dim", "head_dim", "d_kv", default=hidden // heads if heads else 0)
+    v_head_dim = _first(c, "v_head_dim")
     encoder = len(stack.stack_ranges()[0]) if stack and getattr(c, "is_encoder_decoder", False) and len(stack.stacks) > 1 else 0
     experts = _first(c, "num_local_experts", "num_experts", "n_routed_experts")
     return ModelInfo(
@@ -44,6 +46,7 @@ def hf_model_info(name: str, model: nn.Module, stack: LayerStack | None) -> Mode
         dense_layers=_first(c, "first_k_dense_replace") if experts else 0,
         tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
         encoder_layers=encoder, sliding_window=_sliding_window(c),
+        v_head_dim=v_head_dim if v_head_dim != head_dim else 0,
         attention=str(getattr(c, "_attn_implementation", "") or ""),
         notes=(f"HuggingFace {type(model).__name__} (model_type={getattr(c, 'model_type', '?')})",),
     )

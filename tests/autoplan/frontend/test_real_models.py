@@ -134,6 +134,8 @@ def _is_core(graph, n) -> bool:
 def test_deepseek_v3_sdpa_and_eager_differ_only_in_the_attention_kernel(traced):
     sdpa, eager = _trace(traced, "deepseek_v3"), _trace(traced, "deepseek_v3_eager")
     assert sdpa.param_count == eager.param_count
+    assert (sdpa.model.head_dim, sdpa.model.v_head_dim, sdpa.model.attention) == (192, 128, "sdpa")
+    assert eager.model.attention == "eager"
     for a, b in zip(sdpa.blocks, eager.blocks):
         assert a.kind == b.kind and a.count == b.count
         outside_a = sorted(n.flops for n in a.graph.ops() if not _is_core(a.graph, n) and n.flops)
