@@ -217,14 +217,7 @@ def to_opgraph(tr: TracedRegion, strategies: StrategyTable, src: RoleSource, seq
         if n.op == "call_function" and n not in backward and node_module(n) is not None:
             module_of_seq.setdefault(node_seq_nr(n), node_module(n))
 
-    window_of_seq = {node_seq_nr(n): node_attention_window(n) for n in graph.nodes
-                     if n.op == "call_function" and n not in backward and costs.is_attention_kernel(n.target)}
-
-    def window_of(n: Node) -> int:
-        if not costs.is_attention_kernel(n.target):
-            return 0
-        return window_of_seq.get(node_seq_nr(n), 0) if n in backward else node_attention_window(n)
-
+    windows = _attention_windows(graph, backward)
     def module_of(n: Node) -> str:
         if n.op == "placeholder" and ph_role[n] in ("param", "buffer"):
             return ph_param[n].rpartition(".")[0]      # the module owning the parameter
@@ -280,7 +273,7 @@ def to_opgraph(tr: TracedRegion, strategies: StrategyTable, src: RoleSource, seq
             role = "grad" if phase == "backward" else "activation"
         out_tensors = [t for t in vals if isinstance(t, torch.Tensor)]
         args = _arg_vals(n.args)
-        window = window_of(n)
+        window = windows.get(n, 0)
         lengths = costs.attention_lengths(n.target, args) if window else None
         fraction = costs.window_fraction(*lengths, window) if lengths else 1.0
         nodes.append(OpNode(
@@ -296,6 +289,15 @@ def to_opgraph(tr: TracedRegion, strategies: StrategyTable, src: RoleSource, seq
         ))
     return (OpGraph(nodes=tuple(nodes), seq_len=seq_len, dtype=dtype, output_roles=output_roles,
                     batch=batch), guessed)
+
+
+def _attention_windows(graph, backward: set[Node]) -> dict[Node, int]:
+    """SDPA kernel nodes of sliding-window attention → window; a backward kernel takes its
+    forward's (same autograd sequence number)."""
+    kernels = [n for n in graph.nodes if n.op == "call_function" and costs.is_attention_kernel(n.target)]
+    of_seq = {node_seq_nr(n): node_attention_window(n) for n in kernels if n not in backward}
+    windows = {n: of_seq.get(node_seq_nr(n), 0) if n in backward else node_attention_window(n) for n in kernels}
+    return {n: w for n, w in windows.items() if w}
 
 
 def _output_entries(outs, grads, placeholders, tr: TracedRegion, ref):
