@@ -121,6 +121,8 @@ class OpNode:
     param: str = ""                          # for param placeholders / param grads: parameter name
     strategies: tuple[Strategy, ...] = ()
     saved_outputs: tuple[int, ...] = ()      # which outputs are saved (empty + saved: all)
+    attention_window: int = 0                # SDPA kernels: sliding window in keys (0: full attention);
+                                             # ``flops`` already counts only the band
 
     @property
     def out(self) -> TensorInfo | None:
@@ -230,6 +232,17 @@ class ModelInfo:
     dense_layers: int = 0
     tied_embeddings: bool = False
     notes: tuple[str, ...] = ()
+    # What the model's inputs are: token ids ([batch, seq] integers) or not (pixels, features).
+    # ``throughput_unit`` is what one step's throughput counts: "tokens" for token models, else
+    # "samples"; ``positions`` the sequence length the blocks see per sample (the traced seq for
+    # token models; 257 for ViT-H/14 at 224 px), 0 when unknown.
+    token_inputs: bool = True
+    throughput_unit: str = "tokens"
+    positions: int = 0
+    encoder_layers: int = 0    # encoder-decoder: layers of the encoder stack (the first ``encoder_layers`` of ``order``)
+    sliding_window: int = 0    # keys a sliding-window layer attends to (0: none); per-layer windows are on the ops
+    v_head_dim: int = 0        # value head size when it differs from ``head_dim`` (MLA: q/k 192, v 128), else 0
+    attention: str = ""        # attention implementation the model was built with ("sdpa", "eager"; "" unknown)
 
 
 @dataclass(frozen=True)
@@ -307,6 +320,7 @@ def _graph_from_dict(d: dict[str, Any]) -> OpGraph:
             saved=n["saved"], wgrad=n["wgrad"], is_view=n["is_view"], param=n["param"],
             strategies=tuple(Strategy(tuple(s["inputs"]), tuple(s["outputs"])) for s in n["strategies"]),
             saved_outputs=tuple(n.get("saved_outputs", ())),
+            attention_window=n.get("attention_window", 0),
         ))
     return OpGraph(nodes=tuple(nodes), seq_len=d["seq_len"], dtype=d["dtype"],
                    output_roles=tuple(d.get("output_roles", ())), batch=d.get("batch", 1))

@@ -20,6 +20,9 @@ Conventions
   followed through views to the tensor that owns the storage (a view of a
   saved activation marks the activation, a transposed weight marks the
   parameter placeholder).
+* ``attention_window``: the sliding window of an SDPA kernel (forward, and
+  its backward through the autograd sequence number), 0 for full attention;
+  the kernel's FLOPs are scaled to the band (``costs.window_fraction``).
 * ``wgrad``: backward nodes that do not feed any input gradient (they only
   produce parameter gradients).
 * roles: ``param_grad`` for single-output nodes the output lists as
@@ -46,7 +49,7 @@ from autoplan.frontend import costs, dims
 from autoplan.frontend.dtensor_strategies import StrategyTable
 from autoplan.frontend.fakes import dtype_name
 from autoplan.frontend.gpu_kernels import aten_op
-from autoplan.frontend.fx_meta import created_in_backward, node_module, node_seq_nr
+from autoplan.frontend.fx_meta import created_in_backward, node_attention_window, node_module, node_seq_nr
 from autoplan.frontend.joint import TracedRegion
 from autoplan.ir import OpGraph, OpNode, TensorInfo, TensorRef
 
@@ -214,6 +217,7 @@ def to_opgraph(tr: TracedRegion, strategies: StrategyTable, src: RoleSource, seq
         if n.op == "call_function" and n not in backward and node_module(n) is not None:
             module_of_seq.setdefault(node_seq_nr(n), node_module(n))
 
+    windows = _attention_windows(graph, backward)
     def module_of(n: Node) -> str:
         if n.op == "placeholder" and ph_role[n] in ("param", "buffer"):
             return ph_param[n].rpartition(".")[0]      # the module owning the parameter
@@ -268,13 +272,17 @@ def to_opgraph(tr: TracedRegion, strategies: StrategyTable, src: RoleSource, seq
         else:
             role = "grad" if phase == "backward" else "activation"
         out_tensors = [t for t in vals if isinstance(t, torch.Tensor)]
+        args = _arg_vals(n.args)
+        window = windows.get(n, 0)
+        lengths = costs.attention_lengths(n.target, args) if window else None
+        fraction = costs.window_fraction(*lengths, window) if lengths else 1.0
         nodes.append(OpNode(
             name=n.name, op=str(aten_op(n.target)), inputs=tuple(ref[x] for x in ins), outputs=infos,
             phase=phase, role=role, module=module,
-            flops=costs.node_flops(n.target, _arg_vals(n.args), _arg_vals(n.kwargs), n.meta.get("val")),
+            flops=fraction * costs.node_flops(n.target, args, _arg_vals(n.kwargs), n.meta.get("val")),
             bytes_read=0.0 if view else float(sum(t.numel() * t.element_size() for t in in_vals)),
             bytes_written=0.0 if view else float(sum(t.numel() * t.element_size() for t in out_tensors)),
-            gemm=costs.gemm_shape(n.target, _arg_vals(n.args)),
+            gemm=costs.gemm_shape(n.target, args), attention_window=window,
             saved=n in saved, saved_outputs=tuple(sorted(saved.get(n, ()))),
             wgrad=phase == "backward" and n not in feeds_input_grad,
             is_view=view, param=param_grads.get(n, ""), strategies=strategies_n,
@@ -283,13 +291,22 @@ def to_opgraph(tr: TracedRegion, strategies: StrategyTable, src: RoleSource, seq
                     batch=batch), guessed)
 
 
+def _attention_windows(graph, backward: set[Node]) -> dict[Node, int]:
+    """SDPA kernel nodes of sliding-window attention → window; a backward kernel takes its
+    forward's (same autograd sequence number)."""
+    kernels = [n for n in graph.nodes if n.op == "call_function" and costs.is_attention_kernel(n.target)]
+    of_seq = {node_seq_nr(n): node_attention_window(n) for n in kernels if n not in backward}
+    windows = {n: of_seq.get(node_seq_nr(n), 0) if n in backward else node_attention_window(n) for n in kernels}
+    return {n: w for n, w in windows.items() if w}
+
+
 def _output_entries(outs, grads, placeholders, tr: TracedRegion, ref):
     """Output-node refs and their labels: activation | loss | param_grad:<ph> | input_grad:<ph>."""
     refs, labels = [], []
-    for x in outs:
+    for i, x in enumerate(outs):
         if isinstance(x, Node):
             refs.append(ref[x])
-            labels.append("loss" if tr.region.loss_output else "activation")
+            labels.append("loss" if tr.region.loss_output and i == 0 else "activation")
     for k, g in enumerate(grads[:tr.n_params]):
         if isinstance(g, Node):
             refs.append(ref[g])

@@ -9,7 +9,11 @@ FLOPs (multiply-add = 2):
   forward = 2 GEMMs (QKᵀ, PV) = 4·b·a·s²·d; backward = 5 GEMMs (the
   recomputed QKᵀ, dP, dV, dQ, dK) = 10·b·a·s²·d, i.e. 2.5× forward, which
   is what a flash kernel executes.  Eager attention (explicit bmm's) has
-  no recompute: backward = 2× forward.
+  no recompute: backward = 2× forward.  Causal sliding-window attention
+  (window w < s keys) executes a band of s·w − w²/2 query-key pairs instead
+  of the causal triangle's s²/2; on the same full-s² convention its count
+  is the full count × ``window_fraction`` = (2·s·w − w²) / s², which is 1
+  at w = s (Mistral 7B at s = 32K, w = 4K: 0.234).
 * ``_grouped_mm`` (not in the registry): 2·M·N·K summed over groups = 2·(rows of
   the 2-D operand)·N·K.
 * data movement (copies, casts, concatenation, indexing, scatter/gather,
@@ -80,6 +84,28 @@ def gemm_shape(target, args) -> tuple[int, int, int] | None:
         if a.dim() == 2 and b.dim() == 2:        # [K, M]^T x [K, N] per group (weight grads)
             return (a.shape[0], b.shape[1], a.shape[1])
     return None
+
+
+def is_attention_kernel(target) -> bool:
+    """A fused SDPA kernel, forward or backward (flash, memory-efficient, cuDNN)."""
+    return "attention" in op_base_name(target)
+
+
+def window_fraction(q_len: int, k_len: int, window: int) -> float:
+    """Share of full attention a causal kernel with a ``window``-key band computes (see docstring)."""
+    if window <= 0 or window >= k_len:
+        return 1.0
+    return (2.0 * q_len * window - window * window) / (q_len * k_len)
+
+
+def attention_lengths(target, args) -> tuple[int, int] | None:
+    """(query length, key length) of an SDPA kernel call: q and k are [b, h, s, d] (args 0 and 1,
+    or 1 and 2 for backward kernels, whose first argument is the output gradient)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.dim() == 4]
+    if len(tensors) < 2 or not is_attention_kernel(target):
+        return None
+    q, k = (tensors[1], tensors[2]) if "backward" in op_base_name(target) else (tensors[0], tensors[1])
+    return int(q.shape[2]), int(k.shape[2])
 
 
 def node_flops(target, args, kwargs, out) -> float:

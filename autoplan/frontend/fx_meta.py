@@ -2,7 +2,8 @@
 
 Forward nodes get the path of the innermost module that ran them, through
 forward hooks that enter ``torch.fx.traceback.annotate({"module": path})``
-(recorded in ``node.meta["custom"]`` while node meta is preserved).
+(recorded in ``node.meta["custom"]`` while node meta is preserved); nodes
+of sliding-window attention also carry their window (``attention_window``).
 Backward nodes get the autograd sequence number of the forward op they
 differentiate (``node.meta["seq_nr"]``) and a backward mark
 (``node.meta["autograd_backward"]``), through pre/post hooks on the
@@ -60,6 +61,19 @@ def module_paths(root: nn.Module) -> Iterator[None]:
             h.remove()
         while open_scopes:
             open_scopes.pop().__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def attention_window(window: int) -> Iterator[None]:
+    """Nodes created inside belong to causal attention with a sliding window of ``window`` keys."""
+    with fx_traceback.annotate({"attention_window": window}):
+        yield
+
+
+def node_attention_window(node: torch.fx.Node) -> int:
+    """The sliding window recorded on a forward node (0: full attention)."""
+    custom = node.meta.get("custom") or {}
+    return int(custom.get("attention_window", 0))
 
 
 def node_module(node: torch.fx.Node) -> str | None:

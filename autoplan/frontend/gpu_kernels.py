@@ -7,9 +7,17 @@ FLOP formula) and ``F.dropout`` to ``bernoulli_`` + ``mul`` (a 2-byte mask).
 
 * SDPA without a mask → ``aten._scaled_dot_product_flash_attention``
   (grouped-query k/v passed as they are, as FlashAttention-2 takes them);
-* SDPA with a mask   → ``aten._scaled_dot_product_efficient_attention``
-  (boolean masks become an additive bias; k/v heads repeated for GQA);
+* SDPA with a mask, or with a value head size other than the query/key
+  head size (MLA: DeepSeek-V2/V3 have q/k 192, v 128, which the flash
+  kernel refuses) → ``aten._scaled_dot_product_efficient_attention``, the
+  kernel torch's SDPA dispatches to on a GPU (boolean masks become an
+  additive bias; k/v heads repeated for GQA; the output has the value head
+  size);
 * dropout            → ``aten.native_dropout`` (1-byte boolean mask, as on GPU);
+* concatenation      → without its empty operands (Phi-3's rotary keeps the
+  "pass-through" part ``q[..., head_dim:]`` of size 0 and concatenates it;
+  such a tensor moves no data, and a dim of size 0 is not a dim a plan can
+  shard);
 * RMSNorm            → the fused kernel (saves the input and an fp32 rstd, as
   CUDA's ``_fused_rms_norm`` does; on CPU ``F.rms_norm`` decomposes into
   fp32 copies that would double the saved activations).
@@ -90,13 +98,17 @@ def gpu_rms_norm(x: torch.Tensor, normalized_shape, weight, eps) -> torch.Tensor
 
 def gpu_attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
     """Scaled dot-product attention as the GPU flash / memory-efficient kernel."""
-    if attn_mask is None:
+    same_head_dim = value.shape[-1] == query.shape[-1]
+    if attn_mask is None and same_head_dim:
         return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
                                                         False, scale=scale)[0]
     heads = query.shape[1]
     if key.shape[1] != heads:
         key = key.repeat_interleave(heads // key.shape[1], dim=1)
         value = value.repeat_interleave(heads // value.shape[1], dim=1)
+    if attn_mask is None:
+        return aten._scaled_dot_product_efficient_attention(query, key, value, None, True, dropout_p,
+                                                            is_causal, scale=scale)[0]
     if attn_mask.dtype == torch.bool:
         bias = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device)
         attn_mask = bias.masked_fill(attn_mask.logical_not(), float("-inf"))
@@ -115,8 +127,24 @@ def gpu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return aten.native_dropout(x, p, True)[0]
 
 
+_CATS = (torch.cat, torch.concat, torch.concatenate)
+
+
+def _cat_args(tensors, dim=0, *, out=None):
+    return tensors, dim, out
+
+
+def without_empty_operands(func, args, kwargs):
+    """``torch.cat`` without its zero-element operands (all of them kept when all are empty)."""
+    tensors, dim, out = _cat_args(*args, **kwargs)
+    kept = [t for t in tensors if t.numel() > 0]
+    if out is not None or len(kept) in (0, len(tensors)):
+        return func(*args, **kwargs)
+    return func(kept, dim)
+
+
 class GpuKernels(TorchFunctionMode):
-    """Redirect SDPA and dropout to their GPU kernels while active."""
+    """Redirect SDPA, dropout, RMSNorm and concatenation to their GPU kernels while active."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -128,4 +156,6 @@ class GpuKernels(TorchFunctionMode):
             return gpu_dropout(x, p, training)
         if func is F.rms_norm:
             return gpu_rms_norm(*_rms_norm_args(*args, **kwargs))
+        if func in _CATS:
+            return without_empty_operands(func, args, kwargs)
         return func(*args, **kwargs)

@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from autoplan.frontend.fx_meta import module_paths, preserve_node_meta, tag_backward_with_forward_seq_nr
 from autoplan.frontend.gpu_kernels import GpuKernels
-from autoplan.frontend.hf import unpacked_sequences
+from autoplan.frontend.hf import training_kernels
 from autoplan.frontend.regions import Region
 
 
@@ -71,7 +71,7 @@ def trace_joint(region: Region, mode: FakeTensorMode) -> TracedRegion:
         grads = torch.autograd.grad(diff, wrt, tangents, allow_unused=True)
         return outputs, list(grads)
 
-    with mode, GpuKernels(), unpacked_sequences(), preserve_node_meta(), module_paths(region.module):
+    with mode, GpuKernels(), training_kernels(), preserve_node_meta(), module_paths(region.module):
         gm = make_fx(joint)(list(region.state), inputs, tangents)
     gm.graph.eliminate_dead_code(is_impure_node=_mutates)
     return TracedRegion(region, gm, n_params, len(region.buffer_names), len(inputs), len(tangents),

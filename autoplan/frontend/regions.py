@@ -15,7 +15,9 @@
    * **block** (one per kind): the first layer of the kind, called with
      its captured arguments.
    * **post**: the model with every layer replaced by a stub returning the
-     region's input (shaped like the last layer's output), then the loss.
+     region's input (shaped like the last layer's output of its stack: an
+     encoder-decoder's encoder layers return an encoder output, so the
+     encoder's final norm lands here too), then the loss.
      Ops that only feed the stubbed layers (the embedding...) are dead and
      removed after tracing.
 
@@ -81,7 +83,7 @@ class Capture:
 
     calls: dict[str, Template] = field(default_factory=dict)
     outputs: dict[str, Template] = field(default_factory=dict)
-    model_inputs: Template | None = None
+    model_inputs: Template | None = None         # (args, kwargs) of the model call
     logits_shape: tuple[int, ...] | None = None   # None: the model returns its loss
     loss_dtype: torch.dtype = torch.float32
 
@@ -128,8 +130,10 @@ def loss_from_output(output: Any, labels: torch.Tensor | None) -> torch.Tensor:
     return F.cross_entropy(value.reshape(-1, value.shape[-1]).float(), labels.reshape(-1))
 
 
-def capture(model: nn.Module, stack: LayerStack | None, inputs: tuple) -> Capture:
-    """Run one fake forward pass (one layer per kind) and record the call templates."""
+def capture(model: nn.Module, stack: LayerStack | None, inputs: tuple[tuple, dict]) -> Capture:
+    """Run one fake forward pass (one layer per kind) and record the call templates.
+
+    ``inputs`` is the model call's (positional args, keyword args)."""
     cap = Capture(model_inputs=Template.of(inputs))
     cached: dict[str, Any] = {}
     patches = {}
@@ -145,8 +149,9 @@ def capture(model: nn.Module, stack: LayerStack | None, inputs: tuple) -> Captur
                 patches[layer] = first
             else:
                 patches[layer] = lambda *a, _kind=kind, **k: cached[_kind]
+    args, kwargs = inputs
     with patched_forwards(patches):
-        output = model(*inputs)
+        output = model(*args, **kwargs)
     value = model_logits(output)
     if value is None:
         raise ValueError("the model returned no tensor")
@@ -168,7 +173,7 @@ class Region:
     inputs: list[TensorSlot]
     diff_outputs: list[bool]              # which outputs get a gradient (a tangent input)
     output_slots: list[TensorSlot]
-    loss_output: bool = False             # the single output is the loss
+    loss_output: bool = False             # the first output is the loss
 
 
 def _state(module: nn.Module, skip: tuple[str, ...] = ()) -> tuple[list[str], list[str], list]:
@@ -204,7 +209,7 @@ def pre_region(model: nn.Module, stack: LayerStack, cap: Capture) -> Region:
         with patched_forwards({first: stop}):
             try:
                 functional_call(model, dict(zip(pnames + bnames, state_list)),
-                                tuple(cap.model_inputs.fill(inputs)))
+                                *cap.model_inputs.fill(inputs))
             except _StopAtLayer as s:
                 return tensor_leaves(s.call)
         raise RuntimeError("the model never called its first layer")
@@ -213,28 +218,57 @@ def pre_region(model: nn.Module, stack: LayerStack, cap: Capture) -> Region:
                   [s.requires_grad for s in call.slots], call.slots)
 
 
+def _stub_outputs(stack: LayerStack, cap: Capture) -> list[tuple[range, Template]]:
+    """Per stack (the last stack first): its layers and the output template of its last layer."""
+    ranges = stack.stack_ranges()
+    ordered = [ranges[-1]] + list(ranges[:-1])
+    return [(r, cap.outputs[stack.kinds[r[-1]]]) for r in ordered if len(r)]
+
+
+def _handoff_slots(stack: LayerStack | None, cap: Capture) -> list[tuple[int, list[bool]]]:
+    """Per later stack: (its first layer, which of that call's tensors get a gradient).
+
+    What the model computes between stacks (an encoder's final norm, the decoder's
+    embedding) runs in post and reaches the later stack's layers as these tensors."""
+    if stack is None:
+        return []
+    return [(r[0], [s.requires_grad for s in cap.calls[stack.kinds[r[0]]].slots])
+            for r in stack.stack_ranges()[1:] if len(r)]
+
+
 def post_region(model: nn.Module, stack: LayerStack | None, cap: Capture) -> Region:
+    """The model outside its layers; outputs: the loss, then the tensors handed to later stacks."""
     pnames, bnames, state = _state(model, skip=stack.paths if stack is not None else ())
     n_model_inputs = len(cap.model_inputs.slots)
-    last = cap.outputs[stack.kinds[-1]] if stack is not None else None
-    slots = list(cap.model_inputs.slots) + (last.slots if last is not None else [])
+    stubs = _stub_outputs(stack, cap) if stack is not None else []
+    handoffs = _handoff_slots(stack, cap)
+    slots = list(cap.model_inputs.slots) + [s for _, out in stubs for s in out.slots]
     if cap.logits_shape is not None:
         slots.append(TensorSlot(cap.logits_shape[:-1], torch.int64, False))
 
     def fn(state_list, inputs):
         model_inputs = inputs[:n_model_inputs]
         rest = inputs[n_model_inputs:]
-        patches = {}
-        if stack is not None:
-            layer_out = last.fill(rest[:len(last.slots)])
-            patches = {layer: (lambda *a, **k: layer_out) for layer in stack.layers}
+        patches, handed = {}, {}
+        for layers, out in stubs:
+            layer_out = out.fill(rest[:len(out.slots)])
+            rest = rest[len(out.slots):]
+            patches.update({stack.layers[i]: (lambda *a, _out=layer_out, **k: _out) for i in layers})
+        for first, _ in handoffs:
+            def record(*args, _first=first, _out=patches[stack.layers[first]], **kwargs):
+                handed[_first] = tensor_leaves((args, kwargs))
+                return _out()
+            patches[stack.layers[first]] = record
         with patched_forwards(patches):
             output = functional_call(model, dict(zip(pnames + bnames, state_list)),
-                                     tuple(cap.model_inputs.fill(model_inputs)))
+                                     *cap.model_inputs.fill(model_inputs))
         labels = rest[-1] if cap.logits_shape is not None else None
         with module_scope("loss"):
-            return [loss_from_output(output, labels)]
+            loss = loss_from_output(output, labels)
+        return [loss] + [t for first, grad in handoffs for t, g in zip(handed[first], grad) if g]
 
+    handoff_slots = [s for first, _ in handoffs for s in cap.calls[stack.kinds[first]].slots if s.requires_grad]
     loss_slot = TensorSlot((), cap.loss_dtype, True)
-    return Region("post", model, fn, pnames, bnames, state, slots, [True], [loss_slot],
+    outputs = [loss_slot] + handoff_slots
+    return Region("post", model, fn, pnames, bnames, state, slots, [True] * len(outputs), outputs,
                   loss_output=True)

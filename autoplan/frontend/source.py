@@ -6,8 +6,9 @@ example inputs, what is known about it up front (``ModelInfo`` for zoo and
 spec models) and a fingerprint of its source for the trace cache.
 
 A ``model.py`` defines ``build_model() -> nn.Module`` and optionally
-``example_inputs(batch, seq) -> tuple`` (default: token ids, a LongTensor
-[batch, seq]).  Every problem with the file is a ``UserError`` naming the
+``example_inputs(batch, seq)`` returning the positional inputs (a tensor or
+a tuple) or the keyword inputs (a dict) of the model call (default: token
+ids, a LongTensor [batch, seq]; see ``inputs``).  Every problem with the file is a ``UserError`` naming the
 file and line.
 """
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Reads only the IR (``BlockGraph``); ``autoplan trace`` prints it.  FLOPs are
 forward + backward of one micro-batch at the traced sequence length, as in
-the graph (attention at full s², flash backward 2.5× forward).
+the graph (attention at full s², or a sliding window's band, flash backward
+2.5× forward).
 """
 from __future__ import annotations
 

@@ -34,10 +34,12 @@ from autoplan.frontend.blocks import LayerStack, find_layer_stack
 from autoplan.frontend.convert import RoleSource, strategy_placeholder_names, to_opgraph
 from autoplan.frontend.dims import alt_sizes
 from autoplan.frontend.dtensor_strategies import enumerate_strategies
-from autoplan.frontend.fakes import TORCH_DTYPES, fakeify_module, new_fake_mode, to_fake
+from autoplan.frontend.fakes import TORCH_DTYPES, fakeify_module, new_fake_mode
 from autoplan.frontend.gpu_kernels import GpuKernels
-from autoplan.frontend.hf import unpacked_sequences
+from autoplan.frontend.hf import training_kernels
 from autoplan.frontend.info import expert_modules, infer_model_info
+from autoplan.frontend.inputs import (ModelInputs, as_model_inputs, block_positions, default_inputs,
+                                     takes_tokens)
 from autoplan.frontend.joint import TracedRegion, trace_joint
 from autoplan.frontend.regions import block_region, capture, post_region, pre_region
 from autoplan.frontend.source import ModelSource, build_on_meta, load_source, user_frame
@@ -153,26 +155,26 @@ def _run_error(e: Exception, source: ModelSource, what: str) -> UserError:
                      "fix the model so that a forward+backward pass runs on these inputs")
 
 
-def _example_inputs(source: ModelSource, info: ModelInfo, sizes: tuple[int, int], mode) -> tuple:
+def _example_inputs(source: ModelSource, model: nn.Module, info: ModelInfo, sizes: tuple[int, int],
+                    mode) -> ModelInputs:
     batch, seq = sizes
     with mode:
         if source.example_inputs is None:
-            return (torch.randint(0, max(info.vocab, 2), (batch, seq)),)
+            return default_inputs(model, info.vocab, batch, seq)
         try:
             value = source.example_inputs(batch, seq)
         except Exception as e:  # noqa: BLE001
             raise _run_error(e, source, "example_inputs()") from None
-    value = value if isinstance(value, tuple) else tuple(value) if isinstance(value, list) else (value,)
-    return to_fake(value, mode)
+    return as_model_inputs(value, mode)
 
 
 def _trace_regions(model: nn.Module, stack: LayerStack | None, source: ModelSource, info: ModelInfo,
                    mode, sizes: tuple[int, int], kinds: tuple[str, ...] | None = None,
                    ) -> dict[str, TracedRegion]:
     """Trace pre, one block per kind (or only ``kinds``) and post at (batch, seq) = ``sizes``."""
-    inputs = _example_inputs(source, info, sizes, mode)
+    inputs = _example_inputs(source, model, info, sizes, mode)
     try:
-        with mode, GpuKernels(), unpacked_sequences():
+        with mode, GpuKernels(), training_kernels():
             cap = capture(model, stack, inputs)
     except UserError:
         raise
@@ -227,6 +229,9 @@ def _describe(graph: OpGraph, kind: str, info: ModelInfo) -> str:
         attention = "eager attention"
     else:
         attention = "no attention"
+    window = max((n.attention_window for n in graph.ops()), default=0)
+    if window:
+        attention += f" (window {window:,})"
     if kind.startswith("moe"):
         shared = f" + {info.shared_experts} shared" if info.shared_experts else ""
         mlp = f"MoE ({info.experts} experts, top-{info.topk}{shared})" if info.experts else "MoE"
@@ -250,12 +255,23 @@ def _repeats(stack: LayerStack | None) -> tuple[nn.Module, ...]:
 
 
 def _training_mode(model: nn.Module) -> nn.Module:
-    """Train mode (dropout on) and, for transformers models, no KV cache."""
+    """Train mode (dropout on) and, for transformers models, no KV cache (in every submodule's
+    config: an encoder-decoder's stacks hold their own copies)."""
     model.train()
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "use_cache", False):
-        config.use_cache = False
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and getattr(config, "use_cache", False):
+            config.use_cache = False
     return model
+
+
+def _input_facts(source: ModelSource, model: nn.Module, stack: LayerStack | None, info: ModelInfo,
+                 mode, main: dict[str, TracedRegion], sizes: tuple[int, int]) -> dict:
+    """ModelInfo fields on the inputs: token ids or not, the throughput unit, positions per sample."""
+    tokens = takes_tokens(_example_inputs(source, model, info, sizes, mode), *sizes)
+    first = main[stack.kinds[0]].region.inputs if stack is not None else []
+    return {"token_inputs": tokens, "throughput_unit": "tokens" if tokens else "samples",
+            "positions": block_positions(first, sizes[1], tokens)}
 
 
 def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> BlockGraph:
@@ -308,6 +324,7 @@ def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> Bl
     if fallbacks:
         notes.append("strategies fell back to replicate/pointwise for: " + ", ".join(sorted(fallbacks)))
     shared = {n.param for n in pre.params()} & {n.param for n in post.params()}
-    info = replace(info, notes=tuple(notes), tied_embeddings=info.tied_embeddings or bool(shared))
+    info = replace(info, notes=tuple(notes), tied_embeddings=info.tied_embeddings or bool(shared),
+                   **_input_facts(source, model, stack, info, mode, main, sizes))
     return BlockGraph(model=info, blocks=tuple(blocks), order=stack.kinds if stack else (), pre=pre,
                       post=post, seq_len=seq, dtype=dtype, batch=batch)

@@ -54,6 +54,47 @@ def test_hf_param_count_matches_module():
     assert trace(str(MODELS / "hf_llama.py"), seq=64).param_count == sum(p.numel() for p in model.parameters())
 
 
+@needs_transformers
+def test_hf_bart_encoder_decoder(traced):
+    import torch
+
+    from autoplan.frontend.source import load_source
+
+    g = traced(str(MODELS / "hf_bart.py"), seq=64)
+    assert [(b.kind, b.module_paths) for b in g.blocks] == [
+        ("dense0", ("model.encoder.layers.0", "model.encoder.layers.1")),
+        ("dense1", ("model.decoder.layers.0", "model.decoder.layers.1"))]
+    assert g.order == ("dense0", "dense0", "dense1", "dense1") and g.model.encoder_layers == 2
+    with torch.device("meta"):
+        model = load_source(str(MODELS / "hf_bart.py")).build()
+    assert g.param_count == sum(p.numel() for p in model.parameters())
+    # every attention (encoder, decoder causal self-attention despite BART's own all-ones padding
+    # mask, cross-attention) runs as flash attention, with no materialised mask
+    kernels = [n.op for b in g.blocks for n in b.graph.ops("forward") if "attention" in n.op]
+    assert kernels == ["aten._scaled_dot_product_flash_attention.default"] * 3
+
+
+def test_example_inputs_as_keywords(tmp_path, traced):
+    path = tmp_path / "kw.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(s):\n        super().__init__(); s.fc = nn.Linear(16, 16)\n"
+        "    def forward(s, x): return x + s.fc(x)\n"
+        "class M(nn.Module):\n"
+        "    def __init__(s):\n"
+        "        super().__init__(); s.layers = nn.ModuleList([Block(), Block()]); s.head = nn.Linear(16, 10)\n"
+        "    def forward(s, *, features, scale):\n"
+        "        x = features * scale\n"
+        "        for l in s.layers: x = l(x)\n"
+        "        return s.head(x)\n"
+        "def build_model(): return M()\n"
+        "def example_inputs(batch, seq): return {'features': torch.randn(batch, 7, 16), 'scale': 2.0}\n")
+    g = traced(str(path), seq=32)
+    assert [(b.kind, b.count) for b in g.blocks] == [("dense0", 2)]
+    assert (g.model.token_inputs, g.model.throughput_unit, g.model.positions) == (False, "samples", 7)
+
+
 def test_custom_model_with_example_inputs(traced):
     g = traced(str(MODELS / "custom_lm.py"), seq=32)
     assert [(b.kind, b.count) for b in g.blocks] == [("dense0", 3)]

@@ -44,6 +44,23 @@ def test_costs():
     assert costs.node_flops(aten.cat.default, ([out, out],), {}, out) == 0
 
 
+def test_window_fraction_is_the_causal_band_over_the_full_square():
+    assert costs.window_fraction(8, 8, 0) == costs.window_fraction(8, 8, 8) == costs.window_fraction(8, 8, 9) == 1.0
+    # 8 queries, window 2: the band has 2·8 − 2²/2 = 14 pairs, the causal triangle 8²/2 = 32
+    assert costs.window_fraction(8, 8, 2) == (2 * 8 * 2 - 4) / 64 == 14 / 32
+    assert costs.window_fraction(32768, 32768, 4096) == 0.234375
+
+
+def test_attention_lengths_of_forward_and_backward_kernels():
+    with FakeTensorMode():
+        q, k = torch.empty(1, 2, 8, 4), torch.empty(1, 2, 6, 4)
+        g = torch.empty(1, 2, 8, 4)
+    assert costs.attention_lengths(aten._scaled_dot_product_flash_attention.default, (q, k, k)) == (8, 6)
+    assert costs.attention_lengths(aten._scaled_dot_product_flash_attention_backward.default,
+                                   (g, q, k, k, g)) == (8, 6)
+    assert costs.attention_lengths(aten.mm.default, (q, k)) is None
+
+
 # --- blocks ------------------------------------------------------------------------
 
 class _Dense(nn.Module):
@@ -68,6 +85,34 @@ def test_layer_stack_and_kinds_by_structure():
     stack = find_layer_stack(Net())
     assert stack.path == "layers" and stack.kinds == ("dense0", "moe0", "moe0", "dense0")
     assert structural_signature(_Dense(8)) == structural_signature(_Dense(8)) != structural_signature(_Dense(4))
+    assert stack.stacks == (("layers", 0),)
+
+
+def test_layers_with_other_attention_attributes_are_other_kinds():
+    local, full = _Dense(8), _Dense(8)
+    local.sliding_window, full.sliding_window = 4096, None
+    assert structural_signature(local) != structural_signature(full)
+    assert find_layer_stack(nn.ModuleList([local, full, local])).kinds == ("dense0", "dense1", "dense0")
+
+
+def test_encoder_and_decoder_stacks_in_module_order():
+    class Stack(nn.Module):
+        def __init__(self, layers, d):
+            super().__init__()
+            self.block = nn.ModuleList([_Dense(d) for _ in range(layers)])
+
+    class EncDec(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.decoder = Stack(2, 8), Stack(3, 9)
+            self.tiny = nn.ModuleList([nn.Linear(2, 2)])          # < 20 % of the main stack: not a stack
+    stack = find_layer_stack(EncDec())
+    assert stack.path == "decoder.block"                          # the larger one
+    assert stack.stacks == (("encoder.block", 0), ("decoder.block", 2))
+    assert stack.paths == ("encoder.block.0", "encoder.block.1", "decoder.block.0", "decoder.block.1",
+                           "decoder.block.2")
+    assert stack.kinds == ("dense0", "dense0", "dense1", "dense1", "dense1")
+    assert stack.stack_ranges() == (range(0, 2), range(2, 5))
 
 
 # --- fakes -------------------------------------------------------------------------
@@ -110,6 +155,30 @@ def test_gpu_kernels_redirects():
     assert "aten._fused_rms_norm.default" in rms and "aten.pow.Tensor_Scalar" not in rms
 
 
+def test_mla_attention_takes_the_value_head_size():
+    """q/k head 12, v head 8 (MLA): the memory-efficient kernel, whose output has the value head size."""
+    F = torch.nn.functional
+    with _MODE:
+        q, v = torch.empty(1, 4, 16, 12), torch.empty(1, 4, 16, 8)
+    with _MODE, GpuKernels():
+        out = F.scaled_dot_product_attention(q, q, v, is_causal=True)
+    assert tuple(out.shape) == (1, 4, 16, 8)
+    ops = _ops(lambda q, v: F.scaled_dot_product_attention(q, q, v, is_causal=True), q, v)
+    assert "aten._scaled_dot_product_efficient_attention.default" in ops
+
+
+def test_concatenation_drops_empty_operands():
+    with _MODE:
+        x, empty = torch.empty(2, 8), torch.empty(2, 0)
+    ops = []
+    with _MODE, GpuKernels():
+        gm = make_fx(lambda x, e: torch.cat([x * 2, e], dim=-1))(x, empty)
+        ops = [n for n in gm.graph.nodes if n.target is aten.cat.default]
+    assert len(ops) == 1 and len(ops[0].args[0]) == 1
+    with _MODE, GpuKernels():
+        assert tuple(torch.cat([empty, empty], dim=-1).shape) == (2, 0)
+
+
 def test_fused_rms_norm_matches_rms_norm_numerically():
     x, w = torch.randn(3, 8), torch.randn(8)
     ours = torch.ops.autoplan.fused_rms_norm(x, [8], w, 1e-6)[0]
@@ -150,6 +219,33 @@ def test_unpacked_sequences_patch_is_scoped():
     with unpacked_sequences():
         assert mu.find_packed_sequence_indices(torch.tensor([[0, 1, 0, 1]])) is None
     assert mu.find_packed_sequence_indices is original
+
+
+def test_windowed_sdpa_drops_the_band_mask_and_tags_the_window():
+    from autoplan.frontend.hf import windowed_sdpa
+    seen = []
+
+    def sdpa(module, q, k, v, mask, *args, **kwargs):
+        seen.append((mask, kwargs.get("sliding_window")))
+    causal, bidirectional = nn.Module(), nn.Module()
+    causal.is_causal, bidirectional.is_causal = True, False
+    q = torch.empty(1, 2, 8, 4)
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    forward = windowed_sdpa(sdpa)
+    forward(causal, q, q, q, mask, sliding_window=4)
+    forward(bidirectional, q, q, q, mask, sliding_window=4)
+    forward(causal, q, q, q, mask, sliding_window=None)
+    assert seen == [(None, None), (mask, 4), (mask, None)]
+
+
+def test_sliding_window_patch_is_scoped():
+    mu = pytest.importorskip("transformers.modeling_utils")
+
+    from autoplan.frontend.hf import sliding_window_kernels
+    original = mu.AttentionInterface._global_mapping["sdpa"]
+    with sliding_window_kernels():
+        assert mu.AttentionInterface._global_mapping["sdpa"] is not original
+    assert mu.AttentionInterface._global_mapping["sdpa"] is original
 
 
 # --- cache ---------------------------------------------------------------------------
