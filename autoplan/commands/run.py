@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_and_check(cfg, nproc)
     from autoplan.apply.launch import launch
 
-    return launch(["-m", "autoplan", *_argv(args, cfg.plan)], nproc)
+    return launch(["-m", "autoplan", *_argv(args, args.plan)], nproc)
 
 
 def _checked_config(args: argparse.Namespace):
@@ -90,12 +90,30 @@ def _checked_config(args: argparse.Namespace):
                             "use --backend gloo (CPU) or fewer processes")
     if args.check and args.dtype != "fp32":
         raise UserError("--check compares in fp32", "drop --dtype or use --dtype fp32")
-    placements = _placements(args.placements)
+    placements, which = _chosen_placements(args, plan)
     if placements is not None and plan.tp > 1:
         from autoplan.apply.tensor_parallel import check_placements_on_meta
 
         check_placements_on_meta(source.build, plan.tp, plan.mbs, placements)
+    if plan.tp > 1:
+        print(f"autoplan run: tensor-parallel layout {which}", flush=True)
     return _config(args, plan.to_string(), placements), nproc
+
+
+def _chosen_placements(args: argparse.Namespace, plan) -> tuple[dict[str, str] | None, str]:
+    """The tp placements to run with and where they come from: --placements, else the Layout the
+    search stored with the plan (``autoplan search --json``), else None (Megatron's rule)."""
+    from autoplan.export.load import load_layout
+
+    if args.placements:
+        return _placements(args.placements), f"from {args.placements}"
+    layout = load_layout(args.plan)
+    if layout is not None and plan.tp > 1:
+        if layout.tp != plan.tp:
+            raise UserError(f"the plan file's layout is for tp={layout.tp}, the plan has tp={plan.tp}",
+                            "re-run autoplan search --json, or pass the plan as a string")
+        return layout.placements(), f"searched (the block ILP's, from {args.plan})"
+    return None, "by Megatron's rule (a bare plan has no searched layout)"
 
 
 def _config(args: argparse.Namespace, plan: str, placements: dict[str, str] | None):
@@ -122,7 +140,7 @@ def _placements(path: str | None) -> dict[str, str] | None:
 
 
 def _argv(args: argparse.Namespace, plan: str) -> list[str]:
-    """The command line each worker process runs (the same command, plan resolved)."""
+    """The command line each worker process runs (the same command and plan argument)."""
     argv = ["run", args.model, "--plan", plan, "--nproc", str(args.nproc), "--backend", args.backend,
             "--steps", str(args.steps), "--seq", str(args.seq), "--global-batch", str(args.global_batch),
             "--lr", repr(args.lr), "--optimizer", args.optimizer, "--dtype", args.dtype, "--seed", str(args.seed)]
@@ -136,7 +154,7 @@ def _worker(args: argparse.Namespace) -> int:
     from autoplan.export.load import load_plan
 
     plan = load_plan(args.plan, num_gpus=int(os.environ["WORLD_SIZE"]))
-    cfg = _config(args, plan.to_string(), _placements(args.placements))
+    cfg = _config(args, plan.to_string(), _chosen_placements(args, plan)[0])
     width = len(str(cfg.steps))
 
     def report(step: int, loss: float) -> None:

@@ -23,6 +23,7 @@ from autoplan.cost.parts import price_part
 from autoplan.cost.tp import BlockLayouts
 from autoplan.cost.types import Estimate, EstimateOptions, Part
 from autoplan.ir import BlockGraph, OpGraph
+from autoplan.layout import BlockLayout, Layout
 from autoplan.mesh import Mesh
 from autoplan.opkinds import attention_flops
 from autoplan.plan import Plan
@@ -71,6 +72,20 @@ class Estimator:
         mesh = Mesh.of(plan)
         for kind in [b.kind for b in self.model.blocks] + ["@pre", "@post"]:
             self.layouts.sharding(kind, self.graph(kind), plan, "none", mesh)
+
+    def layout(self, plan: Plan) -> Layout | None:
+        """The tp placements ``plan`` is priced with (block ILP solutions); None without tp."""
+        if plan.tp == 1:
+            return None
+        mesh = Mesh.of(plan)
+        blocks = []
+        for kind in [b.kind for b in self.model.blocks] + ["@pre", "@post"]:
+            bs = self.layouts.sharding(kind, self.graph(kind), plan, plan.recompute_of_stage(0), mesh)
+            graph = self.graph(kind)
+            stream = next((bs.placements.get(n.name, "R") for n in graph.nodes
+                           if n.op == "placeholder" and n.role == "input"), "R")
+            blocks.append(BlockLayout(kind, tuple(sorted(bs.param_placements.items())), stream))
+        return Layout(plan.tp, plan.sp, tuple(blocks))
 
     def check(self, plan: Plan, global_batch: int) -> None:
         info = self.info

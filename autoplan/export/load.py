@@ -130,6 +130,19 @@ def _scalar_ok(v: Any) -> bool:
     return False
 
 
+def load_layout(text: str) -> "Layout | None":
+    """The tensor-parallel Layout stored with the first plan of a search result file, or None
+    (a plan string, or a file without a layout: a tp = 1 plan, or a Plan.to_json file)."""
+    from autoplan.layout import Layout
+
+    if not (text.endswith(".json") or os.path.isfile(text)):
+        return None
+    entry = first_entry(read_json(text))
+    if isinstance(entry, dict) and entry.get("layout") is not None:
+        return Layout.from_dict(entry["layout"])
+    return None
+
+
 def entry_value(data: Any, key: str) -> Any:
     """``key`` of the first entry, or of its estimate (e.g. global_batch, seq), or None."""
     entry = first_entry(data)

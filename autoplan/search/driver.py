@@ -32,6 +32,7 @@ from autoplan.cost import Estimate, EstimateOptions, Estimator
 from autoplan.cost.bounds import states_lower_bound, step_lower_bound
 from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
+from autoplan.layout import Layout
 from costmodels.memory import GIB
 from autoplan.plan import SCHEDULES, Plan
 from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
@@ -64,9 +65,13 @@ class SearchOptions:
 class Candidate:
     plan: Plan
     estimate: Estimate
+    layout: Layout | None = None             # the tp placements the block ILP chose (None: tp = 1)
 
     def to_dict(self) -> dict:
-        return {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
+        d = {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
+        if self.layout is not None:
+            d["layout"] = self.layout.to_dict()
+        return d
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
     if not results:
         raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
     ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
-    candidates = tuple(Candidate(r.plan, r.estimate) for r in ranked[:options.top_k])
+    candidates = tuple(Candidate(r.plan, r.estimate, est.layout(r.plan)) for r in ranked[:options.top_k])
     ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status)
                  for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
                                                                                      str(kv[0][3]))))
