@@ -226,3 +226,22 @@ def probe(model: nn.Module, example_ids: torch.Tensor) -> ModelLayout:
                        index_ndim=index_ndim, stream_shaped=frozenset(stream_shaped),
                        head_weights=frozenset(mode.head_weights), vocab=state["vocab"],
                        block_params=block_params)
+
+
+def count_blocks(model: str) -> int:
+    """Blocks of ``model`` (zoo name, spec or model.py): from its config, else built on the meta device."""
+    from autoplan.frontend.source import load_source
+    from autoplan.frontend.tracing import time_limit
+
+    source = load_source(model)
+    if source.info is not None:
+        return source.info.layers
+    try:
+        with time_limit(model), torch.device("meta"):
+            module = source.build()
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001  -- the user's build_model()
+        raise UserError(f"{model}: build_model() failed: {type(e).__name__}: {e}",
+                        "fix the model file so that build_model() returns an nn.Module") from None
+    return len(find_blocks(module)[1])

@@ -60,25 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
 def model_layers(model: str) -> int:
     """Number of blocks of a model (zoo/spec: from its config; a file: built on the meta device)."""
-    from autoplan.frontend.source import load_source
+    from autoplan.apply.layout import count_blocks
 
-    source = load_source(model)
-    if source.info is not None:
-        return source.info.layers
-    import torch
-
-    from autoplan.apply.layout import find_blocks
-    from autoplan.frontend.tracing import time_limit
-
-    try:
-        with time_limit(model), torch.device("meta"):
-            module = source.build()
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001  -- the user's build_model()
-        raise UserError(f"{model}: build_model() failed: {type(e).__name__}: {e}",
-                        "fix the model file so that build_model() returns an nn.Module") from None
-    return len(find_blocks(module)[1])
+    return count_blocks(model)
 
 
 def check(plan, num_layers: int | None, global_batch: int | None) -> None:
