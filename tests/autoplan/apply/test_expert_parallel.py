@@ -1,5 +1,5 @@
-"""Expert parallelism on gloo matches one process: the zoo MoE (capacity buffer) and a plain HF
-Mixtral (dropless routing), ep=2 and ep=4, alone and with TP, FSDP2, ZeRO-1 and PP.
+"""Expert parallelism on gloo matches one process: the zoo MoE (capacity buffer) and plain HF
+Mixtral and Qwen2-MoE (dropless routing), ep=2 and ep=4, alone and with TP, FSDP2, ZeRO-1 and PP.
 
 One launch of 4 ranks for the 4-rank plans (ep carved out of dp: ``tp=2,dp=2,ep=2`` is 4 ranks),
 one of 8 (slow).  The exchange is real: each ep rank holds only E/ep experts, so without the
@@ -29,6 +29,7 @@ MOE = "moe:layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,experts=4,topk=2,moe_
 MOE_DROP = ("moe:layers=3,hidden=64,heads=4,kv_heads=2,vocab=256,experts=4,topk=2,moe_ffn=32,"
             "shared_experts=1,capacity_factor=0.5")
 HF_MIXTRAL = str(Path(__file__).parent / "models" / "hf_mixtral.py")
+HF_QWEN_MOE = str(Path(__file__).parent / "models" / "hf_qwen_moe.py")
 # experts additionally sharded by expert over tp (each tp rank runs half of the ep rank's experts)
 EXPERTS_ON_TP = {
     "attention_norm.weight": "R", "ffn_norm.weight": "R",
@@ -48,6 +49,7 @@ FOUR = [
     (MOE, "pp=2,dp=2,ep=2,schedule=1f1b", {}),
     (HF_MIXTRAL, "dp=4,ep=2", {}),
     (HF_MIXTRAL, "dp=4,ep=4", {}),
+    (HF_QWEN_MOE, "dp=4,ep=2,zero=1", {}),
     (HF_MIXTRAL, "tp=2,dp=2,ep=2", {}),
 ]
 EIGHT = [
