@@ -46,7 +46,7 @@ FOUR = [
     (MOE, "tp=2,dp=2,ep=2,sp=off", {"placements": EXPERTS_ON_TP}),
     (MOE_DROP, "dp=4,ep=2,zero=1", {"optimizer": "adamw", "lr": 1e-3}),
     (MOE, "dp=4,ep=2,zero=3", {}),
-    (MOE, "pp=2,dp=2,ep=2,schedule=1f1b", {}),
+    (MOE, "pp=2,dp=2,ep=2,schedule=zbv", {}),                  # B/W split: all-to-all backward in B
     (HF_MIXTRAL, "dp=4,ep=2", {}),
     (HF_MIXTRAL, "dp=4,ep=4", {}),
     (HF_QWEN_MOE, "dp=4,ep=2,zero=1", {}),
