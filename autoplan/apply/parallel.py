@@ -1,8 +1,10 @@
 """``apply``: a Plan run on a real model with torch.distributed.
 
 Composition order on each pipeline stage of this rank (torchtitan's order):
-cut the stage → tensor/sequence parallel (DTensor) → activation recomputation →
-FSDP2 (zero 2/3).  Then the pipeline schedule over the rank's stages.
+cut the stage → experts sharded over ep (``expert_parallel``) → tensor/sequence parallel
+(DTensor) → activation recomputation → FSDP2 (zero 2/3).  Then the pipeline schedule over the
+rank's stages; after backward the gradient averages of ``groups.py`` (dense over cp·ep·dp,
+experts over cp·dp).
 
 What torch 2.13 cannot run raises ``UserError`` instead of running something else
 (see ``check_supported``).
