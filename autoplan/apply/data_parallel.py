@@ -52,13 +52,31 @@ def settle_tp_gradients(params: Iterable[nn.Parameter]) -> None:
             p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
-def average_gradients(params: Iterable[nn.Parameter], group, size: int) -> None:
-    """All-reduce every gradient's local shard over ``group`` and divide by ``size``."""
+def reduce_gradients(params: Iterable[nn.Parameter], group, divisor: int) -> None:
+    """All-reduce every gradient's local shard over ``group`` (None: no other rank) and divide by ``divisor``."""
     for p in params:
-        if p.grad is not None:
-            g = local(p.grad)
+        if p.grad is None:
+            continue
+        g = local(p.grad)
+        if group is not None:
             dist.all_reduce(g, group=group)
-            g.div_(size)
+        if divisor > 1:
+            g.div_(divisor)
+
+
+class Optimizers:
+    """Several optimizers stepped as one (dense and expert parameters sharded over different groups)."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+
+    def step(self) -> None:
+        for o in self.parts:
+            o.step()
+
+    def zero_grad(self) -> None:
+        for o in self.parts:
+            o.zero_grad()
 
 
 class ZeroOneOptimizer:

@@ -1,8 +1,10 @@
 """``apply``: a Plan run on a real model with torch.distributed.
 
 Composition order on each pipeline stage of this rank (torchtitan's order):
-cut the stage → tensor/sequence parallel (DTensor) → activation recomputation →
-FSDP2 (zero 2/3).  Then the pipeline schedule over the rank's stages.
+cut the stage → experts sharded over ep (``expert_parallel``) → tensor/sequence parallel
+(DTensor) → activation recomputation → FSDP2 (zero 2/3).  Then the pipeline schedule over the
+rank's stages; after backward the gradient averages of ``groups.py`` (dense over cp·ep·dp,
+experts over cp·dp).
 
 What torch 2.13 cannot run raises ``UserError`` instead of running something else
 (see ``check_supported``).
@@ -22,14 +24,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from autoplan.apply import context_parallel, data_parallel, pipeline, recompute, tensor_parallel
+from autoplan.apply import context_parallel, data_parallel, expert_parallel, pipeline, recompute, tensor_parallel
 from autoplan.apply._torch import plain_tensors_are_replicated, register_cpu_attention_sharding
 from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
+from autoplan.apply.groups import GroupMaker, Reduction, gradient_reductions
 from autoplan.apply.layout import ModelLayout, probe
 from autoplan.apply.outputs import training_config
 from autoplan.apply.tensor_parallel import PlacementsArg
 from autoplan.errors import UserError
-from autoplan.axes import DENSE_DP
+from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.frontend.hf import unpacked_sequences
 from autoplan.mesh import Mesh
 from autoplan.plan import V_SCHEDULES, Plan
@@ -84,12 +87,6 @@ def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None
             raise UserError(f"cp={plan.cp} cuts the sequence into 2·cp chunks (and sp splits each rank's share "
                             f"over tp): the sequence length {seq} does not divide by {per}",
                             f"use a multiple of {per}")
-    if plan.ep > 1:
-        raise UserError(
-            f"autoplan apply does not run expert parallelism (ep={plan.ep}): torch 2.13 has no "
-            "expert-parallel style (token all-to-all dispatch to experts on other ranks)",
-            "run with ep=1 (experts replicated or sharded by their tp placements), or export "
-            "the plan to torchtitan/Megatron-LM")
     if plan.pp == 1:
         return
     if plan.schedule not in pipeline.SCHEDULE_CLASSES:
@@ -129,10 +126,13 @@ class ParallelModel:
     tied: tuple[str, ...] = ()
     vocab_parallel_loss: bool = False       # the last stage keeps logits split over tp (see vocab_parallel_cross_entropy)
     cp_groups: context_parallel.CPGroups | None = None
-    _cp_group: object | None = field(default=None, repr=False)
+    expert_names: frozenset[str] = frozenset()   # parameters sharded over ep (empty when ep = 1)
     _tied_group: object | None = None
-    _dp_group: object | None = field(default=None, repr=False)   # the data group: cp·ep·dp ranks (Mesh "dp")
+    _dp_group: object | None = field(default=None, repr=False)   # the data group: cp·ep·dp ranks (DENSE_DP)
     _dp_ranks: tuple[int, ...] = ()
+    _expert_dp: tuple[object | None, tuple[int, ...]] = (None, ())   # EXPERT_DP group and ranks
+    _ep_group: object | None = field(default=None, repr=False)
+    _reductions: tuple[Reduction, Reduction] | None = field(default=None, repr=False)   # dense, expert
 
     # --- where this rank sits -------------------------------------------------
     @property
@@ -206,15 +206,18 @@ class ParallelModel:
             self._finish_gradients()
         return loss
 
+    def _split(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """(dense, expert) parameters of this rank."""
+        named = self.named_parameters()
+        return ([p for n, p in named if n not in self.expert_names],
+                [p for n, p in named if n in self.expert_names])
+
     def _finish_gradients(self) -> None:
-        params = self.parameters()
-        data_parallel.settle_tp_gradients(params)
-        data = len(self._dp_ranks)
-        if data > 1 and (self.plan.zero <= 1 or self.plan.dp == 1):
-            # every rank's gradient is of the mean over its own rows and tokens: average over cp·dp
-            data_parallel.average_gradients(params, self._dp_group, data)
-        elif self.plan.cp > 1:                    # FSDP averaged over dp; cp ranks hold other tokens
-            data_parallel.average_gradients(params, self._cp_group, self.plan.cp)
+        """tp partial sums settled, then the dense and expert averages of ``groups.py``, then tied sums."""
+        data_parallel.settle_tp_gradients(self.parameters())
+        if self._reductions is not None:
+            for params, reduction in zip(self._split(), self._reductions):
+                data_parallel.reduce_gradients(params, reduction.group, reduction.divisor)
         self._sum_tied_gradients()
 
     def _sum_tied_gradients(self) -> None:
@@ -244,21 +247,33 @@ class ParallelModel:
     # --- optimizer ------------------------------------------------------------------
     def optimizer(self, kind: str = "adamw", lr: float = 1e-3):
         """SGD or AdamW over this rank's parameters; ZeRO-1 sharded when the plan says zero=1."""
-        params = self.parameters()
-        if self.plan.zero == 1 and len(self._dp_ranks) > 1:
-            return data_parallel.ZeroOneOptimizer(params, lambda ps: make_optimizer(kind, ps, lr),
-                                                  self._dp_group, self._dp_ranks)
-        return make_optimizer(kind, params, lr)
+        if self.plan.zero != 1 or len(self._dp_ranks) == 1:
+            return make_optimizer(kind, self.parameters(), lr)
+        dense, experts = self._split()
+        parts = []
+        # expert shards differ across ep: each is sharded over its own replicas (EXPERT_DP)
+        for params, (group, ranks) in ((dense, (self._dp_group, self._dp_ranks)), (experts, self._expert_dp)):
+            if not params:
+                continue
+            parts.append(data_parallel.ZeroOneOptimizer(params, lambda ps: make_optimizer(kind, ps, lr), group, ranks)
+                         if len(ranks) > 1 else make_optimizer(kind, params, lr))
+        return parts[0] if len(parts) == 1 else data_parallel.Optimizers(parts)
 
     # --- inspection (collectives: call on every rank) ------------------------------------
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        """FQN → the whole gradient (gathered over tp and FSDP shards) of this rank's parameters."""
+        """FQN → the whole gradient (gathered over tp and FSDP shards, and over ep for experts)
+        of this rank's parameters."""
         out = {}
         for name, p in self.named_parameters():
             g = p.grad
             if g is None:
                 continue
-            out[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
+            full = (g.full_tensor() if isinstance(g, DTensor) else g).detach().contiguous()
+            if name in self.expert_names:
+                parts = [torch.empty_like(full) for _ in range(self.plan.ep)]
+                dist.all_gather(parts, full, group=self._ep_group)
+                full = torch.cat(parts)
+            out[name] = full.clone()
         return out
 
 
@@ -286,9 +301,12 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     device = next(model.parameters()).device
     layout = probe(model, torch.zeros(plan.mbs, seq, dtype=torch.long, device=device))
     plan.validate(num_gpus=dist.get_world_size(), num_layers=layout.num_blocks, heads=0, seq=seq,
-                  global_batch=global_batch)
+                  global_batch=global_batch, experts=expert_parallel.model_experts(model, layout.blocks_path))
     rank = dist.get_rank()
     coords = Mesh.of(plan).coords(rank)
+    groups = GroupMaker(plan, mesh, rank)
+    ep_group = mesh["ep"].get_group() if plan.ep > 1 else None
+    expert_names = expert_parallel.expert_parameter_names(model, layout.blocks_path) if ep_group else frozenset()
     tp_mesh = mesh["tp"] if plan.tp > 1 else None
     resolved = {}
     if tp_mesh is not None:
@@ -310,6 +328,8 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         first, end = bounds[sid]
         copy, inject = pipeline.cut_stage(model, layout, first, end, owns_pre=sid == 0,
                                           owns_post=sid == num_stages - 1)
+        if ep_group is not None:
+            expert_parallel.shard_model_experts(copy, layout.blocks_path, plan.ep, coords["ep"], ep_group)
         if tp_mesh is not None:
             tensor_parallel.shard_module_tree(copy, layout, resolved, tp_mesh, plan.sp)
         stage = pipeline.StageModule(copy, inject, index=sid, first=sid == 0, last=sid == num_stages - 1,
@@ -327,13 +347,13 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         schedule = pipeline.build_schedule(plan, stages, mesh["pp"].get_group(), device, microbatches, loss_fn)
     tied = tuple(sorted(layout.pre & layout.post))
     tied_group = _tied_group(plan, rank) if tied and plan.pp > 1 else None
-    dp_ranks = Mesh.of(plan).group(DENSE_DP, rank)
-    dp_group = _data_group(plan, mesh, rank) if len(dp_ranks) > 1 else None
+    dp_group, dp_ranks = groups.named(DENSE_DP)
     return ParallelModel(plan=plan, mesh=mesh, layout=layout, stages=stages, schedule=schedule,
                          loss_fn=loss_fn, microbatches=microbatches, coords=coords, tied=tied,
-                         vocab_parallel_loss=vocab_parallel, cp_groups=cp_groups,
-                         _cp_group=mesh["cp"].get_group() if plan.cp > 1 else None,
-                         _tied_group=tied_group, _dp_group=dp_group, _dp_ranks=dp_ranks)
+                         vocab_parallel_loss=vocab_parallel, cp_groups=cp_groups, expert_names=expert_names,
+                         _tied_group=tied_group, _dp_group=dp_group, _dp_ranks=dp_ranks,
+                         _expert_dp=groups.named(EXPERT_DP), _ep_group=ep_group,
+                         _reductions=gradient_reductions(plan, groups, fsdp=plan.dp > 1 and plan.zero >= 2))
 
 
 def _check_mesh(mesh: DeviceMesh, plan: Plan) -> None:
@@ -344,20 +364,6 @@ def _check_mesh(mesh: DeviceMesh, plan: Plan) -> None:
         raise UserError(f"the DeviceMesh {tuple(mesh.mesh_dim_names or ())} {tuple(mesh.shape)} does not lay "
                         f"ranks out as the plan: axes {names} of sizes {shape} over ranks 0..{plan.num_gpus - 1}",
                         "build it with autoplan.apply.device_mesh(plan) or pass mesh=None")
-
-
-def _data_group(plan: Plan, mesh: DeviceMesh, rank: int):
-    """Process group of the ranks holding the same dense parameters: the ``DENSE_DP`` group
-    (cp·ep·dp ranks).  Without cp/ep it is the torch mesh's dp axis; else every rank creates
-    every group (``new_group`` is collective)."""
-    if plan.cp == 1 and plan.ep == 1:
-        return mesh["dp"].get_group()
-    mine = None
-    for group in Mesh.of(plan).groups(DENSE_DP):
-        pg = dist.new_group(list(group))
-        if rank in group:
-            mine = pg
-    return mine
 
 
 def _tied_group(plan: Plan, rank: int):

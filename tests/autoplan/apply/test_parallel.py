@@ -10,14 +10,10 @@ from autoplan.errors import UserError
 from autoplan.plan import Plan
 
 
-@pytest.mark.parametrize("plan, match", [
-    ("cp=2", "context parallelism"),
-    ("dp=4,ep=2", "expert parallelism"),
-    ("pp=2,schedule=zb-h2", "no zb-h2 schedule"),
-])
-def test_unsupported_parts_of_a_plan_are_named(plan, match):
-    with pytest.raises(UserError, match=match):
-        check_supported(Plan.parse(plan))
+def test_a_sequence_context_parallelism_cannot_cut_is_named():
+    with pytest.raises(UserError, match="the sequence length 6 does not divide by 4"):
+        check_supported(Plan.parse("cp=2"), seq=6)
+    check_supported(Plan.parse("cp=2"), seq=8)
 
 
 @pytest.mark.parametrize("plan, batch, match", [
@@ -31,7 +27,8 @@ def test_micro_batch_counts_torch_refuses(plan, batch, match):
 
 
 def test_supported_plans_pass():
-    for plan in ("tp=2,pp=2,dp=2,zero=3", "pp=2,schedule=zbv", "pp=2,schedule=zb-h1", "pp=2,schedule=gpipe"):
+    for plan in ("tp=2,pp=2,dp=2,zero=3", "pp=2,schedule=zbv", "pp=2,schedule=zb-h1", "pp=2,schedule=gpipe",
+                 "pp=2,schedule=zb-h2", "cp=2,cp_algo=ulysses", "dp=4,ep=2", "tp=2,dp=4,ep=4,pp=2,zero=1"):
         check_supported(Plan.parse(plan))
 
 

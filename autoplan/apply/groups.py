@@ -1,0 +1,85 @@
+"""torch process groups over sets of mesh axes, and the gradient reductions of a plan.
+
+Gradients are averaged over every rank that computed them from other data (cp, ep, dp), except
+over the axes FSDP2 already averages (its mesh is the dp axis, of size dp/ep, under zero ≥ 2):
+
+* a dense parameter: all-reduce over the ``DENSE_DP`` axes (cp, ep, dp) less FSDP's, divided
+  by the group size;
+* an expert parameter under ep > 1: its gradient already sums every ep rank's tokens (the
+  all-to-all's backward), so all-reduce over the ``EXPERT_DP`` axes (cp, dp) less FSDP's and
+  divide by the group size times ep.
+
+Both equal the gradient of the loss averaged over the global batch (every rank's loss is
+the mean over its own rows and tokens).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from autoplan.axes import DENSE_DP, EXPERT_DP, GROUP_AXES
+from autoplan.mesh import Mesh
+from autoplan.plan import Plan
+
+
+def axis_groups(plan: Plan, axes: tuple[str, ...]) -> list[tuple[int, ...]]:
+    """Every group of ranks differing only in ``axes``, each sorted, ordered by smallest rank."""
+    mesh = Mesh.of(plan)
+    out: dict[tuple, list[int]] = {}
+    for r in range(mesh.num_ranks):
+        key = tuple(c for a, c in sorted(mesh.coords(r).items()) if a not in axes)
+        out.setdefault(key, []).append(r)
+    return sorted(tuple(g) for g in out.values())
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """All-reduce over ``group`` (None: nothing to reduce) and divide by ``divisor``."""
+
+    group: object | None
+    ranks: tuple[int, ...]
+    divisor: int
+
+
+class GroupMaker:
+    """Creates (collectively: every rank calls in the same order) and caches axis-set groups."""
+
+    def __init__(self, plan: Plan, mesh: DeviceMesh, rank: int) -> None:
+        self.plan, self.mesh, self.rank = plan, mesh, rank
+        self._made: dict[tuple[str, ...], tuple[object | None, tuple[int, ...]]] = {}
+
+    def group(self, axes: tuple[str, ...]) -> tuple[object | None, tuple[int, ...]]:
+        """(process group or None when it is this rank alone, its ranks) over the axes of size > 1."""
+        sizes = dict(Mesh.of(self.plan).sizes)
+        axes = tuple(a for a in axes if sizes[a] > 1)
+        if axes not in self._made:
+            ranks = next(g for g in axis_groups(self.plan, axes) if self.rank in g)
+            if not axes:
+                pg = None
+            elif len(axes) == 1:
+                pg = self.mesh[axes[0]].get_group()
+            else:
+                pg = None
+                for g in axis_groups(self.plan, axes):
+                    made = dist.new_group(list(g))
+                    pg = made if self.rank in g else pg
+            self._made[axes] = (pg, ranks)
+        return self._made[axes]
+
+    def named(self, name: str) -> tuple[object | None, tuple[int, ...]]:
+        """The group of an ``autoplan.axes`` group name (``DENSE_DP``, ``EXPERT_DP``, an axis)."""
+        return self.group(GROUP_AXES[name])
+
+
+def gradient_reductions(plan: Plan, groups: GroupMaker, fsdp: bool) -> tuple[Reduction, Reduction]:
+    """(dense, expert) reductions of a plan (see the module docstring)."""
+    skip = ("dp",) if fsdp else ()
+    out = []
+    for axes, extra in ((GROUP_AXES[DENSE_DP], 1), (GROUP_AXES[EXPERT_DP], plan.ep)):
+        pg, ranks = groups.group(tuple(a for a in axes if a not in skip))
+        divisor = len(ranks) * extra
+        out.append(Reduction(pg if len(ranks) > 1 else None, ranks, divisor))
+    return out[0], out[1]
+
