@@ -55,7 +55,7 @@ BOUNDS = {  # argparse dest -> Bound (values of None are "not given" and pass)
     "nproc": Bound("--nproc", 0, None),
     "steps": Bound("--steps", -math.inf, 100_000),
     "time_limit": Bound("--time-limit", 0, 86_400),
-    "search_timeout": Bound("--search-timeout", 1, 7 * 86_400),
+    "search_timeout": Bound("--search-timeout", 0, 7 * 86_400),      # 0: no limit
     "trace_timeout": Bound("--trace-timeout", 0, 86_400),
     "lr": Bound("--lr", 0, 1e3),
 }

@@ -138,8 +138,8 @@ def test_bad_input_exits_2(cli, tmp_path, capsys):
     blocker.write_text("")
     for args, words in ((("--cases", "nope"), "unknown case 'nope'"),
                         (("--cases", ","), "names no case"),
-                        (("--workers", "-1"), "--workers must be"),
-                        (("--search-timeout", "-5"), "--search-timeout must be"),
+                        (("--workers", "-1"), "--workers -1 is out of range"),
+                        (("--search-timeout", "-5"), "--search-timeout -5.0 is out of range"),
                         (("--out", str(blocker / "sub")), "cannot create the output folder")):
         assert main(["bench", "--suite", "quick", *args]) == 2, args
         err = capsys.readouterr().err
