@@ -199,13 +199,14 @@ def _trace_regions(model: nn.Module, stack: LayerStack | None, source: ModelSour
 
 def _check_output(logits_shape: tuple[int, ...] | None, sizes: tuple[int, int], source: ModelSource) -> None:
     """The model's output is a scalar loss, logits shaped (batch, seq, vocab) or (batch·seq, vocab),
-    or — for a model with its own ``example_inputs`` (images, features) — one prediction per sample
-    (batch, classes), as a classifier gives."""
+    or — for a model with its own ``example_inputs`` (images, features) — any per-sample or
+    per-position prediction (a classifier's (batch, classes))."""
     if logits_shape is None:
         return
     batch, seq = sizes
-    shapes = ((batch, seq), (batch * seq,)) + (((batch,),) if source.example_inputs is not None else ())
-    if tuple(logits_shape[:-1]) in shapes and logits_shape[-1] >= 2:
+    if source.example_inputs is not None and len(logits_shape) >= 2 and logits_shape[-1] >= 2:
+        return          # its own inputs: positions and units are the model's (frontend.info reads them)
+    if tuple(logits_shape[:-1]) in ((batch, seq), (batch * seq,)) and logits_shape[-1] >= 2:
         return
     raise UserError(f"{source.name}: the model returned a tensor of shape {list(logits_shape)}, which is "
                     f"neither a scalar loss nor logits of shape [{batch}, {seq}, vocab] for input "
