@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import math
-import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -321,21 +319,18 @@ def test_same_input_gives_identical_result():
     assert a == b
 
 
-def test_pp16_m128_v3_is_fast():
+def test_schedule_order_is_compiled_once_per_shape():
+    """The search simulates one (schedule, pp, m, v) shape thousands of times with other stage
+    times: the order is compiled on the first call and reused (speed itself is measured by
+    experiments/bench_search.py, not asserted here)."""
     n = 16 * 3
     rng = np.random.default_rng(5)
-    f, b, w = rng.uniform(0.9, 1.1, n), rng.uniform(0.9, 1.1, n), rng.uniform(0.9, 1.1, n)
     _compile.cache_clear()
-    t0 = time.perf_counter()
-    simulate("interleaved", stages=16, microbatches=128, chunks=3, f=f, b=b, w=w, p2p=1e-3)
-    cold = time.perf_counter() - t0
-    warm = []
-    for _ in range(5):
-        t0 = time.perf_counter()
+    for _ in range(3):
+        f, b, w = rng.uniform(0.9, 1.1, n), rng.uniform(0.9, 1.1, n), rng.uniform(0.9, 1.1, n)
         simulate("interleaved", stages=16, microbatches=128, chunks=3, f=f, b=b, w=w, p2p=1e-3)
-        warm.append(time.perf_counter() - t0)
-    assert statistics.median(warm) < 0.050  # the search calls this thousands of times
-    assert cold < 0.5                      # first call for a (schedule, pp, m, v) compiles
+    info = _compile.cache_info()
+    assert info.misses == 1 and info.hits == 2
 
 
 def test_costmodels_pipeline_never_imports_torch():
