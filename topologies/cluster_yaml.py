@@ -85,6 +85,9 @@ RANGES = {  # float key -> (lowest, highest, lowest allowed itself?)
     "rail_latency": (0.0, 1.0, True),
     "spine_latency": (0.0, 1.0, True),
     "pod_latency": (0.0, 1.0, True),
+    "gpu_hbm_bytes": (0.0, 1e14, False),       # bytes: up to 100 TB
+    "gpu_hbm_bw": (0.0, 1e14, False),          # bytes/s
+    "gpu_bf16_flops": (0.0, 1e17, False),      # FLOP/s
 }
 
 _SHORT = reprlib.Repr()

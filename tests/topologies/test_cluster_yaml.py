@@ -87,5 +87,5 @@ def test_gpu_override_must_be_positive():
     import pytest
     from topologies.cluster_yaml import from_mapping
     from topologies.errors import TopologyError
-    with pytest.raises(TopologyError, match="gpu_hbm_bw must be a positive number"):
+    with pytest.raises(TopologyError, match="gpu_hbm_bw must be a finite number > 0"):
         from_mapping({"gpu": "h100", "num_gpus": 8, "gpu_hbm_bw": 0}, default_name="x", source="x.yaml")
