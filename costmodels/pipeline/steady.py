@@ -60,14 +60,20 @@ def period_microbatches(schedule: str, p: int, m: int) -> int | None:
     return interleaved_group_size(p, m) if schedule == "interleaved" else 1
 
 
+# Shortest step, in units of max(pp, c) micro-batches, whose compiled order holds a split
+# of the steady state (warm-up + frontier + one period + cool-down; measured with
+# find_period for pp = 2..16), plus one unit for the transient to die out in.
+_SPAN = {"1f1b": 3, "zb-h1": 3, "dualpipev": 4, "zbv": 5, "zb-h2": 6, "interleaved": 7}
+
+
 def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
-    """m_s candidates, shortest first: ≡ m (mod c), at least max(8p, 4c) micro-batches (the
-    warm-up, cool-down and a frontier span up to ~2p each), doubling while m_s <= m/2;
+    """m_s candidates, shortest first: ≡ m (mod c), from _SPAN·max(pp, c) micro-batches,
+    doubling while m_s <= m/2 (a transient that outlasts a short step is caught by (*));
     empty when extrapolation cannot pay off."""
     c = period_microbatches(schedule, p, m)
     if c is None:
         return []
-    base = max(8 * p, 4 * c, get_spec(schedule).min_microbatches(p))
+    base = max(_SPAN[schedule] * max(p, c), get_spec(schedule).min_microbatches(p))
     out = []
     while 2 * base <= m:
         m_s = base + (m - base) % c
