@@ -86,77 +86,141 @@ def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
 @lru_cache(maxsize=256)
 def find_period(schedule: str, p: int, m_s: int, v: int, c: int) -> Period | None:
     """The latest split S of the compiled m_s step whose structure satisfies the module
-    docstring's conditions, or None."""
-    comp = compile_schedule(schedule, p, m_s, v)
-    n = len(comp.ops)
-    key = np.array([act[0][1] for act in comp.ops])
-    sigma, preds = _shift_map(comp, c)
-    # maxsucc[x]: largest key among the actions waiting for x (−1 if none)
-    maxsucc = np.full(n, -1)
-    for q, ps in enumerate(preds):
-        for x in ps:
-            maxsucc[x] = max(maxsucc[x], key[q])
-    valid = sigma >= 0
+    docstring's conditions for a period of c micro-batches, or None."""
+    g = _graph(schedule, p, m_s, v)
+    valid = _shift_map(g, c)
     for s_split in range(m_s - 2 * c, 0, -1):
-        front = np.flatnonzero((key < s_split) & (maxsucc >= s_split))
-        period = np.flatnonzero((key >= s_split) & (key < s_split + c))
-        if not (valid[front].all() and valid[period].all()):
+        front = np.flatnonzero((g.key < s_split) & (g.maxsucc >= s_split))
+        period = np.flatnonzero((g.key >= s_split) & (g.key < s_split + c))
+        if not (valid[front] >= 0).all() or not (valid[period] >= 0).all():
             continue
-        nxt = np.flatnonzero((key < s_split + c) & (maxsucc >= s_split + c))
-        image = sigma[front]
+        nxt = np.flatnonzero((g.key < s_split + c) & (g.maxsucc >= s_split + c))
+        image = valid[front]
         if np.array_equal(np.sort(image), nxt):
-            return Period(s_split + c, front, image, period, key)
+            return Period(s_split + c, front, image, period, g.key)
     return None
 
 
-def _shift_map(comp: Compiled, c: int) -> tuple[np.ndarray, list[list[int]]]:
-    """σ on action positions (−1 where the shifted action is missing or differently
-    shaped or waits on differently shifted inputs) and every action's predecessors."""
+@dataclass(frozen=True)
+class _Graph:
+    """The compiled m_s step as arrays: per action its ops' (kind, micro-batch, stage) (the
+    second op −1 for single ops), its rank predecessor and remote inputs (−1: none),
+    ``maxsucc`` the largest key among the actions waiting for it (−1: none), and ``where``
+    the action running op (kind, stage, micro-batch)."""
+
+    ops: np.ndarray          # (n, 2, 3)
+    preds: np.ndarray        # (n, 3): rank predecessor, remote input 1, remote input 2
+    key: np.ndarray
+    maxsucc: np.ndarray
+    where: np.ndarray        # (4, stages, m)
+
+
+@lru_cache(maxsize=64)
+def _graph(schedule: str, p: int, m_s: int, v: int) -> _Graph:
+    comp = compile_schedule(schedule, p, m_s, v)
     n = len(comp.ops)
-    where = {op: q for q, act in enumerate(comp.ops) for op in act}
-    prev, last = [-1] * n, [-1] * len(comp.first_pos)
+    ops = np.full((n, 2, 3), -1)
+    for q, act in enumerate(comp.ops):
+        ops[q, :len(act)] = act
+    prev, last = np.full(n, -1), [-1] * p
     for q, r in enumerate(comp.rank):
         prev[q], last[r] = last[r], q
-    preds = [[x for x in (prev[q], comp.dep1[q], comp.dep2[q]) if x >= 0] for q in range(n)]
-    sigma = np.full(n, -1)
-    for q, act in enumerate(comp.ops):
-        images = {where.get((k, i + c, s), -1) for k, i, s in act}
-        if len(images) == 1 and -1 not in images:
-            q2 = images.pop()
-            if len(comp.ops[q2]) == len(act):
-                sigma[q] = q2
-    shifted = sigma.copy()      # inputs must shift alike (the rank predecessor included)
-    for q in range(n):
-        q2 = sigma[q]
-        if q2 >= 0 and (any(sigma[x] < 0 for x in preds[q])
-                        or sorted(sigma[x] for x in preds[q]) != sorted(preds[q2])):
-            shifted[q] = -1
-    return shifted, preds
+    preds = np.stack([prev, np.asarray(comp.dep1), np.asarray(comp.dep2)], axis=1)
+    key = ops[:, 0, 1].copy()
+    maxsucc = np.full(n, -1)
+    for j in range(3):
+        has = preds[:, j] >= 0
+        np.maximum.at(maxsucc, preds[has, j], key[has])
+    where = np.full((4, p * v, m_s), -1)
+    for j in range(2):
+        single = ops[:, j, 0] >= 0
+        where[ops[single, j, 0], ops[single, j, 2], ops[single, j, 1]] = np.flatnonzero(single)
+    return _Graph(ops, preds, key, maxsucc, where)
+
+
+def _shift_map(g: _Graph, c: int) -> np.ndarray:
+    """σ on action positions: the action running every op of q shifted by c micro-batches,
+    or −1 where there is none, it runs other ops too, or its inputs (the rank predecessor
+    included) are not q's inputs shifted."""
+    m = g.where.shape[2]
+
+    def shifted(j: int) -> np.ndarray:
+        kind, mb, stage = g.ops[:, j, 0], g.ops[:, j, 1] + c, g.ops[:, j, 2]
+        ok = (kind >= 0) & (mb < m)
+        out = np.full(len(kind), -2 if j else -1)     # a missing second op: −2, see below
+        out[ok] = g.where[kind[ok], stage[ok], mb[ok]]
+        out[(kind >= 0) & ~ok] = -1
+        return out
+
+    first, second = shifted(0), shifted(1)
+    single = g.ops[:, 1, 0] < 0
+    sigma = np.where(single | (second == first), first, -1)
+    sigma[sigma >= 0] = np.where((g.ops[sigma[sigma >= 0], 1, 0] < 0) == single[sigma >= 0],
+                                 sigma[sigma >= 0], -1)
+    mapped = np.where(g.preds >= 0, sigma[g.preds], -1)
+    ok = sigma >= 0
+    ok &= ((g.preds < 0) | (mapped >= 0)).all(axis=1)
+    target = g.preds[np.maximum(sigma, 0)]
+    ok &= mapped[:, 0] == target[:, 0]
+    ok &= (((mapped[:, 1] == target[:, 1]) & (mapped[:, 2] == target[:, 2]))
+           | ((mapped[:, 1] == target[:, 2]) & (mapped[:, 2] == target[:, 1])))
+    return np.where(ok, sigma, -1)
 
 
 def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes):
     """(step_time, steady_step_time, busy, peak_activations) of an m step from a shorter
-    simulated one, or None where no m_s qualifies (then simulate in full)."""
+    simulated one, or None where no m_s qualifies (then simulate in full).
+
+    The steady state may repeat only every k periods (with p2p, 1F1B's critical cycle
+    holds pp micro-batches): the smallest k <= 2·pp for which (*) holds at shift k·c is
+    taken, and where k·c does not divide m − m_s, a step longer by the remainder is
+    simulated and checked in turn."""
     c = period_microbatches(schedule, p, m)
     for m_s in reduced_sizes(schedule, p, m, v):
-        per = find_period(schedule, p, m_s, v, c)
-        if per is None:
-            continue
-        comp = compile_schedule(schedule, p, m_s, v)
-        dur_arr = durations(comp, times)
-        dur = dur_arr.tolist()
-        end = np.asarray(run_compiled(comp, dur, times))
-        gaps = end[per.image] - end[per.frontier]
-        if gaps.size == 0 or np.ptp(gaps) > REL_TOL * max(float(end.max()), 1e-300):
-            continue
-        shift = (m - m_s) // c * float(gaps.max())
-        rank = np.asarray(comp.rank)
-        busy = np.bincount(rank, weights=dur_arr, minlength=p) + (m - m_s) // c * np.bincount(
-            rank[per.period], weights=dur_arr[per.period], minlength=p)
-        moved = per.key >= per.split
-        starts = [end[q] - dur[q] + (shift if moved[q] else 0.0) for q in comp.first_pos]
-        ends = [end[q] + (shift if moved[q] else 0.0) for q in comp.last_pos]
-        step = max(ends) - min(starts)
-        steady_step = max(e - s for s, e in zip(starts, ends))
-        return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
+        short = _simulate(schedule, p, m_s, v, times)
+        for k in range(1, 2 * p + 1):
+            if 3 * k * c > m_s:
+                break
+            per = find_period(schedule, p, m_s, v, k * c)
+            if per is None or _gap(per, short[2]) is None:
+                continue
+            m_r = m_s + (m - m_s) % (k * c)
+            if m_r != m_s:
+                per = find_period(schedule, p, m_r, v, k * c)
+                if per is None or (schedule == "interleaved" and interleaved_group_size(p, m_r) != c):
+                    break
+                short = _simulate(schedule, p, m_r, v, times)
+            gap = _gap(per, short[2])
+            if gap is None:
+                break
+            return _longer(short, per, (m - m_r) // (k * c), gap, p)
     return None
+
+
+def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):
+    comp = compile_schedule(schedule, p, m, v)
+    dur_arr = durations(comp, times)
+    return comp, dur_arr, np.asarray(run_compiled(comp, dur_arr.tolist(), times))
+
+
+def _gap(per: Period, end: np.ndarray) -> float | None:
+    """δ of (*), or None where the frontier did not move by one common δ."""
+    gaps = end[per.image] - end[per.frontier]
+    if gaps.size == 0 or np.ptp(gaps) > REL_TOL * max(float(end.max()), 1e-300):
+        return None
+    return float(gaps.max())
+
+
+def _longer(short, per: Period, periods: int, gap: float, p: int):
+    """The simulated short step with ``periods`` more periods inserted before its tail."""
+    comp, dur_arr, end = short
+    shift = periods * gap
+    rank = np.asarray(comp.rank)
+    busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
+        rank[per.period], weights=dur_arr[per.period], minlength=p)
+    moved = per.key >= per.split
+    starts = [end[q] - dur_arr[q] + (shift if moved[q] else 0.0) for q in comp.first_pos]
+    ends = [end[q] + (shift if moved[q] else 0.0) for q in comp.last_pos]
+    step = max(ends) - min(starts)
+    steady_step = max(e - s for s, e in zip(starts, ends))
+    return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
