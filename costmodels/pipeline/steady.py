@@ -68,14 +68,15 @@ _SPAN = {"1f1b": 3, "zb-h1": 3, "dualpipev": 4, "zbv": 5, "zb-h2": 6, "interleav
 
 def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
     """m_s candidates, shortest first: ≡ m (mod c), from _SPAN·max(pp, c) micro-batches,
-    doubling while m_s <= m/2 (a transient that outlasts a short step is caught by (*));
-    empty when extrapolation cannot pay off."""
+    doubling while m_s < m (a transient that outlasts a short step is caught by (*)); empty
+    when m itself is that short.  Every m of a (schedule, pp, chunks) then shares the
+    compiled orders of a few m_s."""
     c = period_microbatches(schedule, p, m)
     if c is None:
         return []
     base = max(_SPAN[schedule] * max(p, c), get_spec(schedule).min_microbatches(p))
     out = []
-    while 2 * base <= m:
+    while base + c < m:
         m_s = base + (m - base) % c
         if schedule != "interleaved" or interleaved_group_size(p, m_s) == c:
             out.append(m_s)
