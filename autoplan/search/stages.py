@@ -14,6 +14,12 @@ For every micro-batch size and schedule variant (``schedule_variants``):
    (none < selective < full), read off the estimates under each uniform policy.
 3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
 
+No repeated work: estimates are memoised per Estimator, and a variant whose busiest-rank
+bound (m × the heaviest rank's F + B + W, no recompute) exceeds the mesh's best so far is
+priced only as far as the search needs — not at all once some variant was memory-limited,
+else without recompute only (whether it fits decides ``memory_limited``).  Neither changes
+the best plan: a skipped plan is strictly slower than one already found.
+
 ``best_plan`` returns the fastest plan that fits, or the smallest memory shortfall.
 """
 from __future__ import annotations
@@ -29,6 +35,9 @@ from autoplan.search.space import MeshChoice
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
 GIB = 1024 ** 3
+# False: price every variant and policy as before the bound and the memo existed — the
+# reference path experiments/bench_search.py times the search against.
+REUSE = True
 
 
 @dataclass(frozen=True)
@@ -137,7 +146,7 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
             for cuts in ([()] if screen else _cut_variants(est, base)):
                 plan = base.replace(layers=cuts)
                 to_beat = best[0] if best is not None else float("inf")
-                floor = _busiest_rank_bound(est, plan, m)
+                floor = _busiest_rank_bound(est, plan, m) if REUSE and best is not None else 0.0
                 if limited and floor > to_beat:
                     continue      # cannot win, and cannot change ``limited``: nothing to learn
                 result, short, n = _best_recompute(est, plan, global_batch, to_beat if floor > to_beat else None)
@@ -234,6 +243,8 @@ def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
     """``est.estimate(plan, global_batch, detail=False)``, memoised per Estimator on the plan
     (the screening pass, the refinement and the ZeRO variants of one mesh ask for the same
     plans; a UserError is remembered and raised again)."""
+    if not REUSE:
+        return est.estimate(plan, global_batch, detail=False)
     memo = _MEMO.setdefault(est, {})
     key = (plan, global_batch)
     hit = memo.get(key)

@@ -17,9 +17,11 @@ communication given, the pair costs exactly f + b + w.  p2p sends are asynchrono
 delay the receiver, never the sender.
 
 Compilation (orders → dependency arrays in a topological order, deadlock check, peak
-in-flight count) depends only on (schedule, pp, m, chunks) and is cached; a call then
-does one pass over the actions.  pp=16, m=128, v=3 interleaved (12,288 actions) takes a
-few milliseconds.
+in-flight count; costmodels.pipeline.events) depends only on (schedule, pp, m, chunks) and
+is cached; a call then does one pass over the actions.  A long step is not simulated in
+full: costmodels.pipeline.steady simulates a short one (a few pp micro-batches), checks
+that its steady state repeats, and inserts the missing periods — exact, and its cost does
+not grow with m.  ``simulate(..., full=True)`` runs every action.
 """
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ from costmodels.pipeline import steady
 from costmodels.pipeline.events import StageTimes, durations, run_compiled
 from costmodels.pipeline.events import compile_schedule as _compile
 from costmodels.pipeline.schedules import KIND_NAMES, get_spec
+
+
+# False: every step simulated event by event, as before costmodels.pipeline.steady existed —
+# the reference path experiments/bench_search.py times the extrapolation against.
+EXTRAPOLATE = True
 
 
 class TimelineEntry(NamedTuple):
@@ -172,7 +179,7 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
     if np.any(fc > fa) or np.any(bc > ba):
         raise ValueError("f_comm/b_comm are parts of f/b and cannot exceed them")
     times = StageTimes(fa, ba, wa, fc, bc, _boundaries(p2p, n_stages))
-    if not (keep_timeline or full):
+    if EXTRAPOLATE and not (keep_timeline or full):
         fast = steady.extrapolate(schedule, stages, microbatches, chunks, times)
         if fast is not None:
             step, steady_step, busy, peak = fast

@@ -173,13 +173,13 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes):
     simulated one, or None where no m_s qualifies (then simulate in full).
 
     The steady state may repeat only every k periods (with p2p, 1F1B's critical cycle
-    holds pp micro-batches): the smallest k <= 2·pp for which (*) holds at shift k·c is
-    taken, and where k·c does not divide m − m_s, a step longer by the remainder is
+    holds pp micro-batches): the first k of 1, 2, 3, 4, pp/2, pp, 2·pp for which (*) holds
+    at shift k·c is taken, and where k·c does not divide m − m_s, a step longer by the remainder is
     simulated and checked in turn."""
     c = period_microbatches(schedule, p, m)
     for m_s in reduced_sizes(schedule, p, m, v):
         short = _simulate(schedule, p, m_s, v, times)
-        for k in range(1, 2 * p + 1):
+        for k in sorted({1, 2, 3, 4, max(p // 2, 1), p, 2 * p}):
             if 3 * k * c > m_s:
                 break
             per = find_period(schedule, p, m_s, v, k * c)
