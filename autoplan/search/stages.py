@@ -14,11 +14,12 @@ For every micro-batch size and schedule variant (``schedule_variants``):
    (none < selective < full), read off the estimates under each uniform policy.
 3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
 
-No repeated work: estimates are memoised per Estimator, and a variant whose busiest-rank
-bound (m × the heaviest rank's F + B + W, no recompute) exceeds the mesh's best so far is
-priced only as far as the search needs — not at all once some variant was memory-limited,
-else without recompute only (whether it fits decides ``memory_limited``).  Neither changes
-the best plan: a skipped plan is strictly slower than one already found.
+No repeated work: estimates are memoised per Estimator; a variant whose busiest-rank bound
+(m × the heaviest rank's F + B + W, no recompute) exceeds the mesh's best so far is not
+priced once some variant was memory-limited (before, whether it fits decides
+``memory_limited``); and a plan that does not fit without recomputation is not priced under
+the other policies when ``recompute_floor`` shows none of them can beat that best.  None of
+this changes the best plan: a skipped plan is strictly slower than one already found.
 
 ``best_plan`` returns the fastest plan that fits, or the smallest memory shortfall.
 """
@@ -149,7 +150,7 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
                 floor = _busiest_rank_bound(est, plan, m) if REUSE and best is not None else 0.0
                 if limited and floor > to_beat:
                     continue      # cannot win, and cannot change ``limited``: nothing to learn
-                result, short, n = _best_recompute(est, plan, global_batch, to_beat if floor > to_beat else None)
+                result, short, n = _best_recompute(est, plan, global_batch, to_beat if REUSE else float("inf"))
                 evaluated += n
                 shortfall = min(shortfall, short)
                 limited = limited or result is None or result[1].recompute != ("none",)
@@ -182,6 +183,17 @@ def _cut_variants(est: Estimator, plan: Plan) -> list[tuple[int, ...]]:
     return variants
 
 
+def recompute_floor(none: Estimate) -> float:
+    """A lower bound on the step time of the plan of ``none`` (its estimate without
+    recomputation) under any recompute policy: its step less its exposed data-parallel time,
+    less a relative 1e-9 for summation order.  Recomputation keeps every op's layout (the
+    block ILP is solved without recompute and re-priced) and only lengthens backwards, the
+    simulated makespan is monotone in every duration, and the embedding sync and optimizer
+    step do not change; only the exposed data-parallel time can shrink (more backward to hide
+    it under)."""
+    return (none.step_time_s - none.time_breakdown_s["dp_exposed"]) * (1 - 1e-9)
+
+
 def _busiest_rank_bound(est: Estimator, plan: Plan, m: int) -> float:
     """A lower bound on the step time of ``plan`` under any recomputation: m × the busiest
     pipeline rank's F + B + W per micro-batch without recompute (``Estimator.layer_work``,
@@ -202,12 +214,13 @@ def _busiest_rank_bound(est: Estimator, plan: Plan, m: int) -> float:
     return m * max(loads) * (1 - 1e-9)
 
 
-def _best_recompute(est: Estimator, plan: Plan, global_batch: int, beaten_by: float | None = None):
+def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
     """Least recomputation per stage that fits; returns ((estimate, plan) | None, shortfall GiB, plans priced).
 
-    ``beaten_by``: a step time the caller knows this plan cannot beat under any recompute
-    policy; when it does not fit without recomputation, the other policies are not priced
-    (the answer would be discarded) and it is reported as not fitting."""
+    ``to_beat``: the mesh's best step so far.  When the plan does not fit without
+    recomputation and ``recompute_floor`` of that estimate exceeds it, no policy can win:
+    the others are not priced and it is reported as not fitting (shortfall inf; the caller
+    has a fitting plan, so no shortfall is read)."""
     per_policy: dict[str, Estimate] = {}
     priced = 0
     for policy in RECOMPUTE:
@@ -219,7 +232,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, beaten_by: fl
         per_policy[policy] = e
         if e.fits and policy == "none":
             return (e, plan.replace(recompute=(policy,))), 0.0, priced
-        if beaten_by is not None:
+        if policy == "none" and recompute_floor(e) > to_beat:
             return None, float("inf"), priced
     hbm = est.cluster.gpu.hbm_bytes / GIB
     choice = []
