@@ -4,19 +4,23 @@ Every schedule here (GPipe aside) is, away from its warm-up and cool-down, *peri
 with c micro-batches per period (c = 1; the group size g for Megatron interleaved), the
 order for m + c micro-batches is the order for m with one more steady period, and an op
 (kind, i, s) of the steady state has the same kind of inputs as (kind, i + c, s), shifted
-by c.  Key every action by the micro-batch of its first op.  For a split S, the *frontier*
-F_S = the actions keyed below S that some action keyed >= S waits for (its rank
-predecessor or a remote input); every later time is a max-plus function of the frontier's
-end times, and that function is homogeneous (adding a constant to every input adds it to
-every output).  So if the shift σ (i → i + c) maps F_S onto F_{S+c} and, in a simulation,
+by c (σ: i → i + c).  Key every action by the micro-batch of its first op; for a split S
+let the *past* C_S = the actions keyed below S and everything they wait for, directly or
+not (down-closed: a 1F1B backward follows a later micro-batch's forward on its rank), and
+the *frontier* F_S = the actions of C_S that some action outside it waits for.  Every
+time outside C_S is a max-plus function of the frontier's end times, homogeneous (adding
+a constant to every input adds it to every output).  So if σ maps F_S onto F_{S+c} and
+one period C_{S+c} − C_S, and in a simulation
 
     end(σ x) − end(x) = δ   for every x in F_S                           (*)
 
 then every further period repeats the one before it δ later, and a step of m micro-batches
 equals a simulated step of m_s ≡ m (mod c) micro-batches with J = (m − m_s) / c periods
-inserted: actions keyed >= T = S + c (the tail) end J·δ later, the rest unchanged, and each
-rank's busy time grows by J times its busy time over one period (the actions keyed in
-[S, T)).  Peak activations are those of the m_s step (the live count is periodic).
+inserted: the actions outside C_T, T = S + c (the tail), end J·δ later, the rest
+unchanged, and each rank's busy time grows by J times its busy time over one period.
+Peak activations are those of the m_s step (the live count is periodic).  With p2p the
+steady state may repeat only every k periods (1F1B's critical cycle runs through every
+rank): shifts k·c are tried.
 
 (*) is a check on simulated numbers, not an assumption: when the transient (uneven stages
 let two near-critical paths compete for a while) has not died out within the m_s step,
@@ -45,11 +49,11 @@ REL_TOL = 1e-12       # (*) holds to this share of the step's largest end time
 class Period:
     """Where the compiled m_s step is split (module docstring)."""
 
-    split: int                  # T: actions keyed >= T are the tail
+    split: int                  # T = S + c
     frontier: np.ndarray        # positions of F_S
     image: np.ndarray           # positions of σ F_S (same order)
-    period: np.ndarray          # positions of the actions keyed in [S, T)
-    key: np.ndarray             # micro-batch key of every action
+    period: np.ndarray          # positions of C_T minus C_S: one period
+    reach: np.ndarray           # _Graph.reach: actions with reach >= T are the tail
 
 
 def period_microbatches(schedule: str, p: int, m: int) -> int | None:
@@ -87,32 +91,38 @@ def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
 @lru_cache(maxsize=256)
 def find_period(schedule: str, p: int, m_s: int, v: int, c: int) -> Period | None:
     """The latest split S of the compiled m_s step whose structure satisfies the module
-    docstring's conditions for a period of c micro-batches, or None."""
+    docstring's conditions for a period of c micro-batches, or None.  Every rank's last
+    action must lie in the tail: the inserted periods come before it."""
     g = _graph(schedule, p, m_s, v)
     valid = _shift_map(g, c)
-    for s_split in range(m_s - 2 * c, 0, -1):
-        front = np.flatnonzero((g.key < s_split) & (g.maxsucc >= s_split))
-        period = np.flatnonzero((g.key >= s_split) & (g.key < s_split + c))
+    last = g.reach[compile_schedule(schedule, p, m_s, v).last_pos]
+    for s_split in range(min(m_s - 2 * c, int(last.min()) - c), 0, -1):
+        front = np.flatnonzero((g.reach < s_split) & (g.succ_reach >= s_split))
+        period = np.flatnonzero((g.reach >= s_split) & (g.reach < s_split + c))
         if not (valid[front] >= 0).all() or not (valid[period] >= 0).all():
             continue
-        nxt = np.flatnonzero((g.key < s_split + c) & (g.maxsucc >= s_split + c))
+        nxt = np.flatnonzero((g.reach < s_split + c) & (g.succ_reach >= s_split + c))
         image = valid[front]
         if np.array_equal(np.sort(image), nxt):
-            return Period(s_split + c, front, image, period, g.key)
+            return Period(s_split + c, front, image, period, g.reach)
     return None
 
 
 @dataclass(frozen=True)
 class _Graph:
     """The compiled m_s step as arrays: per action its ops' (kind, micro-batch, stage) (the
-    second op −1 for single ops), its rank predecessor and remote inputs (−1: none),
-    ``maxsucc`` the largest key among the actions waiting for it (−1: none), and ``where``
-    the action running op (kind, stage, micro-batch)."""
+    second op −1 for single ops), its rank predecessor and remote inputs (−1: none), and
+    ``where`` the action running op (kind, stage, micro-batch).  ``reach[x]``: the least key
+    of x and every action that waits for it, directly or not — so {x : reach < S} is the
+    down-closed past C_S of the module docstring (a 1F1B backward waits on a forward of a
+    later micro-batch: keys alone are not down-closed); ``succ_reach[x]``: the largest reach
+    among the actions waiting for x (−1: none), so x is on the frontier of C_S when
+    reach[x] < S <= succ_reach[x]."""
 
     ops: np.ndarray          # (n, 2, 3)
     preds: np.ndarray        # (n, 3): rank predecessor, remote input 1, remote input 2
-    key: np.ndarray
-    maxsucc: np.ndarray
+    reach: np.ndarray
+    succ_reach: np.ndarray
     where: np.ndarray        # (4, stages, m)
 
 
@@ -123,20 +133,25 @@ def _graph(schedule: str, p: int, m_s: int, v: int) -> _Graph:
     ops = np.full((n, 2, 3), -1)
     for q, act in enumerate(comp.ops):
         ops[q, :len(act)] = act
-    prev, last = np.full(n, -1), [-1] * p
+    prev, last = [-1] * n, [-1] * p
     for q, r in enumerate(comp.rank):
         prev[q], last[r] = last[r], q
-    preds = np.stack([prev, np.asarray(comp.dep1), np.asarray(comp.dep2)], axis=1)
-    key = ops[:, 0, 1].copy()
-    maxsucc = np.full(n, -1)
-    for j in range(3):
-        has = preds[:, j] >= 0
-        np.maximum.at(maxsucc, preds[has, j], key[has])
+    pred_rows = list(zip(prev, comp.dep1, comp.dep2))
+    reach = [act[0][1] for act in comp.ops]
+    for q in range(n - 1, -1, -1):       # successors sit later in the topological order
+        for x in pred_rows[q]:
+            if x >= 0 and reach[q] < reach[x]:
+                reach[x] = reach[q]
+    succ_reach = [-1] * n
+    for q, row in enumerate(pred_rows):
+        for x in row:
+            if x >= 0 and reach[q] > succ_reach[x]:
+                succ_reach[x] = reach[q]
     where = np.full((4, p * v, m_s), -1)
     for j in range(2):
         single = ops[:, j, 0] >= 0
         where[ops[single, j, 0], ops[single, j, 2], ops[single, j, 1]] = np.flatnonzero(single)
-    return _Graph(ops, preds, key, maxsucc, where)
+    return _Graph(ops, np.array(pred_rows).reshape(n, 3), np.array(reach), np.array(succ_reach), where)
 
 
 def _shift_map(g: _Graph, c: int) -> np.ndarray:
@@ -219,7 +234,7 @@ def _longer(short, per: Period, periods: int, gap: float, p: int):
     rank = np.asarray(comp.rank)
     busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
         rank[per.period], weights=dur_arr[per.period], minlength=p)
-    moved = per.key >= per.split
+    moved = per.reach >= per.split
     starts = [end[q] - dur_arr[q] + (shift if moved[q] else 0.0) for q in comp.first_pos]
     ends = [end[q] + (shift if moved[q] else 0.0) for q in comp.last_pos]
     step = max(ends) - min(starts)
