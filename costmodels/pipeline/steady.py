@@ -54,6 +54,7 @@ class Period:
     image: np.ndarray           # positions of σ F_S (same order)
     period: np.ndarray          # positions of C_T minus C_S: one period
     reach: np.ndarray           # _Graph.reach: actions with reach >= T are the tail
+    prev: list[int]             # rank predecessor of every action (−1: none)
 
 
 def period_microbatches(schedule: str, p: int, m: int) -> int | None:
@@ -71,21 +72,17 @@ _SPAN = {"1f1b": 3, "zb-h1": 3, "dualpipev": 4, "zbv": 5, "zb-h2": 6, "interleav
 
 
 def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
-    """m_s candidates, shortest first: ≡ m (mod c), from _SPAN·max(pp, c) micro-batches,
-    doubling while m_s < m (a transient that outlasts a short step is caught by (*)); empty
-    when m itself is that short.  Every m of a (schedule, pp, chunks) then shares the
-    compiled orders of a few m_s."""
+    """The m_s to simulate, ≡ m (mod c): _SPAN·max(pp, c) micro-batches; none where m is
+    under three times that (the full step is then about as cheap as the short one plus the
+    period map and the tail).  Every m of a (schedule, pp, chunks) shares its compiled order."""
     c = period_microbatches(schedule, p, m)
-    if c is None:
+    if c is None or p == 1:     # one rank: the step is the sum of its ops, already cheap
         return []
     base = max(_SPAN[schedule] * max(p, c), get_spec(schedule).min_microbatches(p))
-    out = []
-    while base + c < m:
-        m_s = base + (m - base) % c
-        if schedule != "interleaved" or interleaved_group_size(p, m_s) == c:
-            out.append(m_s)
-        base *= 2
-    return out
+    m_s = base + (m - base) % c
+    if m < 3 * m_s or (schedule == "interleaved" and interleaved_group_size(p, m_s) != c):
+        return []
+    return [m_s]
 
 
 @lru_cache(maxsize=256)
@@ -104,7 +101,7 @@ def find_period(schedule: str, p: int, m_s: int, v: int, c: int) -> Period | Non
         nxt = np.flatnonzero((g.reach < s_split + c) & (g.succ_reach >= s_split + c))
         image = valid[front]
         if np.array_equal(np.sort(image), nxt):
-            return Period(s_split + c, front, image, period, g.reach)
+            return Period(s_split + c, front, image, period, g.reach, g.preds[:, 0].tolist())
     return None
 
 
@@ -187,29 +184,31 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes):
     """(step_time, steady_step_time, busy, peak_activations) of an m step from a shorter
     simulated one, or None where no m_s qualifies (then simulate in full).
 
-    The steady state may repeat only every k periods (with p2p, 1F1B's critical cycle
-    holds pp micro-batches): the first k of 1, 2, 3, 4, pp/2, pp, 2·pp for which (*) holds
-    at shift k·c is taken, and where k·c does not divide m − m_s, a step longer by the remainder is
-    simulated and checked in turn."""
+    The frontier's end times after J = (m − m_s) / c more periods are A^J ⊗ (its times in
+    the short step), A the max-plus matrix of one period (``_period_matrix``); applied J
+    times, or fewer once the iterates repeat (``_advance``).  The tail is then re-run
+    from that frontier (``_tail``)."""
     c = period_microbatches(schedule, p, m)
     for m_s in reduced_sizes(schedule, p, m, v):
-        short = _simulate(schedule, p, m_s, v, times)
-        for k in sorted({1, 2, 3, 4, max(p // 2, 1), p, 2 * p}):
-            if 3 * k * c > m_s:
-                break
-            per = find_period(schedule, p, m_s, v, k * c)
-            if per is None or _gap(per, short[2]) is None:
-                continue
-            m_r = m_s + (m - m_s) % (k * c)
-            if m_r != m_s:
-                per = find_period(schedule, p, m_r, v, k * c)
-                if per is None or (schedule == "interleaved" and interleaved_group_size(p, m_r) != c):
-                    break
-                short = _simulate(schedule, p, m_r, v, times)
-            gap = _gap(per, short[2])
-            if gap is None:
-                break
-            return _longer(short, per, (m - m_r) // (k * c), gap, p)
+        per = find_period(schedule, p, m_s, v, c)
+        if per is None:
+            return None
+        comp, dur_arr, end = _simulate(schedule, p, m_s, v, times)
+        matrix = _period_matrix(comp, per, dur_arr, times)
+        if matrix is None:
+            return None
+        periods = (m - m_s) // c
+        end = end.copy()
+        end[per.image] = _advance(matrix, end[per.image], periods, float(end.max()))
+        _tail(comp, per, dur_arr, end, times)
+        rank = np.asarray(comp.rank)
+        busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
+            rank[per.period], weights=dur_arr[per.period], minlength=p)
+        starts = [end[q] - dur_arr[q] for q in comp.first_pos]
+        ends = [end[q] for q in comp.last_pos]
+        step = max(ends) - min(starts)
+        steady_step = max(e - s for s, e in zip(starts, ends))
+        return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
     return None
 
 
@@ -219,24 +218,80 @@ def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):
     return comp, dur_arr, np.asarray(run_compiled(comp, dur_arr.tolist(), times))
 
 
-def _gap(per: Period, end: np.ndarray) -> float | None:
-    """δ of (*), or None where the frontier did not move by one common δ."""
-    gaps = end[per.image] - end[per.frontier]
-    if gaps.size == 0 or np.ptp(gaps) > REL_TOL * max(float(end.max()), 1e-300):
-        return None
-    return float(gaps.max())
+def _inputs(comp: Compiled, q: int, times: StageTimes) -> list[tuple[int, float]]:
+    """(action, latency) of everything action q waits for: its rank predecessor (0) and its
+    remote inputs (their boundary's p2p)."""
+    out = []
+    if comp.dep1[q] >= 0:
+        out.append((comp.dep1[q], float(times.p2p[comp.bnd1[q]])))
+    if comp.dep2[q] >= 0:
+        out.append((comp.dep2[q], float(times.p2p[comp.bnd2[q]])))
+    return out
 
 
-def _longer(short, per: Period, periods: int, gap: float, p: int):
-    """The simulated short step with ``periods`` more periods inserted before its tail."""
-    comp, dur_arr, end = short
-    shift = periods * gap
-    rank = np.asarray(comp.rank)
-    busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
-        rank[per.period], weights=dur_arr[per.period], minlength=p)
-    moved = per.reach >= per.split
-    starts = [end[q] - dur_arr[q] + (shift if moved[q] else 0.0) for q in comp.first_pos]
-    ends = [end[q] + (shift if moved[q] else 0.0) for q in comp.last_pos]
-    step = max(ends) - min(starts)
-    steady_step = max(e - s for s, e in zip(starts, ends))
-    return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
+def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: StageTimes):
+    """A with end(σ F_S[i]) = max_j (A[i, j] + end(F_S[j])): each action of one period as a
+    max-plus form in the frontier's end times, in topological order (None if an input lies
+    outside F_S and the period: the structure check missed something)."""
+    n = len(per.frontier)
+    forms: dict[int, np.ndarray] = {}
+    for j, x in enumerate(per.frontier):
+        unit = np.full(n, -np.inf)
+        unit[j] = 0.0
+        forms[int(x)] = unit
+    prev = per.prev
+    for q in per.period.tolist():
+        start = np.full(n, -np.inf)
+        for x, lat in ([(prev[q], 0.0)] if prev[q] >= 0 else []) + _inputs(comp, q, times):
+            form = forms.get(x)
+            if form is None:
+                return None
+            start = np.maximum(start, form + lat)
+        forms[q] = start + dur_arr[q]
+    rows = [forms.get(int(y)) for y in per.image]
+    return None if any(r is None for r in rows) else np.stack(rows)
+
+
+def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> np.ndarray:
+    """A^periods ⊗ x.  Once an iterate equals one of the last 2·len(x) + 2 plus one constant
+    (to REL_TOL of ``scale``), the iterates repeat with that cycle: jump to the end."""
+    hist = np.empty((periods + 1, len(x)))
+    hist[0] = x
+    depth = 2 * len(x) + 2
+    tol = REL_TOL * max(scale, 1e-300)
+    for j in range(1, periods + 1):
+        x = (matrix + x[None, :]).max(axis=1)
+        hist[j] = x
+        lo = max(0, j - depth)
+        gaps = x[None, :] - hist[lo:j]
+        same = np.flatnonzero(gaps.max(axis=1) - gaps.min(axis=1) <= tol)
+        if same.size:
+            i = lo + int(same[-1])          # the latest match: the shortest cycle k = j − i
+            q, r = divmod(periods - i, j - i)
+            return hist[i + r] + q * float(gaps[same[-1]].max())
+    return x
+
+
+def _tail(comp: Compiled, per: Period, dur_arr: np.ndarray, end: np.ndarray,
+          times: StageTimes) -> None:
+    """Re-run the tail (actions outside C_T, topological order) from the frontier in ``end``:
+    the hot loop of events._run on the tail's own arrays."""
+    tail = np.flatnonzero(per.reach >= per.split)
+    prev = np.asarray(per.prev)[tail].tolist()
+    d1 = np.asarray(comp.dep1)[tail].tolist()
+    d2 = np.asarray(comp.dep2)[tail].tolist()
+    l1 = times.p2p[comp.bnd1[tail]].tolist()
+    l2 = times.p2p[comp.bnd2[tail]].tolist()
+    ends = end.tolist()
+    for q, pq, a, la, b2, lb, du in zip(tail.tolist(), prev, d1, l1, d2, l2, dur_arr[tail].tolist()):
+        t = ends[pq] if pq >= 0 else 0.0
+        if a >= 0:
+            x = ends[a] + la
+            if x > t:
+                t = x
+            if b2 >= 0:
+                x = ends[b2] + lb
+                if x > t:
+                    t = x
+        ends[q] = t + du
+    end[:] = ends
