@@ -65,24 +65,40 @@ def period_microbatches(schedule: str, p: int, m: int) -> int | None:
     return interleaved_group_size(p, m) if schedule == "interleaved" else 1
 
 
-# Shortest step, in units of max(pp, c) micro-batches, whose compiled order holds a split
-# of the steady state (warm-up + frontier + one period + cool-down; measured with
-# find_period for pp = 2..16), plus one unit for the transient to die out in.
-_SPAN = {"1f1b": 3, "zb-h1": 3, "dualpipev": 4, "zbv": 5, "zb-h2": 6, "interleaved": 7}
+# Where the search for the shortest qualifying m_s starts (micro-batches, pp = p, period c):
+# warm-up, one period and the cool-down; find_period's minimum for pp = 2..32 is at most
+# one more than this for 1F1B/ZB-H1, and equal for the others.
+_FIRST = {"1f1b": lambda p, c: p + 2, "zb-h1": lambda p, c: p + 2,
+          "zbv": lambda p, c: 2 * p + 2, "dualpipev": lambda p, c: 2 * p + 3,
+          "zb-h2": lambda p, c: 3 * p, "interleaved": lambda p, c: 4 * c}
 
 
 def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
-    """The m_s to simulate, ≡ m (mod c): _SPAN·max(pp, c) micro-batches; none where m is
-    under three times that (the full step is then about as cheap as the short one plus the
-    period map and the tail).  Every m of a (schedule, pp, chunks) shares its compiled order."""
+    """The m_s to simulate: the shortest step ≡ m (mod c) whose compiled order has a split
+    (``short_size``); none where m is under twice that (the full step is then about as
+    cheap as the short one plus the period map and the tail).  Every m of a (schedule, pp,
+    chunks) shares the compiled order of one m_s per residue mod c."""
     c = period_microbatches(schedule, p, m)
     if c is None or p == 1:     # one rank: the step is the sum of its ops, already cheap
         return []
-    base = max(_SPAN[schedule] * max(p, c), get_spec(schedule).min_microbatches(p))
-    m_s = base + (m - base) % c
-    if m < 3 * m_s or (schedule == "interleaved" and interleaved_group_size(p, m_s) != c):
+    m_s = short_size(schedule, p, v, c, m % c)
+    if m_s is None or m < 2 * m_s:
         return []
     return [m_s]
+
+
+@lru_cache(maxsize=256)
+def short_size(schedule: str, p: int, v: int, c: int, residue: int) -> int | None:
+    """Smallest m_s ≡ residue (mod c), from _FIRST on (at most 4 periods more), for which
+    ``find_period`` finds a split (and, interleaved, the group size is still c)."""
+    first = max(_FIRST[schedule](p, c), get_spec(schedule).min_microbatches(p))
+    first += (residue - first) % c
+    for m_s in range(first, first + 4 * c + 1, c):
+        if schedule == "interleaved" and interleaved_group_size(p, m_s) != c:
+            continue
+        if find_period(schedule, p, m_s, v, c) is not None:
+            return m_s
+    return None
 
 
 @lru_cache(maxsize=256)
