@@ -19,7 +19,7 @@ from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, build_orders
                                            stage_rank)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # identity hash: cached per shape
 class Compiled:
     """A schedule's actions in a topological order, as flat lists indexed by position."""
 

@@ -45,7 +45,7 @@ from costmodels.pipeline.schedules import get_spec, interleaved_group_size
 REL_TOL = 1e-12       # (*) holds to this share of the step's largest end time
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # identity hash: cached per shape
 class Period:
     """Where the compiled m_s step is split (module docstring)."""
 
@@ -234,38 +234,42 @@ def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):
     return comp, dur_arr, np.asarray(run_compiled(comp, dur_arr.tolist(), times))
 
 
-def _inputs(comp: Compiled, q: int, times: StageTimes) -> list[tuple[int, float]]:
-    """(action, latency) of everything action q waits for: its rank predecessor (0) and its
-    remote inputs (their boundary's p2p)."""
-    out = []
-    if comp.dep1[q] >= 0:
-        out.append((comp.dep1[q], float(times.p2p[comp.bnd1[q]])))
-    if comp.dep2[q] >= 0:
-        out.append((comp.dep2[q], float(times.p2p[comp.bnd2[q]])))
-    return out
-
-
 def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: StageTimes):
     """A with end(σ F_S[i]) = max_j (A[i, j] + end(F_S[j])): each action of one period as a
-    max-plus form in the frontier's end times, in topological order (None if an input lies
-    outside F_S and the period: the structure check missed something)."""
+    max-plus form in the frontier's end times (one row each, after the frontier's unit rows
+    and an all −inf row for a missing input), in topological order; None if an input lies
+    outside F_S and the period (the structure check missed something)."""
+    rows = _period_rows(comp, per)
+    if rows is None:
+        return None
+    n, k = len(per.frontier), len(per.period)
+    forms = np.full((n + k + 1, n), -np.inf)
+    forms[np.arange(n), np.arange(n)] = 0.0
+    q = per.period
+    lat1 = times.p2p[comp.bnd1[q]].tolist()
+    lat2 = times.p2p[comp.bnd2[q]].tolist()
+    for i, (r0, r1, r2), l1, l2, du in zip(range(n, n + k), rows[0], lat1, lat2, dur_arr[q].tolist()):
+        forms[i] = np.maximum(np.maximum(forms[r0], forms[r1] + l1), forms[r2] + l2) + du
+    return forms[rows[1]]
+
+
+@lru_cache(maxsize=256)
+def _period_rows(comp: Compiled, per: Period):
+    """For ``_period_matrix``: per period action the rows of its rank predecessor and remote
+    inputs (−1: the −inf row), and the rows of σ F_S; None if an input is out of reach."""
     n = len(per.frontier)
-    forms: dict[int, np.ndarray] = {}
-    for j, x in enumerate(per.frontier):
-        unit = np.full(n, -np.inf)
-        unit[j] = 0.0
-        forms[int(x)] = unit
-    prev = per.prev
+    row = {int(x): j for j, x in enumerate(per.frontier)}
+    row.update({int(q): n + i for i, q in enumerate(per.period)})
+    inputs = []
     for q in per.period.tolist():
-        start = np.full(n, -np.inf)
-        for x, lat in ([(prev[q], 0.0)] if prev[q] >= 0 else []) + _inputs(comp, q, times):
-            form = forms.get(x)
-            if form is None:
+        got = []
+        for x in (per.prev[q], comp.dep1[q], comp.dep2[q]):
+            if x >= 0 and x not in row:
                 return None
-            start = np.maximum(start, form + lat)
-        forms[q] = start + dur_arr[q]
-    rows = [forms.get(int(y)) for y in per.image]
-    return None if any(r is None for r in rows) else np.stack(rows)
+            got.append(row[x] if x >= 0 else -1)
+        inputs.append(tuple(got))
+    image = [row.get(int(y)) for y in per.image]
+    return None if None in image else (inputs, image)
 
 
 def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> np.ndarray:
