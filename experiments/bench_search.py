@@ -123,10 +123,11 @@ def worst(cases) -> list[dict]:
     return rows
 
 
-def worst_markdown(rows) -> str:
-    lines = ["Worst cases (`python experiments/bench_search.py --worst`): reference path (every pipeline step "
-             "simulated event by event, every variant and recompute policy priced) vs current, the same "
-             "process, trace once; search seconds exclude the trace:", "",
+def worst_markdown(rows, cmd: str = "") -> str:
+    lines = [f"Worst cases (`python experiments/bench_search.py --worst{cmd}`, 2 search workers on "
+             "this 2-core machine, shared with other jobs, so seconds vary 1-2x run to run; the ratio is "
+             "measured in one process): reference path (every pipeline step simulated event by event, every "
+             "variant and recompute policy priced) vs current; trace once, search seconds exclude it:", "",
              "| model | cluster | seq × batch | old search s | new search s | old / new | plans priced old → new | "
              "same top-K JSON | best plan |", "|" + "---|" * 9]
     for r in rows:
@@ -246,7 +247,8 @@ def main(argv=None) -> int:
         unknown = [c for c in args.case if c not in known]
         if unknown:
             ap.error(f"unknown --case {', '.join(unknown)}; known: {', '.join(known)}")
-        text = worst_markdown(worst([known[c] for c in args.case] if args.case else WORST_CASES))
+        cmd = "".join(f" --case {c}" for c in args.case)
+        text = worst_markdown(worst([known[c] for c in args.case] if args.case else WORST_CASES), cmd)
         print(text)
         if args.write:
             write_worst(text)
