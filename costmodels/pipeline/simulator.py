@@ -19,9 +19,9 @@ delay the receiver, never the sender.
 Compilation (orders → dependency arrays in a topological order, deadlock check, peak
 in-flight count; costmodels.pipeline.events) depends only on (schedule, pp, m, chunks) and
 is cached; a call then does one pass over the actions.  A long step is not simulated in
-full: costmodels.pipeline.steady simulates a short one (a few pp micro-batches), checks
-that its steady state repeats, and inserts the missing periods — exact, and its cost does
-not grow with m.  ``simulate(..., full=True)`` runs every action.
+full: costmodels.pipeline.steady simulates a short one (about pp to 4·pp micro-batches)
+and inserts the missing steady-state periods through one period's max-plus matrix —
+exact, and its cost does not grow with m.  ``simulate(..., full=True)`` runs every action.
 """
 from __future__ import annotations
 

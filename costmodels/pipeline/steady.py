@@ -7,29 +7,33 @@ order for m + c micro-batches is the order for m with one more steady period, an
 by c (σ: i → i + c).  Key every action by the micro-batch of its first op; for a split S
 let the *past* C_S = the actions keyed below S and everything they wait for, directly or
 not (down-closed: a 1F1B backward follows a later micro-batch's forward on its rank), and
-the *frontier* F_S = the actions of C_S that some action outside it waits for.  Every
-time outside C_S is a max-plus function of the frontier's end times, homogeneous (adding
-a constant to every input adds it to every output).  So if σ maps F_S onto F_{S+c} and
-one period C_{S+c} − C_S, and in a simulation
+the *frontier* F_S = the actions of C_S that some action outside it waits for.  Every end
+time outside C_S is a max-plus function of the frontier's end times.  If σ maps F_S onto
+F_{S+c} and the period C_{S+c} − C_S onto the next one, one period is a max-plus matrix A:
 
-    end(σ x) − end(x) = δ   for every x in F_S                           (*)
+    end(σ F_S) = A ⊗ end(F_S),   (A ⊗ x)_i = max_j (A_ij + x_j)
 
-then every further period repeats the one before it δ later, and a step of m micro-batches
-equals a simulated step of m_s ≡ m (mod c) micro-batches with J = (m − m_s) / c periods
-inserted: the actions outside C_T, T = S + c (the tail), end J·δ later, the rest
-unchanged, and each rank's busy time grows by J times its busy time over one period.
-Peak activations are those of the m_s step (the live count is periodic).  With p2p the
-steady state may repeat only every k periods (1F1B's critical cycle runs through every
-rank): shifts k·c are tried.
+and a step of m micro-batches is a simulated step of m_s ≡ m (mod c) micro-batches with
+J = (m − m_s) / c periods inserted before its tail (the actions outside C_T, T = S + c):
+the head is the short step's, the frontier after the inserted periods is A^J ⊗ end(F_T),
+and the tail is re-run from it.  Each rank's busy time grows by J times its busy time over
+one period; peak activations are the m_s step's (the live count is periodic).
 
-(*) is a check on simulated numbers, not an assumption: when the transient (uneven stages
-let two near-critical paths compete for a while) has not died out within the m_s step,
-a twice longer m_s is tried, then the full simulation.  The structure — σ well defined on
-F_S ∪ [S, T), σ F_S = F_{S+c}, rank predecessors and remote inputs shifted alike — is
-checked on the compiled m_s order; that the m order is the m_s order with inserted
-periods is a property of the generators in schedules.py, tested against the full
-simulation for every schedule (tests/costmodels/test_pipeline.py).  Cost: one pass over
-the m_s step (m_s ≈ 4–8 pp micro-batches), independent of m.
+A^J ⊗ x costs J matrix-vector products of frontier size (~2 pp), and fewer: as soon as an
+iterate equals an earlier one plus a constant (to REL_TOL), the steady state has set in
+(A is homogeneous: adding a constant to x adds it to A ⊗ x) and the rest is that cycle
+repeated.  Uneven stages can keep a transient alive for hundreds of micro-batches (a
+lighter first stage's slack drains one rank at a time); the iteration is exact through it.
+A is built from the period's actions, so floating-point sums run in another order than the
+event-by-event simulation: results agree to ~1e-13 relative.
+
+The structure — σ well defined on F_S and the period, its images' inputs the shifted
+inputs, σ F_S = F_{S+c}, every rank's last action in the tail — is checked on the compiled
+m_s order; that the m order is the m_s order with inserted periods is a property of the
+generators in schedules.py, tested against the full simulation for every schedule, pp,
+chunks and m (tests/costmodels/test_pipeline.py).  Cost: one pass over the m_s step (the
+shortest with a split: ~pp micro-batches for 1F1B, up to 4·pp for interleaved), the
+period's matrix and the tail, independent of m.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ from costmodels.pipeline.events import (Compiled, StageTimes, compile_schedule, 
                                         run_compiled)
 from costmodels.pipeline.schedules import get_spec, interleaved_group_size
 
-REL_TOL = 1e-12       # (*) holds to this share of the step's largest end time
+REL_TOL = 1e-12       # iterates repeat to this share of the step's largest end time
 
 
 @dataclass(frozen=True, eq=False)   # identity hash: cached per shape
