@@ -59,6 +59,7 @@ class Period:
     period: np.ndarray          # positions of C_T minus C_S: one period
     reach: np.ndarray           # _Graph.reach: actions with reach >= T are the tail
     prev: list[int]             # rank predecessor of every action (−1: none)
+    tail_size: int              # actions with reach >= T
 
 
 def period_microbatches(schedule: str, p: int, m: int) -> int | None:
@@ -79,16 +80,13 @@ _FIRST = {"1f1b": lambda p, c: p + 2, "zb-h1": lambda p, c: p + 2,
 
 def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
     """The m_s to simulate: the shortest step ≡ m (mod c) whose compiled order has a split
-    (``short_size``); none where m is under twice that (the full step is then about as
-    cheap as the short one plus the period map and the tail).  Every m of a (schedule, pp,
-    chunks) shares the compiled order of one m_s per residue mod c."""
+    (``short_size``), if shorter than m.  Every m of a (schedule, pp, chunks) shares the
+    compiled order of one m_s per residue mod c."""
     c = period_microbatches(schedule, p, m)
     if c is None or p == 1:     # one rank: the step is the sum of its ops, already cheap
         return []
     m_s = short_size(schedule, p, v, c, m % c)
-    if m_s is None or m < 2 * m_s:
-        return []
-    return [m_s]
+    return [m_s] if m_s is not None and m_s < m else []
 
 
 @lru_cache(maxsize=256)
@@ -121,7 +119,8 @@ def find_period(schedule: str, p: int, m_s: int, v: int, c: int) -> Period | Non
         nxt = np.flatnonzero((g.reach < s_split + c) & (g.succ_reach >= s_split + c))
         image = valid[front]
         if np.array_equal(np.sort(image), nxt):
-            return Period(s_split + c, front, image, period, g.reach, g.preds[:, 0].tolist())
+            return Period(s_split + c, front, image, period, g.reach, g.preds[:, 0].tolist(),
+                          int(np.count_nonzero(g.reach >= s_split + c)))
     return None
 
 
@@ -200,9 +199,11 @@ def _shift_map(g: _Graph, c: int) -> np.ndarray:
     return np.where(ok, sigma, -1)
 
 
-def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes):
+def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
+                always: bool = False):
     """(step_time, steady_step_time, busy, peak_activations) of an m step from a shorter
-    simulated one, or None where no m_s qualifies (then simulate in full).
+    simulated one, or None where no m_s qualifies or (unless ``always``) it would not be
+    faster than the full simulation (``_pays_off``).
 
     The frontier's end times after J = (m − m_s) / c more periods are A^J ⊗ (its times in
     the short step), A the max-plus matrix of one period (``_period_matrix``); applied J
@@ -211,7 +212,7 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes):
     c = period_microbatches(schedule, p, m)
     for m_s in reduced_sizes(schedule, p, m, v):
         per = find_period(schedule, p, m_s, v, c)
-        if per is None:
+        if per is None or not (always or _pays_off(per, m, m_s, c)):
             return None
         comp, dur_arr, end = _simulate(schedule, p, m_s, v, times)
         matrix = _period_matrix(comp, per, dur_arr, times)
@@ -230,6 +231,17 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes):
         steady_step = max(e - s for s, e in zip(starts, ends))
         return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
     return None
+
+
+def _pays_off(per: Period, m: int, m_s: int, c: int) -> bool:
+    """Whether the J = (m − m_s)/c inserted periods are worth A, in units of one
+    event-simulated action: building A costs ~16 a period action (numpy on frontier-long
+    rows), re-running the tail its length, fixed overheads ~1,000; simulating the J
+    periods instead costs J·|P|.  Required: m >= 2·m_s and J·|P| > 2·(16·|P| + |tail| +
+    1000) — measured on pp = 8..32, every schedule (interleaved, 1,024 actions a period
+    at pp = 16, rarely qualifies)."""
+    size, periods = len(per.period), (m - m_s) // c
+    return m >= 2 * m_s and periods * size > 2 * (16 * size + per.tail_size + 1000)
 
 
 def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):

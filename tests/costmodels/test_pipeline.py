@@ -313,7 +313,8 @@ def _assert_same(fast: PipelineResult, full: PipelineResult, where: str) -> None
 def test_extrapolated_step_equals_full_simulation(schedule):
     """Every field callers read agrees to 1e-9 relative with the event-by-event step, for every
     schedule, pp, vpp and m (short steps, the shortest extrapolated ones, long ones), at equal,
-    random uneven and head-heavy stages, with p2p and (DualPipeV) hidden communication."""
+    random uneven and head-heavy stages, with p2p and (DualPipeV) hidden communication — both
+    ``simulate``'s answer and the extrapolation forced where it would not pay."""
     rng = np.random.default_rng(17)
     extrapolated = 0
     for p in (2, 3, 4, 6, 8):
@@ -332,9 +333,13 @@ def test_extrapolated_step_equals_full_simulation(schedule):
                                          for k in ("f", "b", "w", "f_comm", "b_comm")),
                                        np.append(np.broadcast_to(np.asarray(p2p, float),
                                                                  (p * v - 1,)), 0.0))
-                    extrapolated += steady.extrapolate(schedule, p, m, v, times) is not None
-                    _assert_same(simulate(schedule, **kw), simulate(schedule, full=True, **kw),
-                                 f"{schedule} p={p} v={v} m={m} {mode}")
+                    where = f"{schedule} p={p} v={v} m={m} {mode}"
+                    full = simulate(schedule, full=True, **kw)
+                    _assert_same(simulate(schedule, **kw), full, where)
+                    fast = steady.extrapolate(schedule, p, m, v, times, always=True)
+                    if fast is not None:    # the extrapolation itself, where it would not pay too
+                        extrapolated += 1
+                        _assert_same(PipelineResult(schedule, p, m, v, *fast), full, where)
     if schedule != "gpipe":    # GPipe's two steady states: always the full simulation
         assert extrapolated >= 100
 
@@ -342,13 +347,13 @@ def test_extrapolated_step_equals_full_simulation(schedule):
 @pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved", 3), ("zb-h1", 1),
                                         ("zb-h2", 1), ("zbv", 2), ("dualpipev", 2)])
 def test_extrapolation_cost_does_not_grow_with_microbatches(schedule, v):
-    """m = 256 and m = 8192 on pp = 8 compile and simulate the same short steps (a few orders,
-    compiled once for both), and the long one takes no longer than a few short ones."""
+    """m = 2048 and m = 8192 on pp = 8 compile and simulate the same short steps (a few orders,
+    compiled once for both), and the longer one takes no longer than a few shorter ones."""
     p, n = 8, 8 * v
     f, b, w = np.ones(n), np.full(n, 2.0), np.ones(n)
     _compile.cache_clear()
     seconds, compiled = [], []
-    for m in (256, 8192):
+    for m in (2048, 8192):
         simulate(schedule, stages=p, microbatches=m, chunks=v, f=f, b=b, w=w, p2p=0.01)
         compiled.append(_compile.cache_info().currsize)
         t0 = time.perf_counter()
