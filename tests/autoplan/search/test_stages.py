@@ -9,6 +9,7 @@ from autoplan.estimate import Estimator, rounded
 from autoplan.frontend import trace
 from autoplan.search import SearchOptions, search
 from autoplan.search import stages
+from autoplan.search.space import enumerate_meshes
 from autoplan.search.stages import _busiest_rank_bound, recompute_floor
 from costmodels.pipeline import simulator
 
@@ -44,7 +45,6 @@ def test_bounds_are_below_every_recompute_policy():
     spec, seq, cluster_name, batch, _ = CASES["llama7b-128xh100"]
     model, cluster = trace(spec, seq=seq), topologies.load(cluster_name)
     est = Estimator(model, cluster)
-    from autoplan.search.space import enumerate_meshes
     meshes, _ = enumerate_meshes(model.model, model.num_layers, cluster, seq=seq, global_batch=batch)
     checked = 0
     for mesh in [x for x in meshes if x.pp > 1][:6]:
