@@ -1,10 +1,19 @@
-"""Search speed and quality (issue 4): cold search times, block ILP sizes, auto vs hand-written recipes.
+"""Search speed and quality (issues 4, 17): cold search times, block ILP sizes, auto vs hand-written recipes.
 
     python experiments/bench_search.py [--write] [--speed-only] [--quality-only]
+    python experiments/bench_search.py --worst [--case MODEL@CLUSTER ...] [--write]
 
 Speed: each search runs in a fresh process with the trace cache off (``AUTOPLAN_NO_CACHE=1``),
 so tracing, every block ILP and the mesh search are included — GPT-3 175B on h100x1024
 (target ≤ 10 s on 2 cores) and Llama-3 405B on the 16,384-GPU cluster (target ≤ 30 s).
+
+Worst cases (``--worst``, issue 17): where memory is tight and pipelines run hundreds of
+micro-batches.  Each case runs in a fresh process that traces once, then searches twice: the
+reference path (``costmodels.pipeline.simulator.EXTRAPOLATE`` and ``autoplan.search.stages
+.REUSE`` off: every pipeline step simulated event by event, every variant and recompute policy
+priced) and the current one; it reports both times, their ratio, and whether the top-K JSON
+is byte-identical.  ``--case`` picks rows (e.g. ``--case gpt3-175b@h100x1024``); the trace
+cache follows the environment (``AUTOPLAN_NO_CACHE=1`` for cold traces).
 
 Quality: for each case the search's best plan against the best hand-written recipe
 (megatron, megascale, llama3, fsdp; deepseek for MoE) priced by the same Estimator; the ratio
@@ -27,6 +36,17 @@ SPEED_CASES = [
     ("gpt3-175b", "h100x1024", 2048, 1536, 10.0),
     ("llama3-405b", "h100x16384", 8192, 2048, 30.0),
 ]
+WORST_CASES = [            # model, cluster, seq, global batch
+    ("gpt3-175b", "h100x16384", 2048, 1536),
+    ("gpt3-175b", "h100x1024", 2048, 1536),
+    ("gpt3-175b", "h100x256", 2048, 1536),
+    ("llama3-405b", "h100x16384", 8192, 2048),
+    ("llama3-405b", "h100x1024", 8192, 2048),
+    ("gpt-529.6b", "h100x1024", 2048, 1536),
+    ("gpt-1t", "h100x1024", 2048, 1536),
+    ("llama3-405b", "h100x131072", 8192, 2048),
+    ("deepseek-v3", "h100x2048", 4096, 4096),
+]
 QUALITY_CASES = [
     ("gpt3-175b", "h100x1024", 2048, 1536),
     ("llama3-70b", "h100x1024", 8192, 1024),
@@ -41,7 +61,7 @@ _CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
 from autoplan.frontend import trace
-from autoplan.commands.clusters import load_cluster
+from autoplan.workload import load_cluster
 from autoplan.search import search, SearchOptions
 model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 g = trace(model, seq=seq)
@@ -57,6 +77,64 @@ print(json.dumps({"total_s": t2 - t0, "trace_s": t1 - t0, "search_s": t2 - t1,
                             "constraints": i.size["constraints"], "solve_s": i.solve_seconds, "gap": i.gap}
                            for i in r.stats.ilps]}))
 """
+
+
+_COMPARE = """
+import json, sys, time
+from autoplan.frontend import trace
+from autoplan.workload import load_cluster
+from autoplan.cost import rounded
+from autoplan.search import search, SearchOptions
+from autoplan.search import stages
+from costmodels.pipeline import simulator, steady
+model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+t0 = time.perf_counter()
+g = trace(model, seq=seq)
+out = {"trace_s": time.perf_counter() - t0}
+for name, on in (("old", False), ("new", True)):
+    simulator.EXTRAPOLATE = stages.REUSE = on
+    for cache in (simulator._compile, steady.find_period, steady._graph, stages.balanced_cuts):
+        cache.cache_clear()
+    t1 = time.perf_counter()
+    r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
+    out[name] = {"search_s": time.perf_counter() - t1, "priced": r.stats.plans_priced,
+                 "best": r.candidates[0].plan.to_string(),
+                 "json": json.dumps([rounded(c.to_dict()) for c in r.candidates], indent=2, sort_keys=True)}
+print(json.dumps(out))
+"""
+
+
+def worst(cases) -> list[dict]:
+    """Reference path vs current path, same process (see module docstring)."""
+    rows = []
+    env = dict(os.environ, PYTHONPATH=REPO)
+    for model, cluster, seq, batch in cases:
+        out = subprocess.run([sys.executable, "-c", _COMPARE, model, cluster, str(seq), str(batch)],
+                             capture_output=True, text=True, env=env, check=True)
+        r = json.loads(out.stdout)
+        row = {"model": model, "cluster": cluster, "seq": seq, "batch": batch, "trace_s": r["trace_s"],
+               "old_s": r["old"]["search_s"], "new_s": r["new"]["search_s"],
+               "old_priced": r["old"]["priced"], "new_priced": r["new"]["priced"], "best": r["new"]["best"],
+               "same_best": r["old"]["best"] == r["new"]["best"], "same_json": r["old"]["json"] == r["new"]["json"]}
+        row["ratio"] = row["old_s"] / row["new_s"]
+        rows.append(row)
+        print(f"{model} on {cluster}: search {row['old_s']:.1f} s -> {row['new_s']:.1f} s ({row['ratio']:.2f}x), "
+              f"priced {row['old_priced']} -> {row['new_priced']}, same top-K JSON: {row['same_json']}", flush=True)
+    return rows
+
+
+def worst_markdown(rows, cmd: str = "") -> str:
+    lines = [f"Worst cases (`python experiments/bench_search.py --worst{cmd}`, 2 search workers on "
+             "this 2-core machine, shared with other jobs, so seconds vary 1-2x run to run; the ratio is "
+             "measured in one process): reference path (every pipeline step simulated event by event, every "
+             "variant and recompute policy priced) vs current; trace once, search seconds exclude it:", "",
+             "| model | cluster | seq × batch | old search s | new search s | old / new | plans priced old → new | "
+             "same top-K JSON | best plan |", "|" + "---|" * 9]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['cluster']} | {r['seq']} × {r['batch']} | {r['old_s']:.1f} | "
+                     f"{r['new_s']:.1f} | {r['ratio']:.2f} | {r['old_priced']} → {r['new_priced']} | "
+                     f"{'yes' if r['same_json'] else 'NO'} | `{r['best']}` |")
+    return "\n".join(lines) + "\n"
 
 
 def speed() -> list[dict]:
@@ -76,7 +154,7 @@ def speed() -> list[dict]:
 def quality() -> list[dict]:
     from autoplan.baselines import RECIPES, baseline
     from autoplan.baselines.common import price
-    from autoplan.commands.clusters import load_cluster
+    from autoplan.workload import load_cluster
     from autoplan.errors import UserError
     from autoplan.cost import Estimator
     from autoplan.frontend import trace
@@ -150,12 +228,31 @@ def write_results(text: str) -> None:
     write_section("bench_search", "Search speed and quality (`python experiments/bench_search.py --write`)", text)
 
 
+def write_worst(text: str) -> None:
+    write_section("bench_search_worst", "Search speed, worst cases (`python experiments/bench_search.py --worst "
+                  "--write`)", text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the tables into experiments/RESULTS.md")
     ap.add_argument("--speed-only", action="store_true")
     ap.add_argument("--quality-only", action="store_true")
+    ap.add_argument("--worst", action="store_true", help="time the worst cases, reference path vs current")
+    ap.add_argument("--case", action="append", default=[], metavar="MODEL@CLUSTER",
+                    help="with --worst: only these rows (repeatable)")
     args = ap.parse_args(argv)
+    if args.worst:
+        known = {f"{c[0]}@{c[1]}": c for c in WORST_CASES}
+        unknown = [c for c in args.case if c not in known]
+        if unknown:
+            ap.error(f"unknown --case {', '.join(unknown)}; known: {', '.join(known)}")
+        cmd = "".join(f" --case {c}" for c in args.case)
+        text = worst_markdown(worst([known[c] for c in args.case] if args.case else WORST_CASES), cmd)
+        print(text)
+        if args.write:
+            write_worst(text)
+        return 0
     speed_rows = [] if args.quality_only else speed()
     quality_rows = [] if args.speed_only else quality()
     text = markdown(speed_rows, quality_rows)

@@ -14,10 +14,18 @@ For every micro-batch size and schedule variant (``schedule_variants``):
    (none < selective < full), read off the estimates under each uniform policy.
 3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
 
+No repeated work: estimates are memoised per Estimator; a variant whose busiest-rank bound
+(m × the heaviest rank's F + B + W, no recompute) exceeds the mesh's best so far is not
+priced once some variant was memory-limited (before, whether it fits decides
+``memory_limited``); and a plan that does not fit without recomputation is not priced under
+the other policies when ``recompute_floor`` shows none of them can beat that best.  None of
+this changes the best plan: a skipped plan is strictly slower than one already found.
+
 ``best_plan`` returns the fastest plan that fits, or the smallest memory shortfall.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -29,7 +37,9 @@ from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
-
+# False: price every variant and policy as before the bound and the memo existed — the
+# reference path experiments/bench_search.py times the search against.
+REUSE = True
 
 
 @dataclass(frozen=True)
@@ -137,7 +147,11 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
             base = mesh.plan(mbs=mbs, schedule=schedule, vpp=vpp, recompute=("none",))
             for cuts in ([()] if screen else _cut_variants(est, base)):
                 plan = base.replace(layers=cuts)
-                result, short, n = _best_recompute(est, plan, global_batch)
+                to_beat = best[0] if best is not None else float("inf")
+                floor = _busiest_rank_bound(est, plan, m) if REUSE and best is not None else 0.0
+                if limited and floor > to_beat:
+                    continue      # cannot win, and cannot change ``limited``: nothing to learn
+                result, short, n = _best_recompute(est, plan, global_batch, to_beat if REUSE else float("inf"))
                 evaluated += n
                 shortfall = min(shortfall, short)
                 limited = limited or result is None or result[1].recompute != ("none",)
@@ -170,19 +184,57 @@ def _cut_variants(est: Estimator, plan: Plan) -> list[tuple[int, ...]]:
     return variants
 
 
-def _best_recompute(est: Estimator, plan: Plan, global_batch: int):
-    """Least recomputation per stage that fits; returns ((estimate, plan) | None, shortfall GiB, plans priced)."""
+def recompute_floor(none: Estimate) -> float:
+    """A lower bound on the step time of the plan of ``none`` (its estimate without
+    recomputation) under any recompute policy: its step less its exposed data-parallel time,
+    less a relative 1e-9 for summation order.  Recomputation keeps every op's layout (the
+    block ILP is solved without recompute and re-priced) and only lengthens backwards, the
+    simulated makespan is monotone in every duration, and the embedding sync and optimizer
+    step do not change; only the exposed data-parallel time can shrink (more backward to hide
+    it under)."""
+    return (none.step_time_s - none.time_breakdown_s["dp_exposed"]) * (1 - 1e-9)
+
+
+def _busiest_rank_bound(est: Estimator, plan: Plan, m: int) -> float:
+    """A lower bound on the step time of ``plan`` under any recomputation: m × the busiest
+    pipeline rank's F + B + W per micro-batch without recompute (``Estimator.layer_work``,
+    the same parts the estimate sums; the pipeline's makespan is at least any rank's busy
+    time and recomputation only adds work), less a relative 1e-9 for summation order.
+    DualPipeV's overlapped pairs can cost less than their parts: no bound (0)."""
+    if plan.schedule == "dualpipev":
+        return 0.0
+    work = est.layer_work(plan)
+    loads = [0.0] * plan.pp
+    start = 0
+    chunks = plan.pp * plan.vpp
+    for c, n in enumerate(plan.stage_layers(est.model.num_layers)):
+        load = sum(work["layers"][start:start + n])
+        load += (work["pre"] if c == 0 else 0.0) + (work["post"] if c == chunks - 1 else 0.0)
+        loads[plan.stage_rank(c)] += load
+        start += n
+    return m * max(loads) * (1 - 1e-9)
+
+
+def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
+    """Least recomputation per stage that fits; returns ((estimate, plan) | None, shortfall GiB, plans priced).
+
+    ``to_beat``: the mesh's best step so far.  When the plan does not fit without
+    recomputation and ``recompute_floor`` of that estimate exceeds it, no policy can win:
+    the others are not priced and it is reported as not fitting (shortfall inf; the caller
+    has a fitting plan, so no shortfall is read)."""
     per_policy: dict[str, Estimate] = {}
     priced = 0
     for policy in RECOMPUTE:
         try:
-            e = est.estimate(plan.replace(recompute=(policy,)), global_batch, detail=False)
+            e = _estimate(est, plan.replace(recompute=(policy,)), global_batch)
         except UserError:
             return None, float("inf"), priced
         priced += 1
         per_policy[policy] = e
         if e.fits and policy == "none":
             return (e, plan.replace(recompute=(policy,))), 0.0, priced
+        if policy == "none" and recompute_floor(e) > to_beat:
+            return None, float("inf"), priced
     hbm = est.cluster.gpu.hbm_bytes / GIB
     choice = []
     for rank in range(plan.pp):
@@ -193,6 +245,31 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int):
     mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
     e = per_policy.get(choice[0]) if len(set(choice)) == 1 else None
     if e is None:
-        e = est.estimate(mixed, global_batch, detail=False)
+        e = _estimate(est, mixed, global_batch)
         priced += 1
     return ((e, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
+
+
+_MEMO: "weakref.WeakKeyDictionary[Estimator, dict]" = weakref.WeakKeyDictionary()
+
+
+def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
+    """``est.estimate(plan, global_batch, detail=False)``, memoised per Estimator on the plan
+    (the screening pass, the refinement and the ZeRO variants of one mesh ask for the same
+    plans; a UserError is remembered and raised again)."""
+    if not REUSE:
+        return est.estimate(plan, global_batch, detail=False)
+    memo = _MEMO.setdefault(est, {})
+    key = (plan, global_batch)
+    hit = memo.get(key)
+    if hit is None:
+        try:
+            hit = est.estimate(plan, global_batch, detail=False)
+        except UserError as err:
+            hit = err
+        if len(memo) > 50000:
+            memo.clear()
+        memo[key] = hit
+    if isinstance(hit, UserError):
+        raise hit
+    return hit

@@ -3,7 +3,8 @@
     from costmodels.pipeline import simulate, PipelineResult, SCHEDULES
 
 ``simulate`` prices one training step of a schedule from per-virtual-stage F/B/W times and
-p2p times (schedules.py builds the orders, simulator.py runs them);
+p2p times (schedules.py builds the orders, events.py compiles and runs them, steady.py
+prices a long step from a short one, simulator.py is the entry point);
 ``closed_form_bubble``/``closed_form_peak_activations`` hold the papers' formulas the
 simulator is tested against (closed_form.py).
 """

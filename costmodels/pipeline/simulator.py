@@ -17,20 +17,28 @@ communication given, the pair costs exactly f + b + w.  p2p sends are asynchrono
 delay the receiver, never the sender.
 
 Compilation (orders → dependency arrays in a topological order, deadlock check, peak
-in-flight count) depends only on (schedule, pp, m, chunks) and is cached; a call then
-does one pass over the actions.  pp=16, m=128, v=3 interleaved (12,288 actions) takes a
-few milliseconds.
+in-flight count; costmodels.pipeline.events) depends only on (schedule, pp, m, chunks) and
+is cached; a call then does one pass over the actions.  A long step is not simulated in
+full: costmodels.pipeline.steady simulates a short one (about pp to 4·pp micro-batches)
+and inserts the missing steady-state periods through one period's max-plus matrix —
+exact, and its cost does not grow with m.  ``simulate(..., full=True)`` runs every action.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, build_orders, get_spec,
-                                           stage_rank)
+from costmodels.pipeline import steady
+from costmodels.pipeline.events import StageTimes, durations, run_compiled
+from costmodels.pipeline.events import compile_schedule as _compile
+from costmodels.pipeline.schedules import KIND_NAMES, get_spec
+
+
+# False: every step simulated event by event, as before costmodels.pipeline.steady existed —
+# the reference path experiments/bench_search.py times the extrapolation against.
+EXTRAPOLATE = True
 
 
 class TimelineEntry(NamedTuple):
@@ -114,167 +122,6 @@ def _idle_share(busy: float, capacity: float) -> float:
     return 1.0 - busy / capacity if capacity > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class _Compiled:
-    """A schedule's actions in a topological order, as flat lists indexed by position."""
-
-    rank: list[int]              # rank of each action
-    dep1: list[int]              # position of the first cross-rank input, -1 if none
-    dep2: list[int]              # second one (only overlapped pairs have two), -1 if none
-    bnd1: np.ndarray             # boundary whose p2p delays dep1 (s−1→s is s−1), -1 if none
-    bnd2: np.ndarray
-    op_kind: np.ndarray          # for single-op actions: kind; pairs: -1
-    op_stage: np.ndarray         # stage of the single op; pairs: stage of the F
-    pair_pos: np.ndarray         # positions of overlapped pairs
-    pair_f_stage: np.ndarray
-    pair_b_stage: np.ndarray
-    first_pos: list[int]         # per rank: position of its first and last action
-    last_pos: list[int]
-    ops: list[tuple[tuple[int, int, int], ...]]   # ops of each action, for the timeline
-    peak: tuple[int, ...]
-
-
-def _deadlock_error(schedule: str, orders, ptr) -> RuntimeError:
-    heads = [f"rank {r}: {KIND_NAMES[o[ptr[r]][0][0]]}(mb {o[ptr[r]][0][1]}, "
-             f"stage {o[ptr[r]][0][2]})" for r, o in enumerate(orders) if ptr[r] < len(o)]
-    return RuntimeError(f"pipeline schedule {schedule!r} deadlocks (a bug in its order); "
-                        f"blocked heads: {'; '.join(heads[:6])}")
-
-
-@lru_cache(maxsize=512)  # ~2.5 MB per entry at pp=16, m=128, v=3; most are far smaller
-def _compile(schedule: str, p: int, m: int, v: int) -> _Compiled:
-    spec = get_spec(schedule)
-    orders = build_orders(schedule, p, m, v)
-    n_stages = p * v
-    place = [stage_rank(s, p, spec.placement) for s in range(n_stages)]
-
-    # Number every action; provider[key(kind, mb, stage)] = the action that runs that op
-    # (a BW provides both B and W).
-    act_rank: list[int] = []
-    act_ops: list[tuple[tuple[int, int, int], ...]] = []
-    rank_ids: list[list[int]] = []
-    provider = [-1] * (3 * n_stages * m)
-    for r, acts in enumerate(orders):
-        ids = []
-        for act in acts:
-            a = len(act_ops)
-            ids.append(a)
-            act_rank.append(r)
-            act_ops.append(act)
-            for kind, i, s in act:
-                if place[s] != r:
-                    raise RuntimeError(f"{schedule}: stage {s} scheduled on rank {r}, "
-                                       f"placed on rank {place[s]}")
-                for k in ((B, W) if kind == BW else (kind,)):
-                    key = (k * n_stages + s) * m + i
-                    if provider[key] >= 0:
-                        raise RuntimeError(f"{schedule}: {KIND_NAMES[k]}(mb {i}, stage {s}) "
-                                           f"scheduled twice")
-                    provider[key] = a
-        rank_ids.append(ids)
-    if -1 in provider:
-        key = provider.index(-1)
-        k, rest = divmod(key, n_stages * m)
-        raise RuntimeError(f"{schedule}: {KIND_NAMES[k]}(mb {rest % m}, stage {rest // m}) "
-                           f"is never scheduled")
-
-    # Inputs of every action: (providing action, p2p boundary or -1), see module docstring.
-    deps: list[list[tuple[int, int]]] = []
-    for a, act in enumerate(act_ops):
-        d = []
-        for kind, i, s in act:
-            if kind == F:
-                if s == 0:
-                    continue
-                src, bnd = provider[(F * n_stages + s - 1) * m + i], s - 1
-            elif kind == W:
-                src, bnd = provider[(B * n_stages + s) * m + i], -1
-            elif s == n_stages - 1:
-                src, bnd = provider[(F * n_stages + s) * m + i], -1
-            else:
-                src, bnd = provider[(B * n_stages + s + 1) * m + i], s
-            if src != a:
-                d.append((src, bnd))
-        deps.append(d)
-
-    # Topological order: advance every rank as far as its inputs allow, repeat.  An
-    # input later in the same rank's order, or a cycle across ranks, stalls every rank.
-    n = len(act_ops)
-    pos = [-1] * n
-    ptr = [0] * p
-    topo: list[int] = []
-    while len(topo) < n:
-        before = len(topo)
-        for r in range(p):
-            ids, j = rank_ids[r], ptr[r]
-            while j < len(ids):
-                a = ids[j]
-                if any(pos[src] < 0 for src, _ in deps[a]):
-                    break
-                pos[a] = len(topo)
-                topo.append(a)
-                j += 1
-            ptr[r] = j
-        if len(topo) == before:
-            raise _deadlock_error(schedule, orders, ptr)
-
-    rank = [act_rank[a] for a in topo]
-    dep1 = [-1] * n
-    dep2 = [-1] * n
-    bnd1 = [-1] * n
-    bnd2 = [-1] * n
-    op_kind = [-1] * n
-    op_stage = [0] * n
-    pairs: list[tuple[int, int, int]] = []
-    for q, a in enumerate(topo):
-        # Inputs on the same rank ran earlier in its order (the sort checked it), so the
-        # rank's own clock already covers them; only remote inputs are kept.
-        cross = [(pos[src], bnd) for src, bnd in deps[a] if act_rank[src] != rank[q]]
-        if len(cross) > 2:
-            raise RuntimeError(f"{schedule}: action with {len(cross)} remote inputs")
-        if cross:
-            dep1[q], bnd1[q] = cross[0]
-            if len(cross) == 2:
-                dep2[q], bnd2[q] = cross[1]
-        act = act_ops[a]
-        if len(act) == 1:
-            op_kind[q] = act[0][0]
-            op_stage[q] = act[0][2]
-        else:
-            (fk, _, fs), (bk, _, bs) = act
-            if (fk, bk) != (F, BW):
-                raise RuntimeError(f"{schedule}: overlapped pair must be (F, BW), got {act}")
-            op_stage[q] = fs
-            pairs.append((q, fs, bs))
-
-    pair_arr = np.array(pairs, dtype=np.int64).reshape(-1, 3)
-    as_array = np.asarray
-    return _Compiled(rank, dep1, dep2, as_array(bnd1), as_array(bnd2), as_array(op_kind),
-                     as_array(op_stage),
-                     pair_arr[:, 0], pair_arr[:, 1], pair_arr[:, 2],
-                     [pos[ids[0]] for ids in rank_ids], [pos[ids[-1]] for ids in rank_ids],
-                     [act_ops[a] for a in topo], _peak_in_flight(orders))
-
-
-def _peak_in_flight(orders) -> tuple[int, ...]:
-    """Per-rank peak of live forward chunks: F adds one, BW (or W) frees one.  Within an
-    overlapped pair the forward counts before the backward frees (conservative)."""
-    peaks = []
-    for acts in orders:
-        live = peak = 0
-        for act in acts:
-            for op in act:
-                if op[0] == F:
-                    live += 1
-            if live > peak:
-                peak = live
-            for op in act:
-                if op[0] == BW or op[0] == W:
-                    live -= 1
-        peaks.append(peak)
-    return tuple(peaks)
-
-
 def _per_stage(name: str, values: Sequence[float] | None, n: int) -> np.ndarray:
     if values is None:
         return np.zeros(n)
@@ -304,7 +151,7 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
              f: Sequence[float], b: Sequence[float], w: Sequence[float],
              p2p: float | Sequence[float] = 0.0,
              f_comm: Sequence[float] | None = None, b_comm: Sequence[float] | None = None,
-             keep_timeline: bool = False) -> PipelineResult:
+             keep_timeline: bool = False, full: bool = False) -> PipelineResult:
     """Simulate one training step of ``schedule`` and return its timing and memory.
 
     ``stages`` = pp (ranks), ``chunks`` = virtual stages per rank, ``microbatches`` = m.
@@ -316,6 +163,10 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
     part of f / b that is communication an overlapped F&B pair can hide (DualPipeV
     only; see module docstring).  Raises ValueError on bad input and RuntimeError if the
     schedule's order deadlocks (a bug).
+
+    Without a timeline, a long step is priced from a shorter one plus whole steady-state
+    periods (costmodels.pipeline.steady: exact, cost independent of m); ``full=True``
+    forces the event-by-event simulation of all m micro-batches.
     """
     spec = get_spec(schedule)
     spec.check(stages, microbatches, chunks)
@@ -327,28 +178,24 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
     bc = _per_stage("b_comm", b_comm, n_stages)
     if np.any(fc > fa) or np.any(bc > ba):
         raise ValueError("f_comm/b_comm are parts of f/b and cannot exceed them")
-    bnd = _boundaries(p2p, n_stages)
+    times = StageTimes(fa, ba, wa, fc, bc, _boundaries(p2p, n_stages))
+    if EXTRAPOLATE and not (keep_timeline or full):
+        fast = steady.extrapolate(schedule, stages, microbatches, chunks, times)
+        if fast is not None:
+            step, steady_step, busy, peak = fast
+            return PipelineResult(schedule, stages, microbatches, chunks, step, steady_step,
+                                  busy, peak)
     c = _compile(schedule, stages, microbatches, chunks)
-
-    kinds, st = c.op_kind, c.op_stage
-    dur_arr = np.where(kinds == F, fa[st], 0.0) + np.where(kinds == B, ba[st], 0.0) \
-        + np.where(kinds == W, wa[st], 0.0) + np.where(kinds == BW, ba[st] + wa[st], 0.0)
-    if c.pair_pos.size:
-        fs, bs = c.pair_f_stage, c.pair_b_stage
-        compute = (fa[fs] - fc[fs]) + (ba[bs] - bc[bs] + wa[bs])
-        dur_arr[c.pair_pos] = np.maximum(compute, fc[fs] + bc[bs])
+    dur_arr = durations(c, times)
     dur = dur_arr.tolist()
-    lat1 = bnd[c.bnd1].tolist()
-    lat2 = bnd[c.bnd2].tolist()
-
-    end = _run(c.rank, c.dep1, lat1, c.dep2, lat2, dur, stages)
+    end = run_compiled(c, dur, times)
 
     busy = np.bincount(np.asarray(c.rank), weights=dur_arr, minlength=stages)
     starts = [end[q] - dur[q] for q in c.first_pos]
     ends = [end[q] for q in c.last_pos]
     t0 = min(starts)
     step = max(ends) - t0
-    steady = max(e - s for s, e in zip(starts, ends))
+    steady_step = max(e - s for s, e in zip(starts, ends))
 
     timeline = None
     if keep_timeline:
@@ -359,28 +206,7 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
                 by_rank[c.rank[q]].append(TimelineEntry(c.rank[q], KIND_NAMES[kind], i, s,
                                                         end[q] - dur[q] - t0, end[q] - t0))
         timeline = tuple(e for rows in by_rank for e in rows)
-    return PipelineResult(schedule, stages, microbatches, chunks, float(step), float(steady),
+    return PipelineResult(schedule, stages, microbatches, chunks, float(step), float(steady_step),
                           tuple(float(x) for x in busy), c.peak, timeline)
 
 
-def _run(rank: list[int], dep1: list[int], lat1: list[float], dep2: list[int],
-         lat2: list[float], dur: list[float], p: int) -> list[float]:
-    """End time of every action, visiting them in topological order (the hot loop)."""
-    end = [0.0] * len(dur)
-    free = [0.0] * p
-    q = 0
-    for r, d1, l1, d2, l2, du in zip(rank, dep1, lat1, dep2, lat2, dur):
-        t = free[r]
-        if d1 >= 0:
-            x = end[d1] + l1
-            if x > t:
-                t = x
-            if d2 >= 0:
-                x = end[d2] + l2
-                if x > t:
-                    t = x
-        t += du
-        end[q] = t
-        free[r] = t
-        q += 1
-    return end

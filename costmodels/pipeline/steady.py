@@ -1,0 +1,333 @@
+"""A long pipeline step priced from a short one: exact steady-state extrapolation.
+
+Every schedule here (GPipe aside) is, away from its warm-up and cool-down, *periodic*:
+with c micro-batches per period (c = 1; the group size g for Megatron interleaved), the
+order for m + c micro-batches is the order for m with one more steady period, and an op
+(kind, i, s) of the steady state has the same kind of inputs as (kind, i + c, s), shifted
+by c (σ: i → i + c).  Key every action by the micro-batch of its first op; for a split S
+let the *past* C_S = the actions keyed below S and everything they wait for, directly or
+not (down-closed: a 1F1B backward follows a later micro-batch's forward on its rank), and
+the *frontier* F_S = the actions of C_S that some action outside it waits for.  Every end
+time outside C_S is a max-plus function of the frontier's end times.  If σ maps F_S onto
+F_{S+c} and the period C_{S+c} − C_S onto the next one, one period is a max-plus matrix A:
+
+    end(σ F_S) = A ⊗ end(F_S),   (A ⊗ x)_i = max_j (A_ij + x_j)
+
+and a step of m micro-batches is a simulated step of m_s ≡ m (mod c) micro-batches with
+J = (m − m_s) / c periods inserted before its tail (the actions outside C_T, T = S + c):
+the head is the short step's, the frontier after the inserted periods is A^J ⊗ end(F_T),
+and the tail is re-run from it.  Each rank's busy time grows by J times its busy time over
+one period; peak activations are the m_s step's (the live count is periodic).
+
+A^J ⊗ x costs J matrix-vector products of frontier size (~2 pp), and fewer: as soon as an
+iterate equals an earlier one plus a constant (to REL_TOL), the steady state has set in
+(A is homogeneous: adding a constant to x adds it to A ⊗ x) and the rest is that cycle
+repeated.  Uneven stages can keep a transient alive for hundreds of micro-batches (a
+lighter first stage's slack drains one rank at a time); the iteration is exact through it.
+A is built from the period's actions, so floating-point sums run in another order than the
+event-by-event simulation: results agree to ~1e-13 relative.
+
+The structure — σ well defined on F_S and the period, its images' inputs the shifted
+inputs, σ F_S = F_{S+c}, every rank's last action in the tail — is checked on the compiled
+m_s order; that the m order is the m_s order with inserted periods is a property of the
+generators in schedules.py, tested against the full simulation for every schedule, pp,
+chunks and m (tests/costmodels/test_pipeline.py).  Cost: one pass over the m_s step (the
+shortest with a split: ~pp micro-batches for 1F1B, up to 4·pp for interleaved), the
+period's matrix and the tail, independent of m.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from costmodels.pipeline.events import (Compiled, StageTimes, compile_schedule, durations,
+                                        run_compiled)
+from costmodels.pipeline.schedules import get_spec, interleaved_group_size
+
+REL_TOL = 1e-12       # iterates repeat to this share of the step's largest end time
+
+
+@dataclass(frozen=True, eq=False)   # identity hash: cached per shape
+class Period:
+    """Where the compiled m_s step is split (module docstring)."""
+
+    split: int                  # T = S + c
+    frontier: np.ndarray        # positions of F_S
+    image: np.ndarray           # positions of σ F_S (same order)
+    period: np.ndarray          # positions of C_T minus C_S: one period
+    reach: np.ndarray           # _Graph.reach: actions with reach >= T are the tail
+    prev: list[int]             # rank predecessor of every action (−1: none)
+    tail_size: int              # actions with reach >= T
+
+
+def period_microbatches(schedule: str, p: int, m: int) -> int | None:
+    """c, or None where the step is not one periodic steady state (GPipe runs all
+    forwards, then all backwards: two)."""
+    if schedule == "gpipe":
+        return None
+    return interleaved_group_size(p, m) if schedule == "interleaved" else 1
+
+
+# Where the search for the shortest qualifying m_s starts (micro-batches, pp = p, period c):
+# warm-up, one period and the cool-down; find_period's minimum for pp = 2..32 is at most
+# one more than this for 1F1B/ZB-H1, and equal for the others.
+_FIRST = {"1f1b": lambda p, c: p + 2, "zb-h1": lambda p, c: p + 2,
+          "zbv": lambda p, c: 2 * p + 2, "dualpipev": lambda p, c: 2 * p + 3,
+          "zb-h2": lambda p, c: 3 * p, "interleaved": lambda p, c: 4 * c}
+
+
+def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
+    """The m_s to simulate: the shortest step ≡ m (mod c) whose compiled order has a split
+    (``short_size``), if shorter than m.  Every m of a (schedule, pp, chunks) shares the
+    compiled order of one m_s per residue mod c."""
+    c = period_microbatches(schedule, p, m)
+    if c is None or p == 1:     # one rank: the step is the sum of its ops, already cheap
+        return []
+    m_s = short_size(schedule, p, v, c, m % c)
+    return [m_s] if m_s is not None and m_s < m else []
+
+
+@lru_cache(maxsize=256)
+def short_size(schedule: str, p: int, v: int, c: int, residue: int) -> int | None:
+    """Smallest m_s ≡ residue (mod c), from _FIRST on (at most 4 periods more), for which
+    ``find_period`` finds a split (and, interleaved, the group size is still c)."""
+    first = max(_FIRST[schedule](p, c), get_spec(schedule).min_microbatches(p))
+    first += (residue - first) % c
+    for m_s in range(first, first + 4 * c + 1, c):
+        if schedule == "interleaved" and interleaved_group_size(p, m_s) != c:
+            continue
+        if find_period(schedule, p, m_s, v, c) is not None:
+            return m_s
+    return None
+
+
+@lru_cache(maxsize=256)
+def find_period(schedule: str, p: int, m_s: int, v: int, c: int) -> Period | None:
+    """The latest split S of the compiled m_s step whose structure satisfies the module
+    docstring's conditions for a period of c micro-batches, or None.  Every rank's last
+    action must lie in the tail: the inserted periods come before it."""
+    g = _graph(schedule, p, m_s, v)
+    valid = _shift_map(g, c)
+    last = g.reach[compile_schedule(schedule, p, m_s, v).last_pos]
+    for s_split in range(min(m_s - 2 * c, int(last.min()) - c), 0, -1):
+        front = np.flatnonzero((g.reach < s_split) & (g.succ_reach >= s_split))
+        period = np.flatnonzero((g.reach >= s_split) & (g.reach < s_split + c))
+        if not (valid[front] >= 0).all() or not (valid[period] >= 0).all():
+            continue
+        nxt = np.flatnonzero((g.reach < s_split + c) & (g.succ_reach >= s_split + c))
+        image = valid[front]
+        if np.array_equal(np.sort(image), nxt):
+            return Period(s_split + c, front, image, period, g.reach, g.preds[:, 0].tolist(),
+                          int(np.count_nonzero(g.reach >= s_split + c)))
+    return None
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """The compiled m_s step as arrays: per action its ops' (kind, micro-batch, stage) (the
+    second op −1 for single ops), its rank predecessor and remote inputs (−1: none), and
+    ``where`` the action running op (kind, stage, micro-batch).  ``reach[x]``: the least key
+    of x and every action that waits for it, directly or not — so {x : reach < S} is the
+    down-closed past C_S of the module docstring (a 1F1B backward waits on a forward of a
+    later micro-batch: keys alone are not down-closed); ``succ_reach[x]``: the largest reach
+    among the actions waiting for x (−1: none), so x is on the frontier of C_S when
+    reach[x] < S <= succ_reach[x]."""
+
+    ops: np.ndarray          # (n, 2, 3)
+    preds: np.ndarray        # (n, 3): rank predecessor, remote input 1, remote input 2
+    reach: np.ndarray
+    succ_reach: np.ndarray
+    where: np.ndarray        # (4, stages, m)
+
+
+@lru_cache(maxsize=64)
+def _graph(schedule: str, p: int, m_s: int, v: int) -> _Graph:
+    comp = compile_schedule(schedule, p, m_s, v)
+    n = len(comp.ops)
+    ops = np.full((n, 2, 3), -1)
+    for q, act in enumerate(comp.ops):
+        ops[q, :len(act)] = act
+    prev, last = [-1] * n, [-1] * p
+    for q, r in enumerate(comp.rank):
+        prev[q], last[r] = last[r], q
+    pred_rows = list(zip(prev, comp.dep1, comp.dep2))
+    reach = [act[0][1] for act in comp.ops]
+    for q in range(n - 1, -1, -1):       # successors sit later in the topological order
+        for x in pred_rows[q]:
+            if x >= 0 and reach[q] < reach[x]:
+                reach[x] = reach[q]
+    succ_reach = [-1] * n
+    for q, row in enumerate(pred_rows):
+        for x in row:
+            if x >= 0 and reach[q] > succ_reach[x]:
+                succ_reach[x] = reach[q]
+    where = np.full((4, p * v, m_s), -1)
+    for j in range(2):
+        single = ops[:, j, 0] >= 0
+        where[ops[single, j, 0], ops[single, j, 2], ops[single, j, 1]] = np.flatnonzero(single)
+    return _Graph(ops, np.array(pred_rows).reshape(n, 3), np.array(reach), np.array(succ_reach), where)
+
+
+def _shift_map(g: _Graph, c: int) -> np.ndarray:
+    """σ on action positions: the action running every op of q shifted by c micro-batches,
+    or −1 where there is none, it runs other ops too, or its inputs (the rank predecessor
+    included) are not q's inputs shifted."""
+    m = g.where.shape[2]
+
+    def shifted(j: int) -> np.ndarray:
+        kind, mb, stage = g.ops[:, j, 0], g.ops[:, j, 1] + c, g.ops[:, j, 2]
+        ok = (kind >= 0) & (mb < m)
+        out = np.full(len(kind), -2 if j else -1)     # a missing second op: −2, see below
+        out[ok] = g.where[kind[ok], stage[ok], mb[ok]]
+        out[(kind >= 0) & ~ok] = -1
+        return out
+
+    first, second = shifted(0), shifted(1)
+    single = g.ops[:, 1, 0] < 0
+    sigma = np.where(single | (second == first), first, -1)
+    sigma[sigma >= 0] = np.where((g.ops[sigma[sigma >= 0], 1, 0] < 0) == single[sigma >= 0],
+                                 sigma[sigma >= 0], -1)
+    mapped = np.where(g.preds >= 0, sigma[g.preds], -1)
+    ok = sigma >= 0
+    ok &= ((g.preds < 0) | (mapped >= 0)).all(axis=1)
+    target = g.preds[np.maximum(sigma, 0)]
+    ok &= mapped[:, 0] == target[:, 0]
+    ok &= (((mapped[:, 1] == target[:, 1]) & (mapped[:, 2] == target[:, 2]))
+           | ((mapped[:, 1] == target[:, 2]) & (mapped[:, 2] == target[:, 1])))
+    return np.where(ok, sigma, -1)
+
+
+def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
+                always: bool = False):
+    """(step_time, steady_step_time, busy, peak_activations) of an m step from a shorter
+    simulated one, or None where no m_s qualifies or (unless ``always``) it would not be
+    faster than the full simulation (``_pays_off``).
+
+    The frontier's end times after J = (m − m_s) / c more periods are A^J ⊗ (its times in
+    the short step), A the max-plus matrix of one period (``_period_matrix``); applied J
+    times, or fewer once the iterates repeat (``_advance``).  The tail is then re-run
+    from that frontier (``_tail``)."""
+    c = period_microbatches(schedule, p, m)
+    for m_s in reduced_sizes(schedule, p, m, v):
+        per = find_period(schedule, p, m_s, v, c)
+        if per is None or not (always or _pays_off(per, m, m_s, c)):
+            return None
+        comp, dur_arr, end = _simulate(schedule, p, m_s, v, times)
+        matrix = _period_matrix(comp, per, dur_arr, times)
+        if matrix is None:
+            return None
+        periods = (m - m_s) // c
+        end = end.copy()
+        end[per.image] = _advance(matrix, end[per.image], periods, float(end.max()))
+        _tail(comp, per, dur_arr, end, times)
+        rank = np.asarray(comp.rank)
+        busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
+            rank[per.period], weights=dur_arr[per.period], minlength=p)
+        starts = [end[q] - dur_arr[q] for q in comp.first_pos]
+        ends = [end[q] for q in comp.last_pos]
+        step = max(ends) - min(starts)
+        steady_step = max(e - s for s, e in zip(starts, ends))
+        return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
+    return None
+
+
+def _pays_off(per: Period, m: int, m_s: int, c: int) -> bool:
+    """Whether the J = (m − m_s)/c inserted periods are worth A, in units of one
+    event-simulated action: building A costs ~16 a period action (numpy on frontier-long
+    rows), re-running the tail its length, fixed overheads ~1,000; simulating the J
+    periods instead costs J·|P|.  Required: m >= 2·m_s and J·|P| > 2·(16·|P| + |tail| +
+    1000) — measured on pp = 8..32, every schedule (interleaved, 1,024 actions a period
+    at pp = 16, rarely qualifies)."""
+    size, periods = len(per.period), (m - m_s) // c
+    return m >= 2 * m_s and periods * size > 2 * (16 * size + per.tail_size + 1000)
+
+
+def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):
+    comp = compile_schedule(schedule, p, m, v)
+    dur_arr = durations(comp, times)
+    return comp, dur_arr, np.asarray(run_compiled(comp, dur_arr.tolist(), times))
+
+
+def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: StageTimes):
+    """A with end(σ F_S[i]) = max_j (A[i, j] + end(F_S[j])): each action of one period as a
+    max-plus form in the frontier's end times (one row each, after the frontier's unit rows
+    and an all −inf row for a missing input), in topological order; None if an input lies
+    outside F_S and the period (the structure check missed something)."""
+    rows = _period_rows(comp, per)
+    if rows is None:
+        return None
+    n, k = len(per.frontier), len(per.period)
+    forms = np.full((n + k + 1, n), -np.inf)
+    forms[np.arange(n), np.arange(n)] = 0.0
+    q = per.period
+    lat1 = times.p2p[comp.bnd1[q]].tolist()
+    lat2 = times.p2p[comp.bnd2[q]].tolist()
+    for i, (r0, r1, r2), l1, l2, du in zip(range(n, n + k), rows[0], lat1, lat2, dur_arr[q].tolist()):
+        forms[i] = np.maximum(np.maximum(forms[r0], forms[r1] + l1), forms[r2] + l2) + du
+    return forms[rows[1]]
+
+
+@lru_cache(maxsize=256)
+def _period_rows(comp: Compiled, per: Period):
+    """For ``_period_matrix``: per period action the rows of its rank predecessor and remote
+    inputs (−1: the −inf row), and the rows of σ F_S; None if an input is out of reach."""
+    n = len(per.frontier)
+    row = {int(x): j for j, x in enumerate(per.frontier)}
+    row.update({int(q): n + i for i, q in enumerate(per.period)})
+    inputs = []
+    for q in per.period.tolist():
+        got = []
+        for x in (per.prev[q], comp.dep1[q], comp.dep2[q]):
+            if x >= 0 and x not in row:
+                return None
+            got.append(row[x] if x >= 0 else -1)
+        inputs.append(tuple(got))
+    image = [row.get(int(y)) for y in per.image]
+    return None if None in image else (inputs, image)
+
+
+def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> np.ndarray:
+    """A^periods ⊗ x.  Once an iterate equals one of the last 2·len(x) + 2 plus one constant
+    (to REL_TOL of ``scale``), the iterates repeat with that cycle: jump to the end."""
+    hist = np.empty((periods + 1, len(x)))
+    hist[0] = x
+    depth = 2 * len(x) + 2
+    tol = REL_TOL * max(scale, 1e-300)
+    for j in range(1, periods + 1):
+        x = (matrix + x[None, :]).max(axis=1)
+        hist[j] = x
+        lo = max(0, j - depth)
+        gaps = x[None, :] - hist[lo:j]
+        same = np.flatnonzero(gaps.max(axis=1) - gaps.min(axis=1) <= tol)
+        if same.size:
+            i = lo + int(same[-1])          # the latest match: the shortest cycle k = j − i
+            q, r = divmod(periods - i, j - i)
+            return hist[i + r] + q * float(gaps[same[-1]].max())
+    return x
+
+
+def _tail(comp: Compiled, per: Period, dur_arr: np.ndarray, end: np.ndarray,
+          times: StageTimes) -> None:
+    """Re-run the tail (actions outside C_T, topological order) from the frontier in ``end``:
+    the hot loop of events._run on the tail's own arrays."""
+    tail = np.flatnonzero(per.reach >= per.split)
+    prev = np.asarray(per.prev)[tail].tolist()
+    d1 = np.asarray(comp.dep1)[tail].tolist()
+    d2 = np.asarray(comp.dep2)[tail].tolist()
+    l1 = times.p2p[comp.bnd1[tail]].tolist()
+    l2 = times.p2p[comp.bnd2[tail]].tolist()
+    ends = end.tolist()
+    for q, pq, a, la, b2, lb, du in zip(tail.tolist(), prev, d1, l1, d2, l2, dur_arr[tail].tolist()):
+        t = ends[pq] if pq >= 0 else 0.0
+        if a >= 0:
+            x = ends[a] + la
+            if x > t:
+                t = x
+            if b2 >= 0:
+                x = ends[b2] + lb
+                if x > t:
+                    t = x
+        ends[q] = t + du
+    end[:] = ends
