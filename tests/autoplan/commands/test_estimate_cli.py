@@ -64,3 +64,13 @@ def test_unknown_cluster_lists_names_and_grammar(cli):
     assert out.returncode == 2 and "NVLink domain" in out.stderr
     out = cli("estimate", MODEL, "--cluster", "dgx-moon", "--plan", "tp=8")
     assert out.returncode == 2 and "h100x1024" in out.stderr and "<gpu>x<N>" in out.stderr
+
+
+def test_tp6_on_8_gpu_domains_is_a_violation(cli):
+    """tp=6 groups are 0…5, 6…11, …: the second straddles two NVLink domains (rules checks every group)."""
+    r = cli("estimate", "gpt:layers=4,hidden=768,heads=12,vocab=512", "--cluster", "h100x48", "--plan", "tp=6",
+            "--global-batch", "64", "--json")
+    assert r.returncode == 0, r.stderr
+    violations = json.loads(r.stdout)["violations"]
+    assert [v["rule"] for v in violations] == ["tp-inside-nvlink"]
+    assert "(6…11) spans 2 NVLink domains" in violations[0]["text"]
