@@ -66,7 +66,7 @@ def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpG
         t = ULYSSES_ALL_TO_ALLS * comms.collective("all_to_all", qo_bytes, cp_ranks[:ulysses_n])
         for phase in ("forward", "backward"):
             out.append(Comm(Axis.CP.value, "all_to_all", qo_bytes, t, t, phase, calls=ULYSSES_ALL_TO_ALLS,
-                            purpose="ulysses"))
+                            purpose="ulysses", ranks=tuple(cp_ranks[:ulysses_n])))
         exp_f += t
         exp_b += t
     if ring_n > 1:
@@ -74,8 +74,11 @@ def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpG
         hop = comms.collective("p2p", chunk, cp_ranks[::ulysses_n][:2])
         fwd, bwd = (ring_n - 1) * hop, 2 * (ring_n - 1) * hop
         e_f, e_b = max(0.0, fwd - att_f), max(0.0, bwd - att_b)
-        out.append(Comm(Axis.CP.value, "p2p", chunk, fwd, e_f, "forward", calls=ring_n - 1, purpose="ring"))
-        out.append(Comm(Axis.CP.value, "p2p", chunk, bwd, e_b, "backward", calls=2 * (ring_n - 1), purpose="ring"))
+        ring = tuple(cp_ranks[::ulysses_n])
+        out.append(Comm(Axis.CP.value, "p2p", chunk, fwd, e_f, "forward", calls=ring_n - 1, purpose="ring",
+                        ranks=ring))
+        out.append(Comm(Axis.CP.value, "p2p", chunk, bwd, e_b, "backward", calls=2 * (ring_n - 1), purpose="ring",
+                        ranks=ring))
         exp_f += e_f
         exp_b += e_b
     return AxisCost(exp_f, exp_b, tuple(out))

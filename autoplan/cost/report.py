@@ -45,7 +45,7 @@ def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, ran
         for p, n in pipe.bags[c]:
             for x in p.comms:
                 dim = "sp" if x.purpose == "sp" else x.axis
-                table.add(x.kind, dim, mesh.group(x.axis), n * m * x.calls, x.nbytes, n * m * x.seconds,
+                table.add(x.kind, dim, x.ranks or mesh.group(x.axis), n * m * x.calls, x.nbytes, n * m * x.seconds,
                           n * m * x.exposed_s)
     pp_ranks = mesh.group(Axis.PP.value)
     if plan.pp > 1:

@@ -26,6 +26,7 @@ class Comm:
     phase: str             # forward | backward
     calls: int = 1         # calls per micro-batch
     purpose: str = ""      # e.g. "sp" (sequence-parallel gather/scatter), "ulysses", "ring"
+    ranks: tuple[int, ...] = ()   # the group it runs on, when not the whole axis (USP's sub-groups)
 
 
 @dataclass(frozen=True)
