@@ -35,7 +35,7 @@ the region returns: forward outputs, and the gradients of params and inputs.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from math import prod
 from typing import Any, Iterable
 

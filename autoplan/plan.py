@@ -264,7 +264,7 @@ class Plan:
             raise UserError("bad plan: schedule=interleaved needs vpp ≥ 2", "set vpp=2 or more, or schedule=1f1b")
         if self.schedule not in ("interleaved",) + V_SCHEDULES and self.vpp != 1:
             raise UserError(f"bad plan: vpp={self.vpp} needs schedule=interleaved (or zbv/dualpipev with vpp=2)",
-                            f"set schedule=interleaved or vpp=1")
+                            "set schedule=interleaved or vpp=1")
         if len(self.recompute) not in (1, self.pp):
             raise UserError(f"bad plan: recompute lists {len(self.recompute)} values for pp={self.pp} stages",
                             "give one value, or one per pipeline stage")

@@ -84,9 +84,10 @@ def first_crossing_group(mesh: Mesh, g: GroupRule, domain: int) -> tuple[int, ..
     return None
 
 
-def nvlink_breaks(plan: Plan, *, experts: int, nvlink_domain: int) -> list[tuple[GroupRule, tuple[int, ...]]]:
-    """(rule, first offending group) for every per-layer group kind that leaves the NVLink domain."""
-    mesh = Mesh.of(plan)
+def nvlink_breaks(plan: Plan, mesh: Mesh, *, experts: int,
+                  nvlink_domain: int) -> list[tuple[GroupRule, tuple[int, ...]]]:
+    """(rule, first offending group) for every per-layer group kind of ``plan`` (laid out as ``mesh``)
+    that leaves the NVLink domain."""
     out = []
     for g in per_layer_groups(plan, mesh, experts=experts, nvlink_domain=nvlink_domain):
         bad = first_crossing_group(mesh, g, nvlink_domain)

@@ -13,7 +13,6 @@ A case that fails is logged with its error and the suite goes on.  The harness i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys

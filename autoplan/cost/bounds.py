@@ -17,9 +17,10 @@ from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 
 
-def _numels(est: Estimator, plan: Plan, mesh: Mesh) -> tuple[float, float]:
+def _numels(parts) -> tuple[float, float]:
+    """(dense, expert) parameters per GPU of every graph, before pipeline cuts."""
     dense = expert = 0.0
-    for p, count in est.counted_parts(plan, mesh):
+    for p, count in parts:
         dense += p.dense_numel * count
         expert += p.expert_numel * count
     return dense, expert
@@ -28,11 +29,12 @@ def _numels(est: Estimator, plan: Plan, mesh: Mesh) -> tuple[float, float]:
 def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
     mesh = Mesh.of(plan)
     m = plan.microbatches(global_batch)
+    parts = est.counted_parts(plan, mesh)
     work = hideable = 0.0
-    for p, count in est.counted_parts(plan, mesh):
+    for p, count in parts:
         work += count * p.work_s
         hideable += count * (p.ep_fwd_s + p.ep_bwd_s)
-    dense, expert = _numels(est, plan, mesh)
+    dense, expert = _numels(parts)
     if plan.pp > 1 and hideable:
         work -= hideable
     per_rank_mb = work / plan.pp
@@ -46,6 +48,6 @@ def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
 
 def states_lower_bound(est: Estimator, plan: Plan) -> float:
     mesh = Mesh.of(plan)
-    dense, expert = _numels(est, plan, mesh)
+    dense, expert = _numels(est.counted_parts(plan, mesh))
     return memory.states_lower_bound(plan, dense, expert, dense_dp=len(mesh.group(DENSE_DP)),
                                      expert_dp=len(mesh.group(EXPERT_DP)))

@@ -60,6 +60,10 @@ class Estimator:
                                                 kind, self.graph(kind), plan, recompute, mesh)
         return hit
 
+    def graph_kinds(self) -> list[tuple[str, int]]:
+        """Every graph of the model — block kinds, then "@pre" and "@post" — with how often it occurs."""
+        return [(b.kind, b.count) for b in self.model.blocks] + [("@pre", 1), ("@post", 1)]
+
     def layer_work(self, plan: Plan) -> dict:
         """Per micro-batch F+B+W+exposed seconds of every layer (model order) and of pre/post, no
         recompute: what the stage-cut DP balances."""
@@ -70,7 +74,7 @@ class Estimator:
     def solve_layouts(self, plan: Plan) -> None:
         """Solve the block ILP of every graph for ``plan``'s tp group (what the search does before forking)."""
         mesh = Mesh.of(plan)
-        for kind in [b.kind for b in self.model.blocks] + ["@pre", "@post"]:
+        for kind, _ in self.graph_kinds():
             self.layouts.sharding(kind, self.graph(kind), plan, "none", mesh)
 
     def layout(self, plan: Plan) -> Layout | None:
@@ -79,11 +83,11 @@ class Estimator:
             return None
         mesh = Mesh.of(plan)
         blocks = []
-        for kind in [b.kind for b in self.model.blocks] + ["@pre", "@post"]:
-            bs = self.layouts.sharding(kind, self.graph(kind), plan, plan.recompute_of_stage(0), mesh)
+        for kind, _ in self.graph_kinds():
             graph = self.graph(kind)
-            stream = next((bs.placements.get(n.name, "R") for n in graph.nodes
-                           if n.op == "placeholder" and n.role == "input"), "R")
+            bs = self.layouts.sharding(kind, graph, plan, plan.recompute_of_stage(0), mesh)
+            entry = _block_input(graph)
+            stream = bs.placements.get(entry.name, "R") if entry is not None else "R"
             blocks.append(BlockLayout(kind, tuple(sorted(bs.param_placements.items())), stream))
         return Layout(plan.tp, plan.sp, tuple(blocks))
 
@@ -94,8 +98,7 @@ class Estimator:
 
     def counted_parts(self, plan: Plan, mesh: Mesh) -> list[tuple[Part, int]]:
         """Every graph of the model under ``plan`` (no recompute), with how often it occurs."""
-        kinds = [(b.kind, b.count) for b in self.model.blocks] + [("@pre", 1), ("@post", 1)]
-        return [(self.part(k, plan, "none", mesh), n) for k, n in kinds]
+        return [(self.part(k, plan, "none", mesh), n) for k, n in self.graph_kinds()]
 
     def estimate(self, plan: Plan, global_batch: int, *, detail: bool = True) -> Estimate:
         """Price ``plan``.  ``detail=False`` (the search's inner loop) skips what only the report
@@ -123,7 +126,7 @@ class Estimator:
         busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
         prims = report.primitives(self.comms, plan, mesh, m, pipe, busy, dp_colls[busy], dp_exposed[busy],
                                   embed_bytes, embed_s) if detail else []
-        return self._assemble(plan, global_batch, m, pipe, mems, prims, busy, step, max(dp_exposed), embed_s,
+        return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step, max(dp_exposed), embed_s,
                               optimizer_s)
 
     def _embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
@@ -134,11 +137,10 @@ class Estimator:
         nbytes = self.info.vocab * self.hidden / plan.tp * dp.GRAD_REDUCE_BYTES
         return nbytes, self.comms.collective("all_reduce", nbytes, (pp_ranks[0], pp_ranks[-1]))
 
-    def _assemble(self, plan, global_batch, m, pipe, mems, prims, busy, step, dp_exposed, embed_s,
+    def _assemble(self, plan, mesh, global_batch, m, pipe, mems, prims, busy, step, dp_exposed, embed_s,
                   optimizer_s) -> Estimate:
         """MFU, memory and the breakdown on the busiest rank, into one Estimate."""
         gpu = self.cluster.gpu
-        mesh = Mesh.of(plan)
         counts = {b.kind: b.count for b in self.model.blocks}
         all_flops = sum(self.part(k, plan, "none", mesh).model_flops * n for k, n in counts.items())
         per_sample = all_flops / plan.mbs + (self.part("@pre", plan, "none", mesh).model_flops
@@ -160,7 +162,7 @@ class Estimator:
             memory_breakdown_gib={k: v / GIB for k, v in mems[worst].breakdown().items()},
             fits=totals[worst] <= gpu.hbm_bytes, bubble_fraction=pipe.sim.bubble_fraction,
             comm_exposed_s=sum(p.exposed_s for p in prims),
-            violations=tuple(report.violations(self.comms, plan, self.info.experts, totals[worst])),
+            violations=tuple(report.violations(self.comms, plan, mesh, self.info.experts, totals[worst])),
             primitives=tuple(prims), comm_time_s=sum(p.time_s for p in prims),
             time_breakdown_s=report.breakdown(prims, compute=m * block_compute, pipe=pipe, rank=busy,
                                               dp_exposed=dp_exposed, embed_s=embed_s, optimizer_s=optimizer_s),
@@ -176,9 +178,12 @@ def estimate(model: BlockGraph, cluster: Cluster, plan: Plan, *, global_batch: i
     return Estimator(model, cluster, options).estimate(plan, global_batch)
 
 
+def _block_input(graph: OpGraph):
+    """The placeholder of the residual stream entering ``graph``, or None."""
+    return next((n for n in graph.nodes if n.op == "placeholder" and n.role == "input" and n.out is not None), None)
+
+
 def _hidden_of(model: BlockGraph) -> int:
     """The residual width: the last dim of the first block's input."""
-    for n in model.blocks[0].graph.nodes:
-        if n.op == "placeholder" and n.role == "input" and n.out is not None:
-            return n.out.shape[-1]
-    return 0
+    entry = _block_input(model.blocks[0].graph)
+    return entry.out.shape[-1] if entry is not None else 0

@@ -81,11 +81,11 @@ def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: i
     }
 
 
-def violations(comms: Comms, plan: Plan, experts: int, memory_bytes: float) -> list[Violation]:
+def violations(comms: Comms, plan: Plan, mesh: Mesh, experts: int, memory_bytes: float) -> list[Violation]:
     """The hard rules a priced plan breaks (``autoplan.rules``), and memory beyond HBM."""
     cluster = comms.cluster
     out = []
-    for g, ranks in nvlink_breaks(plan, experts=experts, nvlink_domain=cluster.nvlink_domain):
+    for g, ranks in nvlink_breaks(plan, mesh, experts=experts, nvlink_domain=cluster.nvlink_domain):
         span = comms.span(ranks)
         out.append(Violation(g.rule, f"{g.label} group of {len(ranks)} ranks ({ranks_text(ranks)}) spans "
                                      f"{span.domains} NVLink domains over {cluster.describe_span(span)}: "

@@ -1,8 +1,6 @@
 """Number and rank-list formatting shared by the Markdown, rich and HTML renderers."""
 from __future__ import annotations
 
-from typing import Sequence
-
 from autoplan.mesh import ranks_text  # noqa: F401  (re-exported for the explainer)
 
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import UserError, short_repr
 from autoplan.plan import KEYS, Plan
+
+if TYPE_CHECKING:
+    from autoplan.layout import Layout
 
 _JSON_FORMS = ("a plan string, a Plan.to_json file, or `autoplan search --json` output "
                "(a list of {plan, estimate}; the first entry is used)")
@@ -130,7 +133,7 @@ def _scalar_ok(v: Any) -> bool:
     return False
 
 
-def load_layout(text: str) -> "Layout | None":
+def load_layout(text: str) -> Layout | None:
     """The tensor-parallel Layout stored with the first plan of a search result file, or None
     (a plan string, or a file without a layout: a tp = 1 plan, or a Plan.to_json file)."""
     from autoplan.layout import Layout

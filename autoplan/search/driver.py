@@ -25,7 +25,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, EstimateOptions, Estimator

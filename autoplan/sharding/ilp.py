@@ -49,7 +49,7 @@ limit).  A time limit returns the best solution found, with its optimality gap.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 BACKENDS = ("cpsat", "cbc")

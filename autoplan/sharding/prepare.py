@@ -166,7 +166,7 @@ def resolved_reads(g: OpGraph, reads: dict[TensorRef, list[Read]], strategies_of
 
     A read whose layouts cannot all be mapped back through its views stays on the
     tensor it reads directly."""
-    out: dict[TensorRef, list[tuple[_Read, list[str | None]]]] = {}
+    out: dict[TensorRef, list[tuple[Read, list[str | None]]]] = {}
     for ref in sorted(reads, key=lambda r: (r.node, r.index)):
         for read in reads[ref]:
             pls = [required(g, read, f, inverse) for f in strategies_of(read)]
