@@ -42,11 +42,11 @@ def print_estimate(console, plan, est, title: str = "") -> None:
                  percent(est.bubble_fraction), seconds(est.comm_time_s), seconds(est.comm_exposed_s))
     console.print(head)
     prims = Table(title="Primitive placement (per step, busiest pipeline rank)", box=box.SIMPLE_HEAD)
-    for col in ("primitive", "dim", "group", "span", "calls/step", "bytes/call", "time/step", "exposed"):
+    for col in ("primitive", "axis", "group", "span", "calls/step", "bytes/call", "time/step", "exposed"):
         prims.add_column(col, justify="right" if col in ("group", "calls/step", "bytes/call", "time/step",
                                                          "exposed") else "left")
     for p in shown(est.primitives):
-        prims.add_row(KIND_NAMES.get(p.kind, p.kind), AXIS_NAMES.get(p.dim, p.dim), str(p.group_size), p.span,
+        prims.add_row(KIND_NAMES.get(p.kind, p.kind), AXIS_NAMES.get(p.traffic, p.traffic), str(p.group_size), p.span,
                       count(p.calls_per_step), size(p.bytes_per_call), seconds(p.time_s), seconds(p.exposed_s))
     console.print(prims)
     for v in est.violations:

@@ -16,17 +16,17 @@ from costmodels.memory import GIB
 
 
 class _Table:
-    """Accumulates collectives into primitives keyed by (kind, dim, group size, level)."""
+    """Accumulates collectives into primitives keyed by (kind, axis, purpose, group size, level)."""
 
     def __init__(self, comms: Comms):
         self.comms = comms
         self.acc: dict[tuple, list] = {}
 
-    def add(self, kind, dim, ranks, calls, nbytes, seconds, exposed):
+    def add(self, kind, axis, purpose, ranks, calls, nbytes, seconds, exposed):
         if len(ranks) <= 1:
             return
         span = self.comms.span(ranks)
-        key = (kind, dim, len(ranks), span.level)
+        key = (kind, axis, purpose, len(ranks), span.level)
         a = self.acc.setdefault(key, [self.comms.cluster.describe_span(span), 0, 0.0, 0.0, 0.0])
         a[1] += calls
         a[2] += nbytes * calls
@@ -34,8 +34,9 @@ class _Table:
         a[4] += exposed
 
     def primitives(self) -> list[Primitive]:
-        return [Primitive(kind, dim, size, span, level, calls, total / max(calls, 1), seconds, exposed)
-                for (kind, dim, size, level), (span, calls, total, seconds, exposed) in sorted(self.acc.items())]
+        rows = [Primitive(kind, axis, purpose, size, span, level, calls, total / max(calls, 1), seconds, exposed)
+                for (kind, axis, purpose, size, level), (span, calls, total, seconds, exposed) in self.acc.items()]
+        return sorted(rows, key=lambda p: (p.kind, p.traffic, p.group_size, p.level, p.purpose))
 
 
 def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, rank: int,
@@ -44,8 +45,7 @@ def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, ran
     for c in pipe.rank_chunks[rank]:
         for p, n in pipe.bags[c]:
             for x in p.comms:
-                dim = "sp" if x.purpose == "sp" else x.axis
-                table.add(x.kind, dim, x.ranks or mesh.group(x.axis), n * m * x.calls, x.nbytes, n * m * x.seconds,
+                table.add(x.kind, x.axis, x.purpose or x.axis, x.ranks or mesh.group(x.axis), n * m * x.calls, x.nbytes, n * m * x.seconds,
                           n * m * x.exposed_s)
     pp_ranks = mesh.group(Axis.PP.value)
     if plan.pp > 1:
@@ -54,14 +54,14 @@ def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, ran
         # every stage's sends); the primitive's exposed share is capped at its time, the
         # breakdown's pp_p2p_exposed keeps the whole makespan difference
         total = sends * pipe.p2p_s
-        table.add("p2p", "pp", pp_ranks[:2], sends, pipe.act_bytes, total, min(pipe.p2p_exposed_s, total))
+        table.add("p2p", Axis.PP.value, "activations", pp_ranks[:2], sends, pipe.act_bytes, total, min(pipe.p2p_exposed_s, total))
     dp_total = sum(c.seconds for c in dp)
     for c in dp:
         # the exposed part of data-parallel traffic, shared in proportion to each collective's time
-        table.add(c.kind, "dp", c.ranks, c.calls, c.nbytes, c.seconds,
+        table.add(c.kind, Axis.DP.value, "parameters" if c.kind == "all_gather" else "gradients", c.ranks, c.calls, c.nbytes, c.seconds,
                   dp_exposed * c.seconds / dp_total if dp_total else 0.0)
     if embed_s:
-        table.add("all_reduce", "embed", (pp_ranks[0], pp_ranks[-1]), 1, embed_bytes, embed_s, embed_s)
+        table.add("all_reduce", Axis.PP.value, "embedding", (pp_ranks[0], pp_ranks[-1]), 1, embed_bytes, embed_s, embed_s)
     return table.primitives()
 
 
@@ -70,9 +70,9 @@ def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: i
     """The step's seconds by cause on the busiest rank; pp_bubble is idle time no rank can avoid."""
     return {
         "compute": compute,
-        "tp_comm": sum(p.time_s for p in prims if p.dim in ("tp", "sp")),
-        "cp_comm_exposed": sum(p.exposed_s for p in prims if p.dim == "cp"),
-        "ep_comm_exposed": sum(p.exposed_s for p in prims if p.dim == "ep"),
+        "tp_comm": sum(p.time_s for p in prims if p.axis == "tp"),
+        "cp_comm_exposed": sum(p.exposed_s for p in prims if p.axis == "cp"),
+        "ep_comm_exposed": sum(p.exposed_s for p in prims if p.axis == "ep"),
         "pp_bubble": max(0.0, pipe.step_s - pipe.sim.busy[rank] - pipe.p2p_exposed_s),
         "pp_p2p_exposed": pipe.p2p_exposed_s,
         "dp_exposed": dp_exposed,

@@ -81,7 +81,8 @@ class Primitive:
     """One class of collective of a plan, on the busiest pipeline rank, per training step."""
 
     kind: str              # all_reduce | reduce_scatter | all_gather | all_to_all | p2p
-    dim: str               # tp | sp | cp | ep | pp | dp | embed
+    axis: str              # the mesh axis whose group it runs on: tp | cp | ep | dp | pp
+    purpose: str           # tp | sp | ulysses | ring | moe | activations | gradients | parameters | embedding
     group_size: int
     span: str              # "NVLink", "IB rail", "IB spine", "across pods (1:7)"
     level: str             # nvlink | rail | spine | pod
@@ -89,6 +90,12 @@ class Primitive:
     bytes_per_call: float
     time_s: float
     exposed_s: float
+
+    @property
+    def traffic(self) -> str:
+        """The class tables and audits group by: the axis, except sequence-parallel gathers/scatters
+        (``sp``, on the tp axis) and the tied-embedding all-reduce (``embed``, on the pp axis)."""
+        return {"sp": "sp", "embedding": "embed"}.get(self.purpose, self.axis)
 
 
 @dataclass(frozen=True)

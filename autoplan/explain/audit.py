@@ -49,10 +49,11 @@ class Side:
 
 @dataclass(frozen=True)
 class ClassDiff:
-    """One primitive class (kind on a parallel dim), summed over its rows, on both sides."""
+    """One primitive class (a collective kind for one traffic class, ``Primitive.traffic``), summed
+    over its rows, on both sides."""
 
     kind: str
-    dim: str
+    traffic: str
     plan_time_s: float
     plan_exposed_s: float
     base_time_s: float
@@ -104,7 +105,7 @@ class Audit:
                     "memory_gib": p.memory_gib - b.memory_gib, "comm_time_s": p.comm_time_s - b.comm_time_s,
                     "comm_exposed_s": p.comm_exposed_s - b.comm_exposed_s,
                     "speedup": b.step_time_s / p.step_time_s,
-                    "classes": [{"kind": c.kind, "dim": c.dim, "plan_time_s": c.plan_time_s,
+                    "classes": [{"kind": c.kind, "traffic": c.traffic, "plan_time_s": c.plan_time_s,
                                  "plan_exposed_s": c.plan_exposed_s, "baseline_time_s": c.base_time_s,
                                  "baseline_exposed_s": c.base_exposed_s, "delta_time_s": c.delta_time_s,
                                  "delta_exposed_s": c.delta_exposed_s} for c in self.classes]}
@@ -140,11 +141,11 @@ def shown(primitives: tuple[Primitive, ...]) -> list[Primitive]:
 
 
 def class_diffs(plan: tuple[Primitive, ...], base: tuple[Primitive, ...]) -> tuple[ClassDiff, ...]:
-    """Per (kind, dim): summed time and exposed time on each side, in sorted class order."""
+    """Per (kind, traffic): summed time and exposed time on each side, in sorted class order."""
     acc: dict[tuple[str, str], list[float]] = {}
     for i, prims in enumerate((plan, base)):
         for p in shown(prims):
-            a = acc.setdefault((p.kind, p.dim), [0.0, 0.0, 0.0, 0.0])
+            a = acc.setdefault((p.kind, p.traffic), [0.0, 0.0, 0.0, 0.0])
             a[2 * i] += p.time_s
             a[2 * i + 1] += p.exposed_s
     return tuple(ClassDiff(k, d, *v) for (k, d), v in sorted(acc.items()))
@@ -165,7 +166,7 @@ def attention_note(model: BlockGraph, plan: Plan, est: Estimate) -> Attention:
                                        else "") + ".")
     seq = model.seq_len
     trigger = share > rules.CP_ATTENTION_SHARE or seq >= rules.CP_SEQ
-    cp_s = sum(p.exposed_s for p in est.primitives if p.dim == "cp")
+    cp_s = sum(p.exposed_s for p in est.primitives if p.axis == "cp")
     if plan.cp > 1:
         cp = (f"CP = {plan.cp} ({plan.cp_algo}): {seq // plan.cp:,} of {seq:,} tokens per rank, "
               f"{seconds(cp_s)} of CP communication exposed per step; "

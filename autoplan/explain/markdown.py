@@ -19,12 +19,12 @@ def table(header: list[str], rows: list[list[str]], align: str = "") -> str:
     return "\n".join(lines)
 
 
-PRIMITIVE_HEADER = ["primitive", "dim", "group", "span", "calls/step", "bytes/call", "time/step", "exposed",
+PRIMITIVE_HEADER = ["primitive", "axis", "group", "span", "calls/step", "bytes/call", "time/step", "exposed",
                     "overlapped"]
 
 
 def primitive_rows(est: Estimate) -> list[list[str]]:
-    rows = [[KIND_NAMES.get(p.kind, p.kind), AXIS_NAMES.get(p.dim, p.dim), str(p.group_size), p.span,
+    rows = [[KIND_NAMES.get(p.kind, p.kind), AXIS_NAMES.get(p.traffic, p.traffic), str(p.group_size), p.span,
              count(p.calls_per_step), size(p.bytes_per_call), seconds(p.time_s), seconds(p.exposed_s),
              seconds(p.time_s - p.exposed_s)] for p in shown(est.primitives)]
     t = sum(p.time_s for p in est.primitives)
@@ -64,7 +64,7 @@ def render_markdown(a: Audit) -> str:
                 "Per training step on the busiest pipeline rank; *exposed* = on the critical path.", "",
                 table(PRIMITIVE_HEADER, primitive_rows(s.estimate), "llrlrrrrr"), ""]
     if a.baseline:
-        rows = [[KIND_NAMES.get(c.kind, c.kind), AXIS_NAMES.get(c.dim, c.dim), seconds(c.plan_time_s),
+        rows = [[KIND_NAMES.get(c.kind, c.kind), AXIS_NAMES.get(c.traffic, c.traffic), seconds(c.plan_time_s),
                  seconds(c.base_time_s), signed_seconds(c.delta_time_s), seconds(c.plan_exposed_s),
                  seconds(c.base_exposed_s), signed_seconds(c.delta_exposed_s)] for c in a.classes]
         p, b = a.plan.estimate, a.baseline.estimate
@@ -72,7 +72,7 @@ def render_markdown(a: Audit) -> str:
                      signed_seconds(p.comm_time_s - b.comm_time_s), seconds(p.comm_exposed_s),
                      seconds(b.comm_exposed_s), signed_seconds(p.comm_exposed_s - b.comm_exposed_s)])
         out += [f"## Difference per primitive class (plan − {a.baseline.label})", "",
-                table(["primitive", "dim", "plan", a.baseline.label, "Δ", "plan exposed",
+                table(["primitive", "axis", "plan", a.baseline.label, "Δ", "plan exposed",
                        f"{a.baseline.label} exposed", "Δ exposed"], rows, "llrrrrrr"), "",
                 table(["", "plan", a.baseline.label, "Δ"], [
                     ["step time", seconds(p.step_time_s), seconds(b.step_time_s),

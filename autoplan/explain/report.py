@@ -144,13 +144,13 @@ def _verdicts(a: Audit) -> str:
 
 
 def _primitive_table(e: Estimate) -> str:
-    rows = [[escape(KIND_NAMES.get(p.kind, p.kind)), escape(AXIS_NAMES.get(p.dim, p.dim)), str(p.group_size),
+    rows = [[escape(KIND_NAMES.get(p.kind, p.kind)), escape(AXIS_NAMES.get(p.traffic, p.traffic)), str(p.group_size),
              escape(p.span), count(p.calls_per_step), escape(size(p.bytes_per_call)), escape(seconds(p.time_s)),
              escape(seconds(p.exposed_s)), escape(seconds(p.time_s - p.exposed_s))] for p in shown(e.primitives)]
     rows.append(["<b>total</b>", "", "", "", count(sum(p.calls_per_step for p in shown(e.primitives))), "",
                  f"<b>{escape(seconds(e.comm_time_s))}</b>", f"<b>{escape(seconds(e.comm_exposed_s))}</b>",
                  escape(seconds(e.comm_time_s - e.comm_exposed_s))])
-    return _table(["primitive", "dim", "group", "span", "calls/step", "bytes/call", "time/step", "exposed",
+    return _table(["primitive", "axis", "group", "span", "calls/step", "bytes/call", "time/step", "exposed",
                    "overlapped"], rows, numeric=(2, 4, 5, 6, 7, 8))
 
 
@@ -160,19 +160,19 @@ def _primitives(a: Audit) -> str:
            "<h3>Chosen plan</h3>", _primitive_table(a.plan.estimate)]
     if a.baseline:
         out += [f"<h3>{escape(a.baseline.label)}</h3>", _primitive_table(a.baseline.estimate)]
-        rows = [[escape(KIND_NAMES.get(c.kind, c.kind)), escape(AXIS_NAMES.get(c.dim, c.dim)),
+        rows = [[escape(KIND_NAMES.get(c.kind, c.kind)), escape(AXIS_NAMES.get(c.traffic, c.traffic)),
                  escape(seconds(c.plan_time_s)), escape(seconds(c.base_time_s)), escape(signed_seconds(c.delta_time_s)),
                  escape(seconds(c.plan_exposed_s)), escape(seconds(c.base_exposed_s)),
                  escape(signed_seconds(c.delta_exposed_s))] for c in a.classes]
         out += [f"<h3>Difference per primitive class (plan − {escape(a.baseline.label)})</h3>",
-                _table(["primitive", "dim", "plan", a.baseline.label, "Δ", "plan exposed",
+                _table(["primitive", "axis", "plan", a.baseline.label, "Δ", "plan exposed",
                         f"{a.baseline.label} exposed", "Δ exposed"], rows, numeric=(2, 3, 4, 5, 6, 7))]
     return "\n".join(out)
 
 
 def _gantt(plan: Plan, est: Estimate) -> str:
     f, b, w = (list(x) for x in zip(*est.stage_times_s))
-    sends = [p for p in est.primitives if p.dim == "pp" and p.kind == "p2p"]
+    sends = [p for p in est.primitives if p.purpose == "activations"]
     p2p = sends[0].time_s / sends[0].calls_per_step if sends and sends[0].calls_per_step else 0.0
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     sim = simulate(schedule, stages=plan.pp, microbatches=est.microbatches, chunks=plan.vpp, f=f, b=b, w=w,

@@ -85,7 +85,7 @@ def verdicts(model: BlockGraph, cluster: Cluster, plan: Plan, est: Estimate) -> 
 
 def _dim_time(est: Estimate, dims: tuple[str, ...], kinds: tuple[str, ...] | None = None) -> tuple[int, float, float]:
     """(calls, seconds, exposed seconds) per step of the primitives on ``dims``."""
-    ps = [p for p in est.primitives if p.dim in dims and (kinds is None or p.kind in kinds)]
+    ps = [p for p in est.primitives if p.traffic in dims and (kinds is None or p.kind in kinds)]
     return sum(p.calls_per_step for p in ps), sum(p.time_s for p in ps), sum(p.exposed_s for p in ps)
 
 
@@ -134,7 +134,7 @@ def pp_p2p(cluster: Cluster, plan: Plan, est: Estimate, mesh: Mesh) -> Verdict:
     neighbour = cluster.span(g[:2])
     whole = cluster.span(g)
     calls, t, exposed = _dim_time(est, ("pp",))
-    per = next((p.bytes_per_call for p in est.primitives if p.dim == "pp"), 0.0)
+    per = next((p.bytes_per_call for p in est.primitives if p.purpose == "activations"), 0.0)
     return Verdict("pp-p2p-span", "info",
                    f"PP P2P between neighbouring stages goes over {cluster.describe_span(neighbour)} "
                    f"(PP group of {len(g)} ranks {ranks_text(g)} spans {cluster.describe_span(whole)}): "

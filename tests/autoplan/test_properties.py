@@ -148,7 +148,7 @@ def per_layer_groups(plan, e, experts: int) -> dict[str, list[list[int]]]:
     if plan.cp > 1 and plan.cp_algo == "ulysses":
         out["cp"] = axis_groups(plan, "cp")
     if plan.cp > 1 and plan.cp_algo == "usp":
-        sizes = {p.group_size for p in e.primitives if p.dim == "cp" and p.kind == "all_to_all"}
+        sizes = {p.group_size for p in e.primitives if p.axis == "cp" and p.kind == "all_to_all"}
         if sizes:
             out["cp"] = axis_groups(plan, "cp", sub=max(sizes))
     return out
@@ -248,7 +248,7 @@ def test_exposed_at_most_total_without_pipeline_p2p(case):
     """The same invariant where it holds today: primitives other than stage-to-stage P2P."""
     e = case[-1]
     for p in e.primitives:
-        if p.dim != "pp":
+        if p.axis != "pp":
             assert p.exposed_s <= p.time_s * (1 + 1e-9) + 1e-15, p
 
 

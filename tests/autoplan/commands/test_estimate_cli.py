@@ -25,15 +25,15 @@ def test_json_fields_and_consistent_numbers(cli):
     assert 0 < e["mfu"] <= e["hfu"] < 1
     assert sum(p["time_s"] for p in e["primitives"]) == pytest.approx(e["comm_time_s"], rel=1e-4)
     assert sum(p["exposed_s"] for p in e["primitives"]) == pytest.approx(e["comm_exposed_s"], rel=1e-4)
-    kinds = {(p["kind"], p["dim"]) for p in e["primitives"]}
-    assert ("reduce_scatter", "sp") in kinds and ("p2p", "pp") in kinds
+    kinds = {(p["kind"], p["axis"], p["purpose"]) for p in e["primitives"]}
+    assert ("reduce_scatter", "tp", "sp") in kinds and ("p2p", "pp", "activations") in kinds
 
 
 def test_tp_inside_a_node_is_nvlink_and_across_nodes_is_a_violation(cli):
     inside = estimate(cli, "tp=8,order=tp-cp-ep-dp-pp")
     across = estimate(cli, "tp=8,order=dp-tp-cp-ep-pp")         # dp innermost: tp ranks 0,2,...,14 on 2 nodes
-    tp_in = [p for p in inside["primitives"] if p["dim"] in ("tp", "sp") and p["bytes_per_call"] > 1e6]
-    tp_out = [p for p in across["primitives"] if p["dim"] in ("tp", "sp") and p["bytes_per_call"] > 1e6]
+    tp_in = [p for p in inside["primitives"] if p["axis"] == "tp" and p["bytes_per_call"] > 1e6]
+    tp_out = [p for p in across["primitives"] if p["axis"] == "tp" and p["bytes_per_call"] > 1e6]
     assert tp_in and all(p["level"] == "nvlink" for p in tp_in)
     assert tp_out and all(p["level"] != "nvlink" for p in tp_out)
     assert inside["violations"] == []

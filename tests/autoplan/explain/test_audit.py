@@ -46,8 +46,8 @@ def test_primitive_times_add_up_to_the_estimate(good_vs_megascale):
 
 def test_every_primitive_class_is_listed(good_vs_megascale):
     a = good_vs_megascale
-    classes = {(p.kind, p.dim) for s in (a.plan, a.baseline) for p in s.estimate.primitives}
-    assert {(c.kind, c.dim) for c in a.classes} == classes
+    classes = {(p.kind, p.traffic) for s in (a.plan, a.baseline) for p in s.estimate.primitives}
+    assert {(c.kind, c.traffic) for c in a.classes} == classes
     # GPT-3 with TP+SP, PP, DP (ZeRO-1) and a tied embedding uses all of these
     assert {("all_gather", "sp"), ("reduce_scatter", "sp"), ("p2p", "pp"), ("reduce_scatter", "dp"),
             ("all_gather", "dp"), ("all_reduce", "embed")} <= classes
