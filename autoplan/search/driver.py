@@ -54,6 +54,10 @@ class SearchOptions:
     overlap_grad_reduce: bool = True
     profile: str | None = None
     progress: bool = False
+    # degree tuples the second pass refines fully (at least 2·top_k): the screen keeps every
+    # tuple whose representative plan ranks in the first ``refine``; experiments/check_screen.py
+    # compares the result against refining every tuple (RESULTS.md, "screening")
+    refine: int = 12
 
     def estimate_options(self) -> EstimateOptions:
         """The cost model's options under this search."""
@@ -191,7 +195,7 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions)
     tuples: dict[tuple, list] = {}
     for lb, sort_key, mesh in bounded:
         tuples.setdefault(mesh.key, []).append((lb, sort_key, mesh))
-    refine_n = max(2 * options.top_k, 12)
+    refine_n = max(2 * options.top_k, options.refine)
     stats = {"evaluated": 0, "priced": 0, "pruned": 0, "shortfall": float("inf")}
     results: dict[tuple, MeshResult] = {}
     progress = _progress(options.progress, len(tuples) + min(refine_n, len(tuples)))

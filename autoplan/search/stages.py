@@ -25,6 +25,8 @@ this changes the best plan: a skipped plan is strictly slower than one already f
 """
 from __future__ import annotations
 
+import math
+
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -79,13 +81,21 @@ def schedule_variants(pp: int, m: int, layers: int, *, schedules: tuple[str, ...
 
 @lru_cache(maxsize=4096)
 def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float,
-                  rank_of_chunk: tuple[int, ...], slack: int = 3) -> tuple[int, ...]:
+                  rank_of_chunk: tuple[int, ...], slack: int | None = None) -> tuple[int, ...]:
     """Layers per virtual stage minimising the heaviest rank's work.
 
     ``layer_work[i]`` is layer i's F+B+W per micro-batch; chunk 0 also carries ``pre`` and
     the last chunk ``post``.  Each chunk gets within ``slack`` layers of the even share,
-    so the DP over (chunk, layers so far) is O(chunks · layers · slack)."""
+    so the DP over (chunk, layers so far) is O(chunks · layers · slack).  The default slack
+    is what the heavier end is worth in layers, ⌈max(pre, post) / min(layer_work)⌉ + 1: a chunk
+    that carries the embedding or the head sheds at most that many layers to balance it, and
+    no other chunk moves further from even than the layers shed.  Measured with ``layer_work``:
+    a 256K-vocabulary head on a hidden-2304 model (Gemma-2-2B's shape) is 6.7 layers, Llama 3
+    8B's 2.3, Llama 3 405B's 0.6, GPT-3 175B's 0.3."""
     n, chunks = len(layer_work), len(rank_of_chunk)
+    if slack is None:
+        lightest = min(layer_work) if layer_work else 0.0
+        slack = 1 + (math.ceil(max(pre, post) / lightest) if lightest > 0 else n)
     prefix = [0.0]
     for w in layer_work:
         prefix.append(prefix[-1] + w)

@@ -32,6 +32,10 @@ Constraints
 5. forbidden choices (a per-layer collective that would leave the NVLink domain):
                                          x[n,s] = 0,  w[t,a,b] = 0
 
+The backends below take all five; the block builder (``autoplan.sharding.solve.build_problem``)
+emits 1, 2 and 5 only: its boundary and gradient-sink reads already tie what 3 would, and the
+memory row (4) is left to the search, which prices memory per plan.
+
 Objective
 ---------
     min  Σ_{n,s} cost[n,s]·x[n,s]  +  Σ_{t,a,b,g} redist[t,a,b,g]·w[t,a,b,g]
