@@ -44,7 +44,6 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int64": 8, "int32": 
 
 ROLES = ("param", "input", "tangent", "activation", "grad", "param_grad", "loss", "output", "buffer",
          "side_input")
-PHASES = ("forward", "backward")
 
 
 @dataclass(frozen=True)

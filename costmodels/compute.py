@@ -89,12 +89,6 @@ def _load_profile_file(path: str) -> ComputeProfile:
     return ComputeProfile(**data)
 
 
-def gemm_time(m: float, n: float, k: float, peak_flops: float, profile: ComputeProfile) -> float:
-    """Seconds for one (M, N, K) GEMM: max(2·M·N·K / (peak · eff(M, N, K)) + overhead, host floor)."""
-    t_gpu = 2.0 * m * n * k / (peak_flops * profile.gemm_efficiency(m, n, k)) + profile.overhead_s
-    return max(t_gpu, profile.host_floor_s)
-
-
 def op_time(kind: str, flops: float, nbytes: float, *, peak_flops: float, hbm_bw: float,
             profile: ComputeProfile, gemm: tuple[float, float, float] | None = None) -> float:
     """Seconds for one op on one GPU.

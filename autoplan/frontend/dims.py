@@ -28,7 +28,6 @@ inside the module that owns the batched (≥ 3-dim) expert weights, is
 from __future__ import annotations
 
 BATCH, SEQ, TOKENS, EXPERT, MODEL = "batch", "seq", "tokens", "expert", ""
-DIM_ROLES = (BATCH, SEQ, TOKENS, EXPERT, MODEL)
 
 
 def alt_sizes(batch: int, seq: int) -> tuple[int, int]:
