@@ -24,3 +24,36 @@ def test_bubble_is_at_most_the_1f1b_closed_form_on_the_busiest_rank(setup, layer
     m = 64 // 4
     parts = est.time_breakdown_s
     assert 0 < parts["pp_bubble"] <= (4 - 1) / m * parts["compute"]
+
+
+LONG = "llama:layers=2,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256"
+
+
+def test_block_layout_is_solved_at_the_plans_own_cp_whatever_was_priced_before(setup):
+    """131K tokens: on one cp rank (cp=1) the block ILP all-gathers o_proj's and down_proj's
+    weights (S(0): 131K tokens of activations cost more to reduce than the weights to gather);
+    at cp=16 a rank holds 8K tokens and Megatron's row-parallel layout (S(1)) wins.  A plan is
+    priced with the layout of its own local shape, and its price does not depend on which
+    plans the estimator priced first."""
+    from autoplan.cost import Estimator
+    from autoplan.sharding import ShardingContext, price_assignment, solve_assignment
+    from autoplan.cost.comms import AxisPricer
+    from autoplan.mesh import Mesh
+
+    model, cluster, est = setup(LONG, "h100x128", seq=131072)
+    short = Plan.parse("tp=8,cp=1,dp=16,mbs=1,sp=on", num_gpus=128)
+    long = Plan.parse("tp=8,cp=16,dp=1,mbs=1,sp=on", num_gpus=128)
+    placements = {p: dict(est.layout(p).blocks[0].params) for p in (short, long)}
+    assert placements[short]["attention.o_proj.weight"] == "S(0)"
+    assert placements[long]["attention.o_proj.weight"] == "S(1)"
+    assert placements[long]["feed_forward.down_proj.weight"] == "S(1)"
+    after_short = est.estimate(long, 4).to_dict()
+    assert Estimator(model, cluster).estimate(long, 4).to_dict() == after_short
+    # the cp=1 layout re-priced at cp=16 (the old reference-point shortcut) exposes 2x more tp time
+    graph, mesh = model.blocks[0].graph, Mesh.of(long)
+
+    def ctx(plan):
+        return ShardingContext(tp=8, sp=True, pricer=AxisPricer(est.comms, mesh), cp=plan.cp)
+    stale = price_assignment(graph, solve_assignment(graph, ctx(short)), ctx(long))
+    fresh = price_assignment(graph, solve_assignment(graph, ctx(long)), ctx(long))
+    assert fresh.comm_seconds() < stale.comm_seconds() / 2

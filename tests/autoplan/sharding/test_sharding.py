@@ -97,14 +97,15 @@ def test_sp_saves_activation_memory_and_time_scales_with_micro_batch(gpt_block, 
     assert sp.saved_bytes < 0.4 * one.saved_bytes
 
 
-def test_layout_solved_at_reference_point_stays_near_optimal(gpt_block, a100):
-    """The estimator solves each block once (micro-batch 1, no recompute) and re-prices the layout.
-    At micro-batch 4 with full recompute the ILP prefers another layout (replicating o_proj
-    pays off when activations are 4x bigger); the re-priced reference must stay within 3 %."""
+def test_layout_solved_without_recompute_stays_near_optimal_under_it(gpt_block, a100):
+    """The estimator solves each block at the plan's micro-batch and cp without recomputation
+    (a Layout holds one placement per block kind; recompute may differ per stage) and
+    re-prices the layout under the stage's policy.  With full recompute at micro-batch 4 the
+    re-priced layout must stay within 3 % of the layout solved with recomputation."""
     def total(bs):
         return bs.forward_s + bs.backward_s + bs.wgrad_s + bs.comm_seconds()
     other_ctx = a100(8, sp=True, mbs=4, recompute="full")
-    ref = price_assignment(gpt_block, solve_assignment(gpt_block, a100(8, sp=True)), other_ctx)
+    ref = price_assignment(gpt_block, solve_assignment(gpt_block, a100(8, sp=True, mbs=4)), other_ctx)
     best = price_assignment(gpt_block, solve_assignment(gpt_block, other_ctx), other_ctx)
     assert total(best) <= total(ref) * 1.0001
     assert total(ref) <= 1.03 * total(best)
