@@ -5,7 +5,8 @@ a_kv = KV heads, d = head dim, h = hidden, n = cp):
 
 * **ring** (Liu et al. 2023, Megatron-Core ``--context-parallel-size``): each of the n−1 hops
   passes this rank's K and V chunk, ``2·b·(s/n)·a_kv·d·2/tp`` bytes, P2P to the next rank;
-  forward n−1 hops, backward 2·(n−1) (K/V again and their gradients).  Hops overlap the
+  forward n−1 hops, backward 2·(n−1) (K/V again and their gradients).  All ranks send at
+  once, so a step takes the ring's slowest hop (the wrap-around included).  Hops overlap the
   attention kernels: exposed = max(0, hops − attention).
 * **Ulysses** (Jacobs et al. 2023): q, k, v and the output are re-sharded heads↔sequence with
   one all-to-all each (4 per pass, ``b·(s/n)·h·2/tp`` bytes per rank), on the critical path.
@@ -71,7 +72,7 @@ def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpG
         exp_b += t
     if ring_n > 1:
         chunk = kv_bytes * ulysses_n
-        hop = comms.collective("p2p", chunk, cp_ranks[::ulysses_n][:2])
+        hop, _ = comms.slowest_hop(chunk, cp_ranks[::ulysses_n], closed=True)
         fwd, bwd = (ring_n - 1) * hop, 2 * (ring_n - 1) * hop
         e_f, e_b = max(0.0, fwd - att_f), max(0.0, bwd - att_b)
         ring = tuple(cp_ranks[::ulysses_n])

@@ -54,7 +54,7 @@ def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, ran
         # every stage's sends); the primitive's exposed share is capped at its time, the
         # breakdown's pp_p2p_exposed keeps the whole makespan difference
         total = sends * pipe.p2p_s
-        table.add("p2p", "pp", pp_ranks[:2], sends, pipe.act_bytes, total, min(pipe.p2p_exposed_s, total))
+        table.add("p2p", "pp", pipe.p2p_hop, sends, pipe.act_bytes, total, min(pipe.p2p_exposed_s, total))
     dp_total = sum(c.seconds for c in dp)
     for c in dp:
         # the exposed part of data-parallel traffic, shared in proportion to each collective's time

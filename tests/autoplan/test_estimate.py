@@ -57,3 +57,26 @@ def test_block_layout_is_solved_at_the_plans_own_cp_whatever_was_priced_before(s
     stale = price_assignment(graph, solve_assignment(graph, ctx(short)), ctx(long))
     fresh = price_assignment(graph, solve_assignment(graph, ctx(long)), ctx(long))
     assert fresh.comm_seconds() < stale.comm_seconds() / 2
+
+
+def _per_call(est, dim, kind="p2p"):
+    (p,) = [p for p in est.primitives if p.dim == dim and p.kind == kind]
+    return p, p.time_s / p.calls_per_step
+
+
+def test_ring_cp_and_pipeline_sends_are_priced_on_their_slowest_hop(setup):
+    """tp=2, cp=8 on two 8-GPU nodes: the cp ring is ranks 0, 2, …, 14; its first hop (0→2) is
+    NVLink but 6→8 and the wrap-around 14→0 cross the network, and every ring step waits for
+    them.  pp=8 outermost (ranks 0, 2, …, 14): stage 3 → 4 (rank 6 → 8) crosses nodes, and every
+send is priced there."""
+    _, _, estimator = setup(MODEL, "h100x16")
+    comms = estimator.comms
+    ring = estimator.estimate(Plan.parse("tp=2,cp=8,dp=1,cp_algo=ring,sp=on", num_gpus=16), 8)
+    prim, per_call = _per_call(ring, "cp")
+    assert prim.level != "nvlink"
+    assert per_call == pytest.approx(comms.collective("p2p", prim.bytes_per_call, (6, 8)), rel=1e-9)
+    assert per_call > 2 * comms.collective("p2p", prim.bytes_per_call, (0, 2))
+    pipe = estimator.estimate(Plan.parse("tp=1,pp=8,dp=2,order=tp-cp-ep-dp-pp", num_gpus=16), 16)
+    prim, per_call = _per_call(pipe, "pp")
+    assert prim.level != "nvlink"
+    assert per_call == pytest.approx(comms.collective("p2p", prim.bytes_per_call, (6, 8)), rel=1e-9)
