@@ -125,3 +125,26 @@ def test_ilp_size_and_solve_time_are_recorded(gpt_block, h100):
     bs = solve_block(gpt_block, h100(8, sp=True))
     assert bs.ilp_size["nodes"] < 120 and bs.ilp_size["x_vars"] > bs.ilp_size["nodes"]
     assert bs.gap == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def gqa_block():
+    """GQA with 4 KV heads (32 query heads): fewer KV heads than tp=8 ranks."""
+    from autoplan.frontend import trace
+    return trace("llama:layers=2,hidden=4096,heads=32,kv_heads=4,ffn=14336,vocab=32000", seq=4096).blocks[0].graph
+
+
+def test_gqa_with_fewer_kv_heads_than_tp_shards_query_heads_and_replicates_kv(gqa_block, h100):
+    """DTensor shards q, k and v on heads alike, so kv_heads=4 < tp=8 leaves it no sharded
+    attention; the ILP gets Megatron's replicated-KV strategy instead: query heads sharded,
+    K and V replicated, their gradients partial sums.  The block's compute then keeps scaling
+    from tp=4 (where DTensor's head sharding applies) to tp=8."""
+    eight = solve_block(gqa_block, h100(8, sp=True))
+    fwd, bwd = (n for n in gqa_block.nodes if n.op.startswith("aten._scaled_dot_product_flash_attention"))
+    assert eight.strategies[fwd.name].endswith("<-S(1),R,R")
+    assert eight.strategies[bwd.name].startswith("S(1),P,P<-")
+    four = solve_block(gqa_block, h100(4, sp=True))
+
+    def compute(bs):
+        return bs.forward_s + bs.backward_s + bs.wgrad_s
+    assert compute(eight) < 0.6 * compute(four)
