@@ -54,7 +54,12 @@ def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, ran
         # every stage's sends); the primitive's exposed share is capped at its time, the
         # breakdown's pp_p2p_exposed keeps the whole makespan difference
         total = sends * pipe.p2p_s
-        table.add("p2p", "pp", pipe.p2p_hop, sends, pipe.act_bytes, total, min(pipe.p2p_exposed_s, total))
+        exposed = min(pipe.p2p_exposed_s, total)
+        hop_share = 1.0 - pipe.gather_s / pipe.p2p_s if pipe.p2p_s else 1.0
+        table.add("p2p", "pp", pipe.p2p_hop, sends, pipe.act_bytes, total * hop_share, exposed * hop_share)
+        if pipe.gather_s:     # without SP: the receiver all-gathers the tp slices (Megatron's scatter/gather)
+            table.add("all_gather", "pp", mesh.group(Axis.TP.value), sends, pipe.act_bytes * plan.tp,
+                      total * (1 - hop_share), exposed * (1 - hop_share))
     dp_total = sum(c.seconds for c in dp)
     for c in dp:
         # the exposed part of data-parallel traffic, shared in proportion to each collective's time

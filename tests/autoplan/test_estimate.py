@@ -80,3 +80,25 @@ send is priced there."""
     prim, per_call = _per_call(pipe, "pp")
     assert prim.level != "nvlink"
     assert per_call == pytest.approx(comms.collective("p2p", prim.bytes_per_call, (6, 8)), rel=1e-9)
+
+
+@pytest.mark.parametrize("sp", ["on", "off"])
+def test_pipeline_sends_split_the_activation_over_tp(setup, sp):
+    """Each tp rank sends 1/tp of the boundary activation (b·s·h·2 bytes): sequence-sharded under
+    SP; without SP split over tp and all-gathered on the receiving stage over NVLink (Megatron's
+    scatter/gather), an all-gather per send that SP does not pay."""
+    _, _, estimator = setup(MODEL, "h100x16")
+    est = estimator.estimate(Plan.parse(f"tp=4,pp=4,dp=1,sp={sp}", num_gpus=16), 16)
+    full = 1 * 2048 * 1024 * 2
+    send, per_send = _per_call(est, "pp")
+    assert send.bytes_per_call == full / 4
+    gathers = [p for p in est.primitives if p.dim == "pp" and p.kind == "all_gather"]
+    if sp == "on":
+        assert not gathers
+        assert per_send == pytest.approx(estimator.comms.collective("p2p", full / 4, (4, 8)))   # 4 -> 8 leaves the node
+    else:
+        (gather,) = gathers
+        assert gather.level == "nvlink" and gather.calls_per_step == send.calls_per_step
+        assert gather.bytes_per_call == full
+        assert gather.time_s / gather.calls_per_step == pytest.approx(
+            estimator.comms.collective("all_gather", full, (0, 1, 2, 3)))
