@@ -74,7 +74,9 @@ send is priced there."""
     ring = estimator.estimate(Plan.parse("tp=2,cp=8,dp=1,cp_algo=ring,sp=on", num_gpus=16), 8)
     prim, per_call = _per_call(ring, "cp")
     assert prim.level != "nvlink"
-    assert per_call == pytest.approx(comms.collective("p2p", prim.bytes_per_call, (6, 8)), rel=1e-9)
+    crossing = comms.collective("p2p", prim.bytes_per_call, (6, 8))
+    # each ring step also launches one more attention kernel per pass: + 2/3 launch per hop
+    assert per_call == pytest.approx(crossing + 2 / 3 * comms.profile.overhead_s, rel=1e-9)
     assert per_call > 2 * comms.collective("p2p", prim.bytes_per_call, (0, 2))
     pipe = estimator.estimate(Plan.parse("tp=1,pp=8,dp=2,order=tp-cp-ep-dp-pp", num_gpus=16), 16)
     prim, per_call = _per_call(pipe, "pp")
@@ -102,3 +104,51 @@ def test_pipeline_sends_split_the_activation_over_tp(setup, sp):
         assert gather.bytes_per_call == full
         assert gather.time_s / gather.calls_per_step == pytest.approx(
             estimator.comms.collective("all_gather", full, (0, 1, 2, 3)))
+
+
+CAUSAL = "llama:layers=2,hidden=2048,heads=16,kv_heads=4,ffn=5632,vocab=32000"
+
+
+def test_causal_flash_attention_is_priced_at_the_tiles_it_computes_and_counted_at_full_s2(setup):
+    """A causal flash kernel computes the lower triangle's 128×128 tiles and the diagonal ones,
+    (1 + 128/s_l)/2 of full s² on s_l = s/cp queries per rank; its FLOPs (and so MFU) stay at full
+    s² (Megatron's convention).  Backward over forward is the kernels' own ratio: 2.5× the FLOPs
+    at the backward's efficiency (was a fixed 2×)."""
+    from autoplan.cost.cp import attention_seconds
+    from autoplan.opkinds import attention_work_fraction, is_attention_kernel
+
+    model, _, est = setup(CAUSAL, "h100x16", seq=8192)
+    graph = model.blocks[0].graph
+    fwd, bwd = (n for n in graph.ops() if is_attention_kernel(n))
+    assert fwd.attention_causal and bwd.attention_causal
+    assert bwd.flops == pytest.approx(2.5 * fwd.flops)
+    assert attention_work_fraction(fwd) == pytest.approx(0.5 + 64 / 8192)
+    assert attention_work_fraction(bwd, cp=16) == pytest.approx(0.5 + 64 * 16 / 8192)
+    plan = Plan.parse("tp=1,dp=16", num_gpus=16)
+    f, b = attention_seconds(est.comms, graph, plan)
+    prof = est.comms.profile
+    assert b / f == pytest.approx(2.5 * prof.attention_fwd_fraction / prof.attention_bwd_fraction, rel=0.01)
+    full = est.comms.op_seconds("attention_fwd", fwd.flops, fwd.bytes_read + fwd.bytes_written, None)
+    assert f == pytest.approx(full * attention_work_fraction(fwd), rel=0.01)
+    e = est.estimate(plan, 16)
+    per_sample = sum(n.flops for n in graph.ops() if n.gemm or is_attention_kernel(n)) * model.blocks[0].count
+    assert e.model_flops_per_step >= 16 * per_sample      # full s² attention FLOPs, plus embedding/head
+
+
+def test_ring_attention_exposes_each_steps_hop_beyond_its_compute(setup):
+    """Ring CP runs n steps of 1/n of the attention work each, overlapping the next hop: exposed
+    forward = (n−1)·(max(0, hop − c/n) + launch), the local step never hiding a send."""
+    from autoplan.cost.cp import attention_seconds
+    from autoplan.mesh import Mesh
+
+    model, _, est = setup(CAUSAL, "h100x16", seq=8192)
+    plan = Plan.parse("tp=1,cp=16,dp=1,cp_algo=ring", num_gpus=16)
+    kind, graph = model.blocks[0].kind, model.blocks[0].graph
+    part = est.part(kind, plan, "none", Mesh.of(plan))
+    (ring_f,) = [c for c in part.comms if c.purpose == "ring" and c.phase == "forward"]
+    hop, _ = est.comms.slowest_hop(ring_f.nbytes, Mesh.of(plan).group("cp"), closed=True)
+    att_f, _ = attention_seconds(est.comms, graph, plan)
+    launch = est.comms.profile.overhead_s
+    assert hop > att_f / 16                                # across nodes the hop outlasts a step
+    assert ring_f.exposed_s == pytest.approx(15 * (hop - att_f / 16 + launch))
+    assert ring_f.seconds == pytest.approx(15 * (hop + launch))
