@@ -122,6 +122,7 @@ class OpNode:
     saved_outputs: tuple[int, ...] = ()      # which outputs are saved (empty + saved: all)
     attention_window: int = 0                # SDPA kernels: sliding window in keys (0: full attention);
                                              # ``flops`` already counts only the band
+    attention_causal: bool = False           # SDPA kernels: called with is_causal (``flops`` stays full s²)
 
     @property
     def out(self) -> TensorInfo | None:
@@ -320,6 +321,7 @@ def _graph_from_dict(d: dict[str, Any]) -> OpGraph:
             strategies=tuple(Strategy(tuple(s["inputs"]), tuple(s["outputs"])) for s in n["strategies"]),
             saved_outputs=tuple(n.get("saved_outputs", ())),
             attention_window=n.get("attention_window", 0),
+            attention_causal=n.get("attention_causal", False),
         ))
     return OpGraph(nodes=tuple(nodes), seq_len=d["seq_len"], dtype=d["dtype"],
                    output_roles=tuple(d.get("output_roles", ())), batch=d.get("batch", 1))

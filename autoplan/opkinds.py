@@ -10,6 +10,10 @@ Written once here so that the block ILP, the cp pricer, recomputation and MFU ag
   context parallelism splits;
 * a **model-FLOP op** is a GEMM or an attention-core op (Megatron/Korthikanti MFU counts GEMM and
   attention FLOPs only).
+
+An attention kernel's *work* is not its counted FLOPs: FLOPs count full s² attention (the MFU
+convention), while a causal flash kernel skips the key tiles wholly above the diagonal and
+computes the diagonal tiles in full (``attention_work_fraction``).
 """
 from __future__ import annotations
 
@@ -58,3 +62,20 @@ def is_expert_param(n: OpNode) -> bool:
 def is_model_flop_op(n: OpNode) -> bool:
     """A GEMM (eager attention's score bmm included) or a fused attention kernel."""
     return n.gemm is not None or is_attention_kernel(n)
+
+
+FLASH_TILE = 128          # query/key tile of FlashAttention-2/3 kernels (Dao 2023, §3.3: 128×128 blocks)
+
+
+def attention_work_fraction(n: OpNode, cp: int = 1) -> float:
+    """Share of an attention kernel's counted (full s²) FLOPs it executes on one rank.
+
+    Causal, without a sliding window (whose FLOPs already count only the band): of the
+    (s_l/T)² tiles of a rank's s_l = s/cp queries (load-balanced chunks: every rank gets an equal
+    share of the triangle), the strictly lower ones and the diagonal, (1 + T/s_l)/2 ≤ 1 with
+    tile T = ``FLASH_TILE``.  Other kernels and ops: 1."""
+    if not (is_attention_kernel(n) and n.attention_causal) or n.attention_window or n.out is None:
+        return 1.0
+    shape = n.out.shape
+    s_local = (shape[2] if len(shape) == 4 else shape[-2]) / max(cp, 1)
+    return min(1.0, 0.5 * (1.0 + FLASH_TILE / max(s_local, 1.0)))

@@ -6,6 +6,9 @@ search asks them many thousands of times:
 * ``op_seconds(kind, flops, bytes, gemm)``: one local op on one GPU (``costmodels.compute`` roofline);
 * ``collective(kind, nbytes, ranks)``: one collective on a rank group (``costmodels.collectives``
   α–β model on the group's span of the hardware, ``topologies.Cluster.span``);
+* ``slowest_hop(nbytes, ranks, closed)``: one step of a chain or ring of P2P sends (every rank
+  sends to the next at once, so the step lasts as long as its slowest hop: a ring CP group of
+  16 nodes crosses the network on every hop, not only past the NVLink domain of its first pair);
 * ``simulate(...)``: the pipeline event simulator (``costmodels.pipeline``).
 
 ``AxisPricer`` binds a ``Comms`` to one plan's mesh: it is the ``sharding.Pricer`` the block
@@ -56,6 +59,15 @@ class Comms:
         if hit is None:
             hit = self._colls[key] = collective_time(kind, nbytes, self.span(ranks), self.cluster)
         return hit
+
+    def slowest_hop(self, nbytes: float, ranks, *, closed: bool) -> tuple[float, tuple[int, int]]:
+        """(seconds, (sender, receiver)) of the slowest of the P2P hops ``ranks[i] → ranks[i+1]``,
+        and ``ranks[-1] → ranks[0]`` when ``closed`` (a ring); the first such pair on ties."""
+        ring = tuple(ranks)
+        if len(ring) < 2:
+            return 0.0, (ring[0], ring[0]) if ring else (0, 0)
+        pairs = list(zip(ring, ring[1:])) + ([(ring[-1], ring[0])] if closed and len(ring) > 2 else [])
+        return max(((self.collective("p2p", nbytes, pair), pair) for pair in pairs), key=lambda t: t[0])
 
     def simulate(self, schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm=None, b_comm=None):
         """The pipeline simulator, memoised on its inputs (plans that differ only in ZeRO stage or

@@ -23,8 +23,8 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
                graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> Part:
     bs = layouts.sharding(graph_key, graph, plan, recompute, mesh)
     tp = tp_cost(bs, plan)
-    attention_s = attention_seconds(comms, graph, plan)
-    cp = cp_cost(comms, info, seq_len, hidden, graph, plan, mesh, attention_s)
+    attention = attention_seconds(comms, graph, plan)
+    cp = cp_cost(comms, info, seq_len, hidden, graph, plan, mesh, attention)
     ep = ep_cost(comms, info, seq_len, hidden, graph, plan, mesh)
     dense, expert = _param_split(graph, bs, plan)
     return Part(
@@ -35,7 +35,7 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
         saved_bytes=bs.saved_bytes, dense_numel=dense, expert_numel=expert,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
-        attention_s=attention_s, compute_s=bs.forward_s + bs.backward_s + bs.wgrad_s,
+        attention_s=sum(attention), compute_s=bs.forward_s + bs.backward_s + bs.wgrad_s,
         comms=tp.comms + cp.comms + ep.comms)
 
 

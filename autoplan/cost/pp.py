@@ -4,8 +4,10 @@ Each virtual stage (chunk) is a *bag* of (per-micro-batch part, how many layers 
 layers by block kind, plus the embedding (``@pre``) on the first chunk and the head and loss
 (``@post``) on the last.  Its forward time F = Σ (forward + exposed forward communication),
 B = Σ (input-gradient + exposed backward communication), W = Σ weight-gradient.  These go to
-the event simulator of ``costmodels.pipeline`` with the P2P time of one boundary activation,
-``b·(s/cp)·h·2 / (tp if SP)`` bytes (bf16; sequence-sharded under SP).  DualPipeV overlaps one
+the event simulator of ``costmodels.pipeline`` with the P2P time of one boundary activation on
+the slowest stage-to-stage hop (the last rank back to the first too, under interleaving),
+``b·(s/cp)·h·2 / tp`` bytes per tp rank (bf16; sequence-sharded under SP, split over tp and
+all-gathered on the receiver without it, as Megatron and DeepSpeed send it).  DualPipeV overlaps one
 micro-batch's EP all-to-all with the other's compute (DeepSeek-V3 §3.2.1), so the EP part of
 each stage's time is passed to the simulator separately; TP/CP collectives stay on each
 layer's critical path.
@@ -39,6 +41,8 @@ class Pipeline:
     p2p_s: float                          # one stage-to-stage send, seconds
     sim: object                           # costmodels.pipeline simulation result
     p2p_exposed_s: float                  # what P2P adds to the makespan (0 unless detail)
+    p2p_hop: tuple[int, ...] = ()         # the (sender, receiver) of the slowest stage-to-stage hop
+    gather_s: float = 0.0                 # part of p2p_s: the receiver's all-gather over tp (no SP)
 
     @property
     def step_s(self) -> float:
@@ -66,10 +70,8 @@ def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int
     f = [sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag) for bag in bags]
     b = [sum((p.backward_s + p.exposed_bwd_s) * n for p, n in bag) for bag in bags]
     w = [sum(p.wgrad_s * n for p, n in bag) for bag in bags]
-    act_bytes = plan.mbs * seq_len / plan.cp * hidden * ACTIVATION_BYTES / (plan.tp if plan.sp else 1)
-    pp_ranks = mesh.group(Axis.PP.value)
-    p2p = comms.collective("p2p", act_bytes, pp_ranks[:2]) if plan.pp > 1 else 0.0
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
+    act_bytes, p2p, hop, gather = _boundary_send(comms, plan, mesh, seq_len, hidden, schedule)
     f_comm = b_comm = None
     if schedule == "dualpipev":
         f_comm = [sum(p.ep_fwd_s * n for p, n in bag) for bag in bags]
@@ -80,4 +82,22 @@ def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int
         no_p2p = comms.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, 0.0, f_comm, b_comm)
         p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
     rank_chunks = tuple(plan.stages_of_rank(r) for r in range(plan.pp))
-    return Pipeline(tuple(bags), rank_chunks, tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed)
+    return Pipeline(tuple(bags), rank_chunks, tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed, hop, gather)
+
+
+def _boundary_send(comms: Comms, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,
+                   schedule: str) -> tuple[float, float, tuple[int, ...], float]:
+    """(bytes each tp rank sends, seconds of one stage-to-stage send, its slowest hop, the
+    all-gather part of those seconds) for one boundary activation, ``b·(s/cp)·h·2`` bytes.
+
+    Every tp rank sends 1/tp of it: under SP the activation is sequence-sharded already; without
+    SP Megatron's scatter/gather (``scatter_gather_tensors_in_pipeline``) and DeepSpeed split the
+    replicated activation over the tp group, send the slices, and all-gather them on the
+    receiving stage over its tp group (NVLink), which lies on the receiver's critical path."""
+    if plan.pp == 1:
+        return 0.0, 0.0, (), 0.0
+    full = plan.mbs * seq_len / plan.cp * hidden * ACTIVATION_BYTES
+    per_rank = full / plan.tp
+    hop_s, hop = comms.slowest_hop(per_rank, mesh.group(Axis.PP.value), closed=schedule == "interleaved")
+    gather = 0.0 if plan.sp else comms.collective("all_gather", full, mesh.group(Axis.TP.value))
+    return per_rank, hop_s + gather, hop, gather

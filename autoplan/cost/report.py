@@ -54,7 +54,13 @@ def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, ran
         # every stage's sends); the primitive's exposed share is capped at its time, the
         # breakdown's pp_p2p_exposed keeps the whole makespan difference
         total = sends * pipe.p2p_s
-        table.add("p2p", Axis.PP.value, "activations", pp_ranks[:2], sends, pipe.act_bytes, total, min(pipe.p2p_exposed_s, total))
+        exposed = min(pipe.p2p_exposed_s, total)
+        hop_share = 1.0 - pipe.gather_s / pipe.p2p_s if pipe.p2p_s else 1.0
+        table.add("p2p", Axis.PP.value, "activations", pipe.p2p_hop, sends, pipe.act_bytes, total * hop_share,
+                  exposed * hop_share)
+        if pipe.gather_s:     # without SP: the receiver all-gathers the tp slices (Megatron's scatter/gather)
+            table.add("all_gather", Axis.TP.value, "activations", mesh.group(Axis.TP.value), sends,
+                      pipe.act_bytes * plan.tp, total * (1 - hop_share), exposed * (1 - hop_share))
     dp_total = sum(c.seconds for c in dp)
     for c in dp:
         # the exposed part of data-parallel traffic, shared in proportion to each collective's time
@@ -70,7 +76,7 @@ def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: i
     """The step's seconds by cause on the busiest rank; pp_bubble is idle time no rank can avoid."""
     return {
         "compute": compute,
-        "tp_comm": sum(p.time_s for p in prims if p.axis == "tp"),
+        "tp_comm": sum(p.time_s for p in prims if p.traffic in ("tp", "sp")),
         "cp_comm_exposed": sum(p.exposed_s for p in prims if p.axis == "cp"),
         "ep_comm_exposed": sum(p.exposed_s for p in prims if p.axis == "ep"),
         "pp_bubble": max(0.0, pipe.step_s - pipe.sim.busy[rank] - pipe.p2p_exposed_s),

@@ -1,9 +1,14 @@
 """Tensor (and sequence) parallelism: each block kind's layout on the tp axis, from the block ILP.
 
-The ILP (``autoplan.sharding``) is solved once per (block kind, tp, sp, span of the tp group)
-at a fixed reference point — micro-batch 1, the whole sequence, no recomputation — so that a
-plan's price never depends on which plans were priced before it; its layout is then re-priced
-at every plan's micro-batch, cp and recomputation (every cost it weighs scales with them alike).
+The ILP (``autoplan.sharding``) is solved once per (block kind, tp, sp, span of the tp group,
+micro-batch, cp): the plan's own local shape, because the layout that wins depends on it (at
+131K tokens on one rank gathering weights beats gathering activations; at cp=16 it does not;
+GEMM efficiency, α–β collective times and divisibility are not linear in the token count).
+Recomputation is left out of the solve on purpose: a ``Layout`` holds one placement per block
+kind while recomputation may differ per pipeline stage (and the runtime does not re-shard a
+checkpointed layer), so the layout is solved without recomputation and re-priced under the
+stage's policy.  A plan's price never depends on which plans were priced before it: every
+input the solution depends on is in the cache key.
 
 Every tp collective sits on its layer's critical path (exposed = its time): Megatron's TP/SP
 collectives are not overlapped with the GEMMs that consume them.
@@ -38,11 +43,10 @@ class BlockLayouts:
         key = (graph_key, plan.tp, plan.sp, plan.mbs, plan.cp, recompute, span)
         hit = self._priced.get(key)
         if hit is None:
-            akey = (graph_key, plan.tp, plan.sp, span)
+            akey = (graph_key, plan.tp, plan.sp, span, plan.mbs, plan.cp)
             assignment = self.assignments.get(akey)
             if assignment is None:
-                reference = plan.replace(mbs=1, cp=1, recompute=("none",))
-                assignment = solve_assignment(graph, self._context(reference, "none", mesh, span))
+                assignment = solve_assignment(graph, self._context(plan, "none", mesh, span))
                 self.assignments[akey] = assignment
             hit = price_assignment(graph, assignment, self._context(plan, recompute, mesh, span))
             self._priced[key] = hit

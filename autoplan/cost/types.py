@@ -94,8 +94,9 @@ class Primitive:
     @property
     def traffic(self) -> str:
         """The class tables and audits group by: the axis, except sequence-parallel gathers/scatters
-        (``sp``, on the tp axis) and the tied-embedding all-reduce (``embed``, on the pp axis)."""
-        return {"sp": "sp", "embedding": "embed"}.get(self.purpose, self.axis)
+        (``sp``, on the tp axis), stage-to-stage activations (``pp``, also the receiver's tp
+        all-gather of Megatron's scatter/gather) and the tied-embedding all-reduce (``embed``)."""
+        return {"sp": "sp", "activations": "pp", "embedding": "embed"}.get(self.purpose, self.axis)
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def _primitives(a: Audit) -> str:
 
 def _gantt(plan: Plan, est: Estimate) -> str:
     f, b, w = (list(x) for x in zip(*est.stage_times_s))
-    sends = [p for p in est.primitives if p.purpose == "activations"]
+    sends = [p for p in est.primitives if p.kind == "p2p" and p.purpose == "activations"]
     p2p = sends[0].time_s / sends[0].calls_per_step if sends and sends[0].calls_per_step else 0.0
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     sim = simulate(schedule, stages=plan.pp, microbatches=est.microbatches, chunks=plan.vpp, f=f, b=b, w=w,

@@ -134,7 +134,7 @@ def pp_p2p(cluster: Cluster, plan: Plan, est: Estimate, mesh: Mesh) -> Verdict:
     neighbour = cluster.span(g[:2])
     whole = cluster.span(g)
     calls, t, exposed = _dim_time(est, ("pp",))
-    per = next((p.bytes_per_call for p in est.primitives if p.purpose == "activations"), 0.0)
+    per = next((p.bytes_per_call for p in est.primitives if p.kind == "p2p" and p.purpose == "activations"), 0.0)
     return Verdict("pp-p2p-span", "info",
                    f"PP P2P between neighbouring stages goes over {cluster.describe_span(neighbour)} "
                    f"(PP group of {len(g)} ranks {ranks_text(g)} spans {cluster.describe_span(whole)}): "

@@ -23,6 +23,8 @@ Conventions
 * ``attention_window``: the sliding window of an SDPA kernel (forward, and
   its backward through the autograd sequence number), 0 for full attention;
   the kernel's FLOPs are scaled to the band (``costs.window_fraction``).
+* ``attention_causal``: the SDPA kernel's ``is_causal`` argument; FLOPs stay at
+  full s² (the MFU convention), the cost model prices the kernel's real work.
 * ``wgrad``: backward nodes that do not feed any input gradient (they only
   produce parameter gradients).
 * roles: ``param_grad`` for single-output nodes the output lists as
@@ -283,6 +285,7 @@ def to_opgraph(tr: TracedRegion, strategies: StrategyTable, src: RoleSource, seq
             bytes_read=0.0 if view else float(sum(t.numel() * t.element_size() for t in in_vals)),
             bytes_written=0.0 if view else float(sum(t.numel() * t.element_size() for t in out_tensors)),
             gemm=costs.gemm_shape(n.target, args), attention_window=window,
+            attention_causal=costs.attention_is_causal(n.target, args, n.kwargs),
             saved=n in saved, saved_outputs=tuple(sorted(saved.get(n, ()))),
             wgrad=phase == "backward" and n not in feeds_input_grad,
             is_view=view, param=param_grads.get(n, ""), strategies=strategies_n,

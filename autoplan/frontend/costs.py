@@ -98,6 +98,18 @@ def window_fraction(q_len: int, k_len: int, window: int) -> float:
     return (2.0 * q_len * window - window * window) / (q_len * k_len)
 
 
+def attention_is_causal(target, args, kwargs) -> bool:
+    """Whether an SDPA kernel call masks causally: its ``is_causal`` argument, found by name in
+    the op's schema (flash, memory-efficient and cuDNN kernels, forward and backward)."""
+    if not is_attention_kernel(target):
+        return False
+    schema = getattr(target, "_schema", None)
+    for i, arg in enumerate(schema.arguments if schema is not None else ()):
+        if arg.name == "is_causal":
+            return bool(args[i] if i < len(args) else kwargs.get("is_causal", arg.default_value))
+    return False
+
+
 def attention_lengths(target, args) -> tuple[int, int] | None:
     """(query length, key length) of an SDPA kernel call: q and k are [b, h, s, d] (args 0 and 1,
     or 1 and 2 for backward kernels, whose first argument is the output gradient)."""

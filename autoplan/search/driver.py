@@ -87,6 +87,8 @@ class IlpRecord:
     solve_seconds: float
     gap: float
     status: str
+    mbs: int = 1             # the local shape it was solved at
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
         raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
                         f"(heads {model.model.heads}, global batch {global_batch})",
                         "change --global-batch so that data parallelism can divide it")
-    _solve_ilps(est, meshes)
+    _solve_ilps(est, meshes, global_batch, options.mbs)
     bounded = []
     pruned_memory = 0
     for mesh in meshes:
@@ -139,9 +141,9 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
         raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
     ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
     candidates = tuple(Candidate(r.plan, r.estimate, est.layout(r.plan)) for r in ranked[:options.top_k])
-    ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status)
-                 for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
-                                                                                     str(kv[0][3]))))
+    ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status, k[4], k[5])
+                 for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (*kv[0][:3], str(kv[0][3]),
+                                                                                     *kv[0][4:])))
     stats = SearchStats(space_stats, pruned_memory, pruned_bound, evaluated, priced,
                         time.perf_counter() - start, ilps)
     return SearchResult(candidates, stats, max((i.gap for i in ilps), default=0.0))
@@ -153,16 +155,17 @@ def _mesh_sort_key(mesh: MeshChoice):
     return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.order)
 
 
-def _solve_ilps(est: Estimator, meshes: list[MeshChoice]) -> None:
-    """Solve every block ILP the meshes need, in the parent, before workers fork."""
+def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs_choices: tuple[int, ...]) -> None:
+    """Solve every block ILP the meshes need, in the parent, before workers fork: one per
+    (tp, sp, axis order, cp, micro-batch), the keys ``cost.tp.BlockLayouts`` solves on."""
     seen = set()
     for mesh in meshes:
-        key = (mesh.tp, mesh.sp, mesh.order)
-        if key in seen:
-            continue
-        seen.add(key)
-        plan = mesh.plan(mbs=1, cp=1, schedule="1f1b", vpp=1, recompute=("none",))
-        est.solve_layouts(plan.replace(dp=plan.dp * mesh.cp))
+        for mbs in mbs_choices:
+            key = (mesh.tp, mesh.sp, mesh.order, mesh.cp, mbs)
+            if key in seen or (global_batch // mesh.dp) % mbs:
+                continue
+            seen.add(key)
+            est.solve_layouts(mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",)))
 
 
 def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> tuple[float, float]:

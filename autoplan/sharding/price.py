@@ -4,7 +4,8 @@ The same functions build the ILP's objective (``solve.build_problem``) and price
 layout back (``solve.price_assignment``), so the two cannot disagree.
 
 * ``node_cost``: compute seconds of an op on its local shard (FLOPs and bytes ÷ tp when any
-  operand is sharded; a GEMM's M, N or K shrinks with the sharded dim), how often it runs (2
+  operand is sharded; a GEMM's M, N or K shrinks with the sharded dim; a causal attention
+  kernel's FLOPs × ``opkinds.attention_work_fraction``, the tiles it really computes), how often it runs (2
   when recomputation reruns it in backward), the activation bytes it keeps for backward, the
   model states of a parameter, and the collectives a strategy runs inside the op
   (vocabulary-parallel softmax).
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
-from autoplan.opkinds import is_attention_core, is_attention_kernel, op_kind
+from autoplan.opkinds import attention_work_fraction, is_attention_core, is_attention_kernel, op_kind
 from autoplan.sharding.local import bytes_per_elem, local_bytes, scaled_numel
 from autoplan.sharding.placements import is_shard, redistribution, redistribution_bytes, shard_dim
 from autoplan.sharding.strategies import replicated
@@ -73,7 +74,7 @@ def node_seconds(n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
     sharded = any(is_shard(p) for p in s.inputs) or any(is_shard(p) for p in s.outputs if p)
     div = ctx.tp if sharded else 1
     scale = ctx.mbs / ctx.cp
-    flops = n.flops * scale / div
+    flops = n.flops * scale / div * attention_work_fraction(n, ctx.cp)
     nbytes = (n.bytes_read + n.bytes_written) * scale / div
     gemm = None
     if n.gemm is not None:

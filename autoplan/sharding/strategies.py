@@ -1,8 +1,8 @@
 """Which strategies of a node the block ILP may choose on the tp axis.
 
-A node's candidates are the strategies DTensor's registry gave the frontend, plus two rule
+A node's candidates are the strategies DTensor's registry gave the frontend, plus three rule
 sets DTensor does not offer (vocabulary-parallel cross entropy; same-shape unary ops in any
-layout of their input).  They stay here rather than in the frontend so that the traced IR
+layout of their input; attention with replicated KV heads under GQA).  They stay here rather than in the frontend so that the traced IR
 (which is cached on disk) holds exactly what DTensor said.  A candidate is *legal* when
 
 * every sharded dim divides by tp on the local shard (micro-batch mbs, 1/cp of the sequence);
@@ -17,6 +17,7 @@ layout of their input).  They stay here rather than in the frontend so that the 
 from __future__ import annotations
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorInfo, TensorRef
+from autoplan.opkinds import is_attention_kernel
 from autoplan.sharding.local import SEQ_ROLES, local_dim
 from autoplan.sharding.placements import shard_dim
 from autoplan.sharding.types import ShardingContext
@@ -88,6 +89,35 @@ def _vocab_parallel_rules(n: OpNode) -> tuple[Strategy, ...]:
     return (rule,) if rule is not None and len(n.inputs) == arity else ()
 
 
+def _replicated_kv_rules(graph: OpGraph, n: OpNode, inputs: list[TensorRef]) -> tuple[Strategy, ...]:
+    """GQA attention with query heads sharded and K/V heads replicated on every tp rank.
+
+    DTensor shards q, k and v on the heads dim alike, so with fewer KV heads than tp ranks it
+    has no sharded attention and the whole kernel would run replicated on every rank.  Megatron
+    (and vLLM) replicate KV heads instead: each rank runs its heads/tp query heads against the
+    KV heads they share.  Derived from the head-sharded strategy: every operand whose heads dim
+    (dim 1) differs from the query's — K and V, forward and backward — is replicated, and their
+    gradients leave the backward kernel as partial sums (each rank adds its query heads' share)."""
+    if not is_attention_kernel(n) or not inputs:
+        return ()
+    q = graph.tensor(inputs[0])
+    if q is None or len(q.shape) != 4:
+        return ()
+
+    def kv(t: TensorInfo | None) -> bool:
+        return t is not None and len(t.shape) == 4 and t.shape[1] != q.shape[1]
+
+    out = []
+    for s in n.strategies:
+        if not s.inputs or s.inputs[0] != "S(1)":
+            continue
+        ins = tuple("R" if p == "S(1)" and kv(graph.tensor(r)) else p for r, p in zip(inputs, s.inputs))
+        outs = tuple("P" if p == "S(1)" and kv(t) else p for t, p in zip(n.outputs, s.outputs))
+        if ins != s.inputs or outs != s.outputs:
+            out.append(Strategy(ins, outs))
+    return tuple(out)
+
+
 def _identity_rules(n: OpNode) -> tuple[Strategy, ...]:
     """Same-shape unary ops run in any layout of their input.
 
@@ -114,7 +144,8 @@ def legal_strategies(graph: OpGraph, n: OpNode, inputs: list[TensorRef], ctx: Sh
         if n.role in ("input", "tangent"):
             cands = _boundary_strategies(n, cands, ctx)
     else:
-        cands = tuple(n.strategies or (replicated(n),)) + _vocab_parallel_rules(n) + _identity_rules(n)
+        cands = (tuple(n.strategies or (replicated(n),)) + _vocab_parallel_rules(n) + _identity_rules(n)
+                 + _replicated_kv_rules(graph, n, inputs))
     ok = []
     for s in cands:
         if len(s.inputs) != len(n.inputs) and n.op != "placeholder":

@@ -24,3 +24,131 @@ def test_bubble_is_at_most_the_1f1b_closed_form_on_the_busiest_rank(setup, layer
     m = 64 // 4
     parts = est.time_breakdown_s
     assert 0 < parts["pp_bubble"] <= (4 - 1) / m * parts["compute"]
+
+
+LONG = "llama:layers=2,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256"
+
+
+def test_block_layout_is_solved_at_the_plans_own_cp_whatever_was_priced_before(setup):
+    """131K tokens: on one cp rank (cp=1) the block ILP all-gathers o_proj's and down_proj's
+    weights (S(0): 131K tokens of activations cost more to reduce than the weights to gather);
+    at cp=16 a rank holds 8K tokens and Megatron's row-parallel layout (S(1)) wins.  A plan is
+    priced with the layout of its own local shape, and its price does not depend on which
+    plans the estimator priced first."""
+    from autoplan.cost import Estimator
+    from autoplan.sharding import ShardingContext, price_assignment, solve_assignment
+    from autoplan.cost.comms import AxisPricer
+    from autoplan.mesh import Mesh
+
+    model, cluster, est = setup(LONG, "h100x128", seq=131072)
+    short = Plan.parse("tp=8,cp=1,dp=16,mbs=1,sp=on", num_gpus=128)
+    long = Plan.parse("tp=8,cp=16,dp=1,mbs=1,sp=on", num_gpus=128)
+    placements = {p: dict(est.layout(p).blocks[0].params) for p in (short, long)}
+    assert placements[short]["attention.o_proj.weight"] == "S(0)"
+    assert placements[long]["attention.o_proj.weight"] == "S(1)"
+    assert placements[long]["feed_forward.down_proj.weight"] == "S(1)"
+    after_short = est.estimate(long, 4).to_dict()
+    assert Estimator(model, cluster).estimate(long, 4).to_dict() == after_short
+    # the cp=1 layout re-priced at cp=16 (the old reference-point shortcut) exposes 2x more tp time
+    graph, mesh = model.blocks[0].graph, Mesh.of(long)
+
+    def ctx(plan):
+        return ShardingContext(tp=8, sp=True, pricer=AxisPricer(est.comms, mesh), cp=plan.cp)
+    stale = price_assignment(graph, solve_assignment(graph, ctx(short)), ctx(long))
+    fresh = price_assignment(graph, solve_assignment(graph, ctx(long)), ctx(long))
+    assert fresh.comm_seconds() < stale.comm_seconds() / 2
+
+
+def _per_call(est, traffic, kind="p2p"):
+    (p,) = [p for p in est.primitives if p.traffic == traffic and p.kind == kind]
+    return p, p.time_s / p.calls_per_step
+
+
+def test_ring_cp_and_pipeline_sends_are_priced_on_their_slowest_hop(setup):
+    """tp=2, cp=8 on two 8-GPU nodes: the cp ring is ranks 0, 2, …, 14; its first hop (0→2) is
+    NVLink but 6→8 and the wrap-around 14→0 cross the network, and every ring step waits for
+    them.  pp=8 outermost (ranks 0, 2, …, 14): stage 3 → 4 (rank 6 → 8) crosses nodes, and every
+send is priced there."""
+    _, _, estimator = setup(MODEL, "h100x16")
+    comms = estimator.comms
+    ring = estimator.estimate(Plan.parse("tp=2,cp=8,dp=1,cp_algo=ring,sp=on", num_gpus=16), 8)
+    prim, per_call = _per_call(ring, "cp")
+    assert prim.level != "nvlink"
+    crossing = comms.collective("p2p", prim.bytes_per_call, (6, 8))
+    # each ring step also launches one more attention kernel per pass: + 2/3 launch per hop
+    assert per_call == pytest.approx(crossing + 2 / 3 * comms.profile.overhead_s, rel=1e-9)
+    assert per_call > 2 * comms.collective("p2p", prim.bytes_per_call, (0, 2))
+    pipe = estimator.estimate(Plan.parse("tp=1,pp=8,dp=2,order=tp-cp-ep-dp-pp", num_gpus=16), 16)
+    prim, per_call = _per_call(pipe, "pp")
+    assert prim.level != "nvlink"
+    assert per_call == pytest.approx(comms.collective("p2p", prim.bytes_per_call, (6, 8)), rel=1e-9)
+
+
+@pytest.mark.parametrize("sp", ["on", "off"])
+def test_pipeline_sends_split_the_activation_over_tp(setup, sp):
+    """Each tp rank sends 1/tp of the boundary activation (b·s·h·2 bytes): sequence-sharded under
+    SP; without SP split over tp and all-gathered on the receiving stage over NVLink (Megatron's
+    scatter/gather), an all-gather per send that SP does not pay."""
+    _, _, estimator = setup(MODEL, "h100x16")
+    est = estimator.estimate(Plan.parse(f"tp=4,pp=4,dp=1,sp={sp}", num_gpus=16), 16)
+    full = 1 * 2048 * 1024 * 2
+    send, per_send = _per_call(est, "pp")
+    assert send.bytes_per_call == full / 4
+    gathers = [p for p in est.primitives if p.traffic == "pp" and p.kind == "all_gather"]
+    if sp == "on":
+        assert not gathers
+        assert per_send == pytest.approx(estimator.comms.collective("p2p", full / 4, (4, 8)))   # 4 -> 8 leaves the node
+    else:
+        (gather,) = gathers
+        assert gather.level == "nvlink" and gather.calls_per_step == send.calls_per_step
+        assert gather.bytes_per_call == full
+        assert gather.time_s / gather.calls_per_step == pytest.approx(
+            estimator.comms.collective("all_gather", full, (0, 1, 2, 3)))
+
+
+CAUSAL = "llama:layers=2,hidden=2048,heads=16,kv_heads=4,ffn=5632,vocab=32000"
+
+
+def test_causal_flash_attention_is_priced_at_the_tiles_it_computes_and_counted_at_full_s2(setup):
+    """A causal flash kernel computes the lower triangle's 128×128 tiles and the diagonal ones,
+    (1 + 128/s_l)/2 of full s² on s_l = s/cp queries per rank; its FLOPs (and so MFU) stay at full
+    s² (Megatron's convention).  Backward over forward is the kernels' own ratio: 2.5× the FLOPs
+    at the backward's efficiency (was a fixed 2×)."""
+    from autoplan.cost.cp import attention_seconds
+    from autoplan.opkinds import attention_work_fraction, is_attention_kernel
+
+    model, _, est = setup(CAUSAL, "h100x16", seq=8192)
+    graph = model.blocks[0].graph
+    fwd, bwd = (n for n in graph.ops() if is_attention_kernel(n))
+    assert fwd.attention_causal and bwd.attention_causal
+    assert bwd.flops == pytest.approx(2.5 * fwd.flops)
+    assert attention_work_fraction(fwd) == pytest.approx(0.5 + 64 / 8192)
+    assert attention_work_fraction(bwd, cp=16) == pytest.approx(0.5 + 64 * 16 / 8192)
+    plan = Plan.parse("tp=1,dp=16", num_gpus=16)
+    f, b = attention_seconds(est.comms, graph, plan)
+    prof = est.comms.profile
+    assert b / f == pytest.approx(2.5 * prof.attention_fwd_fraction / prof.attention_bwd_fraction, rel=0.01)
+    full = est.comms.op_seconds("attention_fwd", fwd.flops, fwd.bytes_read + fwd.bytes_written, None)
+    assert f == pytest.approx(full * attention_work_fraction(fwd), rel=0.01)
+    e = est.estimate(plan, 16)
+    per_sample = sum(n.flops for n in graph.ops() if n.gemm or is_attention_kernel(n)) * model.blocks[0].count
+    assert e.model_flops_per_step >= 16 * per_sample      # full s² attention FLOPs, plus embedding/head
+
+
+def test_ring_attention_exposes_each_steps_hop_beyond_its_compute(setup):
+    """Ring CP runs n steps of 1/n of the attention work each, overlapping the next hop: exposed
+    forward = (n−1)·(max(0, hop − c/n) + launch), the local step never hiding a send."""
+    from autoplan.cost.cp import attention_seconds
+    from autoplan.mesh import Mesh
+
+    model, _, est = setup(CAUSAL, "h100x16", seq=8192)
+    plan = Plan.parse("tp=1,cp=16,dp=1,cp_algo=ring", num_gpus=16)
+    kind, graph = model.blocks[0].kind, model.blocks[0].graph
+    part = est.part(kind, plan, "none", Mesh.of(plan))
+    (ring_f,) = [c for c in part.comms if c.purpose == "ring" and c.phase == "forward"]
+    hop, _ = est.comms.slowest_hop(ring_f.nbytes, Mesh.of(plan).group("cp"), closed=True)
+    att_f, _ = attention_seconds(est.comms, graph, plan)
+    launch = est.comms.profile.overhead_s
+    assert hop > att_f / 16                                # across nodes the hop outlasts a step
+    assert ring_f.exposed_s == pytest.approx(15 * (hop - att_f / 16 + launch))
+    assert ring_f.seconds == pytest.approx(15 * (hop + launch))
