@@ -50,7 +50,7 @@ def test_tp_inside_a_node_is_nvlink_and_across_nodes_is_a_violation(cli):
     ("cp=16,tp=1 --seq 1000", "does not divide the sequence length 1000"),
     ("ep=2", "has no experts"),
     ("pp=2,schedule=interleaved,vpp=1", "interleaved needs vpp"),
-    ("pp=4,mbs=8", "micro-batches cannot fill"),
+    ("pp=4,mbs=8,schedule=zb-h2", "micro-batches cannot fill"),
 ])
 def test_bad_plans_exit_2_with_one_message(cli, plan, needle):
     plan, *extra = plan.split()
