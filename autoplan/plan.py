@@ -40,6 +40,10 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev
 V_SCHEDULES = ("zbv", "dualpipev")          # two chunks per rank placed in a V
 RECOMPUTE = ("none", "selective", "full")
 CP_ALGOS = ("ring", "ulysses", "usp")
+# Schedules an engine runs with fewer micro-batches than stages: GPipe, and 1F1B as Megatron-LM
+# (warm-up min(pp - rank - 1, m)) and DeepSpeed's pipeline engine run it — it degenerates to
+# GPipe's order.  (torch.distributed.pipelining's Schedule1F1B refuses it: ``apply`` says so.)
+FEWER_MICROBATCHES_THAN_STAGES = ("gpipe", "1f1b")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
 KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "schedule", "recompute", "layers",
@@ -327,7 +331,7 @@ class Plan:
         if self.schedule == "interleaved" and m % self.pp:
             raise UserError(f"bad plan: the interleaved schedule needs micro-batches ({m}) divisible by pp={self.pp}",
                             "change the global batch, mbs or pp")
-        if self.pp > 1 and m < self.pp and self.schedule != "gpipe":
+        if self.pp > 1 and m < self.pp and self.schedule not in FEWER_MICROBATCHES_THAN_STAGES:
             raise UserError(f"bad plan: {m} micro-batches cannot fill {self.pp} pipeline stages",
                             "raise the global batch or lower pp/mbs")
         if self.pp > 1:

@@ -51,17 +51,21 @@ all_reduce, one domain (m = 1): the faster of
     ring:  2(n-1)/n * S / B_ring            + α0 + 2(n-1) α_nvl
     NVLS:  S / B_nvls(n)                    + α0 + 2 α_nvl         (if cluster.nvls)
   NVLS wins from k = 4 on H100 (8x H100: busbw 480 vs 370).
-all_reduce, m > 1 domains (hierarchical: reduce-scatter in the domain, all-reduce of S/k per
-GPU across domains on its rail, all-gather in the domain): max of
-    intra: ring 2(k-1)/k * S / B_ring (+ 2(k-1) α_nvl) or NVLS S / B_nvls(k) (+ 2 α_nvl)
-    inter: ring  e = 2(m-1)/m * S/k   (+ 2(m-1) α_L)
-           tree  e = 2 * S/k          (+ 2 ceil(log2 m) α_L)   NCCL's double binary tree
+all_reduce, m > 1 domains: the fastest of NCCL's algorithms,
+    flat ring over all n ranks (k rings per domain, each leaving on its own rail):
+           max(2(n-1)/n * S / B_ring, net(2(n-1)/n * S/k)) + α0 + (2(n-1) - 2m) α_nvl + 2m α_L
+           (NCCL's tuning model: 2m network steps); NCCL has no ring-in-domain + ring-across
+           hierarchy, which would move only 2(m-1)/m * S/k per GPU (1/1.875 of it at n=16, m=2)
+    and the two-level ones, max of an intra and an inter phase:
+    intra: ring/chain 2(k-1)/k * S / B_ring (+ 2(k-1) α_nvl) or NVLS S / B_nvls(k) (+ 2 α_nvl)
+    inter: tree  e = 2 * S/k          (+ 2 ceil(log2 m) α_L)   NCCL's double binary tree
+           ring  e = 2(m-1)/m * S/k   (+ 2(m-1) α_L)           with NVLS only (NCCL's NVLS)
            SHARP e = S/k              (+ 2 α_L)                if cluster.sharp: the switches
                                        reduce, each GPU sends and receives its S/k once
-  fastest combination, + α0.  A full node (k = 8) on many nodes reaches busbw ≈ 8 * B_net
+  + α0.  A full node (k = 8) on many nodes reaches busbw ≈ 8 * B_net
   (376 GB/s on 8x 400G, 192 on 8x HDR 200G); k = 1 reaches one NIC (~47 GB/s).
-reduce_scatter / all_gather: ring in the domain, ring between domains:
-    max((k-1)/k * S / B_ring, net((m-1)/m * S/k)) + α0 + (k-1) α_nvl + (m-1) α_L
+reduce_scatter / all_gather: NCCL's flat ring over all n ranks:
+    max((n-1)/n * S / B_ring, net((n-1)/n * S/k)) + α0 + (n-m) α_nvl + (m-1) α_L
 broadcast: S split over the k GPUs of each domain, chained between domains, then exchanged in
     the domain: max((k-1)/k * S / B_ring, net(S/k)) + α0 + (k-1) α_nvl + (m-1) α_L
     (m = 1: S / B_ring + α0 + (n-1) α_nvl)
@@ -229,17 +233,37 @@ def _all_reduce(s: float, span: GroupSpan, cluster: Cluster, net: _Network) -> l
         return [(bw, a0 + lat, name, "NVLink") for bw, lat, name in intra]
     if not intra:
         intra.append((0.0, 0.0, ""))
-    inter = [(2 * (m - 1) / m * s / k, 2 * (m - 1) * net.step_latency, "ring"),
-             (2 * s / k, 2 * math.ceil(math.log2(m)) * net.step_latency, "tree")]
+    # NCCL's algorithms across domains: a flat ring over all n ranks, the tree (a chain in the
+    # domain, double binary trees between domains), NVLS / NVLS-tree (reduce-scatter in the domain
+    # by NVLS, S/k per GPU across, all-gather by NVLS), CollNet (SHARP).  NCCL has no
+    # ring-in-the-domain + ring-across hierarchy: that is the flat ring's traffic only for k = 1.
+    inter = [(2 * s / k, 2 * math.ceil(math.log2(m)) * net.step_latency, "tree")]
     if cluster.sharp:
         inter.append((s / k, 2 * net.step_latency, "sharp"))
-    out = []
+    out = [_flat_ring(s, span, cluster, net, 2.0)]
     for bw_in, lat_in, name_in in intra:
-        for bytes_out, lat_out, name_out in inter:
+        for bytes_out, lat_out, name_out in inter + ([(2 * (m - 1) / m * s / k, 2 * (m - 1) * net.step_latency,
+                                                      "ring")] if name_in == "nvls" else []):
             bw, bottleneck = _slowest((bw_in, "NVLink"), net.ring_phase(bytes_out))
             name = f"{name_in}+{name_out}" if name_in else name_out
             out.append((bw, a0 + lat_in + lat_out, name, bottleneck))
     return out
+
+
+def _flat_ring(s: float, span: GroupSpan, cluster: Cluster, net: _Network, passes: float) -> Candidate:
+    """NCCL's ring over all n ranks across m domains (``passes`` = 2 for all-reduce, 1 for
+    reduce-scatter / all-gather): every GPU sends passes·(n−1)/n·S, NVLink hops inside a domain
+    and, with the k rings of a domain leaving it on k rails, passes·(n−1)/n·S/k per GPU on the
+    network.  Latency as NCCL's tuning model counts it: passes·m inter-domain steps (passes·(m−1)
+    for one pass) at the level's latency, the other steps at NVLink's."""
+    n, m = span.size, span.domains
+    k = n / m
+    traffic = passes * (n - 1) / n * s
+    bw, bottleneck = _slowest((traffic / _b_ring(cluster), "NVLink"), net.ring_phase(traffic / k))
+    inter = passes * m if passes > 1 else m - 1
+    steps = passes * (n - 1)
+    lat = cluster.launch_latency + (steps - inter) * cluster.nvlink_latency + inter * net.step_latency
+    return bw, lat, "ring", bottleneck
 
 
 def _ring_gather(s: float, span: GroupSpan, cluster: Cluster, net: _Network) -> list[Candidate]:
@@ -250,8 +274,7 @@ def _ring_gather(s: float, span: GroupSpan, cluster: Cluster, net: _Network) -> 
     lat = cluster.launch_latency + (k - 1) * cluster.nvlink_latency
     if m == 1:
         return [(intra[0], lat, "ring", "NVLink")]
-    bw, bottleneck = _slowest(intra, net.ring_phase((m - 1) / m * s / k))
-    return [(bw, lat + (m - 1) * net.step_latency, "ring", bottleneck)]
+    return [_flat_ring(s, span, cluster, net, 1.0)]
 
 
 def _broadcast(s: float, span: GroupSpan, cluster: Cluster, net: _Network) -> list[Candidate]:

@@ -316,7 +316,7 @@ def regime_report(megatron_errors: list[float]) -> tuple[str, dict]:
             s["ranked_right"], s["groups"] = good, groups
             skipped = sum(r.regime == regime for r in rows) - len(members)
             note = (f"predicted-best plan within 5 % of measured best in {good}/{groups} groups; "
-                    f"{skipped} rows with fewer micro-batches than stages are refused by the estimator")
+                    f"{skipped} rows refused by the estimator")
         if regime == "memory-must-fit":
             note = "fits in HBM: " + ", ".join(f"{p.row.ident} {'yes' if p.fits else 'no'} "
                                                 f"({p.memory_gib:.0f} GiB)" for p in members)

@@ -96,6 +96,10 @@ def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None
         return
     m = plan.microbatches(global_batch)
     stages = plan.pp * plan.vpp
+    if plan.schedule == "1f1b" and m < stages:
+        raise UserError(f"torch's Schedule1F1B needs at least as many micro-batches as stages: "
+                        f"{m} micro-batches, {stages} stages",
+                        "use schedule=gpipe (the same order when m < pp), or raise the global batch")
     if plan.schedule == "dualpipev" and m < stages:
         raise UserError(f"torch's DualPipeV needs at least as many micro-batches as stages: "
                         f"{m} micro-batches, {stages} stages", "raise the global batch or lower mbs")

@@ -9,10 +9,13 @@ tokens_per_s_per_gpu, mfu, hfu, model_flops_per_step, memory_gib (max over GPUs)
 memory_breakdown_gib {params, grads, optimizer, activations, other}, fits,
 bubble_fraction, comm_exposed_s, violations [{rule, text}], primitives [{kind, dim,
 group_size, span, level, calls_per_step, bytes_per_call, time_s, exposed_s}] and more.
+``--plans FILE`` prices many plans with one trace and one estimator (one plan string per line,
+or a JSON list) and prints a JSON list of those estimates, in the file's order.
 """
 from __future__ import annotations
 
 import argparse
+import json
 
 from autoplan.commands.common import add_workload_args
 
@@ -22,8 +25,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__.split("\n\n")[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
-    p.add_argument("--plan", required=True, metavar="PLAN",
-                   help="plan string (e.g. tp=8,pp=8,vpp=3,recompute=selective) or a plan JSON file")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--plan", metavar="PLAN",
+                       help="plan string (e.g. tp=8,pp=8,vpp=3,recompute=selective) or a plan JSON file")
+    which.add_argument("--plans", metavar="FILE",
+                       help="many plans: one plan string per line, or a JSON list; prints a JSON list of "
+                            "estimates in the same order (one trace, one estimator for all)")
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="do not overlap the data-parallel gradient reduction with backward (2021-era Megatron)")
@@ -35,14 +42,30 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.baselines.common import price
     from autoplan.commands.common import print_estimate, wide_console
     from autoplan.cost import EstimateOptions
-    from autoplan.export.load import load_plan
+    from autoplan.cost.types import rounded
+    from autoplan.errors import UserError
+    from autoplan.export.load import load_plan, load_plans
     from autoplan.workload import Workload, load_cluster
 
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
-    plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
+    if args.plans:
+        plans = load_plans(args.plans, num_gpus=cluster.num_gpus)
+    else:
+        plans = [load_plan(args.plan, num_gpus=cluster.num_gpus)]
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
     graph = w.model
     estimator = w.estimator(EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile))
+    if args.plans:
+        ests = []
+        for i, plan in enumerate(plans):
+            try:
+                ests.append(rounded(price(estimator, plan, args.global_batch).to_dict()))
+            except UserError as e:
+                raise UserError(f"plans file {args.plans}, plan {i + 1} ({plan.to_string()}): {e.problem}",
+                                e.fix) from None
+        print(json.dumps(ests, sort_keys=True))
+        return 0
+    plan = plans[0]
     est = price(estimator, plan, args.global_batch)
     if args.json:
         print(est.to_json())

@@ -16,24 +16,33 @@ zero   collectives per step                                           overlapped
        micro-batch (FSDP)                                             compute
 =====  =============================================================  =======================
 
+ZeRO-1 is Megatron's distributed optimizer (one reduce-scatter per step, after the last
+backward); ZeRO-2 reduces every micro-batch (DeepSpeed ZeRO-2, FSDP2 SHARD_GRAD_OP).  ZeRO-3
+is FSDP2 (``fsdp``): its gathers and reduce-scatters are counted per its policy (reshard after
+forward or not; gradients reduced every micro-batch at pp = 1, once per step under PP) and their
+exposure is simulated unit by unit (``fsdp.step_exposure``), not by the formula below.
+
 With ``overlap_grad_reduce`` off, every collective is exposed.  The optimizer step is memory
 bound: ``OPTIMIZER_BYTES_PER_PARAM`` bytes of HBM traffic per parameter of the rank's shard.
 """
 from __future__ import annotations
 
+from autoplan.cost import fsdp
 from autoplan.cost.comms import Comms
 from autoplan.cost.types import DpComm
 from autoplan.plan import Plan
 
 # Adam: read fp32 master, m, v, grad (16 B), write master, m, v (12 B), bf16 param (2 B), rounded up
 OPTIMIZER_BYTES_PER_PARAM = 32.0
-GRAD_REDUCE_BYTES = 4.0            # gradients reduced in fp32 (Megatron's default main grads, FSDP reduce_dtype fp32)
-PARAM_GATHER_BYTES = 2.0           # parameters gathered in bf16
-PER_MICROBATCH = ("grad_mb", "zero3")
+GRAD_REDUCE_BYTES = fsdp.GRAD_REDUCE_BYTES    # fp32 (Megatron's default main grads, FSDP reduce_dtype fp32)
+PARAM_GATHER_BYTES = fsdp.PARAM_GATHER_BYTES  # bf16
+PER_MICROBATCH = ("grad_mb", "zero3")          # "zero3_step": ZeRO-3 traffic of some passes only
 
 
-def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, edp_ranks, m: int) -> list[DpComm]:
-    """Data-parallel collectives of one pipeline rank holding ``dense`` + ``expert`` parameters."""
+def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, edp_ranks, m: int,
+             pol: fsdp.Policy | None = None) -> list[DpComm]:
+    """Data-parallel collectives of one pipeline rank holding ``dense`` + ``expert`` parameters
+    (ZeRO-3 counted by ``pol``, FSDP2's defaults when None)."""
     out: list[DpComm] = []
     for numel, ranks in ((dense, dp_ranks), (expert, edp_ranks)):
         if numel == 0 or len(ranks) <= 1:
@@ -50,10 +59,23 @@ def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, ed
             out.append(DpComm("reduce_scatter", grads, m, m * t_rs, ranks, "grad_mb"))
             out.append(DpComm("all_gather", params, 1, comms.collective("all_gather", params, ranks), ranks, "param"))
         else:
-            t_ag = comms.collective("all_gather", params, ranks)
-            t_rs = comms.collective("reduce_scatter", grads, ranks)
-            out.append(DpComm("all_gather", params, 2 * m, 2 * m * t_ag, ranks, "zero3"))
-            out.append(DpComm("reduce_scatter", grads, m, m * t_rs, ranks, "zero3"))
+            out += _zero3_comms(comms, plan, params, grads, ranks, m, pol)
+    return out
+
+
+def _zero3_comms(comms: Comms, plan: Plan, params: float, grads: float, ranks, m: int,
+                 pol: fsdp.Policy | None) -> list[DpComm]:
+    """FSDP2's gathers (forward passes, and backward ones under reshard) and reduce-scatters per step."""
+    pol = pol or fsdp.Policy(fsdp.DEFAULT_PREFETCH, plan.pp == 1, plan.pp == 1)
+    gathers, reduces, gather_only = fsdp.passes(pol, m)
+    t_ag = comms.collective("all_gather", params, ranks)
+    t_rs = comms.collective("reduce_scatter", grads, ranks)
+    every = "zero3" if pol.reshard and pol.reduce_every_microbatch else "zero3_step"
+    out = [DpComm("all_gather", params, gathers, gathers * t_ag, ranks, every),
+           DpComm("reduce_scatter", grads, reduces, reduces * t_rs, ranks, every)]
+    if pol.reshard:      # backward re-gathers (all but the units kept gathered: not counted per micro-batch)
+        out.append(DpComm("all_gather", params, reduces + gather_only, (reduces + gather_only) * t_ag, ranks,
+                          "zero3_step"))
     return out
 
 
@@ -61,19 +83,23 @@ def per_microbatch_seconds(colls: list[DpComm], m: int) -> float:
     return sum(c.seconds for c in colls if c.when in PER_MICROBATCH) / m
 
 
-def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: float, first_forward: float) -> float:
+def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: float, first_forward: float,
+               zero3_exposed: float | None = None) -> float:
     """Seconds the data-parallel collectives add to the step.
 
-    Per micro-batch traffic (ZeRO-2 gradient reduce-scatter, ZeRO-3 gathers) hides behind that
-    micro-batch's compute (prefetch); once-per-step traffic behind the last backward (gradients)
-    and the first forward (parameter all-gather), as Megatron overlaps them."""
+    ZeRO-3 with overlap: ``zero3_exposed`` (``fsdp.step_exposure``).  Otherwise per micro-batch
+    traffic (ZeRO-2 gradient reduce-scatter) hides behind that micro-batch's compute; once-per-step
+    traffic behind the last backward (gradients) and the first forward (parameter all-gather), as
+    Megatron overlaps them."""
     if not colls:
         return 0.0
+    if overlap and zero3_exposed is not None:
+        return zero3_exposed
     per_mb = per_microbatch_seconds(colls, m)
     once_grad = sum(c.seconds for c in colls if c.when == "grad")
     once_param = sum(c.seconds for c in colls if c.when == "param")
     if not overlap:
-        return m * per_mb + once_grad + once_param
+        return sum(c.seconds for c in colls)
     exposed = m * max(0.0, per_mb - (first_forward + last_backward))
     return exposed + max(0.0, once_grad - last_backward) + max(0.0, once_param - first_forward)
 

@@ -17,7 +17,7 @@ forward + backward (Korthikanti/Megatron: no recompute, full s² attention); HFU
 from __future__ import annotations
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
-from autoplan.cost import dp, memory, pp, report
+from autoplan.cost import dp, fsdp, memory, pp, report
 from autoplan.cost.comms import Comms
 from autoplan.cost.parts import price_part
 from autoplan.cost.tp import BlockLayouts
@@ -111,13 +111,15 @@ class Estimator:
         pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.seq_len, self.hidden, detail=detail)
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
         logits = memory.logits_bytes(plan, self.model.seq_len, self.info.vocab or 0)
-        mems = [memory.rank_memory(plan, pipe, r, dense_dp=len(dp_ranks), expert_dp=len(edp_ranks), logits=logits)
-                for r in range(plan.pp)]
-        dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m)
+        pol = fsdp.policy(self.options, plan)
+        mems = [memory.rank_memory(plan, pipe, r, dense_dp=len(dp_ranks), expert_dp=len(edp_ranks), logits=logits,
+                                   pol=pol) for r in range(plan.pp)]
+        dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m, pol)
                     for mem in mems]
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
-                                    first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]))
+                                    first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
+                                    zero3_exposed=self._zero3_exposed(plan, pipe, r, pol, m, dp_ranks, edp_ranks))
                       for r, c in enumerate(dp_colls)]
         embed_bytes, embed_s = self._embedding_sync(plan, mesh)
         optimizer_s = dp.optimizer_seconds(self.comms, max(x.dense_numel + x.expert_numel for x in mems), plan,
@@ -128,6 +130,18 @@ class Estimator:
                                   embed_bytes, embed_s) if detail else []
         return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step, max(dp_exposed), embed_s,
                               optimizer_s)
+
+    def _zero3_exposed(self, plan: Plan, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
+                       dp_ranks, edp_ranks) -> float | None:
+        """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-3 (``fsdp``), None otherwise.
+        Per-layer collectives share the links when the dense dp group lies inside one NVLink domain."""
+        if plan.zero < 3:
+            return None
+        shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
+        last = len(pipe.bags) - 1
+        chunks = [fsdp.chunk_units(self.comms, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared)
+                  for c in pipe.rank_chunks[rank]]
+        return fsdp.step_exposure(chunks, pol, m)
 
     def _embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
         """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""

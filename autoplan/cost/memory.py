@@ -8,8 +8,10 @@ optimizer      the dense dp group and its expert parameters over the expert dp g
 activations    peak micro-batches in flight on the rank (from the simulated schedule) × the
                mean saved bytes of its virtual stages (the traced graph's saved tensors), plus
                on the last stage the fp32 logits and their gradient, ``b·(s/cp)·V/tp·4·2``
-other          ``OVERHEAD_BYTES`` reserve; under ZeRO-3 two layers' gathered bf16 parameters
-               (the one computing and the one prefetched)
+other          ``OVERHEAD_BYTES`` reserve; under ZeRO-3 (``fsdp.Policy``) 1 + prefetch layers'
+               gathered bf16 parameters (the one computing and those prefetched) with
+               reshard-after-forward on, else all of the rank's; and the rank's unsharded bf16
+               gradients when they are reduced only at the last backward (PP's no-sync)
 =============  ==========================================================================
 """
 from __future__ import annotations
@@ -17,12 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.cost.dp import PARAM_GATHER_BYTES
+from autoplan.cost.fsdp import Policy
 from autoplan.cost.pp import Pipeline
 from autoplan.plan import Plan
 from costmodels.memory import OVERHEAD_BYTES, model_state_bytes
 
 LOGITS_BYTES = 4 * 2                  # fp32 logits and their gradient
-ZERO3_GATHERED_LAYERS = 2             # computing + prefetched
+ZERO3_GATHERED_LAYERS = 2             # computing + prefetched (FSDP2's default prefetch of one unit)
+UNSHARDED_GRAD_BYTES = 2              # bf16 gradients accumulated unsharded under no-sync
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ def logits_bytes(plan: Plan, seq_len: int, vocab: int) -> float:
 
 
 def rank_memory(plan: Plan, pipe: Pipeline, rank: int, *, dense_dp: int, expert_dp: int,
-                logits: float) -> RankMemory:
+                logits: float, pol: Policy | None = None) -> RankMemory:
     chunks = pipe.rank_chunks[rank]
     bag = [pn for c in chunks for pn in pipe.bags[c]]
     dense = sum(p.dense_numel * n for p, n in bag)
@@ -62,10 +66,19 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, *, dense_dp: int, expert_
         act += logits
     other = OVERHEAD_BYTES
     if plan.zero >= 3:
-        biggest = max((p.dense_numel + p.expert_numel for p, _ in bag), default=0)
-        other += ZERO3_GATHERED_LAYERS * biggest * PARAM_GATHER_BYTES
+        other += _zero3_gathered(bag, dense + expert, pol or Policy(ZERO3_GATHERED_LAYERS - 1, True, True))
     return RankMemory(st_dense.params + st_exp.params, st_dense.grads + st_exp.grads,
                       st_dense.optimizer + st_exp.optimizer, act, other, dense, expert)
+
+
+def _zero3_gathered(bag, numel: float, pol: Policy) -> float:
+    """Bytes of gathered parameters (and unsharded gradients) FSDP2 holds on top of the shards."""
+    if not pol.reshard:
+        gathered = numel * PARAM_GATHER_BYTES
+    else:
+        biggest = max((p.dense_numel + p.expert_numel for p, _ in bag), default=0)
+        gathered = (1 + pol.prefetch) * biggest * PARAM_GATHER_BYTES
+    return gathered + (0.0 if pol.reduce_every_microbatch else numel * UNSHARDED_GRAD_BYTES)
 
 
 def states_lower_bound(plan: Plan, dense: float, expert: float, *, dense_dp: int, expert_dp: int) -> float:

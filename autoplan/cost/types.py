@@ -12,6 +12,8 @@ class EstimateOptions:
     profile: str | None = None            # path to a compute profile YAML (default: the GPU's)
     solver: str = "cpsat"
     time_limit_s: float = 30.0
+    fsdp_prefetch: int = 1                # ZeRO-3: units gathered ahead (FSDP2's implicit prefetch is 1)
+    fsdp_reshard_after_forward: bool | None = None   # ZeRO-3: None = the runtime's default (on at pp = 1, off under PP)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class DpComm:
     calls: int
     seconds: float             # all calls
     ranks: tuple[int, ...]
-    when: str                  # grad (once) | param (once) | per_microbatch
+    when: str                  # grad | param (once) | grad_mb | zero3 (every micro-batch) | zero3_step (some passes)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,43 @@ def load_plan(text: str, num_gpus: int | None = None) -> Plan:
     return Plan.parse(text, num_gpus=num_gpus)
 
 
+_PLANS_FORMS = "a text file with one plan string per line (# comments allowed), or a JSON list of plans"
+
+
+def load_plans(path: str, num_gpus: int | None = None) -> list[Plan]:
+    """Every plan of the file at ``path``, in order: one plan string per line (blank lines and
+    ``#`` comments skipped), or a JSON list whose entries are plan strings, ``Plan.to_json``
+    objects or ``search --json`` entries.  A bad entry is a UserError naming it."""
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_PLAN_FILE_BYTES:
+            raise UserError(f"plans file {path} is {size:,} bytes, more than {MAX_PLAN_FILE_BYTES:,}",
+                            f"give {_PLANS_FORMS}")
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+    except FileNotFoundError:
+        raise UserError(f"plans file {path} not found", f"give {_PLANS_FORMS}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"plans file {path} is not text (not UTF-8)", f"give {_PLANS_FORMS}") from None
+    except OSError as e:
+        raise UserError(f"cannot read plans file {path}: {e}", f"give {_PLANS_FORMS}") from None
+    if text.lstrip().startswith("["):
+        data = read_json(path)
+        entries = [(f"entry {i}", item) for i, item in enumerate(data)]
+    else:
+        entries = [(f"line {i}", line.strip()) for i, line in enumerate(text.splitlines(), 1)
+                   if line.strip() and not line.strip().startswith("#")]
+    if not entries:
+        raise UserError(f"plans file {path} holds no plan", f"give {_PLANS_FORMS}")
+    plans = []
+    for where, item in entries:
+        try:
+            plans.append(Plan.parse(item, num_gpus=num_gpus) if isinstance(item, str) else plan_of([item]))
+        except UserError as e:
+            raise UserError(f"plans file {path}, {where}: {e.problem}", e.fix) from None
+    return plans
+
+
 def read_json(path: str) -> Any:
     """The parsed JSON file at ``path``; UserError if it is missing, too big, binary, not JSON or too deep."""
     try:

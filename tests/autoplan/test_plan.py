@@ -69,7 +69,7 @@ def _validate(plan_text, **kw):
     ("ep=4", {"experts": 6}, "does not divide the 6 experts"),
     ("tp=8", {"global_batch": 12}, "not divisible into"),
     ("pp=64", {}, "for only 32 layers"),
-    ("tp=8,pp=8,dp=1", {"global_batch": 4}, "cannot fill 8 pipeline stages"),
+    ("tp=8,pp=8,dp=1,schedule=zb-h1", {"global_batch": 4}, "cannot fill 8 pipeline stages"),
 ])
 def test_conflicts_with_model_and_cluster(text, kw, needle):
     with pytest.raises(UserError, match=needle):
@@ -91,3 +91,9 @@ def test_stage_placement_loop_and_v():
     zbv = Plan.parse("pp=4,schedule=zbv")
     assert [zbv.stages_of_rank(r) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
     assert Plan.parse("pp=4").stages_of_rank(2) == (2,)
+
+
+def test_1f1b_accepts_fewer_microbatches_than_stages_as_megatron_and_deepspeed_run_it():
+    """Megatron-LM's and DeepSpeed's 1F1B run m < pp (warm-up min(pp - rank - 1, m)); vTrain measured such runs."""
+    _validate("tp=8,pp=8,dp=1,schedule=1f1b", global_batch=4)
+    _validate("tp=8,pp=8,dp=1,schedule=gpipe", global_batch=4)

@@ -192,3 +192,22 @@ def test_time_grows_with_size(h100):
     for kind in KINDS:
         times = [collective_time(kind, s, span, h100) for s in (1 << 10, 1 << 20, 1 << 30)]
         assert times == sorted(times) and times[0] < times[-1], kind
+
+
+def test_two_nodes_without_nvls_run_nccls_flat_ring_not_a_hierarchy(selene):
+    """tp=16 over two A100 nodes: NCCL's ring crosses the nodes with 2(n-1)/n·S/k per NIC
+    (1.875x the 2(m-1)/m·S/k a ring-in-node + ring-across hierarchy would move)."""
+    cost = collective_cost("all_reduce", BIG, selene.span(range(16)), selene)
+    assert cost.algorithm == "ring" and cost.bottleneck == "NIC"
+    per_gpu = selene.node_network_bw / selene.gpus_per_node
+    assert cost.time_s - cost.latency_s == pytest.approx(2 * 15 / 16 * BIG / 8 / per_gpu, rel=1e-9)
+    rs = collective_cost("reduce_scatter", BIG, selene.span(range(16)), selene)
+    assert rs.time_s - rs.latency_s == pytest.approx(15 / 16 * BIG / 8 / per_gpu, rel=1e-9)
+    # NCCL's tuning model: 2m network steps of the ring, the rest on NVLink
+    assert cost.latency_s == pytest.approx(selene.launch_latency + (30 - 4) * selene.nvlink_latency
+                                           + 4 * selene.rail_latency)
+
+
+def test_small_messages_across_many_nodes_take_the_tree(selene):
+    cost = collective_cost("all_reduce", 64 << 10, selene.span(range(0, 8 * 64, 8)), selene)
+    assert cost.algorithm == "tree"

@@ -18,6 +18,7 @@ def test_a_sequence_context_parallelism_cannot_cut_is_named():
 
 @pytest.mark.parametrize("plan, batch, match", [
     ("pp=2,schedule=dualpipev", 2, "DualPipeV needs at least as many micro-batches as stages"),
+    ("pp=4,schedule=1f1b", 2, "Schedule1F1B needs at least as many micro-batches as stages"),
     ("pp=4,schedule=zb-h1", 9, "ScheduleInterleavedZeroBubble needs the micro-batches"),
 ])
 def test_micro_batch_counts_torch_refuses(plan, batch, match):

@@ -50,7 +50,7 @@ def test_tp_inside_a_node_is_nvlink_and_across_nodes_is_a_violation(cli):
     ("cp=16,tp=1 --seq 1000", "does not divide the sequence length 1000"),
     ("ep=2", "has no experts"),
     ("pp=2,schedule=interleaved,vpp=1", "interleaved needs vpp"),
-    ("pp=4,mbs=8", "micro-batches cannot fill"),
+    ("pp=4,mbs=8,schedule=zb-h2", "micro-batches cannot fill"),
 ])
 def test_bad_plans_exit_2_with_one_message(cli, plan, needle):
     plan, *extra = plan.split()
@@ -74,3 +74,40 @@ def test_tp6_on_8_gpu_domains_is_a_violation(cli):
     violations = json.loads(r.stdout)["violations"]
     assert [v["rule"] for v in violations] == ["tp-inside-nvlink"]
     assert "(6…11) spans 2 NVLink domains" in violations[0]["text"]
+
+
+PLANS = ["tp=8,pp=2,mbs=1,recompute=selective", "tp=2,dp=8,zero=3", "tp=4,pp=4,mbs=1,schedule=gpipe"]
+
+
+def _many(cli, path):
+    return cli("estimate", MODEL, "--cluster", "h100x16", "--plans", str(path), "--seq", "2048",
+               "--global-batch", "32")
+
+
+def test_plans_file_prices_every_plan_in_order_as_single_estimates_do(cli, tmp_path):
+    text = tmp_path / "plans.txt"
+    text.write_text("# a sweep\n" + PLANS[0] + "\n\n" + "\n".join(PLANS[1:]) + "\n")
+    out = _many(cli, text)
+    assert out.returncode == 0, out.stderr
+    many = json.loads(out.stdout)
+    assert [e["plan"].split(",")[:2] for e in many] == [["tp=8", "pp=2"], ["tp=2", "pp=1"], ["tp=4", "pp=4"]]
+    assert many == [estimate(cli, p) for p in PLANS]
+    listed = tmp_path / "plans.json"
+    listed.write_text(json.dumps(PLANS[::-1]))
+    out = _many(cli, listed)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == many[::-1]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("tp=8\ntp=3\n", "line 2: plan does not fit the cluster"),
+    ('["tp=8", 7]', "entry 1"),
+    ("# nothing\n", "holds no plan"),
+    ("tp=4,pp=4,mbs=16,schedule=zb-h1\n", "plan 1 (tp=4,pp=4"),
+])
+def test_bad_plans_files_name_the_entry(cli, tmp_path, content, needle):
+    path = tmp_path / "plans.txt"
+    path.write_text(content)
+    out = _many(cli, path)
+    assert out.returncode == 2, out.stdout
+    assert needle in out.stderr and "Traceback" not in out.stderr

@@ -152,3 +152,13 @@ def test_ring_attention_exposes_each_steps_hop_beyond_its_compute(setup):
     assert hop > att_f / 16                                # across nodes the hop outlasts a step
     assert ring_f.exposed_s == pytest.approx(15 * (hop - att_f / 16 + launch))
     assert ring_f.seconds == pytest.approx(15 * (hop + launch))
+
+
+def test_1f1b_with_fewer_microbatches_than_stages_prices_as_gpipe(setup):
+    """m < pp: 1F1B's warm-up covers every micro-batch, so its order is GPipe's (Megatron, DeepSpeed)."""
+    _, _, estimator = setup(MODEL, "h100x16")
+    one_f = estimator.estimate(Plan.parse("tp=1,pp=4,dp=4,mbs=1,schedule=1f1b"), 8)
+    gpipe = estimator.estimate(Plan.parse("tp=1,pp=4,dp=4,mbs=1,schedule=gpipe"), 8)
+    assert one_f.microbatches == 2
+    assert one_f.step_time_s == pytest.approx(gpipe.step_time_s, rel=1e-9)
+    assert one_f.bubble_fraction > 0.5

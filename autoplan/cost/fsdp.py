@@ -1,0 +1,168 @@
+"""ZeRO-3 as FSDP2 runs it: per-unit all-gathers and reduce-scatters overlapped layer by layer.
+
+FSDP2 (``fully_shard`` on every transformer block and on the root: embedding, final norm, head)
+gathers a unit's parameters just before its forward and backward, and reduce-scatters its
+gradients right after its backward.  All of a rank's FSDP collectives share its links, so they
+run one after another on one *link* (FIFO in issue order) while the GPU computes the units in
+order.  Per micro-batch and pipeline chunk, units u = 0..n−1 in forward order (seconds):
+
+* forward: AG_u is issued when unit u−d starts computing (``prefetch`` depth d; FSDP2's implicit
+  prefetch is d = 1) and starts once the link is free; unit u computes from
+  max(end of unit u−1, end of AG_u).  The first all-gather (the root's) is never hidden.
+* backward (reverse order): with ``reshard`` (reshard-after-forward on), every unit but the root
+  and the last block (FSDP2 and torchtitan keep those gathered) is gathered again, prefetched the
+  same way; RS_u is issued when u's backward ends.  The last reduce-scatter (the root's) is never
+  hidden.  Off: the parameters stay gathered from the first forward (more memory, no backward AG).
+* exposed = the pass's makespan − its compute (F, B + W and exposed per-layer communication).
+* per-layer collectives on the same links: when the data-parallel group lies inside one NVLink
+  domain, the tp/cp/ep collectives of the unit computing while an FSDP collective runs take the
+  link first (they are on the critical path), so that FSDP collective lasts its own time plus
+  theirs.  Across nodes the NIC is the bottleneck and NVLink traffic does not slow it.
+
+How often, per step (m micro-batches): gathers every micro-batch with reshard on, once (the first
+forward) with it off; reduce-scatters every micro-batch at pp = 1 (FSDP2 without ``no_sync``, as
+torchtitan accumulates gradients) and once, at the last backward of each chunk, at pp > 1
+(``torch.distributed.pipelining`` disables gradient sync and resharding until then; torchtitan
+turns reshard-after-forward off under PP).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.comms import Comms
+from autoplan.cost.types import EstimateOptions, Part
+from autoplan.plan import Plan
+
+PARAM_GATHER_BYTES = 2.0           # parameters gathered in bf16
+GRAD_REDUCE_BYTES = 4.0            # gradients reduce-scattered in fp32 (FSDP2 reduce_dtype, torchtitan's default)
+DEFAULT_PREFETCH = 1               # FSDP2's implicit one-unit-ahead prefetch
+ROOT_KINDS = ("@pre", "@post")     # graphs whose parameters form the root unit
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the runtime overlaps ZeRO-3: prefetch depth, reshard-after-forward, gradient sync."""
+
+    prefetch: int
+    reshard: bool                  # reshard after forward (gather again in backward)
+    reduce_every_microbatch: bool  # False: once per step, at the last backward
+
+
+def policy(options: EstimateOptions, plan: Plan) -> Policy:
+    """The runtime's defaults (FSDP2 / torchtitan) unless the options say otherwise."""
+    reshard = options.fsdp_reshard_after_forward
+    if reshard is None:
+        reshard = plan.pp == 1
+    return Policy(max(1, options.fsdp_prefetch), reshard, plan.pp == 1)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP unit of a chunk, per micro-batch, in forward order."""
+
+    forward_s: float
+    backward_s: float
+    gather_s: float                # its all-gather (0 when another unit gathers its parameters)
+    reduce_s: float                # its reduce-scatter
+    link_fwd_s: float              # per-layer collectives sharing the link while it computes
+    link_bwd_s: float
+    kept: bool = False             # not resharded after forward (root, last block)
+
+
+def _collective(comms: Comms, kind: str, per_elem: float, dense: float, expert: float, dp_ranks, edp_ranks) -> float:
+    return (comms.collective(kind, dense * per_elem, dp_ranks)
+            + comms.collective(kind, expert * per_elem, edp_ranks))
+
+
+def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool, dp_ranks, edp_ranks,
+                shared_link: bool) -> list[Unit]:
+    """A chunk's units in forward order.  ``pp.stage_bags`` appends ``@pre`` (embedding) to the
+    first chunk's bag and then ``@post`` (norm, head, loss) to the last chunk's.  The chunk's root
+    unit (both) is gathered first, with no compute of its own, and reduce-scattered last; the
+    embedding computes before the blocks and the head after them; the last block is kept gathered."""
+    def unit(p: Part | None, dense: float, expert: float, kept: bool) -> Unit:
+        if p is None:
+            fwd = bwd = link_f = link_b = 0.0
+        else:
+            fwd, bwd = p.forward_s + p.exposed_fwd_s, p.backward_s + p.wgrad_s + p.exposed_bwd_s
+            link_f = sum(c.seconds for c in p.comms if c.phase == "forward") if shared_link else 0.0
+            link_b = sum(c.seconds for c in p.comms if c.phase == "backward") if shared_link else 0.0
+        return Unit(fwd, bwd,
+                    _collective(comms, "all_gather", PARAM_GATHER_BYTES, dense, expert, dp_ranks, edp_ranks),
+                    _collective(comms, "reduce_scatter", GRAD_REDUCE_BYTES, dense, expert, dp_ranks, edp_ranks),
+                    link_f, link_b, kept)
+
+    split = len(bag) - has_pre - has_post
+    roots = [p for p, _ in bag[split:]]
+    blocks = [p for p, n in bag[:split] for _ in range(n)]
+    body = [unit(p, p.dense_numel, p.expert_numel, i == len(blocks) - 1) for i, p in enumerate(blocks)]
+    if not roots:
+        return body
+    gather = unit(None, sum(p.dense_numel for p in roots), sum(p.expert_numel for p in roots), True)
+    pre = [unit(roots[0], 0.0, 0.0, True)] if has_pre else []
+    post = [unit(roots[-1], 0.0, 0.0, True)] if has_post else []
+    return [gather] + pre + body + post
+
+
+def _forward(units: list[Unit], prefetch: int, gather: bool) -> float:
+    """Makespan of one forward pass (see the module docstring)."""
+    link = comp_end = 0.0
+    starts: list[float] = []
+    for i, u in enumerate(units):
+        ready = comp_end
+        if gather and u.gather_s:
+            issue = starts[i - prefetch] if i >= prefetch else 0.0
+            begin = max(link, issue)
+            link = begin + u.gather_s + (units[i - 1].link_fwd_s if i else 0.0)
+            ready = max(ready, link)
+        starts.append(ready)
+        comp_end = ready + u.forward_s
+    return max(comp_end, link)
+
+
+def _backward(units: list[Unit], prefetch: int, gather: bool, reduce: bool) -> float:
+    """Makespan of one backward pass (units in reverse order; see the module docstring)."""
+    order = units[::-1]
+    link = comp_end = 0.0
+    starts: list[float] = []
+    pending: list[tuple[float, float]] = []      # (issue time, seconds) of reduce-scatters not yet on the link
+    for i, u in enumerate(order):
+        ready = comp_end
+        if gather and not u.kept and u.gather_s:
+            issue = starts[i - prefetch] if i >= prefetch else 0.0
+            while pending and pending[0][0] <= issue:
+                at, secs = pending.pop(0)
+                link = max(link, at) + secs
+            link = max(link, issue) + u.gather_s + (order[i - 1].link_bwd_s if i else 0.0)
+            ready = max(ready, link)
+        starts.append(ready)
+        comp_end = ready + u.backward_s
+        if reduce and u.reduce_s:
+            nxt = order[i + 1].link_bwd_s if i + 1 < len(order) else 0.0
+            pending.append((comp_end, u.reduce_s + nxt))
+    for at, secs in pending:
+        link = max(link, at) + secs
+    return max(comp_end, link)
+
+
+def passes(pol: Policy, m: int) -> tuple[int, int, int]:
+    """Per step: (forward passes that gather, backward passes that reduce-scatter, backward passes
+    that gather without reducing)."""
+    gathers = m if pol.reshard else 1
+    reduces = m if pol.reduce_every_microbatch else 1
+    return gathers, reduces, (m - reduces) if pol.reshard else 0
+
+
+def step_exposure(chunks: list[list[Unit]], pol: Policy, m: int) -> float:
+    """Exposed FSDP seconds of one pipeline rank per step: its chunks over m micro-batches (a
+    pass with no FSDP traffic exposes nothing)."""
+    gathers, reduces, gather_only = passes(pol, m)
+    total = 0.0
+    for units in chunks:
+        fwd = sum(u.forward_s for u in units)
+        bwd = sum(u.backward_s for u in units)
+        total += gathers * max(0.0, _forward(units, pol.prefetch, True) - fwd)
+        total += reduces * max(0.0, _backward(units, pol.prefetch, pol.reshard, True) - bwd)
+        if gather_only:
+            total += gather_only * max(0.0, _backward(units, pol.prefetch, True, False) - bwd)
+    return total

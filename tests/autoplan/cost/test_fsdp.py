@@ -1,0 +1,85 @@
+"""ZeRO-3 as FSDP2 overlaps it: prefetch depth, first gather / last reduce-scatter exposed, links
+shared with per-layer collectives, reshard-after-forward, gradient sync per micro-batch or per step."""
+import pytest
+
+from autoplan.cost import EstimateOptions, Estimator
+from autoplan.cost.fsdp import Policy, Unit, step_exposure
+from autoplan.plan import Plan
+
+MODEL = "llama:layers=8,hidden=1024,heads=16,kv_heads=4,ffn=4096,vocab=8000"
+
+
+def _units(forward=(10.0, 10.0, 10.0), gather=(1.0, 1.0, 1.0), link=0.0, reduce=2.0, backward=20.0):
+    """A root unit (no compute, gathered first, reduce-scattered last) and blocks; the last block is kept."""
+    root = Unit(0.0, 0.0, 1.0, reduce, 0.0, 0.0, kept=True)
+    blocks = [Unit(f, backward, g, reduce, link, 0.0, kept=i == len(forward) - 1)
+              for i, (f, g) in enumerate(zip(forward, gather))]
+    return [root] + blocks
+
+
+def test_first_gathers_and_last_reduce_scatters_are_exposed_and_counted_per_microbatch():
+    units = _units()
+    # forward: the root's gather (1) and the first block's (1, nothing to hide behind) are exposed;
+    # backward: reduce-scatters queue behind the re-gathers, the root's (2) runs after all compute: 4
+    assert step_exposure([units], Policy(1, True, True), 1) == pytest.approx(6.0)
+    assert step_exposure([units], Policy(1, True, True), 2) == pytest.approx(12.0)
+    # reshard off: gathered once per step, still reduce-scattered every micro-batch (no no_sync)
+    assert step_exposure([units], Policy(1, False, True), 2) == pytest.approx(2.0 + 2 * 4.0)
+
+
+def test_deeper_prefetch_hides_a_gather_behind_an_earlier_long_layer():
+    units = _units(forward=(30.0, 10.0, 10.0), gather=(1.0, 15.0, 15.0), reduce=0.0)
+    assert step_exposure([units], Policy(1, False, True), 1) == pytest.approx(7.0)
+    assert step_exposure([units], Policy(2, False, True), 1) == pytest.approx(2.0)
+
+
+def test_per_layer_collectives_on_the_same_links_slow_the_gathers():
+    alone = _units(gather=(9.8, 9.8, 9.8), reduce=0.0)
+    shared = _units(gather=(9.8, 9.8, 9.8), link=0.5, reduce=0.0)
+    assert step_exposure([alone], Policy(1, False, True), 1) == pytest.approx(10.8)
+    assert step_exposure([shared], Policy(1, False, True), 1) == pytest.approx(11.4)
+
+
+@pytest.fixture(scope="module")
+def fsdp16(traced):
+    import topologies
+    return traced(MODEL, seq=2048), topologies.load("h100x16")
+
+
+def _est(fsdp16, plan, batch=32, **options):
+    model, cluster = fsdp16
+    return Estimator(model, cluster, EstimateOptions(**options)).estimate(Plan.parse(plan, num_gpus=16), batch)
+
+
+def _dp(est, kind):
+    return [p for p in est.primitives if p.axis == "dp" and p.kind == kind]
+
+
+def test_zero3_across_nodes_exposes_some_traffic_and_reshard_off_trades_memory_for_it(fsdp16):
+    on = _est(fsdp16, "dp=16,mbs=1,zero=3")                 # m = 2 micro-batches
+    off = _est(fsdp16, "dp=16,mbs=1,zero=3", fsdp_reshard_after_forward=False)
+    total = sum(p.time_s for p in on.primitives if p.axis == "dp")
+    assert 0 < on.time_breakdown_s["dp_exposed"] < total
+    assert sum(p.calls_per_step for p in _dp(on, "all_gather")) == 4       # forward + backward, 2 micro-batches
+    assert sum(p.calls_per_step for p in _dp(off, "all_gather")) == 1      # the first forward only
+    assert sum(p.calls_per_step for p in _dp(on, "reduce_scatter")) == 2   # every micro-batch (no no_sync)
+    assert off.time_breakdown_s["dp_exposed"] < on.time_breakdown_s["dp_exposed"]
+    assert off.memory_gib > on.memory_gib
+    exposed_all = _est(fsdp16, "dp=16,mbs=1,zero=3", overlap_grad_reduce=False)
+    assert exposed_all.time_breakdown_s["dp_exposed"] == pytest.approx(total, rel=1e-6)
+
+
+def test_zero3_under_pipeline_gathers_once_and_reduces_once_per_step(fsdp16):
+    est = _est(fsdp16, "pp=2,dp=8,mbs=1,zero=3,schedule=1f1b")   # m = 4 micro-batches
+    assert sum(p.calls_per_step for p in _dp(est, "all_gather")) == 1
+    assert sum(p.calls_per_step for p in _dp(est, "reduce_scatter")) == 1
+    regather = _est(fsdp16, "pp=2,dp=8,mbs=1,zero=3,schedule=1f1b", fsdp_reshard_after_forward=True)
+    assert sum(p.calls_per_step for p in _dp(regather, "all_gather")) == 2 * 4
+    assert regather.memory_gib < est.memory_gib
+
+
+def test_deeper_prefetch_holds_more_gathered_layers(fsdp16):
+    one = _est(fsdp16, "dp=16,mbs=1,zero=3")
+    two = _est(fsdp16, "dp=16,mbs=1,zero=3", fsdp_prefetch=2)
+    assert two.memory_gib > one.memory_gib
+    assert two.time_breakdown_s["dp_exposed"] <= one.time_breakdown_s["dp_exposed"] + 1e-12
