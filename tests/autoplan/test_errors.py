@@ -76,6 +76,9 @@ def test_a_user_error_without_fix_still_prints_one(capsys):
     (["run", TINY, "--plan", "tp=1", "--lr", "inf"], ["--lr inf"]),
     (["trace", TINY, "--trace-timeout", "-5"], ["--trace-timeout -5.0"]),
     (["trace", "llama:layers=2,hidden=60,heads=4,kv_heads=2,ffn=96,vocab=128"], ["head_dim 15 is odd", "RoPE"]),
+    (["trace", "gpt:layers=1000000000,hidden=64,heads=4,vocab=256"], ["layers=", "at most 1,024"]),
+    (["estimate", "llama:layers=99999999999999,hidden=64,heads=4,vocab=256", "--cluster", "h100x8",
+      "--plan", "tp=1"], ["at most 1,024"]),
 ])
 def test_counts_and_sizes_are_bounded(capsys, argv, words):
     err = user_error(capsys, *argv)
