@@ -18,7 +18,8 @@ exposed ≤ time for every primitive and in sum; the time breakdown adds up to t
 memory > 0 and ``fits`` ⇔ memory ≤ HBM; 0 < MFU, HFU < 1; tokens/s = global batch · seq / step
 time; one stage time per virtual stage and ≥ 1 layer in each; tp divides the heads; every number
 finite; an input that must be refused (a broken field) is refused; a plan the search returned is
-accepted by ``estimate`` with the same bytes; every 10th estimate repeated gives the same bytes.
+accepted by ``estimate`` with the same bytes and by ``autoplan run``'s checks (``check_supported``);
+every 10th estimate repeated gives the same bytes.
 """
 from __future__ import annotations
 
@@ -409,6 +410,22 @@ def run_search(case: Case, tally: Tally) -> None:
     for c in json.loads(out):
         plan = c["plan"] if isinstance(c["plan"], str) else c["estimate"]["plan"]
         run_estimate(case, tally, plan=plan, expect=json.dumps(c["estimate"]))
+        refused = run_refuses(plan, case.batch, case.seq)
+        if refused:
+            tally.violations.append((case.index, argv, [f"autoplan run refuses {plan}: {refused}"]))
+
+
+def run_refuses(plan: str, batch: int, seq: int) -> str:
+    """What ``autoplan run`` says against a plan before starting processes ('' : nothing)."""
+    from autoplan.apply.parallel import check_supported
+    from autoplan.errors import UserError
+    from autoplan.plan import Plan
+
+    try:
+        check_supported(Plan.parse(plan), batch, seq)
+    except UserError as e:
+        return str(e)
+    return ""
 
 
 def run(seed: int, cases: int, search_every: int, models: int, progress: bool) -> Tally:

@@ -231,6 +231,11 @@ def test_model_without_repeated_block_says_what_was_found(capsys, tmp_path):
     assert main(["trace", str(path), "--seq", "8", "--no-cache"]) == 0
     out = capsys.readouterr().out
     assert "no repeated block found (top-level modules: e (Embedding), h (Linear))" in " ".join(out.split())
+    for argv in (["estimate", str(path), "--cluster", "h100x8", "--plan", "dp=8"],
+                 ["search", str(path), "--cluster", "h100x8", "--workers", "1"]):
+        err = user_error(capsys, *argv, "--seq", "8", "--global-batch", "8")
+        assert "no repeated block found (top-level modules: e (Embedding), h (Linear))" in err
+        assert "stack of identical layers" in err and "nn.ModuleList" in err
 
 
 def test_export_model_that_fails_to_build(capsys, tmp_path):
