@@ -47,7 +47,20 @@ class Workload:
         if global_batch < 1:
             raise UserError(f"--global-batch must be ≥ 1, got {global_batch}", "pass --global-batch N with N ≥ 1")
         from autoplan.frontend import trace   # torch: imported only when a model is traced
-        return Workload(trace(model, seq=seq), c, seq, global_batch, model)
+        graph = trace(model, seq=seq)
+        _check_stack(graph, model)
+        return Workload(graph, c, seq, global_batch, model)
 
     def estimator(self, options: EstimateOptions = EstimateOptions(), *, enforce_rules: bool = False) -> Estimator:
         return Estimator(self.model, self.cluster, options, enforce_rules=enforce_rules)
+
+
+def _check_stack(graph: BlockGraph, name: str) -> None:
+    """Plans cut and shard a stack of repeated blocks: a model without one (the tracer's note says
+    what it found instead) is a UserError here rather than a misleading "0 layers" plan error."""
+    if graph.num_layers:
+        return
+    note = next((n for n in graph.model.notes if n.startswith("no repeated block")), "no repeated block found")
+    found = note.split("): ", 1)[0] + ")" if "): " in note else note
+    raise UserError(f"{name}: {found}; autoplan plans a model built as a stack of identical layers",
+                    "build the model around an nn.ModuleList of identical blocks (e.g. transformer layers)")

@@ -21,6 +21,8 @@ swapped inside that forward (``ContextParallelAttention``, a ``TorchFunctionMode
 The exchanges work on local tensors (a tp-sharded DTensor is unwrapped and rewrapped with
 its placements), so cp composes with tp (heads), FSDP2 and pipeline stages; gradients of
 the replicated parameters are averaged over cp like over dp.  Runs on gloo (CPU) and NCCL.
+On CUDA, a call torch's own ``context_parallel`` covers (ring, no tp, no GQA, no dropout:
+``torch_declines``) runs there instead, with the same chunking.
 """
 from __future__ import annotations
 
@@ -204,6 +206,55 @@ def cp_attention(q, k, v, g: CPGroups, scale: float, dropout: float) -> torch.Te
     return out
 
 
+# --- capacity-routed MoE under cp: the whole sequence's expert queues -------------------------
+
+@dataclass(frozen=True)
+class SequenceQueue:
+    """A capacity-routed MoE's ``queue`` hook under cp (``autoplan.zoo.moe.MoE.queue``).
+
+    One process ranks the k·T choices of a micro-batch k-major, token by token (T = b·S, row
+    by row, position by position), and drops a choice whose place in its expert's queue is
+    ≥ C = ceil(b·S·k/E · capacity_factor).  A cp rank holds chunks i and 2cp−1−i of each row,
+    so a choice's place is: the choices of its expert in every (level, row, chunk) before its
+    own, summed over the cp ranks' counts (one ``all_gather`` of k·b·2·E integers), plus its
+    running count inside its chunk.  The capacity is that of the whole sequence (cp × the
+    local one's tokens), so the rank's buffer has C slots per expert.
+    """
+
+    cp: int
+    cp_rank: int
+    group: object            # the whole cp group
+    length: int              # tokens per chunk, S / (2·cp)
+    model: object            # the MoE module (its ``capacity``, ``topk``, ``experts``)
+
+    def __call__(self, onehot: torch.Tensor, position: torch.Tensor, cap: int) -> tuple[torch.Tensor, int]:
+        k, experts, length = self.model.topk, self.model.experts, self.length
+        choices = onehot.view(k, -1, 2, length, experts)                             # [k, b, 2, L, E]
+        rows = choices.shape[1]
+        within = ((torch.cumsum(choices, dim=3) - 1) * choices).sum(dim=-1)          # [k, b, 2, L]
+        counts = choices.sum(dim=3).contiguous()                                      # [k, b, 2, E]
+        gathered = [torch.empty_like(counts) for _ in range(self.cp)]
+        dist.all_gather(gathered, counts, group=self.group)
+        every = counts.new_zeros(k, rows, 2 * self.cp, experts)
+        for r, part in enumerate(gathered):
+            every[:, :, list(chunks_of(r, self.cp))] = part
+        flat = every.view(-1, experts)
+        before = (torch.cumsum(flat, dim=0) - flat).view_as(every)[:, :, list(chunks_of(self.cp_rank, self.cp))]
+        place = (before.unsqueeze(3) * choices).sum(dim=-1) + within                 # [k, b, 2, L]
+        return place.reshape(-1), self.model.capacity(rows * 2 * length * self.cp)
+
+
+def route_whole_sequence(module: torch.nn.Module, cp: int, cp_rank: int, group, seq: int) -> int:
+    """Give every capacity-routed MoE in ``module`` (one with ``capacity`` and ``queue``, as the
+    zoo's) the whole sequence's queue (``SequenceQueue``); returns how many were found."""
+    found = 0
+    for m in module.modules():
+        if callable(getattr(m, "capacity", None)) and callable(getattr(m, "queue", None)):
+            m.queue = SequenceQueue(cp, cp_rank, group, seq // (2 * cp), m)
+            found += 1
+    return found
+
+
 def check_model(model) -> None:
     """The model's forward must take ``position_ids`` (each cp rank's tokens sit at their own positions)."""
     import inspect
@@ -214,12 +265,53 @@ def check_model(model) -> None:
                         "add `position_ids=None` to forward and use it for positions/rotary tables, or cp=1")
 
 
-class ContextParallelAttention(TorchFunctionMode):
-    """While active, causal ``F.scaled_dot_product_attention`` runs as ``cp_attention``."""
+# --- torch's own context_parallel where it covers the call (CUDA) -------------------------------
 
-    def __init__(self, groups: CPGroups) -> None:
+def torch_declines(device_type: str, ulysses: int, tensor_parallel: bool, q_heads: int, kv_heads: int,
+                   dropout: float, enable_gqa: bool) -> str:
+    """Why torch's ``context_parallel`` cannot run this attention call ('' when it can).
+
+    torch 2.13's CP (``torch.distributed.tensor.experimental``) is ring attention on CUDA SDPA
+    kernels (flash, efficient, cuDNN) over plain tensors sharded on one cp DeviceMesh, with the
+    head-tail load balancing this module uses (rank i: chunks i and 2cp−1−i).  It has no
+    Ulysses/USP, takes no tp-sharded DTensor (its input hook asserts Shard(seq) placements), no
+    grouped K/V heads and no dropout in the ring merge.
+    """
+    if device_type != "cuda":
+        return f"torch's context_parallel runs on CUDA attention kernels, not {device_type}"
+    if ulysses > 1:
+        return "torch's context_parallel is ring attention only (no Ulysses all-to-all)"
+    if tensor_parallel:
+        return "torch's context_parallel takes plain tensors, not tp-sharded DTensors"
+    if enable_gqa or kv_heads != q_heads:
+        return f"torch's ring attention needs as many K/V heads as query heads ({kv_heads} vs {q_heads})"
+    if dropout > 0:
+        return "torch's ring attention merges blocks without attention dropout"
+    return ""
+
+
+def torch_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cp_mesh) -> torch.Tensor:
+    """Causal attention of this rank's tokens by torch's ``context_parallel`` on ``cp_mesh``.
+
+    The context shards a one-row marker of the whole sequence only to switch on its head-tail
+    load balancing (the inputs here are already this rank's two chunks), then its patched
+    ``F.scaled_dot_product_attention`` runs the ring on local q, k, v [b, h, S/cp, d]."""
+    from torch.distributed.tensor.experimental import context_parallel
+
+    marker = torch.empty(1, q.shape[2] * cp_mesh.size(), device=q.device)
+    with context_parallel(cp_mesh, buffers=[marker], buffer_seq_dims=[1], no_restore_buffers={marker}):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
+class ContextParallelAttention(TorchFunctionMode):
+    """While active, causal ``F.scaled_dot_product_attention`` runs as ``cp_attention``, or as
+    torch's ``context_parallel`` where ``torch_declines`` finds nothing against it (CUDA, ring,
+    no tp, no GQA, no dropout; ``cp_mesh`` given)."""
+
+    def __init__(self, groups: CPGroups, cp_mesh=None) -> None:
         super().__init__()
         self.groups = groups
+        self.cp_mesh = cp_mesh
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -234,6 +326,10 @@ class ContextParallelAttention(TorchFunctionMode):
         q, k, v = call["query"], call["key"], call["value"]
         scale = call.get("scale") or 1.0 / math.sqrt(q.shape[-1])
         dropout = call.get("dropout_p", 0.0) or 0.0
+        if self.cp_mesh is not None and not torch_declines(q.device.type, self.groups.ulysses, isinstance(q, DTensor),
+                                                           q.shape[1], k.shape[1], dropout,
+                                                           bool(call.get("enable_gqa", False))):
+            return torch_ring_attention(q, k, v, scale, self.cp_mesh)
         if isinstance(q, DTensor):
             mesh, placements = q.device_mesh, q.placements
             out = cp_attention(q.to_local(), k.to_local(), v.to_local(), self.groups, scale, dropout)

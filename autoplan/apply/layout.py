@@ -128,6 +128,19 @@ class _Labels(TorchFunctionMode):
         return out
 
 
+def probe_on_meta(build, mbs: int) -> tuple[nn.Module, ModelLayout]:
+    """(model, layout) of ``build()`` built and probed on the meta device (no memory, no weights),
+    in its training configuration as ``apply`` runs it (``outputs.training_config``: an HF MoE's
+    fp32 experts cannot probe under ``grouped_mm``), with transformers' packed-sequence check
+    (which reads position values, none on meta) off: every row is one sequence."""
+    from autoplan.apply.outputs import training_config
+    from autoplan.frontend.hf import unpacked_sequences
+
+    with torch.device("meta"), unpacked_sequences():
+        model = training_config(build())
+        return model, probe(model, torch.zeros(mbs, 2, dtype=torch.long))
+
+
 def probe(model: nn.Module, example_ids: torch.Tensor) -> ModelLayout:
     """Run ``model(example_ids)`` once (no grad) and read its layout."""
     blocks_path, blocks = find_blocks(model)

@@ -183,7 +183,7 @@ class ParallelModel:
             stack.enter_context(loss_parallel())
         if self.cp_groups is not None:
             stack.enter_context(unpacked_sequences())      # positions of a chunk pair are not a packed batch
-            stack.enter_context(context_parallel.ContextParallelAttention(self.cp_groups))
+            stack.enter_context(context_parallel.ContextParallelAttention(self.cp_groups, self.mesh["cp"]))
         return stack
 
     def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor) -> float | None:
@@ -332,6 +332,8 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         first, end = bounds[sid]
         copy, inject = pipeline.cut_stage(model, layout, first, end, owns_pre=sid == 0,
                                           owns_post=sid == num_stages - 1)
+        if cp_groups is not None:
+            context_parallel.route_whole_sequence(copy, plan.cp, coords["cp"], mesh["cp"].get_group(), seq)
         if ep_group is not None:
             expert_parallel.shard_model_experts(copy, layout.blocks_path, plan.ep, coords["ep"], ep_group)
         if tp_mesh is not None:

@@ -137,12 +137,10 @@ def check_placements(model: nn.Module, layout: ModelLayout, tp: int, placements:
 def check_placements_on_meta(build: Callable[[], nn.Module], tp: int, mbs: int,
                              placements: PlacementsArg) -> dict[str, str]:
     """``check_placements`` on a model built and probed on the meta device (no memory, no
-    weights): what ``autoplan run`` checks once before it starts any process."""
-    from autoplan.apply.layout import probe
+    weights, ``layout.probe_on_meta``): what ``autoplan run`` checks once before it starts any process."""
+    from autoplan.apply.layout import probe_on_meta
 
-    with torch.device("meta"):
-        model = build()
-        layout = probe(model, torch.zeros(mbs, 2, dtype=torch.long))
+    model, layout = probe_on_meta(build, mbs)
     return check_placements(model, layout, tp, placements)
 
 

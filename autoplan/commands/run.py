@@ -78,9 +78,10 @@ def _checked_config(args: argparse.Namespace):
     nproc = args.nproc or plan.num_gpus
     source = load_source(args.model)
     info = source.info
+    experts = info.experts if info else _experts_on_meta(source, plan)
     plan.validate(num_gpus=nproc, num_layers=info.layers if info else plan.pp * plan.vpp,
                   heads=info.heads if info else 0, kv_heads=info.kv_heads if info else 0,
-                  experts=info.experts if info else 0, seq=args.seq, global_batch=args.global_batch)
+                  experts=experts, seq=args.seq, global_batch=args.global_batch)
     check_supported(plan, args.global_batch, args.seq)
     if args.backend == "nccl":
         from autoplan.apply.train import cuda_devices
@@ -98,6 +99,18 @@ def _checked_config(args: argparse.Namespace):
     if plan.tp > 1:
         print(f"autoplan run: tensor-parallel layout {which}", flush=True)
     return _config(args, plan.to_string(), placements), nproc
+
+
+def _experts_on_meta(source, plan) -> int:
+    """The expert count of a model file (no config to read it from), probed on the meta device;
+    only needed to check an ep > 1 plan (0 otherwise)."""
+    if plan.ep == 1:
+        return 0
+    from autoplan.apply.expert_parallel import model_experts
+    from autoplan.apply.layout import probe_on_meta
+
+    model, layout = probe_on_meta(source.build, plan.mbs)
+    return model_experts(model, layout.blocks_path)
 
 
 def _chosen_placements(args: argparse.Namespace, plan) -> tuple[dict[str, str] | None, str]:

@@ -42,11 +42,13 @@ class _Table:
 def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, rank: int,
                dp: list[DpComm], dp_exposed: float, embed_bytes: float, embed_s: float) -> list[Primitive]:
     table = _Table(comms)
+    ep_keep = _ep_share_exposed(plan, pipe, m, rank)
     for c in pipe.rank_chunks[rank]:
         for p, n in pipe.bags[c]:
             for x in p.comms:
-                table.add(x.kind, x.axis, x.purpose or x.axis, x.ranks or mesh.group(x.axis), n * m * x.calls, x.nbytes, n * m * x.seconds,
-                          n * m * x.exposed_s)
+                keep = ep_keep if x.axis == Axis.EP.value else 1.0
+                table.add(x.kind, x.axis, x.purpose or x.axis, x.ranks or mesh.group(x.axis), n * m * x.calls,
+                          x.nbytes, n * m * x.seconds, n * m * x.exposed_s * keep)
     pp_ranks = mesh.group(Axis.PP.value)
     if plan.pp > 1:
         sends = 2 * m * len(pipe.rank_chunks[rank])
@@ -69,6 +71,21 @@ def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, ran
     if embed_s:
         table.add("all_reduce", Axis.PP.value, "embedding", (pp_ranks[0], pp_ranks[-1]), 1, embed_bytes, embed_s, embed_s)
     return table.primitives()
+
+
+def _ep_share_exposed(plan: Plan, pipe: Pipeline, m: int, rank: int) -> float:
+    """The share of ``rank``'s exposed EP all-to-all time that stays exposed in the step: 1, but
+    under DualPipeV its overlapped F&B pairs hide part of it under the other micro-batch's compute.
+    Hidden = Σ over the rank's actions of their op times (m·Σ (f + b + w) over its chunks) − the
+    simulated busy time of the rank (the pairs cost max(compute, comm), not their sum); the
+    share is 1 − hidden / (m·Σ EP exposed), so primitives and breakdown add up to the step."""
+    if plan.schedule != "dualpipev" or plan.pp == 1:
+        return 1.0
+    chunks = pipe.rank_chunks[rank]
+    summed = m * sum(pipe.f[c] + pipe.b[c] + pipe.w[c] for c in chunks)
+    ep_total = m * sum((p.ep_fwd_s + p.ep_bwd_s) * n for c in chunks for p, n in pipe.bags[c])
+    hidden = max(0.0, summed - pipe.sim.busy[rank])
+    return max(0.0, 1.0 - hidden / ep_total) if ep_total > 0 else 1.0
 
 
 def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: int, dp_exposed: float,

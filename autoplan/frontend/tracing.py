@@ -215,12 +215,12 @@ def _check_output(logits_shape: tuple[int, ...] | None, sizes: tuple[int, int], 
 
 
 def _no_stack_note(model: nn.Module) -> str:
-    """What a model without a stack of repeated blocks is made of (it traces as pre + post only,
-    and no plan can cut it into pipeline stages)."""
+    """What a model without a stack of repeated blocks is made of (it traces as pre + post only;
+    ``Workload.load`` refuses to plan it, naming what was found)."""
     children = [f"{name} ({type(m).__name__})" for name, m in model.named_children()][:8]
     found = ", ".join(children) if children else "no submodules"
-    return (f"no repeated block found (top-level modules: {found}): the model is priced as one "
-            "unit, pp=1 only; build it around an nn.ModuleList of identical layers to plan more")
+    return (f"no repeated block found (top-level modules: {found}): estimate, search and explain "
+            "need a stack of identical layers; build the model around an nn.ModuleList of them")
 
 
 def _describe(graph: OpGraph, kind: str, info: ModelInfo) -> str:

@@ -84,6 +84,14 @@ class MoE(nn.Module):
         """Slots per expert: ceil(T·k/E · capacity_factor)."""
         return math.ceil(tokens * self.topk / self.experts * self.capacity_factor)
 
+    def queue(self, onehot: torch.Tensor, position: torch.Tensor, cap: int) -> tuple[torch.Tensor, int]:
+        """(each choice's place in its expert's queue, capacity) that decide what is dropped:
+        here the running count ``position`` over this forward's choices and ``cap``.  A hook:
+        under context parallelism ``apply`` replaces it on the instance with the place in the
+        whole sequence's queue (``apply.context_parallel.SequenceQueue``), so the choices kept
+        are those one process keeps; a kept choice's slot stays ``position`` (≤ its place)."""
+        return position, cap
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         tokens, experts, k = b * s, self.experts, self.topk
@@ -95,7 +103,8 @@ class MoE(nn.Module):
         expert_of = top_ids.t().reshape(tokens * k)                          # [T·k]
         onehot = F.one_hot(expert_of, experts)                               # [T·k, E]
         position = ((torch.cumsum(onehot, dim=0) - 1) * onehot).sum(dim=-1)  # [T·k]
-        slot = torch.where(position < cap, expert_of * cap + position,
+        queue, cap = self.queue(onehot, position, cap)
+        slot = torch.where(queue < cap, expert_of * cap + position,
                            torch.full_like(position, experts * cap))
         token_of = torch.arange(tokens, device=x.device).repeat(k)           # [T·k]
         buffer = flat.new_zeros(experts * cap + 1, h).index_put((slot,), flat[token_of], accumulate=True)

@@ -34,6 +34,16 @@ _CHOICES = {"mlp": MLP_KINDS, "norm": NORM_KINDS, "attention": ATTENTION_KINDS}
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _FLOATS = ("dropout", "capacity_factor")
 
+# Upper bounds on spec sizes, each far above every published model (largest: 128 layers in
+# GPT-1T, hidden 25,600 in MT-NLG, vocab 256,000 in Gemma, 256 routed experts in DeepSeek-V3) and
+# low enough that building the model on the meta device stays quick (~8 ms per layer, so
+# 1,024 layers build in ~8 s) and no weight has more than 2^60 elements (torch's size arithmetic
+# overflows int64 beyond 2^63).
+MAXIMA = {"layers": 1024, "dense_layers": 1024, "hidden": 2 ** 17, "heads": 2 ** 12, "kv_heads": 2 ** 12,
+          "head_dim": 2 ** 12, "ffn": 2 ** 20, "moe_ffn": 2 ** 20, "vocab": 2 ** 24, "experts": 2 ** 14,
+          "topk": 2 ** 14, "shared_experts": 64, "max_seq": 2 ** 24}
+FLOAT_RANGES = {"dropout": (0.0, 1.0), "capacity_factor": (0.0, 1024.0)}   # [low, high); capacity > 0
+
 
 def is_spec(text: str) -> bool:
     """True if ``text`` looks like ``family:...`` for a known family."""
@@ -61,8 +71,17 @@ def _value(family: str, key: str, raw: str):
         value = float(raw) if key in _FLOATS else int(raw)
     except ValueError:
         raise bad(f"{key} must be {'a number' if key in _FLOATS else 'an integer'}") from None
+    if key in _FLOATS:
+        low, high = FLOAT_RANGES[key]
+        if not low <= value < high or (key == "capacity_factor" and value == 0):
+            raise bad(f"{key} must be a finite number in [{low:g}, {high:g})"
+                      + (", above 0" if key == "capacity_factor" else ""))
+        return value
     if value < 0 or (value == 0 and key in REQUIRED):
         raise bad(f"{key} must be positive")
+    if value > MAXIMA[key]:
+        raise bad(f"{key} is at most {MAXIMA[key]:,} (far above any published model; a model this size "
+                  "cannot be built and traced in reasonable time)")
     return value
 
 

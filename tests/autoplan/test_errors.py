@@ -76,6 +76,9 @@ def test_a_user_error_without_fix_still_prints_one(capsys):
     (["run", TINY, "--plan", "tp=1", "--lr", "inf"], ["--lr inf"]),
     (["trace", TINY, "--trace-timeout", "-5"], ["--trace-timeout -5.0"]),
     (["trace", "llama:layers=2,hidden=60,heads=4,kv_heads=2,ffn=96,vocab=128"], ["head_dim 15 is odd", "RoPE"]),
+    (["trace", "gpt:layers=1000000000,hidden=64,heads=4,vocab=256"], ["layers=", "at most 1,024"]),
+    (["estimate", "llama:layers=99999999999999,hidden=64,heads=4,vocab=256", "--cluster", "h100x8",
+      "--plan", "tp=1"], ["at most 1,024"]),
 ])
 def test_counts_and_sizes_are_bounded(capsys, argv, words):
     err = user_error(capsys, *argv)
@@ -228,6 +231,11 @@ def test_model_without_repeated_block_says_what_was_found(capsys, tmp_path):
     assert main(["trace", str(path), "--seq", "8", "--no-cache"]) == 0
     out = capsys.readouterr().out
     assert "no repeated block found (top-level modules: e (Embedding), h (Linear))" in " ".join(out.split())
+    for argv in (["estimate", str(path), "--cluster", "h100x8", "--plan", "dp=8"],
+                 ["search", str(path), "--cluster", "h100x8", "--workers", "1"]):
+        err = user_error(capsys, *argv, "--seq", "8", "--global-batch", "8")
+        assert "no repeated block found (top-level modules: e (Embedding), h (Linear))" in err
+        assert "stack of identical layers" in err and "nn.ModuleList" in err
 
 
 def test_export_model_that_fails_to_build(capsys, tmp_path):

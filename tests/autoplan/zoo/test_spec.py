@@ -35,9 +35,25 @@ def test_overrides():
     ("gpt:layers=2,hidden=65,heads=4,vocab=100", ["not a multiple of heads"]),
     ("moe:layers=2,hidden=64,heads=4,vocab=100,experts=4,topk=5", ["topk"]),
     ("gpt:layers=0,hidden=64,heads=4,vocab=100", ["must be positive"]),
+    ("gpt:layers=1000000000,hidden=64,heads=4,vocab=100", ["layers=", "layers is at most 1,024"]),
+    ("llama:layers=99999999999999,hidden=64,heads=4,vocab=100", ["layers is at most 1,024"]),
+    ("moe:layers=2,hidden=64,heads=4,vocab=100,dense_layers=5000", ["dense_layers is at most 1,024"]),
+    ("gpt:layers=2,hidden=1099511627776,heads=4,vocab=100", ["hidden is at most 131,072"]),
+    ("moe:layers=2,hidden=64,heads=4,vocab=100,experts=100000000000,topk=2", ["experts is at most 16,384"]),
+    ("gpt:layers=2,hidden=64,heads=4,vocab=99999999999999", ["vocab is at most 16,777,216"]),
+    ("gpt:layers=2,hidden=64,heads=4,vocab=100,dropout=nan", ["dropout must be a finite number in [0, 1)"]),
+    ("gpt:layers=2,hidden=64,heads=4,vocab=100,dropout=1", ["dropout must be a finite number in [0, 1)"]),
+    ("moe:layers=2,hidden=64,heads=4,vocab=100,capacity_factor=inf", ["capacity_factor must be a finite"]),
+    ("moe:layers=2,hidden=64,heads=4,vocab=100,capacity_factor=0", ["above 0"]),
 ])
 def test_bad_specs(spec, words):
+    """Every bad spec names the key and the rule (and, for sizes, the bound)."""
     with pytest.raises(UserError) as err:
         parse_spec(spec)
     for w in words:
         assert w in str(err.value)
+
+
+def test_sizes_at_the_bounds_parse():
+    cfg = parse_spec("moe:layers=1024,hidden=64,heads=4,vocab=16777216,experts=16384,topk=2,capacity_factor=1023.5")
+    assert (cfg.layers, cfg.vocab, cfg.experts, cfg.capacity_factor) == (1024, 2 ** 24, 2 ** 14, 1023.5)
