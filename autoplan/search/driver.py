@@ -112,7 +112,7 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int,
 def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: SearchOptions) -> SearchResult:
     start = time.perf_counter()
     est = Estimator(model, cluster, options.estimate_options(), enforce_rules=True)
-    meshes, space_stats = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.seq_len,
+    meshes, space_stats = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.sample_positions,
                                            global_batch=global_batch,
                                            allow_cross_domain=options.allow_cross_domain,
                                            zero_levels=options.zero)
