@@ -40,6 +40,11 @@ def is_compact(text: str) -> bool:
     return bool(head) and bool(_MESH.match(head[0]))
 
 
+def is_axis_token(token: str) -> bool:
+    """True for one mesh axis of the compact form (``tp2``, ``dp32``)."""
+    return bool(_AXIS_TOKEN.match(token))
+
+
 def complete_order(given: tuple[str, ...], axes: tuple[str, ...] = DEFAULT_ORDER) -> tuple[str, ...]:
     """An axis order from a partial one: every axis left out keeps its default place (its index in
     ``axes``), the given ones fill the other places in their order.  ``(tp, pp, dp)`` → tp-cp-ep-pp-dp."""

@@ -353,18 +353,33 @@ class _NoProgress:
 
 
 class _RichProgress:
+    """A progress bar on stderr that appears only once the search has run ``DELAY_S`` seconds
+    (a quick search prints nothing extra), and vanishes when done."""
+
+    DELAY_S = 1.0
+
     def __init__(self, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        self._p = Progress(TextColumn("searching meshes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           transient=True)
-        self._task = self._p.add_task("", total=total)
-        self._p.start()
+        import time
+
+        self._total, self._done, self._p = total, 0, None
+        self._start, self._clock = time.monotonic(), time.monotonic
 
     def advance(self) -> None:
-        self._p.advance(self._task)
+        self._done += 1
+        if self._p is None and self._clock() - self._start >= self.DELAY_S:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("searching meshes"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self._task = self._p.add_task("", total=self._total, completed=self._done - 1)
+            self._p.start()
+        if self._p is not None:
+            self._p.advance(self._task)
 
     def stop(self) -> None:
-        self._p.stop()
+        if self._p is not None:
+            self._p.stop()
 
 
 def _progress(enabled: bool, total: int):
