@@ -87,3 +87,14 @@ def test_gpt_spec_traces_at_a_seq_beyond_its_default_max_seq(traced):
     assert g.seq_len == 4096
     wpe = [n for n in g.pre.params() if tuple(n.out.shape) == (4096, 64)]
     assert len(wpe) == 1                                         # learned positions for all 4,096
+
+
+def test_readme_examples_of_the_notation_are_right():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("tp2·cp2·pp8·dp32") and " = " in line)
+    compact, canonical = (s.strip() for s in line.split(" = "))
+    assert Plan.parse(compact) == Plan.parse(canonical) and Plan.parse(canonical).to_compact() == compact
+    other = next(line for line in readme.splitlines() if line.startswith("tp8·pp8·dp16 zero1"))
+    assert Plan.parse(other, num_gpus=1024).to_compact() == other

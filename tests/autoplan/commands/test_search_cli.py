@@ -2,7 +2,6 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -42,35 +41,15 @@ def test_json_is_a_ranked_list_of_distinct_meshes_and_byte_identical(cli, small_
 
 def _search_at(columns: int, *args: str) -> subprocess.CompletedProcess:
     """``autoplan search ARGS`` with stdout on a terminal of ``columns`` columns (a pseudo-terminal;
-    styles stripped), stderr on a pipe."""
-    import pty
-    import re
-    import threading
+    styles stripped), stderr on a pipe: ``experiments/readme_figures.on_terminal``, which the
+    README's tour is made with."""
+    import importlib.util
 
-    master, slave = pty.openpty()
-    env = dict(os.environ, COLUMNS=str(columns), TERM="xterm")
-    p = subprocess.Popen([sys.executable, "-m", "autoplan", "search", *args], stdout=slave,
-                         stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
-    os.close(slave)
-    chunks: list[bytes] = []
-
-    def read() -> None:
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:                     # EIO: the child closed the terminal
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    stderr = p.communicate(timeout=900)[1]
-    reader.join(timeout=60)
-    os.close(master)
-    text = b"".join(chunks).decode().replace("\r\n", "\n")
-    return subprocess.CompletedProcess(p.args, p.returncode, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text), stderr)
+    spec = importlib.util.spec_from_file_location("readme_figures", os.path.join(REPO, "experiments",
+                                                                                 "readme_figures.py"))
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    return figures.on_terminal(("search", *args), columns)
 
 
 def _table_rows(stdout: str) -> list[tuple[str, str]]:
@@ -79,7 +58,7 @@ def _table_rows(stdout: str) -> list[tuple[str, str]]:
     start = next(i for i, line in enumerate(lines) if line.startswith("─")) + 1
     rows: list[tuple[str, str]] = []
     for line in lines[start:]:
-        if not line.strip() or "tie —" in line:
+        if not line.strip() or "tie —" in line or "meshes after the NVLink rules" in line:
             break
         rank, plan = line[:2].strip(), line[2:].strip().split("  ")[0]
         rows.append((rank, plan) if rank else (rows[-1][0], rows.pop()[1] + " " + plan))
