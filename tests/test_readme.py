@@ -80,3 +80,15 @@ def test_every_figure_block_is_in_the_readme_and_produced_by_the_script():
     text = "a <!-- x:start -->old<!-- x:end --> b\n<!-- y:start -->\nold\n<!-- y:end -->\n"
     text = figures.replace_block(figures.replace_block(text, "x", "new"), "y", "two\nlines")
     assert text == "a <!-- x:start -->new<!-- x:end --> b\n<!-- y:start -->\ntwo\nlines\n<!-- y:end -->\n"
+
+
+def test_readme_test_command_prints_the_passed_line():
+    """pytest's closing ``N passed`` line is gone at -qq: the command's -q and addopts must not add up."""
+    import shlex
+
+    pyproject = open(os.path.join(REPO, "pyproject.toml")).read()
+    addopts = shlex.split(re.search(r'^addopts = "(.*)"$', pyproject, re.M).group(1))
+    blocks = re.findall(r"```bash\n(.*?)\n```", README, re.S)
+    command = shlex.split(next(b for b in blocks if "pytest" in b).split("&&")[-1])
+    quiet = sum(a.count("q") for a in addopts + command if re.fullmatch(r"-q+", a))
+    assert quiet <= 1, (addopts, command)

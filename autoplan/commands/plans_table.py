@@ -63,6 +63,8 @@ def plans_table(candidates: list, unit: str, *, wide: bool = False, width: int =
 
     from autoplan.explain.units import percent, seconds
 
+    if not candidates:
+        return Table(title="no plan")
     cells = plan_cells([c.plan for c in candidates], wide)
     ranks = tie_ranks([c.estimate.step_time_s for c in candidates])
     es = [c.estimate for c in candidates]
