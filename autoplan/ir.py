@@ -297,6 +297,20 @@ class BlockGraph:
     def flops_per_token(self) -> float:
         return self.flops_per_step_per_sample() / self.seq_len
 
+    @property
+    def sample_positions(self) -> int:
+        """Sequence positions one sample puts through the blocks: the traced ``seq_len`` for token
+        models; for other inputs (pixels, features) what the frontend read off the first block's
+        input (257 patches for ViT-H/14 at 224 px), since ``--seq`` does not reach them."""
+        if self.model.token_inputs or not self.model.positions:
+            return self.seq_len
+        return self.model.positions
+
+    @property
+    def throughput_unit(self) -> str:
+        """What throughput counts: "tokens" for token-id inputs, else "samples"."""
+        return self.model.throughput_unit
+
     # --- JSON ---------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

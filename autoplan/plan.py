@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from autoplan.errors import UserError
+from autoplan.plan_notation import DEFAULT_ORDER as NOTATION_ORDER
+from autoplan.plan_notation import NOTATION_GRAMMAR, compact_tokens, complete_order, is_compact, parse_compact
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline import stage_rank
 
@@ -45,7 +47,7 @@ CP_ALGOS = ("ring", "ulysses", "usp")
 # GPipe's order.  (torch.distributed.pipelining's Schedule1F1B refuses it: ``apply`` says so.)
 FEWER_MICROBATCHES_THAN_STAGES = ("gpipe", "1f1b")
 AXES = ("tp", "cp", "ep", "dp", "pp")
-DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
+DEFAULT_ORDER = NOTATION_ORDER
 KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "schedule", "recompute", "layers",
         "sp", "zero", "cp_algo", "order")
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero")
@@ -155,12 +157,30 @@ class Plan:
                   "order=" + "-".join(self.order)]
         return ",".join(parts)
 
+    def to_compact(self) -> str:
+        """The compact notation tables print (``tp2·cp2·pp8·dp32 zero2 mbs2 zbv``; see
+        ``autoplan.plan_notation``); ``Plan.parse`` reads it back to this plan."""
+        return " ".join(compact_tokens(self))
+
+    def compact_tokens(self) -> tuple[str, ...]:
+        """``to_compact`` as tokens (one per mesh axis, then one per setting), for tables that
+        mark what differs between plans."""
+        mesh, *rest = compact_tokens(self)
+        return tuple(mesh.split("·")) + tuple(rest)
+
     @staticmethod
     def parse(text: str, num_gpus: int | None = None) -> "Plan":
-        """Parse a plan string; ``num_gpus`` fills in ``dp`` when omitted.
+        """Parse a plan string, canonical (``tp=8,pp=8,…``) or compact (``tp8·pp8·dp16 mbs1``);
+        ``num_gpus`` fills in ``dp`` when omitted.
 
         Raises UserError naming the bad key or value.
         """
+        if is_compact(text):
+            raw = parse_compact(text, lambda problem: UserError(problem, NOTATION_GRAMMAR))
+            for key in raw:
+                if key not in KEYS:
+                    raise UserError(f"bad plan string: unknown key '{key}'", NOTATION_GRAMMAR)
+            return Plan.from_fields(raw, num_gpus)
         raw: dict[str, str] = {}
         for item in (p.strip() for p in text.strip().split(",")):
             if not item:
@@ -203,13 +223,6 @@ class Plan:
                 kw["layers"] = tuple(int(x) for x in (lv if isinstance(lv, (list, tuple)) else str(lv).split("-")))
             except ValueError:
                 raise UserError(f"bad plan string: layers={lv!r}", "give layers per stage joined by '-', e.g. layers=10-11-11-10") from None
-        if "order" in raw:
-            ov = raw["order"]
-            order = tuple(ov) if isinstance(ov, (list, tuple)) else tuple(str(ov).split("-"))
-            if sorted(order) != sorted(AXES):
-                raise UserError(f"bad plan string: order={'-'.join(order)} must list each of "
-                                f"{', '.join(AXES)} once", "e.g. order=tp-cp-ep-dp-pp (innermost first)")
-            kw["order"] = order
         # defaults that depend on other keys
         tp, cp, pp = kw.get("tp", 1), kw.get("cp", 1), kw.get("pp", 1)
         if "dp" not in kw:
@@ -222,6 +235,8 @@ class Plan:
                                     f"does not divide {num_gpus} GPUs",
                                     "choose degrees whose product divides the GPU count")
                 kw["dp"] = num_gpus // mp
+        if "order" in raw:
+            kw["order"] = _order(raw["order"], kw)
         return Plan(**kw)
 
     # --- JSON --------------------------------------------------------------
@@ -340,6 +355,22 @@ class Plan:
                 raise UserError(f"bad plan: schedule={self.schedule} needs at least {need} micro-batches on "
                                 f"pp={self.pp}, the plan has {m}",
                                 f"raise the global batch to ≥ {need * self.dp * self.mbs} sequences, or lower pp/mbs")
+
+
+def _order(value: Any, degrees: dict[str, Any]) -> tuple[str, ...]:
+    """An ``order`` value as all five axes: an axis of degree 1 may be left out (it has no
+    place on the hardware to choose) and keeps its default place (``complete_order``)."""
+    order = tuple(value) if isinstance(value, (list, tuple)) else tuple(str(value).split("-"))
+    example = "e.g. order=tp-cp-ep-dp-pp (innermost first; axes of degree 1 may be left out)"
+    if any(a not in AXES for a in order) or len(set(order)) != len(order):
+        raise UserError(f"bad plan string: order={'-'.join(order)} must list axes among "
+                        f"{', '.join(AXES)}, each at most once", example)
+    left_out = [a for a in AXES if a not in order and degrees.get(a, 1) > 1]
+    if left_out:
+        raise UserError(f"bad plan string: order={'-'.join(order)} leaves out "
+                        + ", ".join(f"{a} (degree {degrees[a]})" for a in left_out),
+                        "list every axis of degree > 1 in order; " + example)
+    return complete_order(order, AXES)
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -1,6 +1,12 @@
 """The README stays current: its two commands, and every CLI command and option in its reference."""
+import importlib.util
+import math
 import os
 import re
+import subprocess
+import sys
+
+import pytest
 
 from autoplan.cli import COMMANDS, build_parser
 
@@ -30,3 +36,59 @@ def test_cli_reference_lists_every_command_and_option():
                                                and any(o.startswith("--") for o in action.option_strings)):
                     continue
                 assert opt in row, f"README's row for `autoplan {name}` misses {opt}"
+
+
+def _python_snippet() -> str:
+    return next(b for b in re.findall(r"```python\n(.*?)\n```", README, re.S) if "apply(" in b)
+
+
+@pytest.mark.slow
+def test_api_snippet_runs_as_written(tmp_path):
+    """The README's Python API script, as written, under torchrun on 2 CPU processes."""
+    script = tmp_path / "train.py"
+    script.write_text(_python_snippet() + "\n")
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = sorted(re.findall(r"rank (\d): loss (\d+\.\d+)", out.stdout))
+    assert [r for r, _ in losses] == ["0", "1"]
+    assert float(losses[0][1]) == float(losses[1][1])          # tp ranks hold one loss
+    assert abs(float(losses[0][1]) - math.log(256)) < 0.5       # a fresh model: about ln(vocab)
+
+
+def test_readme_snippet_uses_the_real_api():
+    snippet = _python_snippet()
+    assert "init_process_group" in snippet and "Plan.parse" in snippet and "from autoplan.apply import apply" in snippet
+    from autoplan.apply import apply
+
+    assert callable(apply)
+
+
+def _figures():
+    spec = importlib.util.spec_from_file_location("readme_figures", os.path.join(REPO, "experiments", "readme_figures.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_figure_block_is_in_the_readme_and_produced_by_the_script():
+    figures = _figures()
+    for name in figures.BLOCKS:
+        assert README.count(f"<!-- {name}:start -->") == 1 and README.count(f"<!-- {name}:end -->") == 1, name
+    assert "python experiments/readme_figures.py" in README
+    text = "a <!-- x:start -->old<!-- x:end --> b\n<!-- y:start -->\nold\n<!-- y:end -->\n"
+    text = figures.replace_block(figures.replace_block(text, "x", "new"), "y", "two\nlines")
+    assert text == "a <!-- x:start -->new<!-- x:end --> b\n<!-- y:start -->\ntwo\nlines\n<!-- y:end -->\n"
+
+
+def test_readme_test_command_prints_the_passed_line():
+    """pytest's closing ``N passed`` line is gone at -qq: the command's -q and addopts must not add up."""
+    import shlex
+
+    pyproject = open(os.path.join(REPO, "pyproject.toml")).read()
+    addopts = shlex.split(re.search(r'^addopts = "(.*)"$', pyproject, re.M).group(1))
+    blocks = re.findall(r"```bash\n(.*?)\n```", README, re.S)
+    command = shlex.split(next(b for b in blocks if "pytest" in b).split("&&")[-1])
+    quiet = sum(a.count("q") for a in addopts + command if re.fullmatch(r"-q+", a))
+    assert quiet <= 1, (addopts, command)

@@ -52,7 +52,7 @@ def build_model(cfg: RunConfig) -> nn.Module:
     from autoplan.frontend.source import load_source
 
     torch.manual_seed(cfg.seed)
-    model = training_config(load_source(cfg.model).build())
+    model = training_config(load_source(cfg.model, cfg.seq).build())
     model.train(cfg.dropout)
     return model.to(DTYPES[cfg.dtype])
 

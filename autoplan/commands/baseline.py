@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoplan.commands.common import add_workload_args, print_estimate, wide_console
+from autoplan.commands.common import add_workload_args, print_estimate, run_header, wide_console
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -49,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
                          indent=2, sort_keys=True, ensure_ascii=False))
         return 0
     console = wide_console()
-    console.print(f"[bold]{args.recipe}[/bold] recipe for {graph.model.name} on {cluster.name} "
-                  f"({cluster.describe()}), seq {args.seq:,}, global batch {args.global_batch:,}")
+    console.print(f"[bold]{args.recipe}[/bold] recipe for {run_header(graph, cluster, args.global_batch)}")
     console.print(f"[dim]{SUMMARIES[args.recipe]}[/dim]")
     print_estimate(console, plan, est)
     return 0

@@ -16,13 +16,28 @@ def add_workload_args(p: argparse.ArgumentParser, batch_note: str = "") -> None:
 
 
 
-def wide_console():
-    """A rich Console; when stdout is not a terminal (a pipe, a file), 200 columns wide so
-    that plan strings and tables are not wrapped at 80."""
+def wide_console(min_width: int = 0):
+    """A rich Console as wide as the terminal (``COLUMNS`` where set); when stdout is not a
+    terminal (a pipe, a file), 200 columns wide so that tables are not wrapped at 80 and the
+    output does not depend on the environment; at least ``min_width`` columns in any case
+    (``--wide`` tables)."""
     from rich.console import Console
 
     console = Console()
-    return console if console.is_terminal else Console(width=200)
+    if not console.is_terminal:
+        console = Console(width=200)
+    return console if console.width >= min_width else Console(width=min_width)
+
+
+def run_header(graph, cluster, global_batch: int) -> str:
+    """The line above a pricing table: model, cluster and run size.  Token models state their
+    sequence length; other inputs (images, features) the positions per sample their blocks see,
+    since ``--seq`` does not reach them, and the batch in samples."""
+    head = f"[bold]{graph.model.name}[/bold] on {cluster.name} ({cluster.describe()}), "
+    if graph.model.token_inputs:
+        return head + f"seq {graph.seq_len:,}, global batch {global_batch:,}"
+    return head + (f"{graph.sample_positions:,} positions per sample (not token ids: --seq does not apply), "
+                   f"global batch {global_batch:,} samples")
 
 
 def print_estimate(console, plan, est, title: str = "") -> None:
@@ -35,9 +50,9 @@ def print_estimate(console, plan, est, title: str = "") -> None:
 
     console.print(f"{title + ': ' if title else ''}[bold cyan]{plan.to_string()}[/bold cyan]")
     head = Table(box=box.SIMPLE_HEAD, show_header=True)
-    for col in ("step", "tokens/s", "MFU", "HFU", "memory GiB", "fits", "bubble", "comm", "comm exposed"):
+    for col in ("step", f"{est.throughput_unit}/s", "MFU", "HFU", "memory GiB", "fits", "bubble", "comm", "comm exposed"):
         head.add_column(col, justify="right")
-    head.add_row(seconds(est.step_time_s), f"{est.tokens_per_s:,.0f}", percent(est.mfu), percent(est.hfu),
+    head.add_row(seconds(est.step_time_s), f"{est.throughput:,.0f}", percent(est.mfu), percent(est.hfu),
                  f"{est.memory_gib:.1f} / {est.hbm_gib:.1f}", "yes" if est.fits else "[red]no[/red]",
                  percent(est.bubble_fraction), seconds(est.comm_time_s), seconds(est.comm_exposed_s))
     console.print(head)

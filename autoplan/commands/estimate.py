@@ -5,7 +5,8 @@
 
 The plan runs Megatron's operator sharding for tp/sp (column- then row-parallel, which the
 block ILP recovers on its own).  ``--json`` prints the Estimate: step_time_s, tokens_per_s,
-tokens_per_s_per_gpu, mfu, hfu, model_flops_per_step, memory_gib (max over GPUs),
+tokens_per_s_per_gpu, samples_per_s, throughput_unit (tokens, or samples for inputs that are not
+token ids; tokens_per_s then counts the positions per sample the blocks see), mfu, hfu, model_flops_per_step, memory_gib (max over GPUs),
 memory_breakdown_gib {params, grads, optimizer, activations, other}, fits,
 bubble_fraction, comm_exposed_s, violations [{rule, text}], primitives [{kind, dim,
 group_size, span, level, calls_per_step, bytes_per_call, time_s, exposed_s}] and more.
@@ -40,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines.common import price
-    from autoplan.commands.common import print_estimate, wide_console
+    from autoplan.commands.common import print_estimate, run_header, wide_console
     from autoplan.cost import EstimateOptions
     from autoplan.cost.types import rounded
     from autoplan.errors import UserError
@@ -71,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
         print(est.to_json())
         return 0
     console = wide_console()
-    console.print(f"{graph.model.name} on {cluster.name} ({cluster.describe()}), seq {args.seq:,}, "
-                  f"global batch {args.global_batch:,}")
+    console.print(run_header(graph, cluster, args.global_batch))
     print_estimate(console, plan, est)
     return 0

@@ -76,7 +76,7 @@ def _checked_config(args: argparse.Namespace):
         raise UserError(f"--nproc must be positive, got {args.nproc}", "pass the number of processes")
     plan = load_plan(args.plan, num_gpus=args.nproc or None)
     nproc = args.nproc or plan.num_gpus
-    source = load_source(args.model)
+    source = load_source(args.model, args.seq)
     info = source.info
     experts = info.experts if info else _experts_on_meta(source, plan)
     plan.validate(num_gpus=nproc, num_layers=info.layers if info else plan.pp * plan.vpp,

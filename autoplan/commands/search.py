@@ -4,9 +4,12 @@
     autoplan search llama3-8b --cluster h100x256 --seq 131072 --global-batch 64 --top 3 --json
     autoplan search model.py --cluster my_cluster.yaml --report plans.html
 
-Prints a ranked table (or ``--json``: a list of {plan, estimate}, byte-identical for the same
-inputs).  Plans respect the hard rule that per-layer collectives (TP/SP, EP all-to-all,
-Ulysses all-to-all) stay inside one NVLink domain unless ``--allow-cross-domain``.
+Prints a ranked table of plans in the compact notation (``tp2·cp2·pp8·dp32 zero2 mbs2 zbv``;
+``--wide``: the full string), bold where the plans differ, ``1=`` for plans that tie within
+0.5 %; or ``--json``: a list of {plan, estimate}, byte-identical for the same inputs.  Plans
+respect the hard rule that per-layer collectives (TP/SP, EP all-to-all, Ulysses all-to-all) stay
+inside one NVLink domain unless ``--allow-cross-domain``.  A search longer than a second shows a
+progress bar on stderr when stderr is a terminal; ``--report`` says on stderr where it wrote.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's)")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
+    p.add_argument("--wide", action="store_true",
+                   help="print every plan as its full key=value string (default: the compact notation)")
     p.add_argument("-o", "--output", metavar="PATH",
                    help="with --json: write the list to PATH (whole, or not at all) instead of stdout")
     p.set_defaults(func=run)
@@ -62,29 +67,27 @@ def run(args: argparse.Namespace) -> int:
                           ensure_ascii=False) + "\n"
         if args.output:
             write_text(args.output, text)
+        if args.report:
+            print(f"wrote the HTML report to {args.report}", file=sys.stderr)
         else:
             sys.stdout.write(text)
         return 0
-    _print(wide_console(), graph, cluster, args, result)
+    _print(wide_console(min_width=200 if args.wide else 0), graph, cluster, args, result)
+    if args.report:
+        sys.stdout.flush()
+        print(f"wrote the HTML report to {args.report}", file=sys.stderr)
     return 0
 
 
 def _print(console, graph, cluster, args, result) -> None:
-    from rich import box
-    from rich.table import Table
+    from autoplan.commands.common import run_header
+    from autoplan.commands.plans_table import plans_table, tie_note
 
-    from autoplan.explain.units import percent, seconds
-
-    console.print(f"[bold]{graph.model.name}[/bold] on {cluster.name} ({cluster.describe()}), "
-                  f"seq {args.seq:,}, global batch {args.global_batch:,}")
-    table = Table(box=box.SIMPLE_HEAD, title=f"Top {len(result.candidates)} distinct meshes")
-    for col in ("#", "plan", "step", "tokens/s", "MFU", "memory GiB", "bubble", "comm exposed"):
-        table.add_column(col, justify="left" if col == "plan" else "right")
-    for i, c in enumerate(result.candidates, 1):
-        e = c.estimate
-        table.add_row(str(i), c.plan.to_string(), seconds(e.step_time_s), f"{e.tokens_per_s:,.0f}", percent(e.mfu),
-                      f"{e.memory_gib:.1f} / {e.hbm_gib:.1f}", percent(e.bubble_fraction), seconds(e.comm_exposed_s))
-    console.print(table)
+    console.print(run_header(graph, cluster, args.global_batch))
+    console.print(plans_table(result.candidates, graph.throughput_unit, wide=args.wide, width=console.width))
+    note = tie_note(result.candidates)
+    if note:
+        console.print(note)
     st = result.stats
     console.print(f"[dim]{st.space.generated} meshes after the NVLink rules ({st.space.broke_rules} degree choices "
                   f"broke them), {st.pruned_memory} cannot hold their model states, {st.pruned_bound} bounded out, "

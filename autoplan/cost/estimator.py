@@ -56,7 +56,7 @@ class Estimator:
                mesh.group("tp"), mesh.group("cp"), mesh.group("ep"))
         hit = self._parts.get(key)
         if hit is None:
-            hit = self._parts[key] = price_part(self.comms, self.layouts, self.info, self.model.seq_len, self.hidden,
+            hit = self._parts[key] = price_part(self.comms, self.layouts, self.info, self.model.sample_positions, self.hidden,
                                                 kind, self.graph(kind), plan, recompute, mesh)
         return hit
 
@@ -94,7 +94,7 @@ class Estimator:
     def check(self, plan: Plan, global_batch: int) -> None:
         info = self.info
         plan.validate(num_gpus=self.cluster.num_gpus, num_layers=self.model.num_layers, heads=info.heads,
-                      kv_heads=info.kv_heads, experts=info.experts, seq=self.model.seq_len, global_batch=global_batch)
+                      kv_heads=info.kv_heads, experts=info.experts, seq=self.model.sample_positions, global_batch=global_batch)
 
     def counted_parts(self, plan: Plan, mesh: Mesh) -> list[tuple[Part, int]]:
         """Every graph of the model under ``plan`` (no recompute), with how often it occurs."""
@@ -108,9 +108,9 @@ class Estimator:
         m = plan.microbatches(global_batch)
         bags = pp.stage_bags(plan, self.model.order, self.model.num_layers,
                              lambda kind, rc: self.part(kind, plan, rc, mesh))
-        pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.seq_len, self.hidden, detail=detail)
+        pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.sample_positions, self.hidden, detail=detail)
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
-        logits = memory.logits_bytes(plan, self.model.seq_len, self.info.vocab or 0)
+        logits = memory.logits_bytes(plan, self.model.sample_positions, self.info.vocab or 0)
         pol = fsdp.policy(self.options, plan)
         mems = [memory.rank_memory(plan, pipe, r, dense_dp=len(dp_ranks), expert_dp=len(edp_ranks), logits=logits,
                                    pol=pol) for r in range(plan.pp)]
@@ -167,9 +167,10 @@ class Estimator:
         busy_bags = [pn for c in pipe.rank_chunks[busy] for pn in pipe.bags[c]]
         block_compute = sum(p.compute_s * n for p, n in busy_bags)
         attention = sum(p.attention_s * n for p, n in busy_bags)
-        tokens = global_batch * self.model.seq_len
+        tokens = global_batch * self.model.sample_positions
         return Estimate(
             plan=plan.to_string(), step_time_s=step, tokens_per_s=tokens / step,
+            samples_per_s=global_batch / step, throughput_unit=self.model.throughput_unit,
             tokens_per_s_per_gpu=tokens / step / self.cluster.num_gpus,
             mfu=model_flops / (step * peak), hfu=(model_flops + rec_flops) / (step * peak),
             model_flops_per_step=model_flops, memory_gib=totals[worst] / GIB,

@@ -133,6 +133,15 @@ class Estimate:
     microbatches: int = 0
     stage_times_s: tuple[tuple[float, float, float], ...] = ()   # (F, B, W) per virtual stage
     ilp_gap: float = 0.0
+    # samples (sequences, images) per second; ``tokens_per_s`` counts positions through the blocks
+    # (samples/s × seq for token models, × patches for a ViT); ``throughput_unit`` is the model's own
+    samples_per_s: float = 0.0
+    throughput_unit: str = "tokens"
+
+    @property
+    def throughput(self) -> float:
+        """Throughput in the model's own unit: tokens/s for token models, else samples/s."""
+        return self.tokens_per_s if self.throughput_unit == "tokens" else self.samples_per_s
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -36,7 +36,7 @@ def primitive_rows(est: Estimate) -> list[list[str]]:
 
 def side_summary(s: Side) -> list[str]:
     e = s.estimate
-    return [s.label, f"`{s.plan.to_string()}`", seconds(e.step_time_s), f"{e.tokens_per_s:,.0f}",
+    return [s.label, f"`{s.plan.to_string()}`", seconds(e.step_time_s), f"{e.throughput:,.0f}",
             percent(e.mfu), f"{e.memory_gib:.1f} / {e.hbm_gib:.1f}", percent(e.bubble_fraction),
             seconds(e.comm_time_s), seconds(e.comm_exposed_s)]
 
@@ -51,7 +51,7 @@ def render_markdown(a: Audit) -> str:
            f"({a.global_batch * a.seq:,} tokens per step).", ""]
     sides = [a.plan] + ([a.baseline] if a.baseline else [])
     out += ["## Summary", "",
-            table(["", "plan", "step", "tokens/s", "MFU", "memory GiB / HBM", "bubble", "comm", "comm exposed"],
+            table(["", "plan", "step", f"{a.plan.estimate.throughput_unit}/s", "MFU", "memory GiB / HBM", "bubble", "comm", "comm exposed"],
                   [side_summary(s) for s in sides], "llrrrrrrr"), ""]
     if a.baseline:
         p, b = a.plan.estimate, a.baseline.estimate

@@ -101,7 +101,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequen
 
 def _summary(a: Audit) -> str:
     e = a.plan.estimate
-    kpis = [("step time", seconds(e.step_time_s)), ("tokens/s", f"{e.tokens_per_s:,.0f}"), ("MFU", percent(e.mfu)),
+    kpis = [("step time", seconds(e.step_time_s)), (f"{e.throughput_unit}/s", f"{e.throughput:,.0f}"), ("MFU", percent(e.mfu)),
             ("memory / GPU", f"{e.memory_gib:.1f} of {e.hbm_gib:.1f} GiB"), ("bubble", percent(e.bubble_fraction)),
             ("comm exposed", seconds(e.comm_exposed_s))]
     out = ["<h2>Summary</h2>", f"<p>Chosen plan: <code>{escape(a.plan.plan.to_string())}</code></p>",
@@ -123,10 +123,11 @@ def _top_k(ranked: Sequence[tuple[Plan, Estimate]]) -> str:
     rows = []
     for i, (p, e) in enumerate(ranked, 1):
         rows.append([str(i), f"<code>{escape(p.to_string())}</code>", escape(seconds(e.step_time_s)),
-                     f"{e.tokens_per_s:,.0f}", escape(percent(e.mfu)), f"{e.memory_gib:.1f}",
+                     f"{e.throughput:,.0f}", escape(percent(e.mfu)), f"{e.memory_gib:.1f}",
                      "yes" if e.fits else '<span class="fail">no</span>', escape(percent(e.bubble_fraction)),
                      escape(", ".join(v.rule for v in e.violations)) or "—"])
-    return "<h2>Top plans</h2>" + _table(["#", "plan", "step", "tokens/s", "MFU", "GiB", "fits", "bubble",
+    unit = ranked[0][1].throughput_unit if ranked else "tokens"
+    return "<h2>Top plans</h2>" + _table(["#", "plan", "step", f"{unit}/s", "MFU", "GiB", "fits", "bubble",
                                           "violations"], rows, numeric=(2, 3, 4, 5, 7))
 
 

@@ -55,12 +55,13 @@ class ModelSource:
     max_seq: int = 0                            # learned positions (0: no limit known)
 
 
-def load_source(text: str) -> ModelSource:
-    """Resolve a model argument (file path, zoo name or ``family:key=value,...``)."""
+def load_source(text: str, seq: int = 0) -> ModelSource:
+    """Resolve a model argument (file path, zoo name or ``family:key=value,...``); ``seq`` is the
+    run's sequence length, which a gpt spec without ``max_seq`` takes (``parse_spec``)."""
     if text.endswith(".py") or os.sep in text or os.path.isfile(text):
         return _file_source(text)
     if is_spec(text):
-        cfg = parse_spec(text)
+        cfg = parse_spec(text, seq)
         return _config_source(text, "spec", cfg)
     if text in zoo.ZOO:
         return _config_source(text, "zoo", zoo.ZOO[text])

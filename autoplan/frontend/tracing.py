@@ -73,7 +73,7 @@ def trace_with_status(model: str, *, seq: int = 2048, batch: int = 1, dtype: str
 
 
 def _trace_cached(model: str, seq: int, batch: int, dtype: str, use_cache: bool) -> tuple[BlockGraph, bool]:
-    source = load_source(model)
+    source = load_source(model, seq)
     if source.max_seq and seq > source.max_seq:
         raise UserError(f"{source.name} has {source.max_seq} learned positions, --seq {seq} is longer",
                         f"use --seq <= {source.max_seq}, or a gpt spec with max_seq={seq}")

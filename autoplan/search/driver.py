@@ -118,7 +118,7 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int,
 def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: SearchOptions) -> SearchResult:
     start = time.perf_counter()
     est = Estimator(model, cluster, options.estimate_options(), enforce_rules=True)
-    meshes, space_stats = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.seq_len,
+    meshes, space_stats = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.sample_positions,
                                            global_batch=global_batch,
                                            allow_cross_domain=options.allow_cross_domain,
                                            zero_levels=options.zero)
@@ -360,18 +360,33 @@ class _NoProgress:
 
 
 class _RichProgress:
+    """A progress bar on stderr that appears only once the search has run ``DELAY_S`` seconds
+    (a quick search prints nothing extra), and vanishes when done."""
+
+    DELAY_S = 1.0
+
     def __init__(self, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        self._p = Progress(TextColumn("searching meshes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           transient=True)
-        self._task = self._p.add_task("", total=total)
-        self._p.start()
+        import time
+
+        self._total, self._done, self._p = total, 0, None
+        self._start, self._clock = time.monotonic(), time.monotonic
 
     def advance(self) -> None:
-        self._p.advance(self._task)
+        self._done += 1
+        if self._p is None and self._clock() - self._start >= self.DELAY_S:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("searching meshes"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self._task = self._p.add_task("", total=self._total, completed=self._done - 1)
+            self._p.start()
+        if self._p is not None:
+            self._p.advance(self._task)
 
     def stop(self) -> None:
-        self._p.stop()
+        if self._p is not None:
+            self._p.stop()
 
 
 def _progress(enabled: bool, total: int):

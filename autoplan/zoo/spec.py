@@ -85,8 +85,12 @@ def _value(family: str, key: str, raw: str):
     return value
 
 
-def parse_spec(text: str) -> LlamaConfig | GPTConfig:
-    """Parse a family spec string into a config; bad input raises ``UserError``."""
+def parse_spec(text: str, seq: int = 0) -> LlamaConfig | GPTConfig:
+    """Parse a family spec string into a config; bad input raises ``UserError``.
+
+    A ``gpt`` spec without ``max_seq`` gets learned positions for the run's sequence length
+    ``seq`` (when longer than the config's default, 2048): a user asking for that many tokens
+    means it."""
     family, _, body = text.partition(":")
     if family not in KEYS:
         raise UserError(f"unknown model family {family!r} in {text!r}",
@@ -102,6 +106,8 @@ def parse_spec(text: str) -> LlamaConfig | GPTConfig:
     if missing:
         raise UserError(f"missing key(s) {', '.join(missing)} in {family} spec {text!r}",
                         _usage(family))
+    if family == "gpt" and "max_seq" not in values and seq > GPTConfig.max_seq:
+        values["max_seq"] = seq
     cfg_fields = {f.name for f in fields(CONFIGS[family])}
     cfg = CONFIGS[family](**{k: v for k, v in values.items() if k in cfg_fields})
     _check(family, cfg)

@@ -1,23 +1,34 @@
 """`autoplan search` as a user runs it: JSON output, determinism, rules, long context, NVL72, bad input."""
 import json
+import os
+import subprocess
 
 import pytest
 
 import topologies
 from autoplan.frontend import trace
 from autoplan.mesh import Mesh
+from autoplan.commands.plans_table import tie_ranks
+from autoplan.plan import Plan
 from autoplan.search import SearchOptions, search
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SMALL = ["gpt:layers=4,hidden=512,heads=8,vocab=1000", "--cluster", "h100x16", "--global-batch", "32"]
 
 
-def test_json_is_a_ranked_list_of_distinct_meshes_and_byte_identical(cli):
-    first = cli("search", *SMALL, "--json", "--top", "3")
-    second = cli("search", *SMALL, "--json", "--top", "3")
+@pytest.fixture(scope="module")
+def small_json(cli):
+    """``search SMALL --json --top 5``, run once for the module."""
+    return cli("search", *SMALL, "--json", "--top", "5")
+
+
+def test_json_is_a_ranked_list_of_distinct_meshes_and_byte_identical(cli, small_json):
+    first = small_json
+    second = cli("search", *SMALL, "--json", "--top", "5")
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout
     plans = json.loads(first.stdout)
-    assert 1 <= len(plans) <= 3
+    assert 1 <= len(plans) <= 5
     times = [p["estimate"]["step_time_s"] for p in plans]
     assert times == sorted(times)
     meshes = {tuple(p["plan"].split(",")[:5]) for p in plans}
@@ -28,13 +39,77 @@ def test_json_is_a_ranked_list_of_distinct_meshes_and_byte_identical(cli):
         assert set(e["memory_breakdown_gib"]) == {"params", "grads", "optimizer", "activations", "other"}
 
 
-def test_human_output_and_html_report(cli, tmp_path):
+def _search_at(columns: int, *args: str) -> subprocess.CompletedProcess:
+    """``autoplan search ARGS`` with stdout on a terminal of ``columns`` columns (a pseudo-terminal;
+    styles stripped), stderr on a pipe: ``experiments/readme_figures.on_terminal``, which the
+    README's tour is made with."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_figures", os.path.join(REPO, "experiments",
+                                                                                 "readme_figures.py"))
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    return figures.on_terminal(("search", *args), columns)
+
+
+def _table_rows(stdout: str) -> list[tuple[str, str]]:
+    """(rank, plan) of every row of the printed table, wrapped plans joined."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("─")) + 1
+    rows: list[tuple[str, str]] = []
+    for line in lines[start:]:
+        if not line.strip() or "tie —" in line or "meshes after the NVLink rules" in line:
+            break
+        rank, plan = line[:2].strip(), line[2:].strip().split("  ")[0]
+        rows.append((rank, plan) if rank else (rows[-1][0], rows.pop()[1] + " " + plan))
+    return rows
+
+
+def _table_plans(stdout: str) -> list[str]:
+    return [plan for _, plan in _table_rows(stdout)]
+
+
+def test_human_output_and_html_report(small_json, tmp_path):
     report = tmp_path / "plans.html"
-    out = cli("search", *SMALL, "--top", "2", "--report", str(report))
+    out = _search_at(100, *SMALL, "--top", "5", "--report", str(report))
     assert out.returncode == 0, out.stderr
-    assert "Top 2 distinct meshes" in out.stdout and "block ILPs" in out.stdout
+    assert "Top 5 distinct meshes" in out.stdout and "block ILPs" in out.stdout
+    assert "seq 2,048, global batch 32" in out.stdout and "tokens/s" in out.stdout
+    # not a terminal: no progress bar, only where the report went
+    assert out.stderr == f"wrote the HTML report to {report}\n"
+    assert max(len(line.rstrip()) for line in out.stdout.splitlines()) <= 100
     html = report.read_text()
     assert html.count("<svg") >= 3 and "http://" not in html.replace("http://www.w3.org", "")
+    ranked = json.loads(small_json.stdout)
+    assert _table_plans(out.stdout) == [Plan.parse(p["plan"]).to_compact() for p in ranked]   # whole, compact
+    steps = [p["estimate"]["step_time_s"] for p in ranked]
+    ranks = [rank for rank, _ in _table_rows(out.stdout)]
+    assert ranks == tie_ranks(steps)
+    assert ("tie — step times within 0.5%" in out.stdout) == any(r.endswith("=") for r in ranks)
+    # the ranks by hand: a plan ties when within 0.5 % of the first of its run
+    assert all(steps[int(r[:-1]) - 1] * 1.005 >= t for r, t in zip(ranks, steps) if r.endswith("="))
+
+
+@pytest.mark.slow
+def test_wide_prints_the_canonical_strings(small_json):
+    wide = _search_at(100, *SMALL, "--top", "5", "--wide")
+    assert wide.returncode == 0, wide.stderr
+    assert all(p["plan"] in wide.stdout for p in json.loads(small_json.stdout))
+
+
+@pytest.mark.slow
+def test_readme_search_shows_every_plan_whole_at_100_columns():
+    """The issue's acceptance: ``COLUMNS=100 autoplan search gpt3-175b --cluster h100x1024``."""
+    out = _search_at(100, "gpt3-175b", "--cluster", "h100x1024")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 100 and "…" not in out.stdout
+    cells = _table_plans(out.stdout)
+    assert len(cells) == 5
+    plans = [Plan.parse(c, num_gpus=1024) for c in cells]
+    assert [p.to_compact() for p in plans] == cells and len(set(plans)) == 5
+    rows = lines[next(i for i, line in enumerate(lines) if line.startswith("─")) + 1:][:5]
+    assert all(c in row for c, row in zip(cells, rows))                       # one line each
 
 
 def test_long_context_chooses_context_parallelism_and_shows_why():

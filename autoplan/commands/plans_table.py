@@ -1,0 +1,108 @@
+"""The ranked table of plans ``search`` prints: compact plans, what differs marked, ties named.
+
+* Plans are shown in the compact notation (``autoplan.plan_notation``; ``--wide``: the canonical
+  string), never cut: the numbers keep their width, a plan longer than the room left wraps
+  between its tokens (the mesh, joined by ``·``, stays one word).
+* A token that not every listed plan shares (``cp2`` against ``dp64``, ``ulysses`` against ring)
+  is bold: that is what to compare.
+* Plans whose step times are within ``TIE_TOLERANCE`` of the fastest of their run share a rank
+  (``1=``): a difference that small (5 ms on a 1 s step) is below what the cost model resolves —
+  it reproduces published runs to 3.6 % on average — so the order between them is no advice.
+"""
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+TIE_TOLERANCE = 0.005          # relative step-time difference below which two plans tie
+
+
+def tie_ranks(step_times: list[float], tolerance: float = TIE_TOLERANCE) -> list[str]:
+    """Rank labels of plans sorted by step time: "1", "2", or "3=" for every member of a run of
+    plans whose step times are within ``tolerance`` (relative) of the run's first."""
+    groups: list[list[int]] = []
+    for i, t in enumerate(step_times):
+        if groups and t <= step_times[groups[-1][0]] * (1 + tolerance):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    labels = [""] * len(step_times)
+    for g in groups:
+        for i in g:
+            labels[i] = f"{g[0] + 1}=" if len(g) > 1 else str(g[0] + 1)
+    return labels
+
+
+def plan_cells(plans: list, wide: bool = False) -> list[Text]:
+    """One cell per plan: its compact tokens (mesh axes joined by ``·``), bold where not every
+    plan has the same token; with ``wide`` the canonical ``key=value`` items."""
+    from autoplan.plan_notation import is_axis_token
+
+    token_lists = [p.to_string().split(",") if wide else list(p.compact_tokens()) for p in plans]
+    shared = set.intersection(*(set(t) for t in token_lists)) if len(plans) > 1 else None
+    cells = []
+    for tokens in token_lists:
+        text = Text()
+        for i, tok in enumerate(tokens):
+            if i:
+                text.append("," if wide else "·" if is_axis_token(tokens[i - 1]) and is_axis_token(tok) else " ")
+            text.append(tok, style="bold" if shared is not None and tok not in shared else "")
+        cells.append(text)
+    return cells
+
+
+DROPPABLE = ("comm", "bubble", "memory")    # columns left out, in this order, when the terminal is narrow
+
+
+def plans_table(candidates: list, unit: str, *, wide: bool = False, width: int = 200) -> Table:
+    """The ranked table of (plan, estimate) candidates; ``unit`` is "tokens" or "samples".  The
+    plan column takes the room the numbers leave on a ``width``-column terminal and wraps between
+    tokens; when even a plan's longest token would not fit, the columns of ``DROPPABLE`` go first."""
+    from rich.console import Console
+
+    from autoplan.explain.units import percent, seconds
+
+    if not candidates:
+        return Table(title="no plan")
+    cells = plan_cells([c.plan for c in candidates], wide)
+    ranks = tie_ranks([c.estimate.step_time_s for c in candidates])
+    es = [c.estimate for c in candidates]
+    numbers = {"step": ("step", [seconds(e.step_time_s) for e in es]),
+               "throughput": (f"{unit}/s", [f"{e.throughput:,.0f}" for e in es]),
+               "mfu": ("MFU", [percent(e.mfu) for e in es]),
+               "memory": (f"GiB / {es[0].hbm_gib:.1f}", [f"{e.memory_gib:.1f}" for e in es]),   # one cluster
+               "bubble": ("bubble", [percent(e.bubble_fraction) for e in es]),
+               "comm": ("comm exp.", [seconds(e.comm_exposed_s) for e in es])}
+    longest_word = max((len(w) for cell in cells for w in cell.plain.split()), default=4)
+    measure = Console(width=10_000)
+    for dropped in range(len(DROPPABLE) + 1):
+        shown = [v for k, v in numbers.items() if k not in DROPPABLE[:dropped]]
+        for plan_w in range(max(len(c.plain) for c in cells), longest_word - 1, -1):
+            table = _table(len(candidates), ranks, cells, shown, plan_w)
+            if measure.measure(table).maximum <= width:
+                return table
+    return table
+
+
+def _table(n: int, ranks: list[str], cells: list[Text], numbers: list[tuple[str, list[str]]],
+           plan_w: int) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title=f"Top {n} distinct meshes", show_edge=False,
+                  pad_edge=False, padding=(0, 1, 0, 0))   # and the box's one-space divider
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("plan", width=plan_w)     # the one column that wraps: between tokens, never inside
+    for header, _ in numbers:
+        table.add_column(header, justify="right", no_wrap=True)
+    for i, (rank, cell) in enumerate(zip(ranks, cells)):
+        table.add_row(rank, cell, *(values[i] for _, values in numbers))
+    return table
+
+
+def tie_note(candidates: list) -> str:
+    """A line naming the tied ranks, or "" when no two plans tie."""
+    ranks = tie_ranks([c.estimate.step_time_s for c in candidates])
+    tied = sorted({r for r in ranks if r.endswith("=")}, key=lambda r: int(r[:-1]))
+    if not tied:
+        return ""
+    return (f"{', '.join(tied)}: tie — step times within {TIE_TOLERANCE:.1%} of each other, below what "
+            "the cost model resolves; choose among them on other grounds")
