@@ -110,18 +110,15 @@ class Estimator:
                              lambda kind, rc: self.part(kind, plan, rc, mesh))
         pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.seq_len, self.hidden, detail=detail)
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
-        logits = memory.logits_bytes(plan, self.model.seq_len, self.info.vocab or 0)
-        mems = [memory.rank_memory(plan, pipe, r, dense_dp=len(dp_ranks), expert_dp=len(edp_ranks), logits=logits)
-                for r in range(plan.pp)]
+        mems = self.rank_memories(plan, mesh, pipe)
         dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m)
                     for mem in mems]
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
                                     first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]))
                       for r, c in enumerate(dp_colls)]
-        embed_bytes, embed_s = self._embedding_sync(plan, mesh)
-        optimizer_s = dp.optimizer_seconds(self.comms, max(x.dense_numel + x.expert_numel for x in mems), plan,
-                                           len(dp_ranks))
+        embed_bytes, embed_s = self.embedding_sync(plan, mesh)
+        optimizer_s = self.optimizer_seconds(plan, mesh, mems)
         step = pipe.step_s + max(dp_exposed) + embed_s + optimizer_s
         busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
         prims = report.primitives(self.comms, plan, mesh, m, pipe, busy, dp_colls[busy], dp_exposed[busy],
@@ -129,7 +126,19 @@ class Estimator:
         return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step, max(dp_exposed), embed_s,
                               optimizer_s)
 
-    def _embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
+    def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline) -> list[memory.RankMemory]:
+        """Memory of every pipeline rank (reads the pipeline's bags and peak activations only)."""
+        logits = memory.logits_bytes(plan, self.model.seq_len, self.info.vocab or 0)
+        dense_dp, expert_dp = len(mesh.group(DENSE_DP)), len(mesh.group(EXPERT_DP))
+        return [memory.rank_memory(plan, pipe, r, dense_dp=dense_dp, expert_dp=expert_dp, logits=logits)
+                for r in range(plan.pp)]
+
+    def optimizer_seconds(self, plan: Plan, mesh: Mesh, mems: list[memory.RankMemory]) -> float:
+        """The optimizer step of the rank holding the most parameters."""
+        return dp.optimizer_seconds(self.comms, max(x.dense_numel + x.expert_numel for x in mems), plan,
+                                    len(mesh.group(DENSE_DP)))
+
+    def embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
         """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""
         if plan.pp == 1 or not (self.info.tied_embeddings and self.info.vocab):
             return 0.0, 0.0

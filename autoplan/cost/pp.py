@@ -61,14 +61,39 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
     return bags
 
 
-def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
-                   *, detail: bool) -> Pipeline:
+def stage_times(bags: list[Bag]) -> tuple[list[float], list[float], list[float]]:
+    """Per virtual stage F (forward + exposed forward communication), B (input gradient +
+    exposed backward communication) and W (weight gradient), seconds per micro-batch."""
     f = [sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag) for bag in bags]
     b = [sum((p.backward_s + p.exposed_bwd_s) * n for p, n in bag) for bag in bags]
     w = [sum(p.wgrad_s * n for p, n in bag) for bag in bags]
+    return f, b, w
+
+
+def boundary(comms: Comms, plan: Plan, mesh: Mesh, seq_len: int, hidden: int) -> tuple[float, float]:
+    """(bytes, seconds) of one stage-to-stage send of a micro-batch's activation (0 s without pp)."""
     act_bytes = plan.mbs * seq_len / plan.cp * hidden * ACTIVATION_BYTES / (plan.tp if plan.sp else 1)
     pp_ranks = mesh.group(Axis.PP.value)
-    p2p = comms.collective("p2p", act_bytes, pp_ranks[:2]) if plan.pp > 1 else 0.0
+    return act_bytes, (comms.collective("p2p", act_bytes, pp_ranks[:2]) if plan.pp > 1 else 0.0)
+
+
+def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    """The virtual stages of each pipeline rank."""
+    return tuple(plan.stages_of_rank(r) for r in range(plan.pp))
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """What memory reads of a simulation, known before simulating: the per-rank peak of
+    micro-batch chunks in flight (``costmodels.pipeline.bounds.peak_activations``)."""
+
+    peak_activations: tuple[int, ...]
+
+
+def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
+                   *, detail: bool) -> Pipeline:
+    f, b, w = stage_times(bags)
+    act_bytes, p2p = boundary(comms, plan, mesh, seq_len, hidden)
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f_comm = b_comm = None
     if schedule == "dualpipev":
@@ -79,5 +104,4 @@ def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int
     if plan.pp > 1 and detail:
         no_p2p = comms.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, 0.0, f_comm, b_comm)
         p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
-    rank_chunks = tuple(plan.stages_of_rank(r) for r in range(plan.pp))
-    return Pipeline(tuple(bags), rank_chunks, tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed)
+    return Pipeline(tuple(bags), rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed)

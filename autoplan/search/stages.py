@@ -14,12 +14,15 @@ For every micro-batch size and schedule variant (``schedule_variants``):
    (none < selective < full), read off the estimates under each uniform policy.
 3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
 
-No repeated work: estimates are memoised per Estimator; a variant whose busiest-rank bound
-(m × the heaviest rank's F + B + W, no recompute) exceeds the mesh's best so far is not
-priced once some variant was memory-limited (before, whether it fits decides
-``memory_limited``); and a plan that does not fit without recomputation is not priced under
+No repeated work: estimates are memoised per Estimator; within one micro-batch size the
+variants are priced best-first by ``plan_floor`` (a lower bound on the step under any
+recompute policy, without simulating), and a variant whose floor exceeds the mesh's best so
+far is not priced at all — what it could still change, ``memory_limited``, is read off the
+floor's exact ``fits``; a plan that does not fit without recomputation is not priced under
 the other policies when ``recompute_floor`` shows none of them can beat that best.  None of
-this changes the best plan: a skipped plan is strictly slower than one already found.
+this changes the best plan: a skipped plan is strictly slower than one already found, and
+the micro-batch sizes are visited in the same order as without the shortcuts, so the same
+ones are skipped.
 
 ``best_plan`` returns the fastest plan that fits, or the smallest memory shortfall.
 """
@@ -31,7 +34,7 @@ from functools import lru_cache
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
-from autoplan.cost.bounds import step_lower_bound
+from autoplan.cost.bounds import plan_floor, step_lower_bound
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
@@ -129,7 +132,6 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
     if screen:
         schedules = tuple(x for x in schedules if x in SCREEN_SCHEDULES)
         max_vpp = min(max_vpp, 2)
-    model = est.model
     best: tuple[float, str, Plan] | None = None
     shortfall = float("inf")
     evaluated = 0
@@ -142,28 +144,50 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
         if lb >= threshold or (best is not None and lb >= best[0]):
             skipped += 1
             continue
-        m = local_batch // mbs
-        for schedule, vpp in schedule_variants(mesh.pp, m, model.num_layers, schedules=schedules, max_vpp=max_vpp):
-            base = mesh.plan(mbs=mbs, schedule=schedule, vpp=vpp, recompute=("none",))
-            for cuts in ([()] if screen else _cut_variants(est, base)):
-                plan = base.replace(layers=cuts)
-                to_beat = best[0] if best is not None else float("inf")
-                floor = _busiest_rank_bound(est, plan, m) if REUSE and best is not None else 0.0
-                if limited and floor > to_beat:
-                    continue      # cannot win, and cannot change ``limited``: nothing to learn
-                result, short, n = _best_recompute(est, plan, global_batch, to_beat if REUSE else float("inf"))
-                evaluated += n
-                shortfall = min(shortfall, short)
-                limited = limited or result is None or result[1].recompute != ("none",)
-                if result is not None:
-                    key = (result[0].step_time_s, result[1].to_string())
-                    if best is None or key < best[:2]:
-                        best = (key[0], key[1], result[1])
+        plans = _variants(est, mesh, mbs, local_batch // mbs, schedules, max_vpp, screen)
+        for floor, fits, plan in (_best_first(est, plans, global_batch) if REUSE else
+                                  [(0.0, True, x) for x in plans]):
+            to_beat = best[0] if best is not None else float("inf")
+            if floor > to_beat:   # cannot win; all it could teach is whether it needs recompute
+                limited = limited or not fits
+                continue
+            result, short, n = _best_recompute(est, plan, global_batch, to_beat if REUSE else float("inf"))
+            evaluated += n
+            shortfall = min(shortfall, short)
+            limited = limited or result is None or result[1].recompute != ("none",)
+            if result is not None:
+                key = (result[0].step_time_s, result[1].to_string())
+                if best is None or key < best[:2]:
+                    best = (key[0], key[1], result[1])
     if best is None:
         return MeshResult(mesh, None, None, shortfall, evaluated, pruned=skipped == len(bounded),
                           memory_limited=limited)
     final = est.estimate(best[2], global_batch)          # full detail for the winner
     return MeshResult(mesh, best[2], final, 0.0, evaluated + 1, memory_limited=limited)
+
+
+def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tuple[str, ...], max_vpp: int,
+              screen: bool) -> list[Plan]:
+    """Every (schedule, vpp, cuts) plan of one micro-batch size, without recomputation."""
+    out = []
+    for schedule, vpp in schedule_variants(mesh.pp, m, est.model.num_layers, schedules=schedules, max_vpp=max_vpp):
+        base = mesh.plan(mbs=mbs, schedule=schedule, vpp=vpp, recompute=("none",))
+        out += [base.replace(layers=cuts) for cuts in ([()] if screen else _cut_variants(est, base))]
+    return out
+
+
+def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
+    """(floor, fits, plan) by ascending ``plan_floor`` (ties: generation order); a plan the
+    estimate refuses gets floor inf and does not fit (pricing it would raise)."""
+    out = []
+    for i, plan in enumerate(plans):
+        try:
+            floor, fits = plan_floor(est, plan, global_batch)
+        except UserError:
+            floor, fits = float("inf"), False
+        out.append((floor, i, fits, plan))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return [(floor, fits, plan) for floor, _, fits, plan in out]
 
 
 def _cut_variants(est: Estimator, plan: Plan) -> list[tuple[int, ...]]:
@@ -193,26 +217,6 @@ def recompute_floor(none: Estimate) -> float:
     step do not change; only the exposed data-parallel time can shrink (more backward to hide
     it under)."""
     return (none.step_time_s - none.time_breakdown_s["dp_exposed"]) * (1 - 1e-9)
-
-
-def _busiest_rank_bound(est: Estimator, plan: Plan, m: int) -> float:
-    """A lower bound on the step time of ``plan`` under any recomputation: m × the busiest
-    pipeline rank's F + B + W per micro-batch without recompute (``Estimator.layer_work``,
-    the same parts the estimate sums; the pipeline's makespan is at least any rank's busy
-    time and recomputation only adds work), less a relative 1e-9 for summation order.
-    DualPipeV's overlapped pairs can cost less than their parts: no bound (0)."""
-    if plan.schedule == "dualpipev":
-        return 0.0
-    work = est.layer_work(plan)
-    loads = [0.0] * plan.pp
-    start = 0
-    chunks = plan.pp * plan.vpp
-    for c, n in enumerate(plan.stage_layers(est.model.num_layers)):
-        load = sum(work["layers"][start:start + n])
-        load += (work["pre"] if c == 0 else 0.0) + (work["post"] if c == chunks - 1 else 0.0)
-        loads[plan.stage_rank(c)] += load
-        start += n
-    return m * max(loads) * (1 - 1e-9)
 
 
 def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
