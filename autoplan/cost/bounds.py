@@ -16,11 +16,14 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.cost import dp, memory, pp
 from autoplan.cost.estimator import Estimator
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
+from costmodels.memory import GIB
 from costmodels.pipeline.bounds import makespan_lower_bound, peak_activations
 
 SUMMATION_MARGIN = 1e-9          # relative: bounds sum in another order than the estimate
@@ -62,9 +65,19 @@ def states_lower_bound(est: Estimator, plan: Plan) -> float:
                                      expert_dp=len(mesh.group(EXPERT_DP)))
 
 
-def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> tuple[float, bool]:
-    """(lower bound on the step time of ``plan`` under any recompute policy, whether ``plan``
-    fits as written); raises the estimate's UserError for a plan it would refuse."""
+@dataclass(frozen=True)
+class Floor:
+    """What ``plan_floor`` knows of a plan before its pipeline is simulated."""
+
+    step_s: float                              # lower bound on the step under this or more recomputation
+    fits: bool                                 # Estimate.fits
+    memory_gib: float                          # Estimate.memory_gib
+    memory_per_stage_gib: tuple[float, ...]    # Estimate.memory_per_stage_gib
+
+
+def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
+    """``plan``'s step floor and memory (module docstring); raises the estimate's UserError
+    for a plan it would refuse."""
     est.check(plan, global_batch)
     mesh = Mesh.of(plan)
     m = plan.microbatches(global_batch)
@@ -75,7 +88,8 @@ def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> tuple[float, bo
     peaks = pp.Peaks(peak_activations(schedule, plan.pp, m, plan.vpp))
     pipe = pp.Pipeline(tuple(bags), pp.rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, peaks, 0.0)
     mems = est.rank_memories(plan, mesh, pipe)
-    fits = max(x.total for x in mems) <= est.cluster.gpu.hbm_bytes
+    totals = [x.total for x in mems]
     makespan = makespan_lower_bound(schedule, plan.pp, m, plan.vpp, f, b, w, p2p)
     fixed = est.embedding_sync(plan, mesh)[1] + est.optimizer_seconds(plan, mesh, mems)
-    return (makespan + fixed) * (1 - SUMMATION_MARGIN), fits
+    return Floor((makespan + fixed) * (1 - SUMMATION_MARGIN), max(totals) <= est.cluster.gpu.hbm_bytes,
+                 max(totals) / GIB, tuple(t / GIB for t in totals))

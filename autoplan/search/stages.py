@@ -182,10 +182,10 @@ def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tu
     out = []
     for i, plan in enumerate(plans):
         try:
-            floor, fits = plan_floor(est, plan, global_batch)
+            floor = plan_floor(est, plan, global_batch)
+            out.append((floor.step_s, i, floor.fits, plan))
         except UserError:
-            floor, fits = float("inf"), False
-        out.append((floor, i, fits, plan))
+            out.append((float("inf"), i, False, plan))
     out.sort(key=lambda t: (t[0], t[1]))
     return [(floor, fits, plan) for floor, _, fits, plan in out]
 
@@ -221,6 +221,39 @@ def recompute_floor(none: Estimate) -> float:
 
 def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
     """Least recomputation per stage that fits; returns ((estimate, plan) | None, shortfall GiB, plans priced).
+
+    Memory needs no simulation (``plan_floor``), so only the chosen plan is priced — and not
+    even it when its floor exceeds ``to_beat`` (the mesh's best: it cannot win, and is
+    reported as not fitting, as ``_best_recompute_priced`` does).  The choice, shortfall and
+    estimate are ``_best_recompute_priced``'s (the reference path, ``REUSE`` off)."""
+    if not REUSE:
+        return _best_recompute_priced(est, plan, global_batch, to_beat)
+    floors = {}
+    for policy in RECOMPUTE:
+        try:
+            floors[policy] = plan_floor(est, plan.replace(recompute=(policy,)), global_batch)
+        except UserError:
+            return None, float("inf"), 0
+        if policy == "none" and floors[policy].fits:
+            return (_estimate(est, plan, global_batch), plan), 0.0, 1
+    hbm = est.cluster.gpu.hbm_bytes / GIB
+    choice = []
+    for rank in range(plan.pp):
+        fitting = [p for p in RECOMPUTE if floors[p].memory_per_stage_gib[rank] <= hbm]
+        if not fitting:
+            return None, floors["full"].memory_per_stage_gib[rank] - hbm, 0
+        choice.append(fitting[0])
+    mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
+    floor = floors[choice[0]] if len(set(choice)) == 1 else plan_floor(est, mixed, global_batch)
+    if not floor.fits:
+        return None, floor.memory_gib - hbm, 0
+    if floor.step_s > to_beat:
+        return None, float("inf"), 0
+    return (_estimate(est, mixed, global_batch), mixed), 0.0, 1
+
+
+def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
+    """``_best_recompute`` by pricing every uniform policy (the reference path).
 
     ``to_beat``: the mesh's best step so far.  When the plan does not fit without
     recomputation and ``recompute_floor`` of that estimate exceeds it, no policy can win:

@@ -54,8 +54,10 @@ def test_bounds_are_below_every_recompute_policy():
         for schedule, vpp in (("1f1b", 1), ("zb-h1", 1), ("interleaved", 2), ("zbv", 2), ("zb-h2", 1)):
             plan = mesh.plan(mbs=1, schedule=schedule, vpp=vpp, recompute=("none",))
             none = est.estimate(plan, batch, detail=False)
-            bound, fits = plan_floor(est, plan, batch)
-            assert fits == none.fits
+            floor_of = plan_floor(est, plan, batch)
+            bound = floor_of.step_s
+            assert (floor_of.fits, floor_of.memory_gib, floor_of.memory_per_stage_gib) == \
+                (none.fits, none.memory_gib, none.memory_per_stage_gib)
             floor = recompute_floor(none)
             for policy in ("none", "selective", "full"):
                 step = est.estimate(plan.replace(recompute=(policy,)), batch, detail=False).step_time_s
