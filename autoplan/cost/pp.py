@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 from autoplan.axes import Axis
@@ -46,19 +47,37 @@ class Pipeline:
 
 
 def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callable[[str, str], Part]) -> list[Bag]:
-    """Each virtual stage as a bag of (part, layers of it); ``part(kind, recompute)``."""
+    """Each virtual stage as a bag of (part, layers of it); ``part(kind, recompute)``, asked
+    once per (kind, recompute) of the plan."""
     chunks = plan.pp * plan.vpp
-    bags, start = [], 0
-    for c, n in enumerate(plan.stage_layers(num_layers)):
+    parts: dict[tuple[str, str], Part] = {}
+
+    def get(kind: str, rc: str) -> Part:
+        hit = parts.get((kind, rc))
+        if hit is None:
+            hit = parts[(kind, rc)] = part(kind, rc)
+        return hit
+
+    bags = []
+    for c, kinds in enumerate(_chunk_kinds(order, plan.stage_layers(num_layers))):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
-        bag = [(part(k, rc), count) for k, count in Counter(order[start:start + n]).items()]
-        start += n
+        bag = [(get(k, rc), count) for k, count in kinds]
         if c == 0:
-            bag.append((part("@pre", "none"), 1))
+            bag.append((get("@pre", "none"), 1))
         if c == chunks - 1:
-            bag.append((part("@post", "none"), 1))
+            bag.append((get("@post", "none"), 1))
         bags.append(bag)
     return bags
+
+
+@lru_cache(maxsize=4096)
+def _chunk_kinds(order: tuple[str, ...], layers: tuple[int, ...]) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Per virtual stage, (block kind, layers of it) in first-seen order."""
+    out, start = [], 0
+    for n in layers:
+        out.append(tuple(Counter(order[start:start + n]).items()))
+        start += n
+    return tuple(out)
 
 
 def stage_times(bags: list[Bag]) -> tuple[list[float], list[float], list[float]]:

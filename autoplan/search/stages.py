@@ -34,7 +34,7 @@ from functools import lru_cache
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
-from autoplan.cost.bounds import plan_floor, step_lower_bound
+from autoplan.cost.bounds import Floor, plan_floor, step_lower_bound
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
@@ -43,6 +43,7 @@ from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 # False: price every variant and policy as before the bound and the memo existed — the
 # reference path experiments/bench_search.py times the search against.
 REUSE = True
+MEMO_LIMIT = 50_000        # estimates and floors kept per Estimator; cleared past it
 
 
 @dataclass(frozen=True)
@@ -176,13 +177,32 @@ def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tup
     return out
 
 
+def _floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
+    """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
+    recompute policies ask for the same plans); a UserError is remembered and raised again."""
+    memo = _MEMO.setdefault(est, {})
+    key = ("floor", plan, global_batch)
+    hit = memo.get(key)
+    if hit is None:
+        try:
+            hit = plan_floor(est, plan, global_batch)
+        except UserError as err:
+            hit = err
+        if len(memo) > MEMO_LIMIT:
+            memo.clear()
+        memo[key] = hit
+    if isinstance(hit, UserError):
+        raise hit
+    return hit
+
+
 def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
     """(floor, fits, plan) by ascending ``plan_floor`` (ties: generation order); a plan the
     estimate refuses gets floor inf and does not fit (pricing it would raise)."""
     out = []
     for i, plan in enumerate(plans):
         try:
-            floor = plan_floor(est, plan, global_batch)
+            floor = _floor(est, plan, global_batch)
             out.append((floor.step_s, i, floor.fits, plan))
         except UserError:
             out.append((float("inf"), i, False, plan))
@@ -231,7 +251,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     floors = {}
     for policy in RECOMPUTE:
         try:
-            floors[policy] = plan_floor(est, plan.replace(recompute=(policy,)), global_batch)
+            floors[policy] = _floor(est, plan.replace(recompute=(policy,)), global_batch)
         except UserError:
             return None, float("inf"), 0
         if policy == "none" and floors[policy].fits:
@@ -244,7 +264,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
             return None, floors["full"].memory_per_stage_gib[rank] - hbm, 0
         choice.append(fitting[0])
     mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
-    floor = floors[choice[0]] if len(set(choice)) == 1 else plan_floor(est, mixed, global_batch)
+    floor = floors[choice[0]] if len(set(choice)) == 1 else _floor(est, mixed, global_batch)
     if not floor.fits:
         return None, floor.memory_gib - hbm, 0
     if floor.step_s > to_beat:
@@ -304,7 +324,7 @@ def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
             hit = est.estimate(plan, global_batch, detail=False)
         except UserError as err:
             hit = err
-        if len(memo) > 50000:
+        if len(memo) > MEMO_LIMIT:
             memo.clear()
         memo[key] = hit
     if isinstance(hit, UserError):
