@@ -259,6 +259,32 @@ def write_worst(text: str) -> None:
                   "--write`)", text)
 
 
+README = os.path.join(REPO, "README.md")
+HEADLINE = ("gpt3-175b@h100x1024", "llama3-405b@h100x16384")
+
+
+def readme_summary(rows) -> str:
+    """The README's speed paragraph: the headline rows and the slowest row of a --worst run."""
+    by = {f"{r['model']}@{r['cluster']}": r for r in rows}
+
+    def fig(r):
+        return f"{r['model']} on {r['cluster']} in {r['new_s']:.1f} s ({r['new_cpu']:.1f} CPU s)"
+
+    worst = max(rows, key=lambda r: r["new_s"])
+    same = sum(r["same_json"] for r in rows)
+    head = "; ".join(fig(by[k]) for k in HEADLINE if k in by)
+    return (f"Cold search, tracing excluded (`python experiments/bench_search.py --worst --write`, {_machine()}, "
+            f"2 search workers, shared with other jobs): {head or 'no headline row run'}.  Worst of the "
+            f"{len(rows)} rows (memory-tight, hundreds of micro-batches per pipeline): {fig(worst)}, "
+            f"{worst['ratio']:.1f}x faster in wall time and {worst['cpu_ratio']:.1f}x in CPU time than the "
+            f"reference path in the same run.  Top-K JSON byte-identical to the reference path in {same} of "
+            f"{len(rows)} rows.  Every row: `experiments/RESULTS.md`.\n")
+
+
+def write_readme(rows) -> None:
+    write_section("search_speed", "Search speed", readme_summary(rows), path=README)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the tables into experiments/RESULTS.md")
@@ -274,10 +300,13 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"unknown --case {', '.join(unknown)}; known: {', '.join(known)}")
         cmd = "".join(f" --case {c}" for c in args.case)
-        text = worst_markdown(worst([known[c] for c in args.case] if args.case else WORST_CASES), cmd)
+        rows = worst([known[c] for c in args.case] if args.case else WORST_CASES)
+        text = worst_markdown(rows, cmd)
         print(text)
+        print(readme_summary(rows))
         if args.write:
             write_worst(text)
+            write_readme(rows)
         return 0
     speed_rows = [] if args.quality_only else speed()
     quality_rows = [] if args.speed_only else quality()
