@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from autoplan.errors import UserError
@@ -55,6 +56,24 @@ _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero")
 PLAN_GRAMMAR = ("a plan is comma-separated key=value pairs, e.g. "
                 "'tp=8,pp=8,dp=16,vpp=3,mbs=1,schedule=interleaved,recompute=selective,sp=on,zero=1'; "
                 f"keys: {', '.join(KEYS)}")
+
+
+@lru_cache(maxsize=1024)
+def _rank_stages(pp: int, vpp: int, placement: str) -> tuple[tuple[int, ...], ...]:
+    """Per pipeline rank, the virtual stages it holds in model order (the search asks per plan)."""
+    ranks: list[list[int]] = [[] for _ in range(pp)]
+    for s in range(pp * vpp):
+        ranks[stage_rank(s, pp, placement)].append(s)
+    return tuple(tuple(r) for r in ranks)
+
+
+@lru_cache(maxsize=1024)
+def _even_layers(num_layers: int, chunks: int) -> tuple[int, ...]:
+    """The even split: ``num_layers // chunks`` each, the remainder one each to the middle
+    chunks (the first and last stages carry the embedding and the head)."""
+    base, extra = divmod(num_layers, chunks)
+    mid = set(sorted(range(chunks), key=lambda i: (abs(i - (chunks - 1) / 2), i))[:extra])
+    return tuple(base + (1 if i in mid else 0) for i in range(chunks))
 
 
 @dataclass(frozen=True)
@@ -124,7 +143,7 @@ class Plan:
 
     def stages_of_rank(self, pp_rank: int) -> tuple[int, ...]:
         """Virtual stages pipeline rank ``pp_rank`` holds, in model order."""
-        return tuple(s for s in range(self.pp * self.vpp) if self.stage_rank(s) == pp_rank)
+        return _rank_stages(self.pp, self.vpp, SCHEDULE_SPECS[self.schedule].placement)[pp_rank]
 
     def recompute_of_stage(self, stage: int) -> str:
         return self.recompute[0] if len(self.recompute) == 1 else self.recompute[stage]
@@ -137,11 +156,7 @@ class Plan:
         """Layers of each virtual stage in pipeline order (pp·vpp entries)."""
         if self.layers:
             return self.layers
-        chunks = self.pp * self.vpp
-        base, extra = divmod(num_layers, chunks)
-        # extra layers go to the middle chunks: first/last stages carry embedding/head
-        mid = [i for i in sorted(range(chunks), key=lambda i: (abs(i - (chunks - 1) / 2), i))][:extra]
-        return tuple(base + (1 if i in mid else 0) for i in range(chunks))
+        return _even_layers(num_layers, self.pp * self.vpp)
 
     # --- string form -------------------------------------------------------
     def __str__(self) -> str:

@@ -7,14 +7,26 @@
   possible (pp > 1) the EP all-to-all a pair can hide is left out.
 * ``states_lower_bound``: model states of an even share of the parameters under the plan's
   ZeRO stage, plus the fixed reserve.
+* ``plan_floor``: for one fully specified plan, without simulating its pipeline: a lower
+  bound on its step time under any recomputation — ``costmodels.pipeline.bounds
+  .makespan_lower_bound`` of its stage times without recomputation, plus the tied-embedding
+  sync and the optimizer step (the exposed data-parallel time is ≥ 0), less a relative 1e-9
+  for summation order — and whether it fits in HBM as written (``Estimate.fits`` exactly:
+  memory reads only the schedule's peak activations, a property of the order).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from autoplan.axes import DENSE_DP, EXPERT_DP
-from autoplan.cost import dp, memory
+from autoplan.cost import dp, memory, pp
 from autoplan.cost.estimator import Estimator
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
+from costmodels.memory import GIB
+from costmodels.pipeline.bounds import makespan_lower_bound, peak_activations
+
+SUMMATION_MARGIN = 1e-9          # relative: bounds sum in another order than the estimate
 
 
 def _numels(parts) -> tuple[float, float]:
@@ -51,3 +63,34 @@ def states_lower_bound(est: Estimator, plan: Plan) -> float:
     dense, expert = _numels(est.counted_parts(plan, mesh))
     return memory.states_lower_bound(plan, dense, expert, dense_dp=len(mesh.group(DENSE_DP)),
                                      expert_dp=len(mesh.group(EXPERT_DP)))
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What ``plan_floor`` knows of a plan before its pipeline is simulated."""
+
+    step_s: float                              # lower bound on the step under this or more recomputation
+    fits: bool                                 # Estimate.fits
+    memory_gib: float                          # Estimate.memory_gib
+    memory_per_stage_gib: tuple[float, ...]    # Estimate.memory_per_stage_gib
+
+
+def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
+    """``plan``'s step floor and memory (module docstring); raises the estimate's UserError
+    for a plan it would refuse."""
+    est.check(plan, global_batch)
+    mesh = Mesh.of(plan)
+    m = plan.microbatches(global_batch)
+    bags = pp.stage_bags(plan, est.model.order, est.model.num_layers, lambda kind, rc: est.part(kind, plan, rc, mesh))
+    f, b, w = pp.stage_times(bags)
+    schedule = plan.schedule if plan.pp > 1 else "1f1b"
+    act_bytes, p2p, hop, gather = pp.boundary(est.comms, plan, mesh, est.model.sample_positions, est.hidden, schedule)
+    peaks = pp.Peaks(peak_activations(schedule, plan.pp, m, plan.vpp))
+    pipe = pp.Pipeline(tuple(bags), pp.rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, peaks, 0.0,
+                       hop, gather)
+    mems = est.rank_memories(plan, mesh, pipe)
+    totals = [x.total for x in mems]
+    makespan = makespan_lower_bound(schedule, plan.pp, m, plan.vpp, f, b, w, p2p)
+    fixed = est.embedding_sync(plan, mesh)[1] + est.optimizer_seconds(plan, mesh, mems)
+    return Floor((makespan + fixed) * (1 - SUMMATION_MARGIN), max(totals) <= est.cluster.gpu.hbm_bytes,
+                 max(totals) / GIB, tuple(t / GIB for t in totals))

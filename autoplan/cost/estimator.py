@@ -110,10 +110,8 @@ class Estimator:
                              lambda kind, rc: self.part(kind, plan, rc, mesh))
         pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.sample_positions, self.hidden, detail=detail)
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
-        logits = memory.logits_bytes(plan, self.model.sample_positions, self.info.vocab or 0)
         pol = fsdp.policy(self.options, plan)
-        mems = [memory.rank_memory(plan, pipe, r, dense_dp=len(dp_ranks), expert_dp=len(edp_ranks), logits=logits,
-                                   pol=pol) for r in range(plan.pp)]
+        mems = self.rank_memories(plan, mesh, pipe)
         dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m, pol)
                     for mem in mems]
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
@@ -121,9 +119,8 @@ class Estimator:
                                     first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
                                     zero3_exposed=self._zero3_exposed(plan, pipe, r, pol, m, dp_ranks, edp_ranks))
                       for r, c in enumerate(dp_colls)]
-        embed_bytes, embed_s = self._embedding_sync(plan, mesh)
-        optimizer_s = dp.optimizer_seconds(self.comms, max(x.dense_numel + x.expert_numel for x in mems), plan,
-                                           len(dp_ranks))
+        embed_bytes, embed_s = self.embedding_sync(plan, mesh)
+        optimizer_s = self.optimizer_seconds(plan, mesh, mems)
         step = pipe.step_s + max(dp_exposed) + embed_s + optimizer_s
         busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
         prims = report.primitives(self.comms, plan, mesh, m, pipe, busy, dp_colls[busy], dp_exposed[busy],
@@ -143,7 +140,20 @@ class Estimator:
                   for c in pipe.rank_chunks[rank]]
         return fsdp.step_exposure(chunks, pol, m)
 
-    def _embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
+    def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline) -> list[memory.RankMemory]:
+        """Memory of every pipeline rank (reads the pipeline's bags and peak activations only)."""
+        logits = memory.logits_bytes(plan, self.model.sample_positions, self.info.vocab or 0)
+        dense_dp, expert_dp = len(mesh.group(DENSE_DP)), len(mesh.group(EXPERT_DP))
+        pol = fsdp.policy(self.options, plan)
+        return [memory.rank_memory(plan, pipe, r, dense_dp=dense_dp, expert_dp=expert_dp, logits=logits, pol=pol)
+                for r in range(plan.pp)]
+
+    def optimizer_seconds(self, plan: Plan, mesh: Mesh, mems: list[memory.RankMemory]) -> float:
+        """The optimizer step of the rank holding the most parameters."""
+        return dp.optimizer_seconds(self.comms, max(x.dense_numel + x.expert_numel for x in mems), plan,
+                                    len(mesh.group(DENSE_DP)))
+
+    def embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
         """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""
         if plan.pp == 1 or not (self.info.tied_embeddings and self.info.vocab):
             return 0.0, 0.0

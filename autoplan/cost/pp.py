@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 from autoplan.axes import Axis
@@ -50,28 +51,66 @@ class Pipeline:
 
 
 def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callable[[str, str], Part]) -> list[Bag]:
-    """Each virtual stage as a bag of (part, layers of it); ``part(kind, recompute)``."""
+    """Each virtual stage as a bag of (part, layers of it); ``part(kind, recompute)``, asked
+    once per (kind, recompute) of the plan."""
     chunks = plan.pp * plan.vpp
-    bags, start = [], 0
-    for c, n in enumerate(plan.stage_layers(num_layers)):
+    parts: dict[tuple[str, str], Part] = {}
+
+    def get(kind: str, rc: str) -> Part:
+        hit = parts.get((kind, rc))
+        if hit is None:
+            hit = parts[(kind, rc)] = part(kind, rc)
+        return hit
+
+    bags = []
+    for c, kinds in enumerate(_chunk_kinds(order, plan.stage_layers(num_layers))):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
-        bag = [(part(k, rc), count) for k, count in Counter(order[start:start + n]).items()]
-        start += n
+        bag = [(get(k, rc), count) for k, count in kinds]
         if c == 0:
-            bag.append((part("@pre", "none"), 1))
+            bag.append((get("@pre", "none"), 1))
         if c == chunks - 1:
-            bag.append((part("@post", "none"), 1))
+            bag.append((get("@post", "none"), 1))
         bags.append(bag)
     return bags
 
 
-def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
-                   *, detail: bool) -> Pipeline:
+@lru_cache(maxsize=4096)
+def _chunk_kinds(order: tuple[str, ...], layers: tuple[int, ...]) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Per virtual stage, (block kind, layers of it) in first-seen order."""
+    out, start = [], 0
+    for n in layers:
+        out.append(tuple(Counter(order[start:start + n]).items()))
+        start += n
+    return tuple(out)
+
+
+def stage_times(bags: list[Bag]) -> tuple[list[float], list[float], list[float]]:
+    """Per virtual stage F (forward + exposed forward communication), B (input gradient +
+    exposed backward communication) and W (weight gradient), seconds per micro-batch."""
     f = [sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag) for bag in bags]
     b = [sum((p.backward_s + p.exposed_bwd_s) * n for p, n in bag) for bag in bags]
     w = [sum(p.wgrad_s * n for p, n in bag) for bag in bags]
+    return f, b, w
+
+
+def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    """The virtual stages of each pipeline rank."""
+    return tuple(plan.stages_of_rank(r) for r in range(plan.pp))
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """What memory reads of a simulation, known before simulating: the per-rank peak of
+    micro-batch chunks in flight (``costmodels.pipeline.bounds.peak_activations``)."""
+
+    peak_activations: tuple[int, ...]
+
+
+def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
+                   *, detail: bool) -> Pipeline:
+    f, b, w = stage_times(bags)
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
-    act_bytes, p2p, hop, gather = _boundary_send(comms, plan, mesh, seq_len, hidden, schedule)
+    act_bytes, p2p, hop, gather = boundary(comms, plan, mesh, seq_len, hidden, schedule)
     f_comm = b_comm = None
     if schedule == "dualpipev":
         f_comm = [sum(p.ep_fwd_s * n for p, n in bag) for bag in bags]
@@ -81,11 +120,10 @@ def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int
     if plan.pp > 1 and detail:
         no_p2p = comms.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, 0.0, f_comm, b_comm)
         p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
-    rank_chunks = tuple(plan.stages_of_rank(r) for r in range(plan.pp))
-    return Pipeline(tuple(bags), rank_chunks, tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed, hop, gather)
+    return Pipeline(tuple(bags), rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed, hop, gather)
 
 
-def _boundary_send(comms: Comms, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,
+def boundary(comms: Comms, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,
                    schedule: str) -> tuple[float, float, tuple[int, ...], float]:
     """(bytes each tp rank sends, seconds of one stage-to-stage send, its slowest hop, the
     all-gather part of those seconds) for one boundary activation, ``b·(s/cp)·h·2`` bytes.

@@ -14,12 +14,15 @@ For every micro-batch size and schedule variant (``schedule_variants``):
    (none < selective < full), read off the estimates under each uniform policy.
 3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
 
-No repeated work: estimates are memoised per Estimator; a variant whose busiest-rank bound
-(m × the heaviest rank's F + B + W, no recompute) exceeds the mesh's best so far is not
-priced once some variant was memory-limited (before, whether it fits decides
-``memory_limited``); and a plan that does not fit without recomputation is not priced under
+No repeated work: estimates are memoised per Estimator; within one micro-batch size the
+variants are priced best-first by ``plan_floor`` (a lower bound on the step under any
+recompute policy, without simulating), and a variant whose floor exceeds the mesh's best so
+far is not priced at all — what it could still change, ``memory_limited``, is read off the
+floor's exact ``fits``; a plan that does not fit without recomputation is not priced under
 the other policies when ``recompute_floor`` shows none of them can beat that best.  None of
-this changes the best plan: a skipped plan is strictly slower than one already found.
+this changes the best plan: a skipped plan is strictly slower than one already found, and
+the micro-batch sizes are visited in the same order as without the shortcuts, so the same
+ones are skipped.
 
 ``best_plan`` returns the fastest plan that fits, or the smallest memory shortfall.
 """
@@ -33,7 +36,7 @@ from functools import lru_cache
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
-from autoplan.cost.bounds import step_lower_bound
+from autoplan.cost.bounds import Floor, plan_floor, step_lower_bound
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
@@ -42,6 +45,7 @@ from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 # False: price every variant and policy as before the bound and the memo existed — the
 # reference path experiments/bench_search.py times the search against.
 REUSE = True
+MEMO_LIMIT = 50_000        # estimates and floors kept per Estimator; cleared past it
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,6 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
     if screen:
         schedules = tuple(x for x in schedules if x in SCREEN_SCHEDULES)
         max_vpp = min(max_vpp, 2)
-    model = est.model
     best: tuple[float, str, Plan] | None = None
     shortfall = float("inf")
     evaluated = 0
@@ -152,28 +155,69 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
         if lb >= threshold or (best is not None and lb >= best[0]):
             skipped += 1
             continue
-        m = local_batch // mbs
-        for schedule, vpp in schedule_variants(mesh.pp, m, model.num_layers, schedules=schedules, max_vpp=max_vpp):
-            base = mesh.plan(mbs=mbs, schedule=schedule, vpp=vpp, recompute=("none",))
-            for cuts in ([()] if screen else _cut_variants(est, base)):
-                plan = base.replace(layers=cuts)
-                to_beat = best[0] if best is not None else float("inf")
-                floor = _busiest_rank_bound(est, plan, m) if REUSE and best is not None else 0.0
-                if limited and floor > to_beat:
-                    continue      # cannot win, and cannot change ``limited``: nothing to learn
-                result, short, n = _best_recompute(est, plan, global_batch, to_beat if REUSE else float("inf"))
-                evaluated += n
-                shortfall = min(shortfall, short)
-                limited = limited or result is None or result[1].recompute != ("none",)
-                if result is not None:
-                    key = (result[0].step_time_s, result[1].to_string())
-                    if best is None or key < best[:2]:
-                        best = (key[0], key[1], result[1])
+        plans = _variants(est, mesh, mbs, local_batch // mbs, schedules, max_vpp, screen)
+        for floor, fits, plan in (_best_first(est, plans, global_batch) if REUSE else
+                                  [(0.0, True, x) for x in plans]):
+            to_beat = best[0] if best is not None else float("inf")
+            if floor > to_beat:   # cannot win; all it could teach is whether it needs recompute
+                limited = limited or not fits
+                continue
+            result, short, n = _best_recompute(est, plan, global_batch, to_beat if REUSE else float("inf"))
+            evaluated += n
+            shortfall = min(shortfall, short)
+            limited = limited or result is None or result[1].recompute != ("none",)
+            if result is not None:
+                key = (result[0].step_time_s, result[1].to_string())
+                if best is None or key < best[:2]:
+                    best = (key[0], key[1], result[1])
     if best is None:
         return MeshResult(mesh, None, None, shortfall, evaluated, pruned=skipped == len(bounded),
                           memory_limited=limited)
     final = est.estimate(best[2], global_batch)          # full detail for the winner
     return MeshResult(mesh, best[2], final, 0.0, evaluated + 1, memory_limited=limited)
+
+
+def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tuple[str, ...], max_vpp: int,
+              screen: bool) -> list[Plan]:
+    """Every (schedule, vpp, cuts) plan of one micro-batch size, without recomputation."""
+    out = []
+    for schedule, vpp in schedule_variants(mesh.pp, m, est.model.num_layers, schedules=schedules, max_vpp=max_vpp):
+        base = mesh.plan(mbs=mbs, schedule=schedule, vpp=vpp, recompute=("none",))
+        out += [base.replace(layers=cuts) for cuts in ([()] if screen else _cut_variants(est, base))]
+    return out
+
+
+def _floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
+    """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
+    recompute policies ask for the same plans); a UserError is remembered and raised again."""
+    memo = _MEMO.setdefault(est, {})
+    key = ("floor", plan, global_batch)
+    hit = memo.get(key)
+    if hit is None:
+        try:
+            hit = plan_floor(est, plan, global_batch)
+        except UserError as err:
+            hit = err
+        if len(memo) > MEMO_LIMIT:
+            memo.clear()
+        memo[key] = hit
+    if isinstance(hit, UserError):
+        raise hit
+    return hit
+
+
+def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
+    """(floor, fits, plan) by ascending ``plan_floor`` (ties: generation order); a plan the
+    estimate refuses gets floor inf and does not fit (pricing it would raise)."""
+    out = []
+    for i, plan in enumerate(plans):
+        try:
+            floor = _floor(est, plan, global_batch)
+            out.append((floor.step_s, i, floor.fits, plan))
+        except UserError:
+            out.append((float("inf"), i, False, plan))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return [(floor, fits, plan) for floor, _, fits, plan in out]
 
 
 def _cut_variants(est: Estimator, plan: Plan) -> list[tuple[int, ...]]:
@@ -205,28 +249,41 @@ def recompute_floor(none: Estimate) -> float:
     return (none.step_time_s - none.time_breakdown_s["dp_exposed"]) * (1 - 1e-9)
 
 
-def _busiest_rank_bound(est: Estimator, plan: Plan, m: int) -> float:
-    """A lower bound on the step time of ``plan`` under any recomputation: m × the busiest
-    pipeline rank's F + B + W per micro-batch without recompute (``Estimator.layer_work``,
-    the same parts the estimate sums; the pipeline's makespan is at least any rank's busy
-    time and recomputation only adds work), less a relative 1e-9 for summation order.
-    DualPipeV's overlapped pairs can cost less than their parts: no bound (0)."""
-    if plan.schedule == "dualpipev":
-        return 0.0
-    work = est.layer_work(plan)
-    loads = [0.0] * plan.pp
-    start = 0
-    chunks = plan.pp * plan.vpp
-    for c, n in enumerate(plan.stage_layers(est.model.num_layers)):
-        load = sum(work["layers"][start:start + n])
-        load += (work["pre"] if c == 0 else 0.0) + (work["post"] if c == chunks - 1 else 0.0)
-        loads[plan.stage_rank(c)] += load
-        start += n
-    return m * max(loads) * (1 - 1e-9)
-
-
 def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
     """Least recomputation per stage that fits; returns ((estimate, plan) | None, shortfall GiB, plans priced).
+
+    Memory needs no simulation (``plan_floor``), so only the chosen plan is priced — and not
+    even it when its floor exceeds ``to_beat`` (the mesh's best: it cannot win, and is
+    reported as not fitting, as ``_best_recompute_priced`` does).  The choice, shortfall and
+    estimate are ``_best_recompute_priced``'s (the reference path, ``REUSE`` off)."""
+    if not REUSE:
+        return _best_recompute_priced(est, plan, global_batch, to_beat)
+    floors = {}
+    for policy in RECOMPUTE:
+        try:
+            floors[policy] = _floor(est, plan.replace(recompute=(policy,)), global_batch)
+        except UserError:
+            return None, float("inf"), 0
+        if policy == "none" and floors[policy].fits:
+            return (_estimate(est, plan, global_batch), plan), 0.0, 1
+    hbm = est.cluster.gpu.hbm_bytes / GIB
+    choice = []
+    for rank in range(plan.pp):
+        fitting = [p for p in RECOMPUTE if floors[p].memory_per_stage_gib[rank] <= hbm]
+        if not fitting:
+            return None, floors["full"].memory_per_stage_gib[rank] - hbm, 0
+        choice.append(fitting[0])
+    mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
+    floor = floors[choice[0]] if len(set(choice)) == 1 else _floor(est, mixed, global_batch)
+    if not floor.fits:
+        return None, floor.memory_gib - hbm, 0
+    if floor.step_s > to_beat:
+        return None, float("inf"), 0
+    return (_estimate(est, mixed, global_batch), mixed), 0.0, 1
+
+
+def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
+    """``_best_recompute`` by pricing every uniform policy (the reference path).
 
     ``to_beat``: the mesh's best step so far.  When the plan does not fit without
     recomputation and ``recompute_floor`` of that estimate exceeds it, no policy can win:
@@ -277,7 +334,7 @@ def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
             hit = est.estimate(plan, global_batch, detail=False)
         except UserError as err:
             hit = err
-        if len(memo) > 50000:
+        if len(memo) > MEMO_LIMIT:
             memo.clear()
         memo[key] = hit
     if isinstance(hit, UserError):

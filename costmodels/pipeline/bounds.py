@@ -1,0 +1,82 @@
+"""What a pipeline step costs at least, and what it holds in flight, without simulating it.
+
+``peak_activations(schedule, p, m, v)`` is ``PipelineResult.peak_activations`` — a property
+of the order alone (no durations): from the shortest periodic step ``steady.reduced_sizes``
+finds when there is one (the live count is periodic: the value the extrapolated simulation
+returns; tests/costmodels/test_pipeline_bounds.py checks it against the full simulation),
+else from the order of all m micro-batches.
+
+``makespan_lower_bound`` is a lower bound on the simulated makespan for any durations, from
+three facts of the dependency rules (simulator module docstring; N = p·v virtual stages,
+lat_s = the p2p of boundary s → s+1 when the two stages sit on different ranks, else 0):
+
+* rank r cannot start before micro-batch 0's forward reaches its first stage s_r:
+  head_r = Σ_{s<s_r} (f_s + lat_s);
+* no backward op of stage s can start before one micro-batch's forward ran through every
+  stage and its backward down to s+1: E_s = Σ_s' f_s' + Σ_{s'<N−1} lat_s' + Σ_{s'>s} (b_s' +
+  lat_s'); before its first backward a rank runs only forwards, and at most
+  ``peak_activations[r]`` of them (nothing is freed before a backward), so at most
+  peak_r · max f of its stages of work;
+* where the backward is not split (``split_backward`` false: every backward is one BW op), a
+  rank's last action is a BW of its first stage s_r (any later stage's chain would come back
+  to the rank), after which the BWs of stages s_r−1 … 0 still run:
+  tail_r = Σ_{s<s_r} (b_s + w_s + lat_s); 0 otherwise (a W can end a rank).
+
+Every action of a rank runs back to back at best, so, with busy_r = m · Σ_{s on r} (f + b +
+w), makespan ≥ max_r max(head_r + busy_r, min_{s on r} E_s + busy_r − min(peak_r · max f,
+m · Σ f)) + tail_r.  The makespan is max-plus in the durations, so longer backwards
+(recomputation) only raise it: the bound at the shortest durations holds for them too.
+Overlapped pairs (DualPipeV) cost less than their ops' sum: no bound (0).  The bound sums
+in another order than the simulation, so callers leave a relative margin (1e-9).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+from costmodels.pipeline import steady
+from costmodels.pipeline.events import _peak_in_flight, compile_schedule
+from costmodels.pipeline.schedules import build_orders, get_spec, stage_rank
+
+
+@lru_cache(maxsize=1024)
+def peak_activations(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
+    """Per-rank peak live forward chunks of the schedule's order (module docstring)."""
+    get_spec(schedule).check(p, m, v)
+    for m_s in steady.reduced_sizes(schedule, p, m, v):
+        return compile_schedule(schedule, p, m_s, v).peak
+    return _peak_in_flight(build_orders(schedule, p, m, v))
+
+
+def makespan_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[float],
+                         b: Sequence[float], w: Sequence[float], p2p: float) -> float:
+    """A lower bound on ``simulate(schedule, ...).step_time`` (module docstring), seconds."""
+    spec = get_spec(schedule)
+    if spec.overlapped_pairs:
+        return 0.0
+    n = p * v
+    rank = [stage_rank(s, p, spec.placement) for s in range(n)]
+    lat = [p2p if s + 1 < n and rank[s] != rank[s + 1] else 0.0 for s in range(n)]
+    head = [0.0]                                   # head[s] = Σ_{s'<s} (f + lat)
+    tail = [0.0]                                   # tail[s] = Σ_{s'<s} (b + w + lat)
+    for s in range(n):
+        head.append(head[-1] + f[s] + lat[s])
+        tail.append(tail[-1] + b[s] + w[s] + lat[s])
+    earliest = [0.0] * n                           # E_s
+    earliest[n - 1] = head[n - 1] + f[n - 1]
+    for s in range(n - 2, -1, -1):
+        earliest[s] = earliest[s + 1] + b[s + 1] + lat[s]
+    peaks = peak_activations(schedule, p, m, v)
+    stages_of: list[list[int]] = [[] for _ in range(p)]
+    for s in range(n):
+        stages_of[rank[s]].append(s)
+    best = 0.0
+    for r, own in enumerate(stages_of):
+        first = own[0]
+        busy = m * sum(f[s] + b[s] + w[s] for s in own)
+        forwards = min(peaks[r] * max(f[s] for s in own), m * sum(f[s] for s in own))
+        bound = max(head[first] + busy, min(earliest[s] for s in own) + busy - forwards)
+        if not spec.split_backward:
+            bound += tail[first]
+        best = max(best, bound)
+    return best
