@@ -44,7 +44,7 @@ def test_shortcuts_keep_the_top_k_and_price_fewer_plans(case, monkeypatch):
 
 def test_bounds_are_below_every_recompute_policy():
     """``plan_floor`` is below the step under every recompute policy, tells ``fits`` exactly as the
-    estimate does, and is not vacuous (within 25 % of the step; 1F1B's is nearly exact)."""
+    estimate does, and is not vacuous (within 25 % of the step; 1F1B's is nearly exact below ZeRO-3)."""
     spec, seq, cluster_name, batch, _ = CASES["llama7b-128xh100"]
     model, cluster = trace(spec, seq=seq), topologies.load(cluster_name)
     est = Estimator(model, cluster)
@@ -62,6 +62,8 @@ def test_bounds_are_below_every_recompute_policy():
             for policy in ("none", "selective", "full"):
                 step = est.estimate(plan.replace(recompute=(policy,)), batch, detail=False).step_time_s
                 assert bound <= step and floor <= step
-            assert bound >= (0.99 if schedule == "1f1b" else 0.75) * none.step_time_s, (plan, bound)
+            # 1F1B's floor is nearly exact, except for ZeRO-3's exposed gathers (not in the floor)
+            tight = schedule == "1f1b" and plan.zero < 3
+            assert bound >= (0.99 if tight else 0.75) * none.step_time_s, (plan, bound)
             checked += 1
     assert checked >= 30
