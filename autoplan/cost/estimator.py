@@ -77,6 +77,17 @@ class Estimator:
         for kind, _ in self.graph_kinds():
             self.layouts.sharding(kind, self.graph(kind), plan, "none", mesh)
 
+    def unsolved_layouts(self, plan: Plan) -> list[tuple[tuple, str]]:
+        """(assignment key, graph kind) of every block ILP ``plan`` needs that is not solved yet."""
+        mesh = Mesh.of(plan)
+        keys = [(self.layouts.assignment_key(kind, plan, mesh), kind) for kind, _ in self.graph_kinds()]
+        return [(key, kind) for key, kind in keys if key not in self.layouts.assignments]
+
+    def solve_layout(self, kind: str, plan: Plan):
+        """The block ILP of one graph at ``plan`` (a ``BlockAssignment``), not stored: workers solve
+        in parallel and the parent stores them under ``unsolved_layouts``' keys."""
+        return self.layouts.solve(self.graph(kind), plan, Mesh.of(plan))
+
     def layout(self, plan: Plan) -> Layout | None:
         """The tp placements ``plan`` is priced with (block ILP solutions); None without tp."""
         if plan.tp == 1:

@@ -37,17 +37,24 @@ class BlockLayouts:
         self._priced: dict[tuple, BlockSharding] = {}
         self.max_gap = 0.0                   # over every block sharding priced so far
 
+    def assignment_key(self, graph_key: str, plan: Plan, mesh: Mesh) -> tuple:
+        """Everything the block ILP's solution depends on: (kind, tp, sp, tp span, mbs, cp)."""
+        return (graph_key, plan.tp, plan.sp, self.comms.span(mesh.group(Axis.TP.value)), plan.mbs, plan.cp)
+
+    def solve(self, graph: OpGraph, plan: Plan, mesh: Mesh) -> BlockAssignment:
+        """Solve the block ILP at ``plan``'s local shape, without recomputation (not memoised)."""
+        return solve_assignment(graph, self._context(plan, "none", mesh, self.comms.span(mesh.group(Axis.TP.value))))
+
     def sharding(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> BlockSharding:
         """The block's tp layout under ``plan``, priced at the plan's micro-batch, cp and recompute."""
         span = self.comms.span(mesh.group(Axis.TP.value))
         key = (graph_key, plan.tp, plan.sp, plan.mbs, plan.cp, recompute, span)
         hit = self._priced.get(key)
         if hit is None:
-            akey = (graph_key, plan.tp, plan.sp, span, plan.mbs, plan.cp)
+            akey = self.assignment_key(graph_key, plan, mesh)
             assignment = self.assignments.get(akey)
             if assignment is None:
-                assignment = solve_assignment(graph, self._context(plan, "none", mesh, span))
-                self.assignments[akey] = assignment
+                assignment = self.assignments[akey] = self.solve(graph, plan, mesh)
             hit = price_assignment(graph, assignment, self._context(plan, recompute, mesh, span))
             self._priced[key] = hit
             self.max_gap = max(self.max_gap, hit.gap)

@@ -131,16 +131,17 @@ def pp_p2p(cluster: Cluster, plan: Plan, est: Estimate, mesh: Mesh) -> Verdict:
     if plan.pp == 1:
         return Verdict("pp-p2p-span", "info", "no pipeline parallelism (pp = 1): no stage-to-stage P2P")
     g = mesh.group("pp")
-    neighbour = cluster.span(g[:2])
     whole = cluster.span(g)
     calls, t, exposed = _dim_time(est, ("pp",))
-    per = next((p.bytes_per_call for p in est.primitives if p.kind == "p2p" and p.purpose == "activations"), 0.0)
+    send = next((p for p in est.primitives if p.kind == "p2p" and p.purpose == "activations"), None)
+    per = send.bytes_per_call if send is not None else 0.0
+    hop = send.span if send is not None else cluster.describe_span(cluster.span(g[:2]))   # the priced (slowest) hop
     return Verdict("pp-p2p-span", "info",
-                   f"PP P2P between neighbouring stages goes over {cluster.describe_span(neighbour)} "
+                   f"PP P2P's slowest stage-to-stage hop goes over {hop} "
                    f"(PP group of {len(g)} ranks {ranks_text(g)} spans {cluster.describe_span(whole)}): "
                    f"{calls:,} sends per step of {size(per)}, {seconds(t)}, {seconds(exposed)} exposed — "
                    f"allowed: P2P overlaps other micro-batches' compute",
-                   (("group_size", len(g)), ("span", cluster.describe_span(neighbour)), ("calls_per_step", calls),
+                   (("group_size", len(g)), ("span", hop), ("calls_per_step", calls),
                     ("bytes_per_call", per), ("time_s", t), ("exposed_s", exposed)))
 
 

@@ -126,7 +126,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
         raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
                         f"(heads {model.model.heads}, global batch {global_batch})",
                         "change --global-batch so that data parallelism can divide it")
-    _solve_ilps(est, meshes, global_batch, options.mbs)
+    _solve_ilps(est, meshes, global_batch, options.mbs, options.workers or os.cpu_count() or 1)
     bounded = []
     pruned_memory = 0
     for mesh in meshes:
@@ -155,17 +155,35 @@ def _mesh_sort_key(mesh: MeshChoice):
     return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.order)
 
 
-def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs_choices: tuple[int, ...]) -> None:
-    """Solve every block ILP the meshes need, in the parent, before workers fork: one per
-    (tp, sp, axis order, cp, micro-batch), the keys ``cost.tp.BlockLayouts`` solves on."""
-    seen = set()
+def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs_choices: tuple[int, ...],
+                workers: int) -> None:
+    """Solve every block ILP the meshes need before the search forks: one per (kind, tp, sp, tp
+    span, cp, micro-batch), the keys ``cost.tp.BlockLayouts`` solves on; in worker processes when
+    there are more ILPs than workers (CP-SAT with one worker and a deterministic time limit gives
+    the same solution in any process)."""
+    jobs: dict[tuple, tuple[str, object]] = {}
     for mesh in meshes:
         for mbs in mbs_choices:
-            key = (mesh.tp, mesh.sp, mesh.order, mesh.cp, mbs)
-            if key in seen or (global_batch // mesh.dp) % mbs:
-                continue
-            seen.add(key)
-            est.solve_layouts(mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",)))
+            if (global_batch // mesh.dp) % mbs == 0:
+                plan = mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",))
+                for key, kind in est.unsolved_layouts(plan):
+                    jobs.setdefault(key, (kind, plan))
+    global _WORKER_ESTIMATOR
+    _WORKER_ESTIMATOR = est
+    pool = _pool(est, workers) if workers > 1 and len(jobs) > workers else None
+    try:
+        solved = (pool.map(_solve_layout_job, list(jobs.values()), chunksize=max(1, len(jobs) // (4 * workers)))
+                  if pool is not None else [_solve_layout_job(job) for job in jobs.values()])
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    est.layouts.assignments.update(zip(jobs, solved))
+
+
+def _solve_layout_job(job):
+    kind, plan = job
+    return _WORKER_ESTIMATOR.solve_layout(kind, plan)
 
 
 def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> tuple[float, float]:
