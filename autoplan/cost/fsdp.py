@@ -27,6 +27,7 @@ turns reshard-after-forward off under PP).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autoplan.cost.comms import Comms
@@ -94,8 +95,9 @@ def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_po
 
     split = len(bag) - has_pre - has_post
     roots = [p for p, _ in bag[split:]]
-    blocks = [p for p, n in bag[:split] for _ in range(n)]
-    body = [unit(p, p.dense_numel, p.expert_numel, i == len(blocks) - 1) for i, p in enumerate(blocks)]
+    body = [u for p, n in bag[:split] for u in [unit(p, p.dense_numel, p.expert_numel, False)] * n]
+    if body:
+        body[-1] = dataclasses.replace(body[-1], kept=True)
     if not roots:
         return body
     gather = unit(None, sum(p.dense_numel for p in roots), sum(p.expert_numel for p in roots), True)
