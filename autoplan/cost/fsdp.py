@@ -37,7 +37,6 @@ from autoplan.plan import Plan
 PARAM_GATHER_BYTES = 2.0           # parameters gathered in bf16
 GRAD_REDUCE_BYTES = 4.0            # gradients reduce-scattered in fp32 (FSDP2 reduce_dtype, torchtitan's default)
 DEFAULT_PREFETCH = 1               # FSDP2's implicit one-unit-ahead prefetch
-ROOT_KINDS = ("@pre", "@post")     # graphs whose parameters form the root unit
 
 
 @dataclass(frozen=True)
