@@ -20,6 +20,8 @@ import json
 
 from autoplan.commands.common import add_workload_args
 
+MAX_FSDP_PREFETCH = 64
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("estimate", help="price a hand-written plan (step time, MFU, memory, collectives)",
@@ -35,6 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="do not overlap the data-parallel gradient reduction with backward (2021-era Megatron)")
+    p.add_argument("--fsdp-prefetch", type=int, default=1, metavar="N",
+                   help="ZeRO-3: FSDP units gathered ahead of the one computing (default 1, FSDP2's implicit prefetch)")
+    p.add_argument("--fsdp-reshard", choices=("on", "off"), default=None,
+                   help="ZeRO-3: reshard parameters after forward (default: on at pp=1, off under PP, as torchtitan)")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
     p.set_defaults(func=run)
 
@@ -48,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.export.load import load_plan, load_plans
     from autoplan.workload import Workload, load_cluster
 
+    if not 1 <= args.fsdp_prefetch <= MAX_FSDP_PREFETCH:
+        raise UserError(f"--fsdp-prefetch {args.fsdp_prefetch} is out of range",
+                        f"give 1 to {MAX_FSDP_PREFETCH} units")
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
     if args.plans:
         plans = load_plans(args.plans, num_gpus=cluster.num_gpus)
@@ -55,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
         plans = [load_plan(args.plan, num_gpus=cluster.num_gpus)]
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
     graph = w.model
-    estimator = w.estimator(EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile))
+    estimator = w.estimator(EstimateOptions(
+        overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile, fsdp_prefetch=args.fsdp_prefetch,
+        fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on"))
     if args.plans:
         ests = []
         for i, plan in enumerate(plans):

@@ -27,6 +27,7 @@ turns reshard-after-forward off under PP).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autoplan.cost.comms import Comms
@@ -36,7 +37,6 @@ from autoplan.plan import Plan
 PARAM_GATHER_BYTES = 2.0           # parameters gathered in bf16
 GRAD_REDUCE_BYTES = 4.0            # gradients reduce-scattered in fp32 (FSDP2 reduce_dtype, torchtitan's default)
 DEFAULT_PREFETCH = 1               # FSDP2's implicit one-unit-ahead prefetch
-ROOT_KINDS = ("@pre", "@post")     # graphs whose parameters form the root unit
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,9 @@ def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_po
 
     split = len(bag) - has_pre - has_post
     roots = [p for p, _ in bag[split:]]
-    blocks = [p for p, n in bag[:split] for _ in range(n)]
-    body = [unit(p, p.dense_numel, p.expert_numel, i == len(blocks) - 1) for i, p in enumerate(blocks)]
+    body = [u for p, n in bag[:split] for u in [unit(p, p.dense_numel, p.expert_numel, False)] * n]
+    if body:
+        body[-1] = dataclasses.replace(body[-1], kept=True)
     if not roots:
         return body
     gather = unit(None, sum(p.dense_numel for p in roots), sum(p.expert_numel for p in roots), True)

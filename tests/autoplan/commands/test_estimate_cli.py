@@ -111,3 +111,16 @@ def test_bad_plans_files_name_the_entry(cli, tmp_path, content, needle):
     out = _many(cli, path)
     assert out.returncode == 2, out.stdout
     assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_fsdp_policy_flags_change_zero3_pricing(cli):
+    base = estimate(cli, "dp=16,mbs=1,zero=3")
+    off = estimate(cli, "dp=16,mbs=1,zero=3", "h100x16", "--fsdp-reshard", "off")
+    gathers = [sum(p["calls_per_step"] for p in e["primitives"] if p["dim"] == "dp" and p["kind"] == "all_gather")
+               for e in (base, off)]
+    assert gathers == [4, 1]
+    assert off["memory_gib"] > base["memory_gib"]
+    deep = estimate(cli, "dp=16,mbs=1,zero=3", "h100x16", "--fsdp-prefetch", "3")
+    assert deep["memory_gib"] > base["memory_gib"]
+    bad = cli("estimate", MODEL, "--cluster", "h100x16", "--plan", "zero=3", "--fsdp-prefetch", "0")
+    assert bad.returncode == 2 and "--fsdp-prefetch 0 is out of range" in bad.stderr
