@@ -147,3 +147,31 @@ def test_no_plan_fits_names_the_shortfall(cli):
 def test_bad_input_is_one_message_and_exit_2(cli, args, needle):
     out = cli("search", SMALL[0], *args)
     assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_progress_bar_on_a_terminal_stderr_leaves_stdout_alone(small_json):
+    """stderr on a terminal: a search longer than a second draws its bar there; stdout's JSON
+    is the same bytes as without a terminal."""
+    import pty
+    import sys
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS="100", TERM="xterm")
+    p = subprocess.Popen([sys.executable, "-m", "autoplan", "search", *SMALL, "--json", "--top", "5"],
+                         stdout=subprocess.PIPE, stderr=slave, text=True, cwd=REPO, env=env)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        err += data
+    stdout = p.communicate(timeout=900)[0]
+    os.close(master)
+    assert p.returncode == 0
+    assert stdout == small_json.stdout
+    assert b"searching meshes" in err
