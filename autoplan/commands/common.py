@@ -30,14 +30,16 @@ def wide_console(min_width: int = 0):
 
 
 def run_header(graph, cluster, global_batch: int) -> str:
-    """The line above a pricing table: model, cluster and run size.  Token models state their
-    sequence length; other inputs (images, features) the positions per sample their blocks see,
-    since ``--seq`` does not reach them, and the batch in samples."""
-    head = f"[bold]{graph.model.name}[/bold] on {cluster.name} ({cluster.describe()}), "
+    """The lines above a pricing table: model, cluster and run size, then the hardware.  Token
+    models state their sequence length; other inputs (images, features) the positions per sample
+    their blocks see, since ``--seq`` does not reach them, and the batch in samples."""
+    head = f"[bold]{graph.model.name}[/bold] on {cluster.name}, "
     if graph.model.token_inputs:
-        return head + f"seq {graph.seq_len:,}, global batch {global_batch:,}"
-    return head + (f"{graph.sample_positions:,} positions per sample (not token ids: --seq does not apply), "
-                   f"global batch {global_batch:,} samples")
+        head += f"seq {graph.seq_len:,}, global batch {global_batch:,}"
+    else:
+        head += (f"{graph.sample_positions:,} positions per sample (not token ids: --seq does not apply), "
+                 f"global batch {global_batch:,} samples")
+    return head + f"\n[dim]{cluster.describe()}[/dim]"
 
 
 def print_estimate(console, plan, est, title: str = "") -> None:

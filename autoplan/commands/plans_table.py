@@ -104,5 +104,4 @@ def tie_note(candidates: list) -> str:
     tied = sorted({r for r in ranks if r.endswith("=")}, key=lambda r: int(r[:-1]))
     if not tied:
         return ""
-    return (f"{', '.join(tied)}: tie — step times within {TIE_TOLERANCE:.1%} of each other, below what "
-            "the cost model resolves; choose among them on other grounds")
+    return f"{', '.join(tied)}: ties — step times within {TIE_TOLERANCE:.1%} of each other: below what the model resolves"

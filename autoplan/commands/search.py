@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     graph, cluster = w.model, w.cluster
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
                             allow_cross_domain=args.allow_cross_domain, workers=args.workers,
-                            profile=args.profile, progress=not args.json and sys.stderr.isatty())
+                            profile=args.profile, progress=sys.stderr.isatty())   # stderr: stdout stays the same bytes
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
         _write_report(args, graph, cluster, result, options)

@@ -136,7 +136,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
             continue
         bounded.append((lb, _mesh_sort_key(mesh), mesh))
     bounded.sort(key=lambda t: (t[0], t[1]))
-    results, evaluated, priced, pruned_bound, shortfall = _explore(est, bounded, global_batch, options)
+    results, evaluated, priced, pruned_bound, shortfall = _explore(est, bounded, global_batch, options, start)
     if not results:
         raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
     ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
@@ -201,7 +201,7 @@ def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices
     return best, states
 
 
-def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions):
+def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions, started: float | None = None):
     """Screen every degree tuple with a representative variant, then search the best tuples fully.
 
     Pass 1 (screen): for each (tp, cp, ep, pp, dp), one variant (ZeRO-1, SP on, ring CP, the
@@ -219,7 +219,7 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions)
     refine_n = max(2 * options.top_k, options.refine)
     stats = {"evaluated": 0, "priced": 0, "pruned": 0, "shortfall": float("inf")}
     results: dict[tuple, MeshResult] = {}
-    progress = _progress(options.progress, len(tuples) + min(refine_n, len(tuples)))
+    progress = _progress(options.progress, len(tuples) + min(refine_n, len(tuples)), started)
     try:
         if len(tuples) > refine_n:
             reps = sorted(((_representative(v), v) for v in tuples.values()), key=lambda t: (t[0][0], t[0][1]))
@@ -379,15 +379,14 @@ class _NoProgress:
 
 class _RichProgress:
     """A progress bar on stderr that appears only once the search has run ``DELAY_S`` seconds
-    (a quick search prints nothing extra), and vanishes when done."""
+    since ``started`` (``time.perf_counter``; default now): a quick search prints nothing extra.
+    It vanishes when done."""
 
     DELAY_S = 1.0
 
-    def __init__(self, total: int):
-        import time
-
+    def __init__(self, total: int, started: float | None = None):
         self._total, self._done, self._p = total, 0, None
-        self._start, self._clock = time.monotonic(), time.monotonic
+        self._start, self._clock = time.perf_counter() if started is None else started, time.perf_counter
 
     def advance(self) -> None:
         self._done += 1
@@ -407,8 +406,8 @@ class _RichProgress:
             self._p.stop()
 
 
-def _progress(enabled: bool, total: int):
-    return _RichProgress(total) if enabled else _NoProgress()
+def _progress(enabled: bool, total: int, started: float | None = None):
+    return _RichProgress(total, started) if enabled else _NoProgress()
 
 
 def _no_fit_message(est: Estimator, meshes, shortfall: float) -> str:

@@ -89,7 +89,7 @@ def test_ties_within_noise_share_a_rank():
     assert tie_ranks([3.946, 3.947, 3.982, 3.982, 4.101]) == ["1=", "1=", "3=", "3=", "5"]
     assert tie_ranks([1.0, 1.004, 1.009]) == ["1=", "1=", "3"]     # relative to the run's first
     assert tie_ranks([1.0, 1.1]) == ["1", "2"]
-    assert tie_note(_candidates()).startswith("1=, 3=: tie")
+    assert tie_note(_candidates()).startswith("1=, 3=: ties — ")
     assert tie_note(_candidates(TOP5[3:])) == ""
 
 

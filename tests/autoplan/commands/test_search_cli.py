@@ -58,7 +58,7 @@ def _table_rows(stdout: str) -> list[tuple[str, str]]:
     start = next(i for i, line in enumerate(lines) if line.startswith("─")) + 1
     rows: list[tuple[str, str]] = []
     for line in lines[start:]:
-        if not line.strip() or "tie —" in line or "meshes after the NVLink rules" in line:
+        if not line.strip() or "ties —" in line or "meshes after the NVLink rules" in line:
             break
         rank, plan = line[:2].strip(), line[2:].strip().split("  ")[0]
         rows.append((rank, plan) if rank else (rows[-1][0], rows.pop()[1] + " " + plan))
@@ -85,7 +85,7 @@ def test_human_output_and_html_report(small_json, tmp_path):
     steps = [p["estimate"]["step_time_s"] for p in ranked]
     ranks = [rank for rank, _ in _table_rows(out.stdout)]
     assert ranks == tie_ranks(steps)
-    assert ("tie — step times within 0.5%" in out.stdout) == any(r.endswith("=") for r in ranks)
+    assert ("ties — step times within 0.5%" in out.stdout) == any(r.endswith("=") for r in ranks)
     # the ranks by hand: a plan ties when within 0.5 % of the first of its run
     assert all(steps[int(r[:-1]) - 1] * 1.005 >= t for r, t in zip(ranks, steps) if r.endswith("="))
 
@@ -147,3 +147,31 @@ def test_no_plan_fits_names_the_shortfall(cli):
 def test_bad_input_is_one_message_and_exit_2(cli, args, needle):
     out = cli("search", SMALL[0], *args)
     assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_progress_bar_on_a_terminal_stderr_leaves_stdout_alone(small_json):
+    """stderr on a terminal: a search longer than a second draws its bar there; stdout's JSON
+    is the same bytes as without a terminal."""
+    import pty
+    import sys
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS="100", TERM="xterm")
+    p = subprocess.Popen([sys.executable, "-m", "autoplan", "search", *SMALL, "--json", "--top", "5"],
+                         stdout=subprocess.PIPE, stderr=slave, text=True, cwd=REPO, env=env)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        err += data
+    stdout = p.communicate(timeout=900)[0]
+    os.close(master)
+    assert p.returncode == 0
+    assert stdout == small_json.stdout
+    assert b"searching meshes" in err

@@ -49,7 +49,8 @@ def test_a_feature_model_counts_samples(traced, features_model):
     # tokens count the 7 positions per sample the blocks see, not --seq 4096
     assert e["tokens_per_s"] == pytest.approx(7 * e["samples_per_s"], rel=1e-4)
     header = run_header(g, cluster, 64)
-    assert header.endswith("7 positions per sample (not token ids: --seq does not apply), global batch 64 samples")
+    assert header.splitlines()[0].endswith(
+        "7 positions per sample (not token ids: --seq does not apply), global batch 64 samples")
     assert "seq 4,096" not in header
 
 
@@ -62,7 +63,8 @@ def test_token_models_keep_tokens(traced):
     assert (e.throughput_unit, e.throughput) == ("tokens", e.tokens_per_s)
     assert e.tokens_per_s == pytest.approx(16 * 128 / e.step_time_s)
     assert e.samples_per_s == pytest.approx(16 / e.step_time_s)
-    assert run_header(g, cluster, 16).endswith("seq 128, global batch 16")
+    assert run_header(g, cluster, 16).splitlines() == ["[bold]gpt:layers=2,hidden=64,heads=4,vocab=128[/bold] on h100x8, "
+                                                       "seq 128, global batch 16", f"[dim]{cluster.describe()}[/dim]"]
 
 
 @pytest.mark.slow
