@@ -6,7 +6,8 @@
 The plan runs Megatron's operator sharding for tp/sp (column- then row-parallel, which the
 block ILP recovers on its own).  ``--json`` prints the Estimate: step_time_s, tokens_per_s,
 tokens_per_s_per_gpu, mfu, hfu, model_flops_per_step, memory_gib (max over GPUs),
-memory_breakdown_gib {params, grads, optimizer, activations, other}, fits,
+memory_breakdown_gib {params, grads, optimizer, activations, other}, memory_margin_gib,
+memory_limit_gib (HBM − margin), fits (peak ≤ HBM − margin), activations_alive,
 bubble_fraction, comm_exposed_s, violations [{rule, text}], primitives [{kind, dim,
 group_size, span, level, calls_per_step, bytes_per_call, time_s, exposed_s}] and more.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from autoplan.commands.common import add_workload_args
+from autoplan.commands.common import add_margin_arg, add_workload_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,22 +28,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="do not overlap the data-parallel gradient reduction with backward (2021-era Megatron)")
+    add_margin_arg(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines.common import price
-    from autoplan.commands.common import print_estimate, wide_console
+    from autoplan.commands.common import memory_margin, print_estimate, wide_console
     from autoplan.cost import EstimateOptions
     from autoplan.export.load import load_plan
     from autoplan.workload import Workload, load_cluster
 
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
+    margin = memory_margin(args, cluster.gpu.hbm_bytes)
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
     graph = w.model
-    estimator = w.estimator(EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile))
+    estimator = w.estimator(EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile,
+                                            memory_margin_gib=margin))
     est = price(estimator, plan, args.global_batch)
     if args.json:
         print(est.to_json())

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from autoplan.commands.common import add_workload_args
+from autoplan.commands.common import add_margin_arg, add_workload_args
 from autoplan.errors import UserError
 
 
@@ -32,6 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's)")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
+    add_margin_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
     p.add_argument("-o", "--output", metavar="PATH",
                    help="with --json: write the list to PATH (whole, or not at all) instead of stdout")
@@ -49,11 +50,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--top must be ≥ 1, got {args.top}", "pass --top K with K ≥ 1")
     if args.output and not args.json:
         raise UserError("-o/--output writes the --json list", "add --json, or drop -o")
+    from autoplan.commands.common import memory_margin
+    from autoplan.workload import load_cluster
+
+    margin = memory_margin(args, load_cluster(args.cluster).gpu.hbm_bytes)   # bad input fails before the trace
     w = Workload.load(args.model, args.cluster, seq=args.seq, global_batch=args.global_batch)
     graph, cluster = w.model, w.cluster
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
                             allow_cross_domain=args.allow_cross_domain, workers=args.workers,
-                            profile=args.profile, progress=not args.json and sys.stderr.isatty())
+                            profile=args.profile, progress=not args.json and sys.stderr.isatty(),
+                            memory_margin_gib=margin)
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
         _write_report(args, graph, cluster, result, options)
@@ -78,13 +84,17 @@ def _print(console, graph, cluster, args, result) -> None:
     console.print(f"[bold]{graph.model.name}[/bold] on {cluster.name} ({cluster.describe()}), "
                   f"seq {args.seq:,}, global batch {args.global_batch:,}")
     table = Table(box=box.SIMPLE_HEAD, title=f"Top {len(result.candidates)} distinct meshes")
-    for col in ("#", "plan", "step", "tokens/s", "MFU", "memory GiB", "bubble", "comm exposed"):
+    for col in ("#", "plan", "step", "tokens/s", "MFU", "memory GiB / limit", "bubble", "comm exposed"):
         table.add_column(col, justify="left" if col == "plan" else "right")
     for i, c in enumerate(result.candidates, 1):
         e = c.estimate
         table.add_row(str(i), c.plan.to_string(), seconds(e.step_time_s), f"{e.tokens_per_s:,.0f}", percent(e.mfu),
-                      f"{e.memory_gib:.1f} / {e.hbm_gib:.1f}", percent(e.bubble_fraction), seconds(e.comm_exposed_s))
+                      f"{e.memory_gib:.1f} / {e.memory_limit_gib:.1f}", percent(e.bubble_fraction), seconds(e.comm_exposed_s))
     console.print(table)
+    if result.candidates:
+        e = result.candidates[0].estimate
+        console.print(f"[dim]memory limit {e.memory_limit_gib:.1f} GiB per GPU = {e.hbm_gib:.1f} GiB HBM − "
+                      f"{e.memory_margin_gib:g} GiB margin (--memory-margin)[/dim]")
     st = result.stats
     console.print(f"[dim]{st.space.generated} meshes after the NVLink rules ({st.space.broke_rules} degree choices "
                   f"broke them), {st.pruned_memory} cannot hold their model states, {st.pruned_bound} bounded out, "

@@ -28,6 +28,7 @@ from autoplan.mesh import Mesh
 from autoplan.opkinds import attention_flops
 from autoplan.plan import Plan
 from costmodels.memory import GIB
+from costmodels.pipeline.live import peak_live
 from topologies.cluster import Cluster
 
 
@@ -110,9 +111,7 @@ class Estimator:
                              lambda kind, rc: self.part(kind, plan, rc, mesh))
         pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.seq_len, self.hidden, detail=detail)
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
-        logits = memory.logits_bytes(plan, self.model.seq_len, self.info.vocab or 0)
-        mems = [memory.rank_memory(plan, pipe, r, dense_dp=len(dp_ranks), expert_dp=len(edp_ranks), logits=logits)
-                for r in range(plan.pp)]
+        mems = self._memory(plan, mesh, pipe, m, len(dp_ranks), len(edp_ranks))
         dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m)
                     for mem in mems]
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
@@ -128,6 +127,21 @@ class Estimator:
                                   embed_bytes, embed_s) if detail else []
         return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step, max(dp_exposed), embed_s,
                               optimizer_s)
+
+    def _memory(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int, dense_dp: int,
+                expert_dp: int) -> list[memory.RankMemory]:
+        """Per pipeline rank: states, the live activation peak of its schedule order, transients."""
+        schedule = plan.schedule if plan.pp > 1 else "1f1b"
+        peaks = peak_live(schedule, plan.pp, m, plan.vpp, memory.chunk_saved_bytes(pipe))
+        loss = memory.loss_bytes(plan, self.model.seq_len, self.info.vocab or 0)
+        ends = frozenset(id(self.part(k, plan, "none", mesh)) for k in ("@pre", "@post"))
+        return [memory.rank_memory(plan, pipe, r, peaks[r], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss,
+                                   ends=ends) for r in range(plan.pp)]
+
+    @property
+    def usable_bytes(self) -> float:
+        """HBM per GPU less the memory margin: what a plan that fits may use."""
+        return memory.usable_bytes(self.cluster.gpu.hbm_bytes, self.options.memory_margin_gib)
 
     def _embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
         """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""
@@ -160,13 +174,15 @@ class Estimator:
             mfu=model_flops / (step * peak), hfu=(model_flops + rec_flops) / (step * peak),
             model_flops_per_step=model_flops, memory_gib=totals[worst] / GIB,
             memory_breakdown_gib={k: v / GIB for k, v in mems[worst].breakdown().items()},
-            fits=totals[worst] <= gpu.hbm_bytes, bubble_fraction=pipe.sim.bubble_fraction,
+            fits=totals[worst] <= self.usable_bytes, bubble_fraction=pipe.sim.bubble_fraction,
             comm_exposed_s=sum(p.exposed_s for p in prims),
-            violations=tuple(report.violations(self.comms, plan, mesh, self.info.experts, totals[worst])),
+            violations=tuple(report.violations(self.comms, plan, mesh, self.info.experts, totals[worst],
+                                               self.options.memory_margin_gib)),
             primitives=tuple(prims), comm_time_s=sum(p.time_s for p in prims),
             time_breakdown_s=report.breakdown(prims, compute=m * block_compute, pipe=pipe, rank=busy,
                                               dp_exposed=dp_exposed, embed_s=embed_s, optimizer_s=optimizer_s),
             memory_per_stage_gib=tuple(t / GIB for t in totals), hbm_gib=gpu.hbm_bytes / GIB,
+            memory_margin_gib=self.options.memory_margin_gib, activations_alive=mems[worst].alive,
             attention_time_share=attention / block_compute if block_compute else 0.0,
             attention_flops_share=self._attention_flops_per_sample * plan.mbs / all_flops if all_flops else 0.0,
             microbatches=m, stage_times_s=tuple(zip(pipe.f, pipe.b, pipe.w)), ilp_gap=self.layouts.max_gap)

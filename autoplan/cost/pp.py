@@ -20,7 +20,7 @@ from autoplan.axes import Axis
 from autoplan.cost.comms import Comms
 from autoplan.cost.types import Part
 from autoplan.mesh import Mesh
-from autoplan.plan import Plan
+from autoplan.plan import Plan, recompute_layers
 
 ACTIVATION_BYTES = 2                    # bf16
 Bag = list[tuple[Part, int]]
@@ -45,13 +45,21 @@ class Pipeline:
         return self.sim.step_time
 
 
+def layer_policies(policy: str, n: int) -> list[str]:
+    """The recompute policy of each of a virtual stage's ``n`` layers: ``full:N`` fully
+    recomputes the first N (Megatron ``--recompute-method block``), the rest keep everything."""
+    k = recompute_layers(policy)
+    return [policy] * n if k is None else ["full"] * min(k, n) + ["none"] * max(n - k, 0)
+
+
 def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callable[[str, str], Part]) -> list[Bag]:
     """Each virtual stage as a bag of (part, layers of it); ``part(kind, recompute)``."""
     chunks = plan.pp * plan.vpp
     bags, start = [], 0
     for c, n in enumerate(plan.stage_layers(num_layers)):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
-        bag = [(part(k, rc), count) for k, count in Counter(order[start:start + n]).items()]
+        layers = Counter(zip(order[start:start + n], layer_policies(rc, n)))
+        bag = [(part(k, policy), count) for (k, policy), count in layers.items()]
         start += n
         if c == 0:
             bag.append((part("@pre", "none"), 1))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces, NCCL buffers, fragmentation
+
 
 @dataclass(frozen=True)
 class EstimateOptions:
@@ -12,6 +14,7 @@ class EstimateOptions:
     profile: str | None = None            # path to a compute profile YAML (default: the GPU's)
     solver: str = "cpsat"
     time_limit_s: float = 30.0
+    memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Part:
     ep_fwd_s: float              # the EP all-to-all part of it (what DualPipeV's pairs can hide)
     ep_bwd_s: float
     saved_bytes: float
+    recompute_transient_bytes: float    # re-materialised by recomputation during the layer's backward
     dense_numel: int
     expert_numel: int
     model_flops: float           # per micro-batch (one sequence × mbs), GEMM + attention
@@ -123,6 +127,13 @@ class Estimate:
     microbatches: int = 0
     stage_times_s: tuple[tuple[float, float, float], ...] = ()   # (F, B, W) per virtual stage
     ilp_gap: float = 0.0
+    memory_margin_gib: float = 0.0        # head-room ``fits`` leaves: fits ⇔ memory_gib ≤ hbm_gib − margin
+    activations_alive: tuple[tuple[int, int], ...] = ()   # worst rank: (virtual stage, micro-batches alive) at its peak
+
+    @property
+    def memory_limit_gib(self) -> float:
+        """HBM less the margin: the most a fitting plan may use."""
+        return self.hbm_gib - self.memory_margin_gib
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -130,6 +141,8 @@ class Estimate:
         d["primitives"] = [asdict(p) for p in self.primitives]
         d["stage_times_s"] = [list(t) for t in self.stage_times_s]
         d["memory_per_stage_gib"] = list(self.memory_per_stage_gib)
+        d["activations_alive"] = [list(a) for a in self.activations_alive]
+        d["memory_limit_gib"] = self.memory_limit_gib
         return d
 
     def to_json(self) -> str:

@@ -235,7 +235,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
             return (e, plan.replace(recompute=(policy,))), 0.0, priced
         if policy == "none" and recompute_floor(e) > to_beat:
             return None, float("inf"), priced
-    hbm = est.cluster.gpu.hbm_bytes / GIB
+    hbm = est.usable_bytes / GIB
     choice = []
     for rank in range(plan.pp):
         fitting = [p for p in RECOMPUTE if per_policy[p].memory_per_stage_gib[rank] <= hbm]
