@@ -74,3 +74,22 @@ def test_tp6_on_8_gpu_domains_is_a_violation(cli):
     violations = json.loads(r.stdout)["violations"]
     assert [v["rule"] for v in violations] == ["tp-inside-nvlink"]
     assert "(6…11) spans 2 NVLink domains" in violations[0]["text"]
+
+
+def test_memory_margin_sets_the_limit_fits_reads(cli):
+    e = estimate(cli, "tp=8,pp=2,mbs=1,recompute=selective")
+    assert e["memory_margin_gib"] == 4.0                         # the default
+    assert e["memory_limit_gib"] == pytest.approx(e["hbm_gib"] - 4.0, rel=1e-5)
+    tight = e["hbm_gib"] - 0.9 * e["memory_gib"]                 # leaves 10 % too little
+    over = estimate(cli, "tp=8,pp=2,mbs=1,recompute=selective", "h100x16", "--memory-margin", f"{tight:.3f}")
+    assert over["fits"] is False and over["memory_gib"] == pytest.approx(e["memory_gib"], rel=1e-5)
+    assert [v["rule"] for v in over["violations"]] == ["memory"]
+    roomy = estimate(cli, "tp=8,pp=2,mbs=1,recompute=selective", "h100x16", "--memory-margin",
+                     f"{e['hbm_gib'] - 1.1 * e['memory_gib']:.3f}")
+    assert roomy["fits"] is True and roomy["violations"] == []
+
+
+def test_bad_memory_margin_is_one_message(cli):
+    out = cli("estimate", MODEL, "--cluster", "h100x16", "--plan", "tp=8", "--memory-margin", "-1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--memory-margin -1 GiB" in out.stderr and "fix:" in out.stderr

@@ -72,3 +72,11 @@ def test_no_plan_fits_names_the_shortfall(cli):
 def test_bad_input_is_one_message_and_exit_2(cli, args, needle):
     out = cli("search", SMALL[0], *args)
     assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_search_results_fit_with_the_memory_margin(cli):
+    out = cli("search", *SMALL, "--json", "--top", "2", "--memory-margin", "60")
+    assert out.returncode == 0, out.stderr
+    for p in json.loads(out.stdout):
+        e = p["estimate"]
+        assert e["memory_margin_gib"] == 60 and e["memory_gib"] <= e["hbm_gib"] - 60 and e["fits"]
