@@ -6,10 +6,10 @@ Rows: every row with a published peak (``mem_gib``: torchtitan's Dec 2024 H100 T
 every ``group=memory-must-fit`` row (layouts that ran on 80 GB: they must fit).  Mapping, the same
 for every row: a row whose note says "selective (op)" ran torchtitan's selective op
 checkpointing, priced as ``recompute=op`` (the JSON's ``selective`` is the engine's word for
-it); everything else as written.  torchtitan's figure is its device-memory monitor's peak
-*reserved* memory (``torch.cuda.max_memory_reserved``), which includes the caching allocator's
-fragmentation: it is compared with the predicted peak plus that share of the margin
-(``FRAGMENTATION_GIB``); a must-fit row must fit HBM less the whole margin.
+it); everything else as written.  The prediction is the peak *allocated* memory (what torch's
+``MemTracker`` measures: ``autoplan memcheck``); torchtitan's figure is its device-memory
+monitor's peak *reserved* memory (``torch.cuda.max_memory_reserved``), which adds the caching
+allocator's cached blocks; a must-fit row must fit HBM less the whole margin.
 
 Error = predicted / published − 1.
 """
@@ -27,9 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import published_regimes as pr  # noqa: E402
 from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
 from autoplan.plan import Plan  # noqa: E402
-
-FRAGMENTATION_GIB = 2.0     # the allocator's share of cost.memory's default margin (its docstring)
-
 
 def memory_rows(path: str | None = None) -> list[dict]:
     """The rows with a published peak or a must-fit outcome, with their plan mapped."""
@@ -63,7 +60,7 @@ def price(row: dict, options: EstimateOptions = EstimateOptions()) -> dict:
            "limit_gib": round(e.memory_limit_gib, 2), "fits": e.fits, "must_fit": row["must_fit"],
            "published_gib": row["published_gib"], "alive": [list(a) for a in e.activations_alive]}
     if row["published_gib"]:
-        out["error"] = round((e.memory_gib + FRAGMENTATION_GIB) / row["published_gib"] - 1.0, 4)
+        out["error"] = round(e.memory_gib / row["published_gib"] - 1.0, 4)
     return out
 
 
@@ -75,12 +72,12 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(results, sort_keys=True, indent=1))
         return 0
-    print(f"{'row':<26} {'published':>10} {'predicted':>10} {'+frag':>8} {'error':>8} {'limit':>7}  fits  breakdown")
+    print(f"{'row':<26} {'published':>10} {'predicted':>10} {'error':>8} {'limit':>7}  fits  breakdown")
     for r in results:
         pub = f"{r['published_gib']:.1f}" if r["published_gib"] else ("must fit" if r["must_fit"] else "-")
         err = f"{r['error']:+.1%}" if "error" in r else ""
         b = " ".join(f"{k} {v:.1f}" for k, v in r["breakdown_gib"].items())
-        print(f"{r['id']:<26} {pub:>10} {r['predicted_gib']:>10.1f} {r['predicted_gib'] + FRAGMENTATION_GIB:>8.1f} "
+        print(f"{r['id']:<26} {pub:>10} {r['predicted_gib']:>10.1f} "
               f"{err:>8} {r['limit_gib']:>7.1f}  {'yes' if r['fits'] else 'NO ':<4}  {b}")
     return 0
 

@@ -136,7 +136,7 @@ class Estimator:
         loss = memory.loss_bytes(plan, self.model.seq_len, self.info.vocab or 0)
         ends = frozenset(id(self.part(k, plan, "none", mesh)) for k in ("@pre", "@post"))
         return [memory.rank_memory(plan, pipe, r, peaks[r], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss,
-                                   ends=ends) for r in range(plan.pp)]
+                                   ends=ends, microbatches=m) for r in range(plan.pp)]
 
     @property
     def usable_bytes(self) -> float:

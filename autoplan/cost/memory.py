@@ -13,8 +13,15 @@ activations    the peak over the rank's own schedule order of the saved bytes of
                of the NLL and of the log-softmax, alive together at the loss backward)
 other          transients of one layer's backward: the recompute transient of the rank's
                biggest recomputed layer (``Part.recompute_transient_bytes``, what recomputing
-               re-materialises) plus FSDP staging (``fsdp_staging_bytes``)
+               re-materialises) plus FSDP staging (``fsdp_staging_bytes``); on the last stage
+               the loss backward and a layer's backward are two moments, so only what the
+               transients exceed the loss buffers by is added: peak = live + max(loss, transients)
 =============  ==========================================================================
+
+Under FSDP (zero ≥ 2) the gradients are freed by ``zero_grad`` (set to None) and rebuilt in
+backward: with one micro-batch per step none exists yet at the peak (the loss backward, or the
+first layer's), so ``grads`` is 0 then; with more, the earlier micro-batches' shards are there.
+Checked against torch's ``MemTracker`` on the applied plan by ``autoplan memcheck``.
 
 ``DEFAULT_MARGIN_GIB`` is what a run loses outside these: the CUDA context and library
 workspaces (outside PyTorch's caching allocator), NCCL's communicator buffers
@@ -90,7 +97,7 @@ def fsdp_staging_bytes(plan: Plan, block: float, root: float) -> float:
 
 
 def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_dp: int, expert_dp: int,
-                loss: float, ends: frozenset[int]) -> RankMemory:
+                loss: float, ends: frozenset[int], microbatches: int) -> RankMemory:
     """Memory of pipeline rank ``rank``; ``live``: its activation peak; ``ends``: the ids of the
     pre/post parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan."""
     chunks = pipe.rank_chunks[rank]
@@ -99,13 +106,14 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_
     expert = sum(p.expert_numel * n for p, n in bag)
     st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, pp=plan.pp)
     st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, pp=plan.pp)
-    act = live.bytes + (loss if len(pipe.bags) - 1 in chunks else 0.0)
+    last = loss if len(pipe.bags) - 1 in chunks else 0.0
     blocks = [p for p, _ in bag if id(p) not in ends]
     root = sum(_numel(p) for p, _ in bag if id(p) in ends)
     other = max((p.recompute_transient_bytes for p in blocks), default=0.0)
     other += fsdp_staging_bytes(plan, max((_numel(p) for p in blocks), default=0.0), root)
-    return RankMemory(st_dense.params + st_exp.params, st_dense.grads + st_exp.grads,
-                      st_dense.optimizer + st_exp.optimizer, act, other, dense, expert,
+    grads = 0.0 if plan.zero >= 2 and microbatches == 1 else st_dense.grads + st_exp.grads
+    return RankMemory(st_dense.params + st_exp.params, grads,
+                      st_dense.optimizer + st_exp.optimizer, live.bytes + last, max(0.0, other - last), dense, expert,
                       tuple(sorted(live.alive.items())))
 
 
