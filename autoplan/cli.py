@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from autoplan.errors import EXIT_INTERRUPTED, UserError
 
 COMMANDS = ("search", "trace", "estimate", "clusters", "baseline", "explain", "export", "run",
-            "bench", "calibrate")
-TRACING = ("search", "trace", "estimate", "baseline", "explain", "export")
+            "bench", "calibrate", "memcheck")
+TRACING = ("search", "trace", "estimate", "baseline", "explain", "export", "memcheck")
 """Commands that may trace a model, and so take ``--trace-timeout``."""
 
 DEFAULT_TRACE_TIMEOUT_S = 300.0

@@ -11,8 +11,11 @@ Canonical string (every key, fixed order)::
 * ``vpp``: model chunks (virtual stages) per pipeline rank; 2 for V schedules.
 * ``mbs``: micro-batch size in sequences.
 * ``schedule``: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zbv | dualpipev.
-* ``recompute``: none | selective | full, or one value per pipeline stage
-  joined by ``-`` (``full-full-selective-none``).
+* ``recompute``: none | selective | op | full | full:N, or one value per pipeline stage
+  joined by ``-`` (``full-full-selective-none``).  ``selective`` is Megatron's (the attention
+  core), ``op`` torchtitan's selective op checkpointing (every second matmul and the
+  element-wise ops between them recomputed), ``full:N`` full recomputation of the first N
+  layers of every virtual stage (Megatron ``--recompute-method block --recompute-num-layers N``).
 * ``layers``: optional layers per virtual stage, in pipeline order, joined by
   ``-`` (``layers=10-11-11-10``); omitted means an even split.
 * ``sp``: sequence parallelism on the tp axis (on|off).
@@ -41,7 +44,8 @@ from costmodels.pipeline import stage_rank
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")
 V_SCHEDULES = ("zbv", "dualpipev")          # two chunks per rank placed in a V
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")   # the searched policies, weakest → strongest memory saving
+RECOMPUTE_SYNTAX = "none, selective, op, full, or full:N (N ≥ 1 layers per virtual stage)"
 CP_ALGOS = ("ring", "ulysses", "usp")
 # Schedules an engine runs with fewer micro-batches than stages: GPipe, and 1F1B as Megatron-LM
 # (warm-up min(pp - rank - 1, m)) and DeepSpeed's pipeline engine run it — it degenerates to
@@ -231,7 +235,7 @@ class Plan:
         if "recompute" in raw:
             rc = raw["recompute"]
             values = tuple(rc) if isinstance(rc, (list, tuple)) else tuple(str(rc).split("-"))
-            kw["recompute"] = tuple(_choice("recompute", v, RECOMPUTE) for v in values)
+            kw["recompute"] = tuple(str(v).strip().lower() for v in values)
         if "layers" in raw:
             lv = raw["layers"]
             try:
@@ -305,10 +309,11 @@ class Plan:
         if self.layers and len(self.layers) != self.pp * self.vpp:
             raise UserError(f"bad plan: layers lists {len(self.layers)} stages, pp·vpp = {self.pp * self.vpp}",
                             "give layers per virtual stage, pp·vpp entries")
-        for key, value, allowed in (("recompute", None, RECOMPUTE), ("cp_algo", self.cp_algo, CP_ALGOS)):
-            for v in (self.recompute if value is None else (value,)):
-                if v not in allowed:
-                    raise UserError(f"bad plan: {key}={v!r}", f"{key} is one of: {', '.join(allowed)}")
+        for v in self.recompute:
+            if v not in RECOMPUTE and recompute_layers(v) is None:
+                raise UserError(f"bad plan: recompute={v!r}", f"recompute is one of: {RECOMPUTE_SYNTAX}")
+        if self.cp_algo not in CP_ALGOS:
+            raise UserError(f"bad plan: cp_algo={self.cp_algo!r}", f"cp_algo is one of: {', '.join(CP_ALGOS)}")
         if sorted(self.order) != sorted(AXES):
             raise UserError(f"bad plan: order={'-'.join(self.order)} must list each of {', '.join(AXES)} once",
                             "e.g. order=tp-cp-ep-dp-pp (innermost first)")
@@ -386,6 +391,12 @@ def _order(value: Any, degrees: dict[str, Any]) -> tuple[str, ...]:
                         + ", ".join(f"{a} (degree {degrees[a]})" for a in left_out),
                         "list every axis of degree > 1 in order; " + example)
     return complete_order(order, AXES)
+def recompute_layers(policy: str) -> int | None:
+    """N of a ``full:N`` policy (layers fully recomputed per virtual stage), None otherwise."""
+    head, _, count = policy.partition(":")
+    if head != "full" or not count.isdigit() or int(count) < 1:
+        return None
+    return int(count)
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -1,19 +1,31 @@
-"""Memory per GPU: model states by ZeRO stage, activations, and the closed forms they are checked against.
+"""Memory per GPU: model states by ZeRO stage and engine, and the closed forms activations are checked against.
 
-Model states (mixed-precision Adam, Megatron accounting), for ``n`` parameters held by a GPU
-after tensor/pipeline/expert sharding, over a data-parallel group of ``dp`` ranks:
+Model states (mixed-precision Adam, bf16 compute), bytes per parameter a GPU holds after
+tensor/pipeline/expert sharding, over a data-parallel group of ``d`` ranks:
 
-=========  =====================  ==================================================
-state      bytes per parameter    sharded over dp when
-=========  =====================  ==================================================
-params     2 (bf16 weights)       zero ≥ 3 (FSDP)
-grads      4 (fp32 main grads)    zero ≥ 2
-optimizer  12 (fp32 master, m, v) zero ≥ 1 (distributed optimizer)
-=========  =====================  ==================================================
+====  ========================================  ==========  =====  =========  ===========
+zero  engine                                    params      grads  optimizer  total
+====  ========================================  ==========  =====  =========  ===========
+0     Megatron DDP, fp32 grad buffer            2           4      12         18
+1     Megatron-Core distributed optimizer       2           4      12/d       6 + 12/d
+2     FSDP2, parameters kept after forward      2 + 4/d     4/d    8/d        2 + 16/d
+3     FSDP2 (torchtitan), resharded             4/d         4/d    8/d        16/d
+3     … under pipeline parallelism              2 + 4/d     4/d    8/d        2 + 16/d
+====  ========================================  ==========  =====  =========  ===========
+
+* Megatron (zero 0/1): bf16 parameters, an fp32 gradient buffer (Megatron-LM sets
+  ``accumulate_allreduce_grads_in_fp32`` for bf16), fp32 master weights + Adam m, v (12 B);
+  the distributed optimizer shards the last over dp — Megatron-Core's
+  ``docs/source/api-guide/dist_optimizer.md`` table, "bf16 param, fp32 grads: 6 + 12/d".
+* FSDP2 with torchtitan's mixed precision (``param_dtype`` bf16, ``reduce_dtype`` fp32): the
+  sharded fp32 parameter is the master copy (4/d), its fp32 gradient shard (4/d), Adam m, v
+  (8/d); the bf16 unsharded parameters (2) stay alive from forward to backward when
+  ``reshard_after_forward`` is off — zero 2, and zero 3 under pipeline parallelism, where
+  torchtitan turns it off (``parallelize.py``: ``reshard_after_forward = not pp_enabled``).
 
 Activations come from the traced graph (bytes saved for backward per micro-batch, see
 ``autoplan.sharding``) times the micro-batches a pipeline rank holds in flight
-(``costmodels.pipeline``).  ``korthikanti_layer_bytes`` gives the published per-layer
+(``costmodels.pipeline.live``).  ``korthikanti_layer_bytes`` gives the published per-layer
 formulas (Korthikanti et al. 2022, Table 2) that the traced numbers are tested against.
 """
 from __future__ import annotations
@@ -21,11 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 1024 ** 3
-PARAM_BYTES = 2.0
-GRAD_BYTES = 4.0
-OPTIMIZER_BYTES = 12.0
-# CUDA context, NCCL buffers, allocator fragmentation and workspace: a fixed reserve per GPU.
-OVERHEAD_BYTES = 4.0 * GIB
+PARAM_BYTES = 2.0          # bf16 weight
+GRAD_BYTES = 4.0           # fp32 gradient
+OPTIMIZER_BYTES = 12.0     # fp32 master weight, Adam m and v
+MASTER_BYTES = 4.0         # fp32 master weight (FSDP: the sharded parameter itself)
 
 
 @dataclass(frozen=True)
@@ -41,14 +52,22 @@ class StateBytes:
         return self.params + self.grads + self.optimizer
 
 
-def model_state_bytes(numel: float, *, zero: int, dp: int, param_bytes: float = PARAM_BYTES,
-                      grad_bytes: float = GRAD_BYTES, optimizer_bytes: float = OPTIMIZER_BYTES) -> StateBytes:
-    """States of ``numel`` parameters on one GPU under ZeRO stage ``zero`` over ``dp`` ranks."""
-    return StateBytes(
-        params=numel * param_bytes / (dp if zero >= 3 else 1),
-        grads=numel * grad_bytes / (dp if zero >= 2 else 1),
-        optimizer=numel * optimizer_bytes / (dp if zero >= 1 else 1),
-    )
+def keeps_gathered(zero: int, *, reshard: bool) -> bool:
+    """Whether FSDP keeps the bf16 unsharded parameters from forward to backward: zero 2, and
+    zero 3 without reshard-after-forward (torchtitan's default under pipeline parallelism:
+    ``reshard_after_forward = not pp_enabled``)."""
+    return zero == 2 or (zero == 3 and not reshard)
+
+
+def model_state_bytes(numel: float, *, zero: int, dp: int, reshard: bool = True) -> StateBytes:
+    """States of ``numel`` parameters on one GPU under ZeRO stage ``zero`` over ``dp`` ranks
+    (the table of the module docstring)."""
+    if zero <= 1:
+        return StateBytes(numel * PARAM_BYTES, numel * GRAD_BYTES,
+                          numel * OPTIMIZER_BYTES / (dp if zero == 1 else 1))
+    gathered = numel * PARAM_BYTES if keeps_gathered(zero, reshard=reshard) else 0.0
+    return StateBytes(gathered + numel * MASTER_BYTES / dp, numel * GRAD_BYTES / dp,
+                      numel * (OPTIMIZER_BYTES - MASTER_BYTES) / dp)
 
 
 def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,

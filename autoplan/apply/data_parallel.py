@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 
@@ -32,12 +32,17 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def shard_fsdp(stage: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, zero: int) -> None:
-    """FSDP2 units: each block, then the stage (the outside parameters it owns)."""
+def shard_fsdp(stage: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, zero: int,
+               mixed_precision: bool = False) -> None:
+    """FSDP2 units: each block, then the stage (the outside parameters it owns).
+    ``mixed_precision``: torchtitan's policy — fp32 sharded parameters, computed in bf16,
+    gradients reduced in fp32 (what ``costmodels.memory`` prices for zero 2/3)."""
     reshard = zero >= 3
+    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
+        if mixed_precision else {}
     for block in blocks:
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
 
 
 def settle_tp_gradients(params: Iterable[nn.Parameter]) -> None:

@@ -186,12 +186,14 @@ class ParallelModel:
             stack.enter_context(context_parallel.ContextParallelAttention(self.cp_groups, self.mesh["cp"]))
         return stack
 
-    def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor) -> float | None:
+    def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor, *, read_loss: bool = True,
+                         before_microbatch=None) -> float | None:
         """Forward and backward of this rank's local batch [B/dp, seq]; gradients end synced.
 
         Returns the mean loss over the local micro-batches on ranks that hold the
         last stage, else None.  Gradients equal those of the loss averaged over the
-        global batch.
+        global batch.  ``read_loss=False`` never reads a value back (fake tensors: memcheck);
+        ``before_microbatch()`` runs before each micro-batch of a pp = 1 step (memcheck's tracker reset).
         """
         with self._context():
             if self.schedule is not None:
@@ -199,14 +201,16 @@ class ParallelModel:
                 args = (ids,) if self.has_first_stage else ()
                 kwargs = {"target": targets, "losses": losses} if self.has_last_stage else {}
                 self.schedule.step(*args, **kwargs)
-                loss = torch.stack(losses).mean().item() if self.has_last_stage else None
+                loss = torch.stack(losses).mean().item() if self.has_last_stage and read_loss else None
             else:
                 stage, total = self.stages[0], 0.0
                 for mb_ids, mb_targets in zip(ids.chunk(self.microbatches), targets.chunk(self.microbatches)):
+                    if before_microbatch is not None:
+                        before_microbatch()
                     mb_loss = self.loss_fn(stage(mb_ids), mb_targets)
                     (mb_loss / self.microbatches).backward()
-                    total += mb_loss.item()
-                loss = total / self.microbatches
+                    total += mb_loss.item() if read_loss else 0.0
+                loss = total / self.microbatches if read_loss else None
             self._finish_gradients()
         return loss
 
@@ -282,7 +286,8 @@ class ParallelModel:
 
 
 def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, global_batch: int, seq: int,
-          placements: PlacementsArg = None, loss_fn: LossFn = cross_entropy) -> ParallelModel:
+          placements: PlacementsArg = None, loss_fn: LossFn = cross_entropy,
+          mixed_precision: bool = False) -> ParallelModel:
     """Shard ``model`` (materialised, identical on every rank) for ``plan`` on this rank.
 
     ``model`` maps token ids [batch, seq] to logits [batch, seq, vocab].
@@ -292,7 +297,8 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     ``global_batch`` sequences of length ``seq`` per step; ``plan.mbs`` per micro-batch.
     With tp > 1 and the default loss, vocabulary-parallel logits stay split over tp and the
     loss is computed on the shards (``vocab_parallel_cross_entropy``); a custom ``loss_fn``
-    gets whole logits.
+    gets whole logits.  ``mixed_precision``: FSDP (zero ≥ 2) keeps fp32 sharded parameters and
+    computes in bf16 (torchtitan's policy; ``autoplan memcheck`` runs it).
     """
     check_supported(plan, global_batch, seq)
     training_config(model)
@@ -344,7 +350,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         blocks = stage.stage_blocks(layout)
         recompute.recompute_blocks(blocks, plan.recompute_of_stage(coords["pp"]))
         if plan.dp > 1 and plan.zero >= 2:
-            data_parallel.shard_fsdp(stage, blocks, mesh["dp"], plan.zero)
+            data_parallel.shard_fsdp(stage, blocks, mesh["dp"], plan.zero, mixed_precision)
         stages.append(stage)
 
     microbatches = plan.microbatches(global_batch)

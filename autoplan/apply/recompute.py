@@ -1,4 +1,4 @@
-"""Activation recomputation of a stage's blocks (``recompute=full|selective|none``).
+"""Activation recomputation of a stage's blocks (``recompute=none|selective|op|full|full:N``).
 
 * ``full``: each block keeps only its input; backward reruns the block's forward
   (``torch.utils.checkpoint``, non-reentrant).
@@ -8,6 +8,10 @@
   activation functions.  Saving only GEMM outputs is also what keeps SAC correct:
   a saved output must not be mutated in place later in the forward (RMSNorm's
   ``mean(x²).add_(eps)`` does that to an intermediate).
+* ``op``: torchtitan's selective op checkpointing: keep the output of the 1st, 3rd, 5th …
+  ``aten.mm`` of the block and of the attention kernels, recompute every other op (what
+  ``autoplan.sharding.price.op_saved`` prices).
+* ``full:N``: ``full`` on the first N blocks of the stage, the rest keep everything.
 
 The block's ``forward`` is wrapped in place, so parameter names do not change.
 """
@@ -19,6 +23,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from autoplan.plan import recompute_layers
+
 aten = torch.ops.aten
 SAVED_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
 
@@ -27,19 +33,44 @@ def _gemm_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.PREFER_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+ATTENTION_OPS = frozenset(getattr(aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu") if hasattr(aten, name))
+MATMUL_OPS = frozenset({aten.mm.default, aten.addmm.default})   # as sharding.price.MATMUL_OPS
+
+
 def _selective_context():
     return create_selective_checkpoint_contexts(_gemm_policy)
 
 
-def _checkpointed(forward, selective: bool, *args, **kwargs):
-    if selective:
-        return checkpoint(forward, *args, use_reentrant=False, context_fn=_selective_context, **kwargs)
+def _op_context():
+    """Every other mm kept (counted separately in forward and in the recompute, which must agree)."""
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if op in MATMUL_OPS:
+            key = "recompute" if ctx.is_recompute else "forward"
+            counts[key] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[key] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+CONTEXTS = {"selective": _selective_context, "op": _op_context}
+
+
+def _checkpointed(forward, mode: str, *args, **kwargs):
+    if mode in CONTEXTS:
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=CONTEXTS[mode], **kwargs)
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def recompute_blocks(blocks: list[nn.Module], mode: str) -> None:
-    """Wrap each block's forward for ``mode`` (none | selective | full)."""
+    """Wrap each block's forward for ``mode`` (none | selective | op | full | full:N)."""
     if mode == "none":
         return
-    for block in blocks:
-        block.forward = functools.partial(_checkpointed, block.forward, mode == "selective")
+    count = recompute_layers(mode)
+    for i, block in enumerate(blocks):
+        if count is None or i < count:
+            block.forward = functools.partial(_checkpointed, block.forward, "full" if count else mode)

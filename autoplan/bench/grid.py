@@ -29,8 +29,10 @@ from typing import Iterator
 from autoplan.baselines.common import divisors, ep_degree
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
-from autoplan.plan import DEFAULT_ORDER, RECOMPUTE, Plan
+from autoplan.plan import DEFAULT_ORDER, Plan
 from topologies.cluster import Cluster
+
+MEGATRON_RECOMPUTE = ("none", "selective", "full")   # what --recompute-granularity expresses
 
 MBS = (1, 2, 4, 8)
 MAX_VPP = 8
@@ -82,7 +84,7 @@ def grid_plans(estimator: Estimator, global_batch: int, cp_values: tuple[int, ..
                     for mbs in MBS:
                         if global_batch % (dp * mbs):
                             continue
-                        for recompute in RECOMPUTE:
+                        for recompute in MEGATRON_RECOMPUTE:
                             yield Plan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep_degree(info, dp, cap=8), vpp=vpp, mbs=mbs,
                                        schedule="interleaved" if vpp > 1 else "1f1b", recompute=(recompute,),
                                        sp=tp > 1, zero=1 if dp > 1 else 0, cp_algo="ring", order=DEFAULT_ORDER)

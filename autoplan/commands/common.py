@@ -16,6 +16,26 @@ def add_workload_args(p: argparse.ArgumentParser, batch_note: str = "") -> None:
 
 
 
+def add_margin_arg(p: argparse.ArgumentParser) -> None:
+    """--memory-margin: the HBM per GPU a plan must leave free."""
+    from autoplan.cost.types import DEFAULT_MARGIN_GIB
+
+    p.add_argument("--memory-margin", type=float, default=DEFAULT_MARGIN_GIB, metavar="GIB",
+                   help=f"GiB of HBM per GPU a plan must leave free for the CUDA context, NCCL buffers and "
+                        f"allocator fragmentation (default {DEFAULT_MARGIN_GIB:g}); fits = peak ≤ HBM − margin")
+
+
+def memory_margin(args: argparse.Namespace, hbm_bytes: float) -> float:
+    """The --memory-margin value, checked: 0 ≤ margin < HBM (UserError otherwise)."""
+    from autoplan.errors import UserError
+
+    margin, hbm_gib = args.memory_margin, hbm_bytes / 2 ** 30
+    if not 0.0 <= margin < hbm_gib:
+        raise UserError(f"--memory-margin {margin:g} GiB is outside 0 … {hbm_gib:.1f} GiB (the GPU's HBM)",
+                        "pass a margin in GiB of at least 0 and below the HBM per GPU, e.g. --memory-margin 4")
+    return margin
+
+
 def wide_console(min_width: int = 0):
     """A rich Console as wide as the terminal (``COLUMNS`` where set); when stdout is not a
     terminal (a pipe, a file), 200 columns wide so that tables are not wrapped at 80 and the
@@ -55,9 +75,11 @@ def print_estimate(console, plan, est, title: str = "") -> None:
     for col in ("step", f"{est.throughput_unit}/s", "MFU", "HFU", "memory GiB", "fits", "bubble", "comm", "comm exposed"):
         head.add_column(col, justify="right")
     head.add_row(seconds(est.step_time_s), f"{est.throughput:,.0f}", percent(est.mfu), percent(est.hfu),
-                 f"{est.memory_gib:.1f} / {est.hbm_gib:.1f}", "yes" if est.fits else "[red]no[/red]",
+                 f"{est.memory_gib:.1f} / {est.memory_limit_gib:.1f}", "yes" if est.fits else "[red]no[/red]",
                  percent(est.bubble_fraction), seconds(est.comm_time_s), seconds(est.comm_exposed_s))
     console.print(head)
+    console.print(f"memory: peak {est.memory_gib:.1f} GiB per GPU, limit {est.memory_limit_gib:.1f} GiB = "
+                  f"{est.hbm_gib:.1f} GiB HBM − {est.memory_margin_gib:g} GiB margin (--memory-margin)")
     prims = Table(title="Primitive placement (per step, busiest pipeline rank)", box=box.SIMPLE_HEAD)
     for col in ("primitive", "axis", "group", "span", "calls/step", "bytes/call", "time/step", "exposed"):
         prims.add_column(col, justify="right" if col in ("group", "calls/step", "bytes/call", "time/step",

@@ -7,7 +7,8 @@ The plan runs Megatron's operator sharding for tp/sp (column- then row-parallel,
 block ILP recovers on its own).  ``--json`` prints the Estimate: step_time_s, tokens_per_s,
 tokens_per_s_per_gpu, samples_per_s, throughput_unit (tokens, or samples for inputs that are not
 token ids; tokens_per_s then counts the positions per sample the blocks see), mfu, hfu, model_flops_per_step, memory_gib (max over GPUs),
-memory_breakdown_gib {params, grads, optimizer, activations, other}, fits,
+memory_breakdown_gib {params, grads, optimizer, activations, other}, memory_margin_gib,
+memory_limit_gib (HBM − margin), fits (peak ≤ HBM − margin), activations_alive,
 bubble_fraction, comm_exposed_s, violations [{rule, text}], primitives [{kind, dim,
 group_size, span, level, calls_per_step, bytes_per_call, time_s, exposed_s}] and more.
 ``--plans FILE`` prices many plans with one trace and one estimator (one plan string per line,
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoplan.commands.common import add_workload_args
+from autoplan.commands.common import add_margin_arg, add_workload_args
 
 MAX_FSDP_PREFETCH = 64
 
@@ -41,13 +42,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="ZeRO-3: FSDP units gathered ahead of the one computing (default 1, FSDP2's implicit prefetch)")
     p.add_argument("--fsdp-reshard", choices=("on", "off"), default=None,
                    help="ZeRO-3: reshard parameters after forward (default: on at pp=1, off under PP, as torchtitan)")
+    add_margin_arg(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines.common import price
-    from autoplan.commands.common import print_estimate, run_header, wide_console
+    from autoplan.commands.common import memory_margin, print_estimate, run_header, wide_console
     from autoplan.cost import EstimateOptions
     from autoplan.cost.types import rounded
     from autoplan.errors import UserError
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--fsdp-prefetch {args.fsdp_prefetch} is out of range",
                         f"give 1 to {MAX_FSDP_PREFETCH} units")
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
+    margin = memory_margin(args, cluster.gpu.hbm_bytes)
     if args.plans:
         plans = load_plans(args.plans, num_gpus=cluster.num_gpus)
     else:
@@ -66,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     graph = w.model
     estimator = w.estimator(EstimateOptions(
         overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile, fsdp_prefetch=args.fsdp_prefetch,
-        fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on"))
+        fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
+        memory_margin_gib=margin))
     if args.plans:
         ests = []
         for i, plan in enumerate(plans):

@@ -71,7 +71,7 @@ def plans_table(candidates: list, unit: str, *, wide: bool = False, width: int =
     numbers = {"step": ("step", [seconds(e.step_time_s) for e in es]),
                "throughput": (f"{unit}/s", [f"{e.throughput:,.0f}" for e in es]),
                "mfu": ("MFU", [percent(e.mfu) for e in es]),
-               "memory": (f"GiB / {es[0].hbm_gib:.1f}", [f"{e.memory_gib:.1f}" for e in es]),   # one cluster
+               "memory": (f"GiB / {es[0].memory_limit_gib:.1f}", [f"{e.memory_gib:.1f}" for e in es]),   # one cluster
                "bubble": ("bubble", [percent(e.bubble_fraction) for e in es]),
                "comm": ("comm exp.", [seconds(e.comm_exposed_s) for e in es])}
     longest_word = max((len(w) for cell in cells for w in cell.plain.split()), default=4)

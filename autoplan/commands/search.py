@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from autoplan.commands.common import add_workload_args
+from autoplan.commands.common import add_margin_arg, add_workload_args
 from autoplan.errors import UserError
 
 
@@ -35,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's)")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
+    add_margin_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
     p.add_argument("--wide", action="store_true",
                    help="print every plan as its full key=value string (default: the compact notation)")
@@ -54,11 +55,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--top must be ≥ 1, got {args.top}", "pass --top K with K ≥ 1")
     if args.output and not args.json:
         raise UserError("-o/--output writes the --json list", "add --json, or drop -o")
+    from autoplan.commands.common import memory_margin
+    from autoplan.workload import load_cluster
+
+    margin = memory_margin(args, load_cluster(args.cluster).gpu.hbm_bytes)   # bad input fails before the trace
     w = Workload.load(args.model, args.cluster, seq=args.seq, global_batch=args.global_batch)
     graph, cluster = w.model, w.cluster
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
                             allow_cross_domain=args.allow_cross_domain, workers=args.workers,
-                            profile=args.profile, progress=sys.stderr.isatty())   # stderr: stdout stays the same bytes
+                            profile=args.profile, progress=not args.json and sys.stderr.isatty(),
+                            memory_margin_gib=margin)
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
         _write_report(args, graph, cluster, result, options)
@@ -88,6 +94,10 @@ def _print(console, graph, cluster, args, result) -> None:
     note = tie_note(result.candidates)
     if note:
         console.print(note)
+    if result.candidates:
+        e = result.candidates[0].estimate
+        console.print(f"[dim]memory limit {e.memory_limit_gib:.1f} GiB per GPU = {e.hbm_gib:.1f} GiB HBM − "
+                      f"{e.memory_margin_gib:g} GiB margin (--memory-margin)[/dim]")
     st = result.stats
     console.print(f"[dim]{st.space.generated} meshes after the NVLink rules ({st.space.broke_rules} degree choices "
                   f"broke them), {st.pruned_memory} cannot hold their model states, {st.pruned_bound} bounded out, "

@@ -24,7 +24,7 @@ from autoplan.cost.estimator import Estimator
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from costmodels.memory import GIB
-from costmodels.pipeline.bounds import makespan_lower_bound, peak_activations
+from costmodels.pipeline.bounds import makespan_lower_bound
 
 SUMMATION_MARGIN = 1e-9          # relative: bounds sum in another order than the estimate
 
@@ -85,12 +85,11 @@ def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     f, b, w = pp.stage_times(bags)
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     act_bytes, p2p, hop, gather = pp.boundary(est.comms, plan, mesh, est.model.sample_positions, est.hidden, schedule)
-    peaks = pp.Peaks(peak_activations(schedule, plan.pp, m, plan.vpp))
-    pipe = pp.Pipeline(tuple(bags), pp.rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, peaks, 0.0,
-                       hop, gather)
-    mems = est.rank_memories(plan, mesh, pipe)
+    pipe = pp.Pipeline(tuple(bags), pp.rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, None, 0.0,
+                       hop, gather)     # no simulation: memory reads the bags and the schedule's order
+    mems = est.rank_memories(plan, mesh, pipe, m)
     totals = [x.total for x in mems]
     makespan = makespan_lower_bound(schedule, plan.pp, m, plan.vpp, f, b, w, p2p)
     fixed = est.embedding_sync(plan, mesh)[1] + est.optimizer_seconds(plan, mesh, mems)
-    return Floor((makespan + fixed) * (1 - SUMMATION_MARGIN), max(totals) <= est.cluster.gpu.hbm_bytes,
+    return Floor((makespan + fixed) * (1 - SUMMATION_MARGIN), max(totals) <= est.usable_bytes,
                  max(totals) / GIB, tuple(t / GIB for t in totals))

@@ -28,6 +28,7 @@ from autoplan.mesh import Mesh
 from autoplan.opkinds import attention_flops
 from autoplan.plan import Plan
 from costmodels.memory import GIB
+from costmodels.pipeline.live import peak_live
 from topologies.cluster import Cluster
 
 
@@ -122,7 +123,7 @@ class Estimator:
         pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.sample_positions, self.hidden, detail=detail)
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
         pol = fsdp.policy(self.options, plan)
-        mems = self.rank_memories(plan, mesh, pipe)
+        mems = self.rank_memories(plan, mesh, pipe, m)
         dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m, pol)
                     for mem in mems]
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
@@ -151,13 +152,22 @@ class Estimator:
                   for c in pipe.rank_chunks[rank]]
         return fsdp.step_exposure(chunks, pol, m)
 
-    def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline) -> list[memory.RankMemory]:
-        """Memory of every pipeline rank (reads the pipeline's bags and peak activations only)."""
-        logits = memory.logits_bytes(plan, self.model.sample_positions, self.info.vocab or 0)
+    def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int) -> list[memory.RankMemory]:
+        """Per pipeline rank: states, the live activation peak of its schedule order, transients
+        (reads the pipeline's bags only, so the search's floor can ask before simulating)."""
+        schedule = plan.schedule if plan.pp > 1 else "1f1b"
+        peaks = peak_live(schedule, plan.pp, m, plan.vpp, memory.chunk_saved_bytes(pipe))
+        loss = memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0)
+        ends = frozenset(id(self.part(k, plan, "none", mesh)) for k in ("@pre", "@post"))
         dense_dp, expert_dp = len(mesh.group(DENSE_DP)), len(mesh.group(EXPERT_DP))
         pol = fsdp.policy(self.options, plan)
-        return [memory.rank_memory(plan, pipe, r, dense_dp=dense_dp, expert_dp=expert_dp, logits=logits, pol=pol)
-                for r in range(plan.pp)]
+        return [memory.rank_memory(plan, pipe, r, peaks[r], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss,
+                                   ends=ends, microbatches=m, pol=pol) for r in range(plan.pp)]
+
+    @property
+    def usable_bytes(self) -> float:
+        """HBM per GPU less the memory margin: what a plan that fits may use."""
+        return memory.usable_bytes(self.cluster.gpu.hbm_bytes, self.options.memory_margin_gib)
 
     def optimizer_seconds(self, plan: Plan, mesh: Mesh, mems: list[memory.RankMemory]) -> float:
         """The optimizer step of the rank holding the most parameters."""
@@ -196,13 +206,15 @@ class Estimator:
             mfu=model_flops / (step * peak), hfu=(model_flops + rec_flops) / (step * peak),
             model_flops_per_step=model_flops, memory_gib=totals[worst] / GIB,
             memory_breakdown_gib={k: v / GIB for k, v in mems[worst].breakdown().items()},
-            fits=totals[worst] <= gpu.hbm_bytes, bubble_fraction=pipe.sim.bubble_fraction,
+            fits=totals[worst] <= self.usable_bytes, bubble_fraction=pipe.sim.bubble_fraction,
             comm_exposed_s=sum(p.exposed_s for p in prims),
-            violations=tuple(report.violations(self.comms, plan, mesh, self.info.experts, totals[worst])),
+            violations=tuple(report.violations(self.comms, plan, mesh, self.info.experts, totals[worst],
+                                               self.options.memory_margin_gib)),
             primitives=tuple(prims), comm_time_s=sum(p.time_s for p in prims),
             time_breakdown_s=report.breakdown(prims, compute=m * block_compute, pipe=pipe, rank=busy,
                                               dp_exposed=dp_exposed, embed_s=embed_s, optimizer_s=optimizer_s),
             memory_per_stage_gib=tuple(t / GIB for t in totals), hbm_gib=gpu.hbm_bytes / GIB,
+            memory_margin_gib=self.options.memory_margin_gib, activations_alive=mems[worst].alive,
             attention_time_share=attention / block_compute if block_compute else 0.0,
             attention_flops_share=self._attention_flops_per_sample * plan.mbs / all_flops if all_flops else 0.0,
             microbatches=m, stage_times_s=tuple(zip(pipe.f, pipe.b, pipe.w)), ilp_gap=self.layouts.max_gap)

@@ -1,32 +1,55 @@
-"""Memory per GPU of one pipeline rank: model states, activations in flight, logits, reserve.
+"""Memory per GPU of one pipeline rank: model states, activations in flight, transients; the margin.
 
 =============  ==========================================================================
-category       bytes
+category       bytes (peak allocated by the framework, per GPU)
 =============  ==========================================================================
 params, grads, ``costmodels.memory.model_state_bytes`` of the rank's dense parameters over
-optimizer      the dense dp group and its expert parameters over the expert dp group, by ZeRO stage
-activations    peak micro-batches in flight on the rank (from the simulated schedule) × the
-               mean saved bytes of its virtual stages (the traced graph's saved tensors), plus
-               on the last stage the fp32 logits and their gradient, ``b·(s/cp)·V/tp·4·2``
-other          ``OVERHEAD_BYTES`` reserve; under ZeRO-3 (``fsdp.Policy``) 1 + prefetch layers'
-               gathered bf16 parameters (the one computing and those prefetched) with
-               reshard-after-forward on, else all of the rank's; and the rank's unsharded bf16
-               gradients when they are reduced only at the last backward (PP's no-sync)
+optimizer      the dense dp group and its expert parameters over the expert dp group, by ZeRO
+               stage and engine (Megatron's distributed optimizer for zero 0/1, FSDP2 for 2/3)
+activations    the peak over the rank's own schedule order of the saved bytes of the
+               (micro-batch, virtual stage) forwards alive (``costmodels.pipeline.live``: each
+               chunk weighed by its own layers, not a mean), plus on the last stage the loss
+               buffers beyond the saved log-softmax: ``b·(s/cp)·V/tp·8`` (the fp32 gradient
+               of the NLL and of the log-softmax, alive together at the loss backward)
+other          transients of one layer's backward: the recompute transient of the rank's
+               biggest recomputed layer (``Part.recompute_transient_bytes``, what recomputing
+               re-materialises) plus FSDP staging (``fsdp_staging_bytes``, following the runtime's
+               prefetch depth and reshard-after-forward, ``fsdp.Policy``); on the last stage
+               the loss backward and a layer's backward are two moments, so only what the
+               transients exceed the loss buffers by is added: peak = live + max(loss, transients)
 =============  ==========================================================================
+
+Under FSDP (zero ≥ 2) the gradients are freed by ``zero_grad`` (set to None) and rebuilt in
+backward: with one micro-batch per step none exists yet at the peak (the loss backward, or the
+first layer's), so ``grads`` is 0 then; with more, the earlier micro-batches' shards are there.
+Under pipeline parallelism gradients are reduced once, at the last backward (the schedule's
+no-sync), so the rank's unsharded bf16 gradients accumulate as well (``UNSHARDED_GRAD_BYTES``).
+Checked against torch's ``MemTracker`` on the applied plan by ``autoplan memcheck``.
+
+``DEFAULT_MARGIN_GIB`` is what a run loses outside these: the CUDA context and library
+workspaces (outside PyTorch's caching allocator), NCCL's communicator buffers
+(``NCCL_BUFFSIZE`` = 4 MiB per channel per peer, up to 32 channels per communicator, one
+communicator per tp/cp/ep/dp/pp group) and the caching allocator's fragmentation (reserved −
+allocated).  A plan *fits* when its peak is at most HBM − margin (``usable_bytes``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.dp import PARAM_GATHER_BYTES
 from autoplan.cost.fsdp import Policy
 from autoplan.cost.pp import Pipeline
+from autoplan.cost.types import DEFAULT_MARGIN_GIB, Part  # noqa: F401  (DEFAULT_MARGIN_GIB: documented here)
 from autoplan.plan import Plan
-from costmodels.memory import OVERHEAD_BYTES, model_state_bytes
+from costmodels.memory import GIB, MASTER_BYTES, PARAM_BYTES, keeps_gathered, model_state_bytes
+from costmodels.pipeline.live import LivePeak
 
-LOGITS_BYTES = 4 * 2                  # fp32 logits and their gradient
-ZERO3_GATHERED_LAYERS = 2             # computing + prefetched (FSDP2's default prefetch of one unit)
-UNSHARDED_GRAD_BYTES = 2              # bf16 gradients accumulated unsharded under no-sync
+# The loss backward's extra buffers per logit element beyond the saved fp32 log-softmax output:
+# the NLL gradient and the log-softmax gradient, both fp32 (F.cross_entropy on fp32 logits).
+LOSS_GRAD_BYTES = 4 * 2
+# FSDP staging per parameter of one unit: its bf16 unsharded gradient and the fp32 copy the
+# reduce-scatter reads (FSDP2 reduce_dtype fp32).
+GRAD_STAGING_BYTES = PARAM_BYTES + MASTER_BYTES
+UNSHARDED_GRAD_BYTES = PARAM_BYTES    # bf16 gradients accumulated unsharded under no-sync
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,7 @@ class RankMemory:
     other: float
     dense_numel: float
     expert_numel: float
+    alive: tuple[tuple[int, int], ...] = ()     # (virtual stage, micro-batches alive) at the peak
 
     @property
     def total(self) -> float:
@@ -48,42 +72,70 @@ class RankMemory:
                 "activations": self.activations, "other": self.other}
 
 
-def logits_bytes(plan: Plan, seq_len: int, vocab: int) -> float:
-    return plan.mbs * seq_len / plan.cp * vocab / plan.tp * LOGITS_BYTES
+def usable_bytes(hbm_bytes: float, margin_gib: float) -> float:
+    """What a plan may use: HBM less the margin."""
+    return hbm_bytes - margin_gib * GIB
 
 
-def rank_memory(plan: Plan, pipe: Pipeline, rank: int, *, dense_dp: int, expert_dp: int,
-                logits: float, pol: Policy | None = None) -> RankMemory:
+def loss_bytes(plan: Plan, seq_len: int, vocab: int) -> float:
+    """The last stage's loss buffers beyond its saved bytes: ``b·(s/cp)·V/tp·LOSS_GRAD_BYTES``."""
+    return plan.mbs * seq_len / plan.cp * vocab / plan.tp * LOSS_GRAD_BYTES
+
+
+def fsdp_staging_bytes(plan: Plan, block: float, root: float, pol: Policy) -> float:
+    """FSDP's transient buffers at the peak, for the rank's biggest block of ``block`` parameters
+    and its ``root`` parameters (embedding, final norm, head: the stage's own FSDP unit).
+
+    * zero ≥ 2: the gradient staging of the block whose backward runs, ``GRAD_STAGING_BYTES · block``
+      (the root's own reduce-scatter runs last, after every activation is freed);
+    * zero 3 resharding after forward (torchtitan's default without pp): also 1 + prefetch blocks'
+      gathered bf16 parameters (the one computing and those prefetched; FSDP2 prefetches one)
+      and the root's, which FSDP2 keeps gathered from forward to backward.
+    """
+    if plan.zero < 2:
+        return 0.0
+    staging = GRAD_STAGING_BYTES * block
+    if not keeps_gathered(plan.zero, reshard=pol.reshard):
+        staging += PARAM_BYTES * ((1 + pol.prefetch) * block + root)
+    return staging
+
+
+def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_dp: int, expert_dp: int,
+                loss: float, ends: frozenset[int], microbatches: int, pol: Policy) -> RankMemory:
+    """Memory of pipeline rank ``rank``; ``live``: its activation peak; ``ends``: the ids of the
+    pre/post parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan."""
     chunks = pipe.rank_chunks[rank]
     bag = [pn for c in chunks for pn in pipe.bags[c]]
     dense = sum(p.dense_numel * n for p, n in bag)
     expert = sum(p.expert_numel * n for p, n in bag)
-    st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp)
-    st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp)
-    per_chunk = [sum(p.saved_bytes * n for p, n in pipe.bags[c]) for c in chunks]
-    act = pipe.sim.peak_activations[rank] * (sum(per_chunk) / max(len(per_chunk), 1))
-    if len(pipe.bags) - 1 in chunks:
-        act += logits
-    other = OVERHEAD_BYTES
-    if plan.zero >= 3:
-        other += _zero3_gathered(bag, dense + expert, pol or Policy(ZERO3_GATHERED_LAYERS - 1, True, True))
-    return RankMemory(st_dense.params + st_exp.params, st_dense.grads + st_exp.grads,
-                      st_dense.optimizer + st_exp.optimizer, act, other, dense, expert)
+    st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard)
+    st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, reshard=pol.reshard)
+    last = loss if len(pipe.bags) - 1 in chunks else 0.0
+    blocks = [p for p, _ in bag if id(p) not in ends]
+    root = sum(_numel(p) for p, _ in bag if id(p) in ends)
+    other = max((p.recompute_transient_bytes for p in blocks), default=0.0)
+    other += fsdp_staging_bytes(plan, max((_numel(p) for p in blocks), default=0.0), root, pol)
+    grads = 0.0 if plan.zero >= 2 and microbatches == 1 else st_dense.grads + st_exp.grads
+    if plan.zero >= 2 and not pol.reduce_every_microbatch:
+        grads += (dense + expert) * UNSHARDED_GRAD_BYTES
+    return RankMemory(st_dense.params + st_exp.params, grads,
+                      st_dense.optimizer + st_exp.optimizer, live.bytes + last, max(0.0, other - last), dense, expert,
+                      tuple(sorted(live.alive.items())))
 
 
-def _zero3_gathered(bag, numel: float, pol: Policy) -> float:
-    """Bytes of gathered parameters (and unsharded gradients) FSDP2 holds on top of the shards."""
-    if not pol.reshard:
-        gathered = numel * PARAM_GATHER_BYTES
-    else:
-        biggest = max((p.dense_numel + p.expert_numel for p, _ in bag), default=0)
-        gathered = (1 + pol.prefetch) * biggest * PARAM_GATHER_BYTES
-    return gathered + (0.0 if pol.reduce_every_microbatch else numel * UNSHARDED_GRAD_BYTES)
+def chunk_saved_bytes(pipe: Pipeline) -> list[float]:
+    """One micro-batch's saved bytes of every virtual stage (model order)."""
+    return [sum(p.saved_bytes * n for p, n in bag) for bag in pipe.bags]
+
+
+def _numel(p: Part) -> float:
+    return p.dense_numel + p.expert_numel
 
 
 def states_lower_bound(plan: Plan, dense: float, expert: float, *, dense_dp: int, expert_dp: int) -> float:
     """Bytes per GPU no stage cut can avoid: model states of an even share of the parameters
-    under the plan's ZeRO stage, plus the fixed reserve."""
-    d = model_state_bytes(dense / plan.pp, zero=plan.zero, dp=dense_dp)
-    e = model_state_bytes(expert / plan.pp, zero=plan.zero, dp=expert_dp)
-    return d.total + e.total + OVERHEAD_BYTES
+    under the plan's ZeRO stage."""
+    # the fewest bytes any FSDP policy leaves: resharded after forward
+    d = model_state_bytes(dense / plan.pp, zero=plan.zero, dp=dense_dp, reshard=True)
+    e = model_state_bytes(expert / plan.pp, zero=plan.zero, dp=expert_dp, reshard=True)
+    return d.total + e.total

@@ -3,7 +3,13 @@ its tp layout's compute and collectives, plus what cp and ep add.
 
 FLOPs (Korthikanti/Megatron): model FLOPs are the GEMM and attention-kernel FLOPs of forward
 and backward (``opkinds.is_model_flop_op``) at the plan's micro-batch; recomputation adds the
-forward's again under ``full`` and the attention core's under ``selective``.
+FLOPs of the forward ops it reruns (``sharding.price.recomputed``, the predicate the ILP's
+times and saved bytes read too): all under ``full``, the attention core under ``selective``,
+all but every other matmul and the attention kernel under ``op``.
+
+Memory: ``saved_bytes`` (kept from forward to backward) and ``recompute_transient_bytes``, what
+recomputing the layer re-materialises during its backward: the saved bytes without
+recomputation less those kept under the policy.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from autoplan.mesh import Mesh
 from autoplan.opkinds import is_attention_core, is_expert_param, is_model_flop_op
 from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
+from autoplan.sharding.price import recomputed
 
 
 def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: int, hidden: int,
@@ -27,12 +34,14 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
     cp = cp_cost(comms, info, seq_len, hidden, graph, plan, mesh, attention)
     ep = ep_cost(comms, info, seq_len, hidden, graph, plan, mesh)
     dense, expert = _param_split(graph, bs, plan)
+    unsaved = layouts.sharding(graph_key, graph, plan, "none", mesh).saved_bytes if recompute != "none" else 0.0
     return Part(
         forward_s=bs.forward_s, backward_s=bs.backward_s, wgrad_s=bs.wgrad_s,
         exposed_fwd_s=tp.exposed_fwd_s + cp.exposed_fwd_s + ep.exposed_fwd_s,
         exposed_bwd_s=tp.exposed_bwd_s + cp.exposed_bwd_s + ep.exposed_bwd_s,
         ep_fwd_s=ep.exposed_fwd_s, ep_bwd_s=ep.exposed_bwd_s,
-        saved_bytes=bs.saved_bytes, dense_numel=dense, expert_numel=expert,
+        saved_bytes=bs.saved_bytes, recompute_transient_bytes=max(0.0, unsaved - bs.saved_bytes),
+        dense_numel=dense, expert_numel=expert,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
         attention_s=sum(attention), compute_s=bs.forward_s + bs.backward_s + bs.wgrad_s,
@@ -40,11 +49,9 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
 
 
 def _recompute_flops(graph: OpGraph, recompute: str) -> float:
-    if recompute == "full":
-        return sum(n.flops for n in graph.ops("forward") if is_model_flop_op(n))
-    if recompute == "selective":
-        return sum(n.flops for n in graph.ops("forward") if is_attention_core(n))
-    return 0.0
+    """Model FLOPs (GEMM and attention, as MFU counts them) of the forward ops recomputation reruns."""
+    return sum(n.flops for n in graph.ops("forward")
+               if recomputed(graph, n, recompute) and (is_model_flop_op(n) or is_attention_core(n)))
 
 
 def _param_split(graph: OpGraph, bs: BlockSharding, plan: Plan) -> tuple[int, int]:

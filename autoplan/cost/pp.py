@@ -23,7 +23,7 @@ from autoplan.axes import Axis
 from autoplan.cost.comms import Comms
 from autoplan.cost.types import Part
 from autoplan.mesh import Mesh
-from autoplan.plan import Plan
+from autoplan.plan import Plan, recompute_layers
 
 ACTIVATION_BYTES = 2                    # bf16
 Bag = list[tuple[Part, int]]
@@ -50,6 +50,13 @@ class Pipeline:
         return self.sim.step_time
 
 
+def layer_policies(policy: str, n: int) -> list[str]:
+    """The recompute policy of each of a virtual stage's ``n`` layers: ``full:N`` fully
+    recomputes the first N (Megatron ``--recompute-method block``), the rest keep everything."""
+    k = recompute_layers(policy)
+    return [policy] * n if k is None else ["full"] * min(k, n) + ["none"] * max(n - k, 0)
+
+
 def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callable[[str, str], Part]) -> list[Bag]:
     """Each virtual stage as a bag of (part, layers of it); ``part(kind, recompute)``, asked
     once per (kind, recompute) of the plan."""
@@ -62,10 +69,16 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
             hit = parts[(kind, rc)] = part(kind, rc)
         return hit
 
-    bags = []
-    for c, kinds in enumerate(_chunk_kinds(order, plan.stage_layers(num_layers))):
+    bags, start = [], 0
+    layers = plan.stage_layers(num_layers)
+    for c, (n, kinds) in enumerate(zip(layers, _chunk_kinds(order, layers))):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
-        bag = [(get(k, rc), count) for k, count in kinds]
+        if recompute_layers(rc) is None:
+            bag = [(get(k, rc), count) for k, count in kinds]
+        else:         # full:N: the policy depends on the layer's place in its stage
+            counted = Counter(zip(order[start:start + n], layer_policies(rc, n)))
+            bag = [(get(k, policy), count) for (k, policy), count in counted.items()]
+        start += n
         if c == 0:
             bag.append((get("@pre", "none"), 1))
         if c == chunks - 1:
@@ -96,14 +109,6 @@ def stage_times(bags: list[Bag]) -> tuple[list[float], list[float], list[float]]
 def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
     """The virtual stages of each pipeline rank."""
     return tuple(plan.stages_of_rank(r) for r in range(plan.pp))
-
-
-@dataclass(frozen=True)
-class Peaks:
-    """What memory reads of a simulation, known before simulating: the per-rank peak of
-    micro-batch chunks in flight (``costmodels.pipeline.bounds.peak_activations``)."""
-
-    peak_activations: tuple[int, ...]
 
 
 def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,

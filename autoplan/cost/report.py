@@ -104,8 +104,9 @@ def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: i
     }
 
 
-def violations(comms: Comms, plan: Plan, mesh: Mesh, experts: int, memory_bytes: float) -> list[Violation]:
-    """The hard rules a priced plan breaks (``autoplan.rules``), and memory beyond HBM."""
+def violations(comms: Comms, plan: Plan, mesh: Mesh, experts: int, memory_bytes: float,
+               margin_gib: float = 0.0) -> list[Violation]:
+    """The hard rules a priced plan breaks (``autoplan.rules``), and memory beyond HBM less the margin."""
     cluster = comms.cluster
     out = []
     for g, ranks in nvlink_breaks(plan, mesh, experts=experts, nvlink_domain=cluster.nvlink_domain):
@@ -113,7 +114,9 @@ def violations(comms: Comms, plan: Plan, mesh: Mesh, experts: int, memory_bytes:
         out.append(Violation(g.rule, f"{g.label} group of {len(ranks)} ranks ({ranks_text(ranks)}) spans "
                                      f"{span.domains} NVLink domains over {cluster.describe_span(span)}: "
                                      f"per-layer collectives leave NVLink"))
-    if memory_bytes > cluster.gpu.hbm_bytes:
-        out.append(Violation("memory", f"needs {memory_bytes / GIB:.1f} GiB per GPU, "
-                                       f"{cluster.gpu.name} has {cluster.gpu.hbm_bytes / GIB:.1f} GiB"))
+    limit = cluster.gpu.hbm_bytes - margin_gib * GIB
+    if memory_bytes > limit:
+        out.append(Violation("memory", f"needs {memory_bytes / GIB:.1f} GiB per GPU, {cluster.gpu.name} has "
+                                       f"{cluster.gpu.hbm_bytes / GIB:.1f} GiB less a {margin_gib:g} GiB margin "
+                                       f"= {limit / GIB:.1f} GiB"))
     return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces, NCCL buffers, fragmentation
+
 
 @dataclass(frozen=True)
 class EstimateOptions:
@@ -14,6 +16,7 @@ class EstimateOptions:
     time_limit_s: float = 30.0
     fsdp_prefetch: int = 1                # ZeRO-3: units gathered ahead (FSDP2's implicit prefetch is 1)
     fsdp_reshard_after_forward: bool | None = None   # ZeRO-3: None = the runtime's default (on at pp = 1, off under PP)
+    memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Part:
     ep_fwd_s: float              # the EP all-to-all part of it (what DualPipeV's pairs can hide)
     ep_bwd_s: float
     saved_bytes: float
+    recompute_transient_bytes: float    # re-materialised by recomputation during the layer's backward
     dense_numel: int
     expert_numel: int
     model_flops: float           # per micro-batch (one sequence × mbs), GEMM + attention
@@ -142,6 +146,13 @@ class Estimate:
     def throughput(self) -> float:
         """Throughput in the model's own unit: tokens/s for token models, else samples/s."""
         return self.tokens_per_s if self.throughput_unit == "tokens" else self.samples_per_s
+    memory_margin_gib: float = 0.0        # head-room ``fits`` leaves: fits ⇔ memory_gib ≤ hbm_gib − margin
+    activations_alive: tuple[tuple[int, int], ...] = ()   # worst rank: (virtual stage, micro-batches alive) at its peak
+
+    @property
+    def memory_limit_gib(self) -> float:
+        """HBM less the margin: the most a fitting plan may use."""
+        return self.hbm_gib - self.memory_margin_gib
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -149,6 +160,8 @@ class Estimate:
         d["primitives"] = [asdict(p) for p in self.primitives]
         d["stage_times_s"] = [list(t) for t in self.stage_times_s]
         d["memory_per_stage_gib"] = list(self.memory_per_stage_gib)
+        d["activations_alive"] = [list(a) for a in self.activations_alive]
+        d["memory_limit_gib"] = self.memory_limit_gib
         return d
 
     def to_json(self) -> str:

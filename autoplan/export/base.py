@@ -3,9 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.plan import Plan
+from autoplan.plan import RECOMPUTE, Plan, recompute_layers
 
-RECOMPUTE_STRENGTH = ("none", "selective", "full")   # weakest → strongest memory saving
+
+def recompute_strength(policy: str) -> tuple[int, int]:
+    """Order of memory saving: none < selective < op < full:1 < full:2 < … < full."""
+    n = recompute_layers(policy)
+    return (RECOMPUTE.index("op") + 1, n) if n is not None else (RECOMPUTE.index(policy) + (policy == "full"), 0)
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,7 @@ def uniform_recompute(plan: Plan) -> tuple[str, str | None]:
     every stage within its memory estimate.
     """
     modes = set(plan.recompute)
-    strongest = max(modes, key=RECOMPUTE_STRENGTH.index)
+    strongest = max(modes, key=recompute_strength)
     if len(modes) == 1:
         return strongest, None
     return strongest, (f"per-stage recompute {'-'.join(plan.recompute)} is not expressible: "

@@ -21,7 +21,8 @@ Mapping (plan → flags):
 * zero 1 → ``--use-distributed-optimizer``; zero 2/3 → ``--use-megatron-fsdp
   --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``.
 * recompute → ``--recompute-granularity`` (full adds ``--recompute-method uniform
-  --recompute-num-layers 1``).
+  --recompute-num-layers 1``; full:N is ``--recompute-method block --recompute-num-layers N``;
+  op, which Megatron lacks, becomes full with a warning).
 * mbs → ``--micro-batch-size``; global batch → ``--global-batch-size``.
 * order tp-cp-ep-dp-pp is Megatron's default; tp-cp-ep-pp-dp →
   ``--use-tp-pp-dp-mapping``.
@@ -29,6 +30,7 @@ Mapping (plan → flags):
 from __future__ import annotations
 
 from autoplan.export.base import Export, stage_layers, uniform_recompute
+from autoplan.plan import recompute_layers
 from autoplan.plan import DEFAULT_ORDER, Plan
 
 MEGATRON_COMMIT = "000c4ac24f61159c138b0975def722c65245983c"
@@ -91,7 +93,14 @@ def to_megatron(plan: Plan, *, num_layers: int | None = None, global_batch: int 
     mode, note = uniform_recompute(plan)
     if note:
         warnings.append(note)
-    if mode != "none":
+    if mode == "op":
+        warnings.append("recompute=op (torchtitan's selective op checkpointing) is not in Megatron-LM: "
+                        "--recompute-granularity full on every layer")
+        mode = "full"
+    if recompute_layers(mode) is not None:
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                 ("--recompute-num-layers", recompute_layers(mode))]
+    elif mode != "none":
         args.append(("--recompute-granularity", mode))
         if mode == "full":
             args += [("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]

@@ -22,11 +22,13 @@ Mapping (plan → key):
 * cp → ``context_parallel_degree``; ring → ``context_parallel_rotate_method`` =
   "alltoall" (KV passed around the ring); Ulysses/USP have no torchtitan form (warned).
 * ep → ``expert_parallel_degree`` (carved out of dp, as torchtitan's dp2ep).
-* recompute → ``[activation_checkpoint] mode`` (selective uses ``selective_ac_option = "op"``).
+* recompute → ``[activation_checkpoint] mode`` (selective and op use ``selective_ac_option = "op"``;
+  full:N becomes full, with a warning).
 """
 from __future__ import annotations
 
 from autoplan.export.base import Export, default_order_warning, stage_layers, uniform_recompute
+from autoplan.plan import recompute_layers
 from autoplan.plan import DEFAULT_ORDER, Plan
 
 TORCHTITAN_COMMIT = "6404b932421f5ce382e7dac5ad381b2c17b1373c"
@@ -112,8 +114,12 @@ def to_torchtitan(plan: Plan, *, num_layers: int | None = None, global_batch: in
     mode, note = uniform_recompute(plan)
     if note:
         warnings.append(note)
-    ac: dict[str, object] = {"mode": mode}
-    if mode == "selective":
+    if recompute_layers(mode) is not None:
+        warnings.append(f"recompute={mode} (the first N layers of each stage) is not in torchtitan: "
+                        "mode = \"full\" on every layer")
+        mode = "full"
+    ac: dict[str, object] = {"mode": "selective" if mode == "op" else mode}
+    if mode in ("selective", "op"):
         ac["selective_ac_option"] = "op"
 
     training: dict[str, object] = {}

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, EstimateOptions, Estimator
 from autoplan.cost.bounds import states_lower_bound, step_lower_bound
+from autoplan.cost.types import DEFAULT_MARGIN_GIB
 from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
 from autoplan.layout import Layout
@@ -58,11 +59,13 @@ class SearchOptions:
     # tuple whose representative plan ranks in the first ``refine``; experiments/check_screen.py
     # compares the result against refining every tuple (RESULTS.md, "screening")
     refine: int = 12
+    memory_margin_gib: float = DEFAULT_MARGIN_GIB   # HBM a plan must leave free (autoplan.cost.memory)
 
     def estimate_options(self) -> EstimateOptions:
         """The cost model's options under this search."""
         return EstimateOptions(overlap_grad_reduce=self.overlap_grad_reduce, allow_cross_domain=self.allow_cross_domain,
-                               profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s)
+                               profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s,
+                               memory_margin_gib=self.memory_margin_gib)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
     pruned_memory = 0
     for mesh in meshes:
         lb, states_gib = lower_bound(est, mesh, global_batch, options.mbs)
-        if states_gib > cluster.gpu.hbm_bytes / GIB:
+        if states_gib > est.usable_bytes / GIB:
             pruned_memory += 1
             continue
         bounded.append((lb, _mesh_sort_key(mesh), mesh))
@@ -411,13 +414,14 @@ def _progress(enabled: bool, total: int, started: float | None = None):
 
 
 def _no_fit_message(est: Estimator, meshes, shortfall: float) -> str:
-    hbm = est.cluster.gpu.hbm_bytes / GIB
+    hbm = est.usable_bytes / GIB
     if shortfall == float("inf"):
         best_states = min(states_lower_bound(est, m.plan(mbs=1, schedule="1f1b", vpp=1, recompute=("full",)))
                           for m in meshes) / GIB
         shortfall = best_states - hbm
     return (f"{est.model.model.name} fits no plan on {est.cluster.name}: the closest plan needs "
-            f"{shortfall:.1f} GiB more than the {hbm:.1f} GiB of HBM per GPU")
+            f"{shortfall:.1f} GiB more than the {hbm:.1f} GiB of HBM per GPU left by the "
+            f"{est.options.memory_margin_gib:g} GiB memory margin")
 
 
 def _no_fit_fix(est: Estimator) -> str:

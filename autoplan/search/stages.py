@@ -266,7 +266,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
             return None, float("inf"), 0
         if policy == "none" and floors[policy].fits:
             return (_estimate(est, plan, global_batch), plan), 0.0, 1
-    hbm = est.cluster.gpu.hbm_bytes / GIB
+    hbm = est.usable_bytes / GIB
     choice = []
     for rank in range(plan.pp):
         fitting = [p for p in RECOMPUTE if floors[p].memory_per_stage_gib[rank] <= hbm]
@@ -302,7 +302,7 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_bea
             return (e, plan.replace(recompute=(policy,))), 0.0, priced
         if policy == "none" and recompute_floor(e) > to_beat:
             return None, float("inf"), priced
-    hbm = est.cluster.gpu.hbm_bytes / GIB
+    hbm = est.usable_bytes / GIB
     choice = []
     for rank in range(plan.pp):
         fitting = [p for p in RECOMPUTE if per_policy[p].memory_per_stage_gib[rank] <= hbm]

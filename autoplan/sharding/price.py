@@ -60,10 +60,30 @@ class Redistribution:
     runs: int                            # 2 when full recomputation reruns a forward collective
 
 
-def recomputed(n: OpNode, recompute: str) -> bool:
-    """Forward ops rerun in backward: all for ``full``, the attention core for ``selective``."""
+MATMUL_OPS = frozenset({"aten.mm.default", "aten.addmm.default"})
+
+
+def op_saved(g: OpGraph) -> frozenset[str]:
+    """Forward ops whose outputs the ``op`` policy keeps (torchtitan's selective op
+    checkpointing, ``_apply_op_sac``): the attention kernels and the 1st, 3rd, 5th … matmul of
+    the block in forward order — every second matmul is recomputed, with every element-wise op."""
+    cached = g.__dict__.get("_op_saved")
+    if cached is None:
+        fwd = list(g.ops("forward"))
+        mms = [n.name for n in fwd if n.op in MATMUL_OPS]
+        cached = frozenset(mms[0::2]) | frozenset(n.name for n in fwd if is_attention_kernel(n))
+        object.__setattr__(g, "_op_saved", cached)
+    return cached
+
+
+def recomputed(g: OpGraph, n: OpNode, recompute: str) -> bool:
+    """Forward ops rerun in backward — the one predicate both time (``node_cost``'s runs, the
+    recompute FLOPs of ``cost.parts``) and memory (``saved_bytes``) read: all of them for
+    ``full``; the attention core for ``selective`` (Megatron); all but ``op_saved`` for ``op``."""
     if n.phase != "forward" or n.op == "placeholder" or recompute == "none":
         return False
+    if recompute == "op":
+        return n.name not in op_saved(g)
     return recompute == "full" or is_attention_core(n)
 
 
@@ -97,19 +117,25 @@ def node_seconds(n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
 def saved_bytes(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
     """Activation bytes ``n`` keeps for backward under ``s``: only the outputs backward reads
     (a dropout keeps its mask, not its output); none of a recomputed op but the attention
-    kernel's output, which feeds the next GEMM; under full recomputation only the block input."""
-    if not n.saved or n.role == "param" or n.is_view:
+    kernel's output, which feeds the next GEMM; under full recomputation only the block input;
+    under ``op`` every output of a kept op (checkpointing caches them whether backward reads
+    them or not) and the block input."""
+    if n.role == "param" or n.is_view:
         return 0.0
-    saved = g.saved_outputs()
-    outs = [(i, t, p) for i, (t, p) in enumerate(zip(n.outputs, s.outputs))
-            if t is not None and TensorRef(n.name, i) in saved]
 
     def size(t, p):
         return local_bytes(t, p, ctx.tp, ctx.mbs, ctx.cp)
 
+    if ctx.recompute == "op" and n.phase == "forward" and n.op != "placeholder" and not recomputed(g, n, "op"):
+        return sum(size(t, p) for t, p in zip(n.outputs, s.outputs) if t is not None)
+    if not n.saved:
+        return 0.0
+    saved = g.saved_outputs()
+    outs = [(i, t, p) for i, (t, p) in enumerate(zip(n.outputs, s.outputs))
+            if t is not None and TensorRef(n.name, i) in saved]
     if ctx.recompute == "full":
         return sum(size(t, p) for _, t, p in outs) if n.role == "input" else 0.0
-    if recomputed(n, ctx.recompute):
+    if recomputed(g, n, ctx.recompute):
         return sum(size(t, p) for i, t, p in outs if i == 0 and is_attention_kernel(n))
     return sum(size(t, p) for _, t, p in outs)
 
@@ -132,7 +158,7 @@ def node_cost(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> NodeC
     state = 0.0
     if n.role == "param" and n.op == "placeholder" and n.out is not None:
         state = n.out.numel / (ctx.tp if is_shard(s.outputs[0]) else 1) * STATE_BYTES_PER_PARAM
-    return NodeCost(node_seconds(n, s, ctx), 2 if recomputed(n, ctx.recompute) else 1,
+    return NodeCost(node_seconds(n, s, ctx), 2 if recomputed(g, n, ctx.recompute) else 1,
                     saved_bytes(g, n, s, ctx), state, intrinsic_collectives(n, s, ctx))
 
 
@@ -145,8 +171,7 @@ def redistribution_cost(g: OpGraph, ref: TensorRef, a: str, b: str, group: int,
     t = g.tensor(ref)
     nbytes = redistribution_bytes(kind, scaled_numel(t, ctx.mbs, ctx.cp) * bytes_per_elem(t), ctx.tp)
     producer = g.node(ref.node)
-    rerun = (group == FORWARD_GROUP and ctx.recompute == "full" and producer.phase == "forward"
-             and producer.op != "placeholder")
+    rerun = group == FORWARD_GROUP and ctx.recompute in ("full", "op") and recomputed(g, producer, ctx.recompute)
     return Redistribution(kind, nbytes, ctx.tp_seconds(kind, nbytes), 2 if rerun else 1)
 
 

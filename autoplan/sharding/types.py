@@ -43,7 +43,7 @@ class ShardingContext:
     pricer: Pricer
     mbs: int = 1
     cp: int = 1
-    recompute: str = "none"                       # none | selective | full
+    recompute: str = "none"                       # none | selective | op | full (plan.RECOMPUTE)
     forbid_tp_collectives: bool = False           # the tp group leaves the NVLink domain (search mode)
     memory_weight_s_per_byte: float = MEMORY_TIE_BREAK_S_PER_BYTE
     merge_followers: bool = True

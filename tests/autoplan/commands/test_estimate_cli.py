@@ -116,7 +116,7 @@ def test_bad_plans_files_name_the_entry(cli, tmp_path, content, needle):
 def test_fsdp_policy_flags_change_zero3_pricing(cli):
     base = estimate(cli, "dp=16,mbs=1,zero=3")
     off = estimate(cli, "dp=16,mbs=1,zero=3", "h100x16", "--fsdp-reshard", "off")
-    gathers = [sum(p["calls_per_step"] for p in e["primitives"] if p["dim"] == "dp" and p["kind"] == "all_gather")
+    gathers = [sum(p["calls_per_step"] for p in e["primitives"] if p["axis"] == "dp" and p["kind"] == "all_gather")
                for e in (base, off)]
     assert gathers == [4, 1]
     assert off["memory_gib"] > base["memory_gib"]
@@ -124,3 +124,20 @@ def test_fsdp_policy_flags_change_zero3_pricing(cli):
     assert deep["memory_gib"] > base["memory_gib"]
     bad = cli("estimate", MODEL, "--cluster", "h100x16", "--plan", "zero=3", "--fsdp-prefetch", "0")
     assert bad.returncode == 2 and "--fsdp-prefetch 0 is out of range" in bad.stderr
+def test_memory_margin_sets_the_limit_fits_reads(cli):
+    e = estimate(cli, "tp=8,pp=2,mbs=1,recompute=selective")
+    assert e["memory_margin_gib"] == 4.0                         # the default
+    assert e["memory_limit_gib"] == pytest.approx(e["hbm_gib"] - 4.0, rel=1e-5)
+    tight = e["hbm_gib"] - 0.9 * e["memory_gib"]                 # leaves 10 % too little
+    over = estimate(cli, "tp=8,pp=2,mbs=1,recompute=selective", "h100x16", "--memory-margin", f"{tight:.3f}")
+    assert over["fits"] is False and over["memory_gib"] == pytest.approx(e["memory_gib"], rel=1e-5)
+    assert [v["rule"] for v in over["violations"]] == ["memory"]
+    roomy = estimate(cli, "tp=8,pp=2,mbs=1,recompute=selective", "h100x16", "--memory-margin",
+                     f"{e['hbm_gib'] - 1.1 * e['memory_gib']:.3f}")
+    assert roomy["fits"] is True and roomy["violations"] == []
+
+
+def test_bad_memory_margin_is_one_message(cli):
+    out = cli("estimate", MODEL, "--cluster", "h100x16", "--plan", "tp=8", "--memory-margin", "-1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--memory-margin -1 GiB" in out.stderr and "fix:" in out.stderr

@@ -175,3 +175,9 @@ def test_progress_bar_on_a_terminal_stderr_leaves_stdout_alone(small_json):
     assert p.returncode == 0
     assert stdout == small_json.stdout
     assert b"searching meshes" in err
+def test_search_results_fit_with_the_memory_margin(cli):
+    out = cli("search", *SMALL, "--json", "--top", "2", "--memory-margin", "60")
+    assert out.returncode == 0, out.stderr
+    for p in json.loads(out.stdout):
+        e = p["estimate"]
+        assert e["memory_margin_gib"] == 60 and e["memory_gib"] <= e["hbm_gib"] - 60 and e["fits"]

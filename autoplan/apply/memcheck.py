@@ -1,0 +1,130 @@
+"""The runtime reference for the memory model: a plan applied by ``autoplan.apply`` on fake
+tensors at its full world size, two training steps under torch's memory tracker.
+
+For one rank of every *rank kind* (each pipeline rank; every other coordinate gives the same
+bytes), in a fresh process: torch's fake process group (``FakeStore``) at the plan's world
+size and that rank; the model built on the meta device and re-dressed as fake fp32 CPU tensors
+(``frontend.fakes``), so nothing is allocated; ``apply`` with ``mixed_precision`` (FSDP2 with
+torchtitan's policy: fp32 sharded parameters, bf16 compute, fp32 reduction); then two steps
+(forward + backward of every micro-batch, AdamW step, ``zero_grad``) under
+``torch.distributed._tools``' ``MemTracker`` (``FSDPMemTracker`` refuses a module run more than once).  The peak
+snapshot's categories map to the estimator's:
+
+==========  ================================================================
+params      sharded and unsharded parameters, buffers
+grads       sharded and unsharded gradients
+optimizer   optimizer state
+activations activations and inputs
+other       temporaries, all-gather and reduce-scatter buffers, the rest
+==========  ================================================================
+
+What it does not run: zero 0/1 (Megatron's fp32 gradient buffer and distributed optimizer,
+which the torch path does not reproduce: its gradients and optimizer state follow the
+parameter dtype), context and expert parallelism (their exchanges read token values), and
+pipeline parallelism (the schedule's receives need a real peer).  ``unsupported`` names the
+first of these a plan uses.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from autoplan.errors import UserError
+from autoplan.mesh import Mesh
+from autoplan.plan import Plan
+
+GIB = 1024 ** 3
+CATEGORIES = {
+    "params": ("Parameter", "Buffer", "Sharded Param", "Unsharded Param"),
+    "grads": ("Gradient", "Sharded Grad", "Unsharded Grad"),
+    "optimizer": ("Optstate", "OptState"),
+    "activations": ("Activation", "Inputs"),
+}
+STEPS = 2
+
+
+def unsupported(plan: Plan) -> str | None:
+    """Why memcheck cannot measure ``plan`` (see the module docstring), or None."""
+    if plan.zero < 2 and plan.dp > 1:
+        return (f"zero={plan.zero}: Megatron's fp32 gradient buffer and distributed optimizer are not what "
+                "the torch path runs (its gradients and optimizer state follow the parameter dtype)")
+    for key, why in (("cp", "context parallelism's exchange reads token positions"),
+                     ("ep", "expert parallelism routes by token values"),
+                     ("pp", "the pipeline schedule's receives need a real peer")):
+        if getattr(plan, key) > 1:
+            return f"{key}={getattr(plan, key)}: {why}"
+    return None
+
+
+def rank_kinds(plan: Plan) -> list[int]:
+    """One global rank per pipeline rank: pp coordinate r, every other coordinate 0."""
+    mesh = Mesh.of(plan)
+    return [next(g for g in range(plan.num_gpus) if mesh.coords(g)["pp"] == r
+                 and all(c == 0 for a, c in mesh.coords(g).items() if a != "pp")) for r in range(plan.pp)]
+
+
+def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, timeout_s: float = 1800) -> dict:
+    """Peak bytes by category of ``rank`` (a child process runs ``_child``; see the module docstring)."""
+    args = json.dumps({"model": model, "plan": plan.to_string(), "seq": seq, "global_batch": global_batch,
+                       "rank": rank})
+    out = subprocess.run([sys.executable, "-m", "autoplan.apply.memcheck", args], capture_output=True, text=True,
+                         timeout=timeout_s)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        raise UserError(f"memcheck of rank {rank} failed: {tail}",
+                        "run `autoplan run` on a small version of the model to see whether apply supports it")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def categorize(peak: dict) -> dict[str, float]:
+    """The tracker's peak snapshot of one device → bytes per estimator category."""
+    out = {k: 0.0 for k in (*CATEGORIES, "other")}
+    for key, value in peak.items():
+        name = getattr(key, "value", str(key))
+        if name == "Total":
+            continue
+        cat = next((c for c, names in CATEGORIES.items() if name in names), "other")
+        out[cat] += float(value)
+    out["total"] = float(peak.get("Total", sum(out.values())))
+    return out
+
+
+def _child(spec: dict) -> dict:
+    """Build, apply and run two steps on fake tensors for one rank; the peak by category."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from autoplan.apply.device_mesh import device_mesh
+    from autoplan.apply.parallel import apply
+    from autoplan.frontend.fakes import fakeify_module, new_fake_mode
+    from autoplan.frontend.source import build_on_meta, load_source
+
+    plan = Plan.parse(spec["plan"])
+    dist.init_process_group("fake", store=FakeStore(), rank=spec["rank"], world_size=plan.num_gpus)
+    model = build_on_meta(load_source(spec["model"]))
+    mode = new_fake_mode()
+    fakeify_module(model, mode, torch.float32)
+    pm = apply(model, plan, device_mesh(plan, "cpu"), global_batch=spec["global_batch"], seq=spec["seq"],
+               mixed_precision=True)
+    opt = pm.optimizer("adamw", 1e-3)
+    with mode:
+        ids = torch.zeros(spec["global_batch"] // plan.dp, spec["seq"], dtype=torch.long)
+    tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
+    tracker.track_external(*pm.stages, opt)
+    with tracker:
+        for _ in range(STEPS):
+            pm.forward_backward(ids, ids, read_loss=False, before_microbatch=tracker.reset_mod_stats)
+            opt.step()
+            opt.zero_grad()
+    peaks = tracker.get_tracker_snapshot("peak")
+    return categorize(max(peaks.values(), key=lambda d: d.get("Total", 0)))
+
+
+if __name__ == "__main__":
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    print(json.dumps(_child(json.loads(sys.argv[1]))))

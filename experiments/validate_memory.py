@@ -1,0 +1,86 @@
+"""Price the public memory rows of ../shared/reference/regime_runs.json and compare.
+
+    python experiments/validate_memory.py [--json]
+
+Rows: every row with a published peak (``mem_gib``: torchtitan's Dec 2024 H100 T1/T3 runs) and
+every ``group=memory-must-fit`` row (layouts that ran on 80 GB: they must fit).  Mapping, the same
+for every row: a row whose note says "selective (op)" ran torchtitan's selective op
+checkpointing, priced as ``recompute=op`` (the JSON's ``selective`` is the engine's word for
+it); everything else as written.  The prediction is the peak *allocated* memory (what torch's
+``MemTracker`` measures: ``autoplan memcheck``); torchtitan's figure is its device-memory
+monitor's peak *reserved* memory (``torch.cuda.max_memory_reserved``), which adds the caching
+allocator's cached blocks; a must-fit row must fit HBM less the whole margin.
+
+Error = predicted / published − 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import published_regimes as pr  # noqa: E402
+from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
+from autoplan.plan import Plan  # noqa: E402
+
+def memory_rows(path: str | None = None) -> list[dict]:
+    """The rows with a published peak or a must-fit outcome, with their plan mapped."""
+    path = path or os.path.join(pr.REFERENCE, "regime_runs.json")
+    with open(path) as f:
+        raw = json.load(f)
+    rows = []
+    for r in raw:
+        must_fit = "group=memory-must-fit" in r["note"]
+        if "mem_gib" not in r and not must_fit:
+            continue
+        plan = r["plan"]
+        if "selective (op)" in r["note"]:
+            plan = plan.replace("recompute=selective", "recompute=op")
+        cluster = r["cluster"]
+        if cluster.endswith(".yaml"):
+            cluster = os.path.join(os.path.dirname(path), cluster)
+        ident = r["note"].split(";")[0].split("=", 1)[1]
+        rows.append({"id": ident, "model": r["model"], "cluster": cluster, "seq": r["seq"],
+                     "global_batch": r["global_batch"], "plan": plan, "published_gib": r.get("mem_gib"),
+                     "must_fit": must_fit})
+    return rows
+
+
+def price(row: dict, options: EstimateOptions = EstimateOptions()) -> dict:
+    cluster = pr._cluster(row["cluster"])
+    est = Estimator(pr._model(row["model"], row["seq"]), cluster, options)
+    e = est.estimate(Plan.parse(row["plan"], num_gpus=cluster.num_gpus), row["global_batch"], detail=False)
+    out = {"id": row["id"], "plan": e.plan, "predicted_gib": round(e.memory_gib, 2),
+           "breakdown_gib": {k: round(v, 2) for k, v in e.memory_breakdown_gib.items()},
+           "limit_gib": round(e.memory_limit_gib, 2), "fits": e.fits, "must_fit": row["must_fit"],
+           "published_gib": row["published_gib"], "alive": [list(a) for a in e.activations_alive]}
+    if row["published_gib"]:
+        out["error"] = round(e.memory_gib / row["published_gib"] - 1.0, 4)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    results = [price(r) for r in memory_rows()]
+    if args.json:
+        print(json.dumps(results, sort_keys=True, indent=1))
+        return 0
+    print(f"{'row':<26} {'published':>10} {'predicted':>10} {'error':>8} {'limit':>7}  fits  breakdown")
+    for r in results:
+        pub = f"{r['published_gib']:.1f}" if r["published_gib"] else ("must fit" if r["must_fit"] else "-")
+        err = f"{r['error']:+.1%}" if "error" in r else ""
+        b = " ".join(f"{k} {v:.1f}" for k, v in r["breakdown_gib"].items())
+        print(f"{r['id']:<26} {pub:>10} {r['predicted_gib']:>10.1f} "
+              f"{err:>8} {r['limit_gib']:>7.1f}  {'yes' if r['fits'] else 'NO ':<4}  {b}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""`autoplan memcheck`: torch's MemTracker on the applied plan (fake tensors, fake process group)
+beside the estimate."""
+import json
+
+import pytest
+
+MODEL = "llama:layers=4,hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=8192"
+
+
+def memcheck(cli, plan, *extra):
+    out = cli("memcheck", plan, "--model", MODEL, "--cluster", "h100x8", "--seq", "2048", "--global-batch", "16",
+              *extra)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.mark.parametrize("plan", ["dp=8,zero=3,mbs=2,recompute=op", "dp=8,zero=2,mbs=1,recompute=full"])
+def test_fsdp_estimate_within_5_percent_of_the_tracker(cli, plan):
+    d = json.loads(memcheck(cli, plan, "--json").stdout)
+    assert d["skipped"] is None and len(d["rank_kinds"]) == 1
+    row = d["rank_kinds"][0]
+    measured, predicted = row["measured_gib"], row["predicted_gib"]
+    assert measured["total"] > 0.3
+    assert measured["total"] == pytest.approx(sum(measured[k] for k in
+                                                  ("params", "grads", "optimizer", "activations", "other")), rel=1e-3)
+    # model states are exact; the total within 5 %
+    for k in ("params", "grads", "optimizer"):
+        assert predicted[k] == pytest.approx(measured[k], rel=0.02, abs=1e-3)
+    assert abs(row["error"]) < 0.05 and row["error"] == pytest.approx(predicted["total"] / measured["total"] - 1,
+                                                                      abs=1e-4)
+
+
+def test_a_plan_apply_cannot_run_on_fake_tensors_is_reported_not_measured(cli):
+    out = memcheck(cli, "tp=2,pp=2,dp=2,zero=1")
+    assert "not measured" in out.stdout and "zero=1" in out.stdout
+    d = json.loads(memcheck(cli, "tp=2,pp=2,dp=2,zero=2", "--json").stdout)
+    assert d["skipped"].startswith("pp=2") and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
+    assert all(r["measured_gib"] is None and r["predicted_gib"]["total"] > 0 for r in d["rank_kinds"])
+
+
+def test_bad_plan_is_one_message(cli):
+    out = cli("memcheck", "tp=3", "--model", MODEL, "--cluster", "h100x8")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "fix:" in out.stderr

@@ -1,0 +1,150 @@
+"""The memory model, against bytes computed here from the formulas (not from the code under test)."""
+import pytest
+
+from autoplan.cost import memory
+from autoplan.plan import Plan
+from costmodels.memory import GIB, model_state_bytes
+from costmodels.pipeline.live import peak_live
+
+LLAMA = "llama:layers=4,hidden=256,heads=4,kv_heads=2,ffn=768,vocab=1024"
+H, HEADS, KV, FFN, V, SEQ = 256, 4, 2, 768, 1024, 512
+HD = H // HEADS
+
+
+@pytest.mark.parametrize("zero,pp,expected", [
+    (0, 1, (2, 4, 12)),                    # Megatron DDP: bf16 weight, fp32 grad, fp32 master + m + v
+    (1, 1, (2, 4, 12 / 8)),                # distributed optimizer: 6 + 12/d
+    (2, 1, (2 + 4 / 8, 4 / 8, 8 / 8)),     # FSDP2 kept after forward: 2 + 16/d
+    (3, 1, (4 / 8, 4 / 8, 8 / 8)),         # FSDP2 resharded: 16/d
+    (3, 2, (2 + 4 / 8, 4 / 8, 8 / 8)),     # torchtitan turns resharding off under pp
+])
+def test_state_bytes_per_parameter(zero, pp, expected):
+    s = model_state_bytes(1e9, zero=zero, dp=8, reshard=pp == 1)   # torchtitan: reshard_after_forward = not pp
+    assert (s.params, s.grads, s.optimizer) == pytest.approx(tuple(x * 1e9 for x in expected))
+
+
+def megatron_alive(p: int, m: int, v: int) -> dict[int, int]:
+    """Rank 0 of Megatron's interleaved table: forwards run (mb, chunk) in groups of p micro-batches
+    per chunk; the peak is after the 2(p−1) + (v−1)p warm-up forwards and one more."""
+    table = [(g + i, c) for g in range(0, m, p) for c in range(v) for i in range(p)]
+    alive: dict[int, int] = {}
+    for _, c in table[:2 * (p - 1) + (v - 1) * p + 1]:
+        alive[c * p] = alive.get(c * p, 0) + 1       # chunk c of rank 0 is virtual stage c·p
+    return alive
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 16, 3), (8, 16, 2)])
+def test_interleaved_rank0_holds_megatrons_warmup_per_chunk(p, m, v):
+    peak = peak_live("interleaved", p, m, v, [1.0] * (p * v))[0]
+    assert peak.alive == megatron_alive(p, m, v)
+    assert peak.bytes == 2 * (p - 1) + (v - 1) * p + 1
+
+
+def test_uneven_chunks_are_weighed_by_their_own_bytes_not_a_mean():
+    p, m, v = 4, 8, 2
+    weights = [1.0 if s < p else 3.0 for s in range(p * v)]      # second chunk of every rank 3× heavier
+    peak = peak_live("interleaved", p, m, v, weights)[0]
+    assert peak.bytes >= sum(weights[s] * n for s, n in megatron_alive(p, m, v).items())
+    mean = (1.0 + 3.0) / 2
+    assert peak.bytes != pytest.approx(mean * (2 * (p - 1) + (v - 1) * p + 1))
+
+
+@pytest.mark.parametrize("schedule,p,m,v,expected", [
+    ("1f1b", 4, 8, 1, [4, 3, 2, 1]),          # p − r
+    ("gpipe", 4, 6, 1, [6, 6, 6, 6]),         # all m
+    ("zbv", 4, 8, 2, [8, 8, 8, 8]),           # 2p chunks = 1F1B's p stages
+])
+def test_peak_counts_match_the_papers(schedule, p, m, v, expected):
+    assert [x.bytes for x in peak_live(schedule, p, m, v, [1.0] * (p * v))] == expected
+
+
+def per_token_saved(policy: str) -> float:
+    """Bytes per token one Llama block keeps for backward (bf16 activations, fp32 statistics)."""
+    if policy == "full":
+        return 2 * H                            # the block input only
+    inputs = 2 * H + 2 * 2 * HD                 # block input + the rope cos/sin the block reads
+    attention = 2 * H + 4 * HEADS               # flash output + fp32 logsumexp
+    if policy == "op":                          # matmuls 1, 3, 5, 7 kept: wq, wv, w1, w2
+        return inputs + attention + 2 * H + 2 * KV * HD + 2 * FFN + 2 * H
+    raise ValueError(policy)
+
+
+@pytest.mark.parametrize("policy", ["op", "full"])
+def test_block_saved_bytes_by_policy(setup, policy):
+    graph, _, est = setup(LLAMA, "h100x8", seq=SEQ)
+    plan = Plan.parse("dp=8,zero=3")
+    from autoplan.mesh import Mesh
+    part = est.part(graph.blocks[0].kind, plan, policy, Mesh.of(plan))
+    assert part.saved_bytes == pytest.approx(per_token_saved(policy) * SEQ, rel=0.01)
+    none = est.part(graph.blocks[0].kind, plan, "none", Mesh.of(plan))
+    assert part.recompute_transient_bytes == pytest.approx(none.saved_bytes - part.saved_bytes)
+
+
+@pytest.mark.parametrize("batch,grads", [(16, True), (8, False)])   # 2 micro-batches, or 1
+def test_fsdp_states_and_staging_on_one_rank(setup, batch, grads):
+    graph, cluster, est = setup(LLAMA, "h100x8", seq=SEQ)
+    e = est.estimate(Plan.parse("dp=8,zero=3,recompute=op"), batch)
+    n = graph.param_count
+    block = graph.blocks[0].graph.param_count
+    root = graph.pre.param_count + graph.post.param_count
+    b = {k: v * GIB for k, v in e.memory_breakdown_gib.items()}
+    # fp32 shard, fp32 gradient shard (none yet at the peak of a one-micro-batch step: zero_grad
+    # set them to None), Adam m and v
+    assert (b["params"], b["grads"], b["optimizer"]) == pytest.approx(
+        (4 * n / 8, 4 * n / 8 if grads else 0.0, 8 * n / 8), rel=1e-6)
+    # one block's gradient staging (bf16 + its fp32 copy), two blocks' and the root's gathered bf16
+    # parameters and one layer's recompute transient, beyond the loss buffers (another moment)
+    none = est.estimate(Plan.parse("dp=8,zero=3"), batch)
+    assert none.memory_gib > e.memory_gib
+    transient = none_layer(est, graph) - per_token_saved("op") * SEQ
+    staging = 6 * block + 2 * (2 * block + root)
+    assert b["other"] == pytest.approx(max(0.0, staging + transient - SEQ * V * 8), rel=0.02)
+
+
+def none_layer(est, graph) -> float:
+    from autoplan.mesh import Mesh
+    plan = Plan.parse("dp=8,zero=3")
+    return est.part(graph.blocks[0].kind, plan, "none", Mesh.of(plan)).saved_bytes
+
+
+def test_full_n_recomputes_the_first_n_layers_of_each_stage(setup):
+    graph, _, est = setup(LLAMA, "h100x8", seq=SEQ)
+    act = {rc: est.estimate(Plan.parse(f"dp=8,zero=1,recompute={rc}"), 8).memory_breakdown_gib["activations"]
+           for rc in ("none", "full:1", "full:3", "full")}
+    per_layer = (per_token_saved("full") * SEQ) / GIB
+    step = (act["none"] - act["full"]) / 4                     # one layer's saving, 4 layers
+    assert act["full:1"] == pytest.approx(act["none"] - step, rel=1e-6)
+    assert act["full:3"] == pytest.approx(act["none"] - 3 * step, rel=1e-6)
+    assert step > per_layer
+
+
+def test_op_recomputes_between_selective_and_full(setup):
+    _, _, est = setup(LLAMA, "h100x8", seq=SEQ)
+    e = {rc: est.estimate(Plan.parse(f"dp=8,zero=3,recompute={rc}"), 8) for rc in ("none", "op", "full")}
+    assert e["none"].hfu == pytest.approx(e["none"].mfu)
+    extra = {rc: x.hfu / x.mfu - 1 for rc, x in e.items()}        # recompute FLOPs / model FLOPs
+    assert 0 == pytest.approx(extra["none"]) and 0 < extra["op"] < extra["full"] < 1 / 3 + 1e-9
+    assert e["none"].step_time_s < e["op"].step_time_s < e["full"].step_time_s
+    assert e["full"].memory_gib < e["op"].memory_gib < e["none"].memory_gib
+
+
+def test_loss_buffers_on_the_last_stage_only(setup):
+    _, _, est = setup(LLAMA, "h100x8", seq=SEQ)
+    plan = Plan.parse("pp=2,dp=4,mbs=1,zero=1")
+    assert memory.loss_bytes(plan, SEQ, V) == SEQ * V * 8
+    e = est.estimate(plan, 8)
+    assert len(e.memory_per_stage_gib) == 2
+
+
+def test_fits_means_fits_with_the_margin(setup):
+    from autoplan.cost import EstimateOptions
+    from autoplan.workload import Workload
+
+    graph, cluster, est = setup(LLAMA, "h100x8", seq=SEQ)
+    peak = est.estimate(Plan.parse("dp=8,zero=3"), 8).memory_gib
+    hbm = cluster.gpu.hbm_bytes / GIB
+    for margin, fits in ((hbm - peak - 0.5, True), (hbm - peak + 0.5, False)):
+        w = Workload(graph, cluster, SEQ, 8)
+        e = w.estimator(EstimateOptions(memory_margin_gib=margin)).estimate(Plan.parse("dp=8,zero=3"), 8)
+        assert e.fits is fits and e.memory_limit_gib == pytest.approx(hbm - margin)
+        assert (not fits) == any(v.rule == "memory" for v in e.violations)
