@@ -13,8 +13,9 @@ group_size, span, level, calls_per_step, bytes_per_call, time_s, exposed_s}] and
 from __future__ import annotations
 
 import argparse
+import json
 
-from autoplan.commands.common import add_workload_args
+from autoplan.commands.common import add_band_args, add_workload_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="do not overlap the data-parallel gradient reduction with backward (2021-era Megatron)")
+    add_band_args(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
     p.set_defaults(func=run)
 
@@ -34,7 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines.common import price
     from autoplan.commands.common import print_estimate, wide_console
-    from autoplan.cost import EstimateOptions
+    from autoplan.cost import EstimateOptions, rounded
+    from autoplan.cost.params import NOMINAL, load_override
+    from autoplan.cost.uncertainty import Sampler
     from autoplan.export.load import load_plan
     from autoplan.workload import Workload, load_cluster
 
@@ -42,13 +46,17 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
     graph = w.model
-    estimator = w.estimator(EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile))
+    params = load_override(args.params) if args.params else NOMINAL
+    estimator = w.estimator(EstimateOptions(overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile,
+                                            params=params))
     est = price(estimator, plan, args.global_batch)
+    band = Sampler(estimator, args.samples, args.seed).band(plan, args.global_batch, est).fields() \
+        if args.samples else None
     if args.json:
-        print(est.to_json())
+        print(json.dumps(rounded({**est.to_dict(), **(band or {})}), sort_keys=True))
         return 0
     console = wide_console()
     console.print(f"{graph.model.name} on {cluster.name} ({cluster.describe()}), seq {args.seq:,}, "
                   f"global batch {args.global_batch:,}")
-    print_estimate(console, plan, est)
+    print_estimate(console, plan, est, band=band)
     return 0

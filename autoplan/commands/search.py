@@ -14,7 +14,8 @@ import argparse
 import json
 import sys
 
-from autoplan.commands.common import add_workload_args
+from autoplan.commands.common import add_band_args, add_workload_args
+from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES
 from autoplan.errors import UserError
 
 
@@ -31,6 +32,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="let TP/EP/Ulysses groups leave the NVLink domain (off: a hard rule)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's)")
+    p.add_argument("--objective", choices=OBJECTIVES, default=DEFAULT_OBJECTIVE,
+                   help="rank by the point step time, its p50 / p90 over the samples, or the p90 regret "
+                        f"against the best plan of each sample (default {DEFAULT_OBJECTIVE}; README 'Bands')")
+    add_band_args(p)
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
     p.add_argument("-o", "--output", metavar="PATH",
@@ -41,6 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.atomic import write_text
     from autoplan.commands.common import wide_console
+    from autoplan.cost.params import NOMINAL, load_override
     from autoplan.cost import rounded
     from autoplan.search import SearchOptions, search
     from autoplan.workload import Workload
@@ -53,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     graph, cluster = w.model, w.cluster
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
                             allow_cross_domain=args.allow_cross_domain, workers=args.workers,
-                            profile=args.profile, progress=not args.json and sys.stderr.isatty())
+                            profile=args.profile, progress=not args.json and sys.stderr.isatty(),
+                            objective=args.objective, samples=args.samples, seed=args.seed,
+                            params=load_override(args.params) if args.params else NOMINAL)
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
         _write_report(args, graph, cluster, result, options)
@@ -73,18 +81,32 @@ def _print(console, graph, cluster, args, result) -> None:
     from rich import box
     from rich.table import Table
 
+    from autoplan.commands.common import band_text
+    from autoplan.search.robust import FOLD_TOLERANCE
     from autoplan.explain.units import percent, seconds
 
     console.print(f"[bold]{graph.model.name}[/bold] on {cluster.name} ({cluster.describe()}), "
                   f"seq {args.seq:,}, global batch {args.global_batch:,}")
-    table = Table(box=box.SIMPLE_HEAD, title=f"Top {len(result.candidates)} distinct meshes")
-    for col in ("#", "plan", "step", "tokens/s", "MFU", "memory GiB", "bubble", "comm exposed"):
+    banded = result.candidates[0].band is not None
+    title = f"Top {len(result.candidates)} distinct meshes"
+    if banded:
+        title += f", ranked by {args.objective} over {args.samples} paired parameter samples"
+    table = Table(box=box.SIMPLE_HEAD, title=title)
+    cols = ["#", "plan", "step", *(("p10–p90 s", "best", "regret≤", "alike") if banded else ("tokens/s",)), "MFU",
+            "memory GiB", "bubble", "comm exposed"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "plan" else "right")
     for i, c in enumerate(result.candidates, 1):
         e = c.estimate
-        table.add_row(str(i), c.plan.to_string(), seconds(e.step_time_s), f"{e.tokens_per_s:,.0f}", percent(e.mfu),
+        band = ((band_text(c.band.fields()), percent(c.robust.p_best), percent(c.robust.worst_regret),
+                 str(len(c.robust.folded))) if banded else (f"{e.tokens_per_s:,.0f}",))
+        table.add_row(str(i), c.plan.to_string(), seconds(e.step_time_s), *band, percent(e.mfu),
                       f"{e.memory_gib:.1f} / {e.hbm_gib:.1f}", percent(e.bubble_fraction), seconds(e.comm_exposed_s))
     console.print(table)
+    for i, c in enumerate(result.candidates, 1):
+        if banded and c.robust.folded:
+            console.print(f"[dim]#{i} alike (within {FOLD_TOLERANCE:.1%} on every sample): "
+                          f"{', '.join(c.robust.folded)}[/dim]")
     st = result.stats
     console.print(f"[dim]{st.space.generated} meshes after the NVLink rules ({st.space.broke_rules} degree choices "
                   f"broke them), {st.pruned_memory} cannot hold their model states, {st.pruned_bound} bounded out, "

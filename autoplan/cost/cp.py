@@ -73,7 +73,8 @@ def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpG
         chunk = kv_bytes * ulysses_n
         hop = comms.collective("p2p", chunk, cp_ranks[::ulysses_n][:2])
         fwd, bwd = (ring_n - 1) * hop, 2 * (ring_n - 1) * hop
-        e_f, e_b = max(0.0, fwd - att_f), max(0.0, bwd - att_b)
+        hide = comms.params.cp_overlap            # share of attention the hops hide behind (1 at the point)
+        e_f, e_b = max(0.0, fwd - att_f * hide), max(0.0, bwd - att_b * hide)
         ring = tuple(cp_ranks[::ulysses_n])
         out.append(Comm(Axis.CP.value, "p2p", chunk, fwd, e_f, "forward", calls=ring_n - 1, purpose="ring",
                         ranks=ring))

@@ -61,14 +61,17 @@ def per_microbatch_seconds(colls: list[DpComm], m: int) -> float:
     return sum(c.seconds for c in colls if c.when in PER_MICROBATCH) / m
 
 
-def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: float, first_forward: float) -> float:
+def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: float, first_forward: float,
+               hide: float = 1.0) -> float:
     """Seconds the data-parallel collectives add to the step.
 
     Per micro-batch traffic (ZeRO-2 gradient reduce-scatter, ZeRO-3 gathers) hides behind that
     micro-batch's compute (prefetch); once-per-step traffic behind the last backward (gradients)
-    and the first forward (parameter all-gather), as Megatron overlaps them."""
+    and the first forward (parameter all-gather), as Megatron overlaps them.  ``hide``: the share
+    of those compute windows the traffic can hide behind (1 at the point estimate)."""
     if not colls:
         return 0.0
+    last_backward, first_forward = last_backward * hide, first_forward * hide
     per_mb = per_microbatch_seconds(colls, m)
     once_grad = sum(c.seconds for c in colls if c.when == "grad")
     once_param = sum(c.seconds for c in colls if c.when == "param")

@@ -39,7 +39,7 @@ class Estimator:
         self.model = model
         self.cluster = cluster
         self.options = options
-        self.comms = Comms(cluster, options.profile)
+        self.comms = Comms(cluster, options.profile, options.params)
         self.layouts = BlockLayouts(self.comms, options, enforce_rules=enforce_rules)
         self.info = model.model
         self.hidden = self.info.hidden or _hidden_of(model)
@@ -117,7 +117,8 @@ class Estimator:
                     for mem in mems]
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
-                                    first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]))
+                                    first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
+                                    hide=self.options.params.dp_overlap)
                       for r, c in enumerate(dp_colls)]
         embed_bytes, embed_s = self._embedding_sync(plan, mesh)
         optimizer_s = dp.optimizer_seconds(self.comms, max(x.dense_numel + x.expert_numel for x in mems), plan,

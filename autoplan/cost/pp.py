@@ -21,6 +21,7 @@ from autoplan.cost.comms import Comms
 from autoplan.cost.types import Part
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
+from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
 ACTIVATION_BYTES = 2                    # bf16
 Bag = list[tuple[Part, int]]
@@ -65,11 +66,12 @@ def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int
                    *, detail: bool) -> Pipeline:
     f = [sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag) for bag in bags]
     b = [sum((p.backward_s + p.exposed_bwd_s) * n for p, n in bag) for bag in bags]
-    w = [sum(p.wgrad_s * n for p, n in bag) for bag in bags]
+    schedule = plan.schedule if plan.pp > 1 else "1f1b"
+    wpass = comms.params.wpass if SCHEDULE_SPECS[schedule].split_backward else 1.0   # a split W pass's cost
+    w = [sum(p.wgrad_s * n for p, n in bag) * wpass for bag in bags]
     act_bytes = plan.mbs * seq_len / plan.cp * hidden * ACTIVATION_BYTES / (plan.tp if plan.sp else 1)
     pp_ranks = mesh.group(Axis.PP.value)
     p2p = comms.collective("p2p", act_bytes, pp_ranks[:2]) if plan.pp > 1 else 0.0
-    schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f_comm = b_comm = None
     if schedule == "dualpipev":
         f_comm = [sum(p.ep_fwd_s * n for p, n in bag) for bag in bags]

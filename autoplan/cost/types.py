@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from autoplan.cost.params import NOMINAL, Params
+
 
 @dataclass(frozen=True)
 class EstimateOptions:
@@ -12,6 +14,7 @@ class EstimateOptions:
     profile: str | None = None            # path to a compute profile YAML (default: the GPU's)
     solver: str = "cpsat"
     time_limit_s: float = 30.0
+    params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ Three nested searches, each exact for the cost model it is given:
    Candidates are evaluated in worker processes (forked after the ILPs are solved, so the
    caches are shared) in bound order, a batch at a time.
 
-Top-K returns distinct meshes (tp, cp, ep, pp, dp): the best plan of each, ranked by step
-time, ties broken by the plan string, so the same inputs give the same output byte for byte.
+Top-K returns distinct meshes (tp, cp, ep, pp, dp): the best plan of each.  With bands on
+(``samples`` > 0) the best ``pool_size`` meshes by point step time are priced on the run's
+paired samples of the uncertain parameters and ranked by ``objective`` (``robust``); ties are
+broken by the plan string, so the same inputs give the same output byte for byte.
 """
 from __future__ import annotations
 
@@ -29,12 +31,16 @@ from dataclasses import dataclass
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, EstimateOptions, Estimator
+from autoplan.cost.params import NOMINAL, Params
 from autoplan.cost.bounds import states_lower_bound, step_lower_bound
+from autoplan.cost.uncertainty import DEFAULT_SAMPLES, DEFAULT_SEED, Band, Sampler
 from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
 from autoplan.layout import Layout
 from costmodels.memory import GIB
 from autoplan.plan import SCHEDULES, Plan
+from autoplan.search import robust
+from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
 from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
 from autoplan.search.stages import MeshResult, best_plan
 from topologies.cluster import Cluster
@@ -54,11 +60,28 @@ class SearchOptions:
     overlap_grad_reduce: bool = True
     profile: str | None = None
     progress: bool = False
+    objective: str = DEFAULT_OBJECTIVE      # point | p50 | p90 | regret (search/robust.py)
+    samples: int = DEFAULT_SAMPLES          # paired parameter samples per run; 0: no bands (point only)
+    seed: int = DEFAULT_SEED
+    params: Params = NOMINAL                # the model's parameter multipliers (a perturbation)
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"unknown objective '{self.objective}'", f"use one of {', '.join(OBJECTIVES)}")
+        if self.samples < 0 or (self.samples == 0 and self.objective != "point"):
+            raise UserError(f"objective {self.objective} needs parameter samples, got {self.samples}",
+                            "pass --samples N with N ≥ 2, or --objective point")
+
+    @property
+    def pool_size(self) -> int:
+        """Meshes the robust objectives choose among: the best few by point step time."""
+        return self.top_k if self.objective == "point" else max(3 * self.top_k, 12)
 
     def estimate_options(self) -> EstimateOptions:
         """The cost model's options under this search."""
         return EstimateOptions(overlap_grad_reduce=self.overlap_grad_reduce, allow_cross_domain=self.allow_cross_domain,
-                               profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s)
+                               profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s,
+                               params=self.params)
 
 
 @dataclass(frozen=True)
@@ -66,9 +89,15 @@ class Candidate:
     plan: Plan
     estimate: Estimate
     layout: Layout | None = None             # the tp placements the block ILP chose (None: tp = 1)
+    band: Band | None = None                 # step time over the run's paired samples
+    robust: Robust | None = None             # the objective, P(best of the returned set), worst regret
 
     def to_dict(self) -> dict:
         d = {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
+        if self.band is not None:
+            d["estimate"].update(self.band.fields())
+        if self.robust is not None:
+            d["robust"] = self.robust.to_dict()
         if self.layout is not None:
             d["layout"] = self.layout.to_dict()
         return d
@@ -134,7 +163,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
     if not results:
         raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
     ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
-    candidates = tuple(Candidate(r.plan, r.estimate, est.layout(r.plan)) for r in ranked[:options.top_k])
+    candidates = _choose(est, ranked, global_batch, options)
     ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status)
                  for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
                                                                                      str(kv[0][3]))))
@@ -144,6 +173,18 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
 
 
 # --- pieces ------------------------------------------------------------------------------------
+
+def _choose(est: Estimator, ranked: list[MeshResult], global_batch: int, options: SearchOptions):
+    """The top-K candidates: by point step time, or (bands on) by the objective over the pool."""
+    if options.samples == 0:
+        return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan)) for r in ranked[:options.top_k])
+    pool = ranked[:options.pool_size]
+    sampler = Sampler(est, options.samples, options.seed)
+    bands = [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
+    picked = robust.rank([r.plan.to_string() for r in pool], bands, options.objective, options.top_k)
+    return tuple(Candidate(pool[i].plan, pool[i].estimate, est.layout(pool[i].plan), bands[i], rob)
+                 for i, rob in picked)
+
 
 def _mesh_sort_key(mesh: MeshChoice):
     return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.order)
