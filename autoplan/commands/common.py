@@ -27,19 +27,21 @@ def add_band_args(p: argparse.ArgumentParser) -> None:
 
 
 def band_text(fields: dict | None) -> str:
-    """'p10–p90' of a band's JSON fields in seconds, e.g. '3.95–4.41'; '' without a band."""
+    """'p10–p90' of a band's JSON fields, e.g. '3.95–4.41 s'; '' without a band."""
+    from autoplan.explain.units import seconds
+
     if not fields:
         return ""
-    return f"{fields['step_time_s_p10']:.2f}–{fields['step_time_s_p90']:.2f}"
+    return f"{seconds(fields['step_time_s_p10'])}–{seconds(fields['step_time_s_p90'])}"
 
 
-def wide_console():
-    """A rich Console; when stdout is not a terminal (a pipe, a file), 200 columns wide so
+def wide_console(width: int = 200):
+    """A rich Console; when stdout is not a terminal (a pipe, a file), ``width`` columns wide so
     that plan strings and tables are not wrapped at 80."""
     from rich.console import Console
 
     console = Console()
-    return console if console.is_terminal else Console(width=200)
+    return console if console.is_terminal else Console(width=width)
 
 
 def print_estimate(console, plan, est, title: str = "", band: dict | None = None) -> None:

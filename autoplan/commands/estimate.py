@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.commands.common import print_estimate, wide_console
     from autoplan.cost import EstimateOptions, rounded
     from autoplan.cost.params import NOMINAL, load_override
+    from autoplan.cost.evidence import flags
     from autoplan.cost.uncertainty import Sampler
     from autoplan.export.load import load_plan
     from autoplan.workload import Workload, load_cluster
@@ -52,11 +53,15 @@ def run(args: argparse.Namespace) -> int:
     est = price(estimator, plan, args.global_batch)
     band = Sampler(estimator, args.samples, args.seed).band(plan, args.global_batch, est).fields() \
         if args.samples else None
+    evidence = flags(plan, est, moe=bool(graph.model.experts))
     if args.json:
-        print(json.dumps(rounded({**est.to_dict(), **(band or {})}), sort_keys=True))
+        print(json.dumps(rounded({**est.to_dict(), **(band or {}), "evidence": [f.to_dict() for f in evidence]}),
+                         sort_keys=True))
         return 0
     console = wide_console()
     console.print(f"{graph.model.name} on {cluster.name} ({cluster.describe()}), seq {args.seq:,}, "
                   f"global batch {args.global_batch:,}")
     print_estimate(console, plan, est, band=band)
+    for f in evidence:
+        console.print(f"[yellow]evidence[/yellow] {f.regime}: {f.text}")
     return 0

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(text)
         return 0
-    _print(wide_console(), graph, cluster, args, result)
+    _print(wide_console(240), graph, cluster, args, result)
     return 0
 
 
@@ -92,21 +92,25 @@ def _print(console, graph, cluster, args, result) -> None:
     if banded:
         title += f", ranked by {args.objective} over {args.samples} paired parameter samples"
     table = Table(box=box.SIMPLE_HEAD, title=title)
-    cols = ["#", "plan", "step", *(("p10–p90 s", "best", "regret≤", "alike") if banded else ("tokens/s",)), "MFU",
-            "memory GiB", "bubble", "comm exposed"]
+    cols = ["#", "plan", "step", *(("p10–p90", "best", "regret≤") if banded else ("tokens/s",)), "MFU",
+            "memory GiB", *(() if banded else ("bubble", "comm exposed")), "unvalidated"]
     for col in cols:
         table.add_column(col, justify="left" if col == "plan" else "right")
     for i, c in enumerate(result.candidates, 1):
         e = c.estimate
-        band = ((band_text(c.band.fields()), percent(c.robust.p_best), percent(c.robust.worst_regret),
-                 str(len(c.robust.folded))) if banded else (f"{e.tokens_per_s:,.0f}",))
+        band = ((band_text(c.band.fields()), percent(c.robust.p_best), percent(c.robust.worst_regret))
+                if banded else (f"{e.tokens_per_s:,.0f}",))
+        tail = () if banded else (percent(e.bubble_fraction), seconds(e.comm_exposed_s))
         table.add_row(str(i), c.plan.to_string(), seconds(e.step_time_s), *band, percent(e.mfu),
-                      f"{e.memory_gib:.1f} / {e.hbm_gib:.1f}", percent(e.bubble_fraction), seconds(e.comm_exposed_s))
+                      f"{e.memory_gib:.1f} / {e.hbm_gib:.1f}", *tail, ",".join(f.regime for f in c.evidence) or "-")
     console.print(table)
     for i, c in enumerate(result.candidates, 1):
         if banded and c.robust.folded:
             console.print(f"[dim]#{i} alike (within {FOLD_TOLERANCE:.1%} on every sample): "
                           f"{', '.join(c.robust.folded)}[/dim]")
+    if any(c.evidence for c in result.candidates):
+        console.print("[dim]unvalidated: regimes no timed published run covers (costmodels/evidence.yaml); "
+                      "`explain` says which and why[/dim]")
     st = result.stats
     console.print(f"[dim]{st.space.generated} meshes after the NVLink rules ({st.space.broke_rules} degree choices "
                   f"broke them), {st.pruned_memory} cannot hold their model states, {st.pruned_bound} bounded out, "

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, EstimateOptions, Estimator
+from autoplan.cost.evidence import Flag, flags
 from autoplan.cost.params import NOMINAL, Params
 from autoplan.cost.bounds import states_lower_bound, step_lower_bound
 from autoplan.cost.uncertainty import DEFAULT_SAMPLES, DEFAULT_SEED, Band, Sampler
@@ -91,9 +92,11 @@ class Candidate:
     layout: Layout | None = None             # the tp placements the block ILP chose (None: tp = 1)
     band: Band | None = None                 # step time over the run's paired samples
     robust: Robust | None = None             # the objective, P(best of the returned set), worst regret
+    evidence: tuple[Flag, ...] = ()          # regimes it leans on that no published run covers
 
     def to_dict(self) -> dict:
         d = {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
+        d["estimate"]["evidence"] = [f.to_dict() for f in self.evidence]
         if self.band is not None:
             d["estimate"].update(self.band.fields())
         if self.robust is not None:
@@ -159,11 +162,11 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
             continue
         bounded.append((lb, _mesh_sort_key(mesh), mesh))
     bounded.sort(key=lambda t: (t[0], t[1]))
-    results, evaluated, priced, pruned_bound, shortfall = _explore(est, bounded, global_batch, options)
+    results, evaluated, priced, pruned_bound, shortfall, variants = _explore(est, bounded, global_batch, options)
     if not results:
         raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
     ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
-    candidates = _choose(est, ranked, global_batch, options)
+    candidates = _choose(est, ranked, variants, global_batch, options)
     ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status)
                  for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
                                                                                      str(kv[0][3]))))
@@ -174,16 +177,28 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
 
 # --- pieces ------------------------------------------------------------------------------------
 
-def _choose(est: Estimator, ranked: list[MeshResult], global_batch: int, options: SearchOptions):
-    """The top-K candidates: by point step time, or (bands on) by the objective over the pool."""
+def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshResult], global_batch: int,
+            options: SearchOptions):
+    """The top-K candidates: by point step time, or (bands on) by the objective over the pool:
+    every variant (ZeRO stage, SP, CP algorithm, order) searched of the ``pool_size`` best meshes,
+    up to ``POOL_VARIANTS`` per mesh, the fastest by point first."""
+    moe = bool(est.info.experts)
     if options.samples == 0:
-        return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan)) for r in ranked[:options.top_k])
-    pool = ranked[:options.pool_size]
+        return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), evidence=flags(r.plan, r.estimate, moe=moe))
+                     for r in ranked[:options.top_k])
+    pool = ranked[:options.top_k]
+    if options.objective != "point":
+        meshes = [r.mesh.key for r in ranked[:options.pool_size]]
+        by_mesh: dict[tuple, list[MeshResult]] = {}
+        for v in sorted(variants.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string())):
+            by_mesh.setdefault(v.mesh.key, []).append(v)
+        pool = [v for key in meshes for v in by_mesh[key][:POOL_VARIANTS]]
     sampler = Sampler(est, options.samples, options.seed)
     bands = [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
-    picked = robust.rank([r.plan.to_string() for r in pool], bands, options.objective, options.top_k)
-    return tuple(Candidate(pool[i].plan, pool[i].estimate, est.layout(pool[i].plan), bands[i], rob)
-                 for i, rob in picked)
+    picked = robust.rank([r.plan.to_string() for r in pool], bands, options.objective, options.top_k,
+                         groups=[r.mesh.key for r in pool])
+    return tuple(Candidate(pool[i].plan, pool[i].estimate, est.layout(pool[i].plan), bands[i], rob,
+                           flags(pool[i].plan, pool[i].estimate, moe=moe)) for i, rob in picked)
 
 
 def _mesh_sort_key(mesh: MeshChoice):
@@ -233,7 +248,7 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions)
     for lb, sort_key, mesh in bounded:
         tuples.setdefault(mesh.key, []).append((lb, sort_key, mesh))
     refine_n = max(2 * options.top_k, 12)
-    stats = {"evaluated": 0, "priced": 0, "pruned": 0, "shortfall": float("inf")}
+    stats = {"evaluated": 0, "priced": 0, "pruned": 0, "shortfall": float("inf"), "variants": {}}
     results: dict[tuple, MeshResult] = {}
     progress = _progress(options.progress, len(tuples) + min(refine_n, len(tuples)))
     try:
@@ -257,7 +272,7 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions)
         if pool:
             pool.close()
             pool.join()
-    return results, stats["evaluated"], stats["priced"], stats["pruned"], stats["shortfall"]
+    return results, stats["evaluated"], stats["priced"], stats["pruned"], stats["shortfall"], stats["variants"]
 
 
 def _representative(variants):
@@ -300,6 +315,7 @@ def _run(est, pool, batch, tasks, global_batch, options, results, stats, progres
                     else:
                         stats["shortfall"] = min(stats["shortfall"], out.shortfall_gib)
                     continue
+                stats["variants"][out.plan.to_string()] = out
                 for table in (results, best_here):
                     prev = table.get(out.mesh.key)
                     if prev is None or (out.estimate.step_time_s, out.plan.to_string()) < \
@@ -369,6 +385,7 @@ def _kth_best(results: dict, k: int) -> float:
 
 
 _WORKER_ESTIMATOR: Estimator | None = None
+POOL_VARIANTS = 8
 
 
 def _evaluate(args) -> list[MeshResult]:

@@ -16,7 +16,8 @@ parameters (``cost/uncertainty.py``).  Objectives (smaller is better):
 
 Near-duplicates are folded: walking the ranking, a candidate whose step time stays within
 ``FOLD_TOLERANCE`` of an already kept one on *every* sample (the model cannot tell them apart,
-whatever its parameters) is listed under that one instead of taking a row.  The ``point``
+whatever its parameters) is listed under that one instead of taking a row, and its mesh counts
+as answered.  The ``point``
 objective folds nothing, so it reproduces the ranking without bands.
 
 Each returned plan says how often it is the fastest of the returned set (``p_best``, ties to
@@ -59,20 +60,28 @@ def scores(bands: list[Band], objective: str) -> list[float]:
     return [max(t / m - 1.0 for t, m in zip(b.step_s, best)) for b in bands]
 
 
-def rank(keys: list[str], bands: list[Band], objective: str, top_k: int) -> list[tuple[int, Robust]]:
+def rank(keys: list[str], bands: list[Band], objective: str, top_k: int,
+         groups: list | None = None) -> list[tuple[int, Robust]]:
     """Indices of the ``top_k`` kept candidates in objective order, each with its Robust record.
 
-    ``keys`` (plan strings) break ties, so the order is total and deterministic."""
+    ``keys`` (plan strings) break ties, so the order is total and deterministic; ``groups``
+    (mesh keys): at most one candidate of a group is kept, the best by the objective."""
     s = scores(bands, objective)
     order = sorted(range(len(bands)), key=lambda i: (s[i], bands[i].point_step_s, keys[i]))
     kept: list[int] = []
     folded: dict[int, list[str]] = {}
+    taken = set()
     for i in order:
+        group = groups[i] if groups is not None else i
+        if group in taken:
+            continue
         twin = None if objective == "point" else next((k for k in kept if _same(bands[i], bands[k])), None)
         if twin is not None:
             folded[twin].append(keys[i])
+            taken.add(group)          # that mesh is the kept plan's answer
         elif len(kept) < top_k:
             kept.append(i)
+            taken.add(group)
             folded[i] = []
     returned = [bands[i] for i in kept]
     best = [min(col) for col in zip(*(b.step_s for b in returned))]
