@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from autoplan.cost.uncertainty import DEFAULT_SAMPLES
 from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
 
@@ -18,8 +19,9 @@ def add_workload_args(p: argparse.ArgumentParser, batch_note: str = "") -> None:
 
 def add_band_args(p: argparse.ArgumentParser) -> None:
     """--samples, --seed and --params: the uncertainty bands every pricing command reports."""
-    p.add_argument("--samples", type=int, default=32, metavar="N",
-                   help="paired samples of the uncertain parameters for the p10/p50/p90 band (default 32; 0: none)")
+    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="N",
+                   help="paired samples of the uncertain parameters for the p10/p50/p90 band "
+                        f"(default {DEFAULT_SAMPLES}; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of those samples (default 0)")
     p.add_argument("--params", metavar="PATH",
                    help="YAML of parameter multipliers the point model runs under (a perturbation, e.g. "

@@ -35,7 +35,7 @@ from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
 
-DEFAULT_SAMPLES = 32
+DEFAULT_SAMPLES = 24
 DEFAULT_SEED = 0
 QUANTILES = (0.1, 0.5, 0.9)
 

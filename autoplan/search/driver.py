@@ -181,7 +181,7 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
             options: SearchOptions):
     """The top-K candidates: by point step time, or (bands on) by the objective over the pool:
     every variant (ZeRO stage, SP, CP algorithm, order) searched of the ``pool_size`` best meshes,
-    up to ``POOL_VARIANTS`` per mesh, the fastest by point first."""
+    up to ``POOL_VARIANTS`` per mesh, the fastest by point first, ``POOL_PLANS`` plans in all."""
     moe = bool(est.info.experts)
     if options.samples == 0:
         return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), evidence=flags(r.plan, r.estimate, moe=moe))
@@ -192,7 +192,7 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
         by_mesh: dict[tuple, list[MeshResult]] = {}
         for v in sorted(variants.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string())):
             by_mesh.setdefault(v.mesh.key, []).append(v)
-        pool = [v for key in meshes for v in by_mesh[key][:POOL_VARIANTS]]
+        pool = [v for key in meshes for v in by_mesh[key][:POOL_VARIANTS]][:POOL_PLANS]
     sampler = Sampler(est, options.samples, options.seed)
     bands = [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
     picked = robust.rank([r.plan.to_string() for r in pool], bands, options.objective, options.top_k,
@@ -385,7 +385,8 @@ def _kth_best(results: dict, k: int) -> float:
 
 
 _WORKER_ESTIMATOR: Estimator | None = None
-POOL_VARIANTS = 8
+POOL_VARIANTS = 6          # searched variants per mesh the robust objectives choose among
+POOL_PLANS = 40            # plans in the robust pool (each priced once per sample)
 
 
 def _evaluate(args) -> list[MeshResult]:

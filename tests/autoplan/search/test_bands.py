@@ -6,7 +6,7 @@ import pytest
 
 from autoplan.cost import EstimateOptions, Estimator
 from autoplan.cost.params import PARAM_NAMES, Params, ranges
-from autoplan.cost.uncertainty import Band, Sampler, draw, quantile
+from autoplan.cost.uncertainty import DEFAULT_SAMPLES, Band, Sampler, draw, quantile
 from autoplan.plan import Plan
 from autoplan.search import SearchOptions, search
 from autoplan.search.robust import rank
@@ -64,7 +64,7 @@ def test_estimate_cli_band_fields_ordered_paired_and_byte_identical(cli):
     assert e["step_time_s_p10"] < e["step_time_s_p90"]
     assert e["mfu_p10"] <= e["mfu_p50"] <= e["mfu_p90"]
     assert e["mfu_p10"] == pytest.approx(e["mfu"] * e["step_time_s"] / e["step_time_s_p90"], rel=1e-4)
-    assert e["band_samples"] == 32
+    assert e["band_samples"] == DEFAULT_SAMPLES
     table = cli(*args[:-1])
     assert "step p10/p50/p90" in table.stdout and f"{e['step_time_s_p50']:.3f}" in table.stdout
 
