@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from autoplan.cost.uncertainty import DEFAULT_SAMPLES
+from autoplan.bands import DEFAULT_SAMPLES
 from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
 

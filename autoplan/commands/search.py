@@ -15,7 +15,7 @@ import json
 import sys
 
 from autoplan.commands.common import add_band_args, add_workload_args
-from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES
+from autoplan.bands import DEFAULT_OBJECTIVE, OBJECTIVES
 from autoplan.errors import UserError
 
 

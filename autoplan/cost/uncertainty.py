@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass
 
 from autoplan.axes import Axis
+from autoplan.bands import DEFAULT_SAMPLES, DEFAULT_SEED
 from autoplan.errors import UserError
 from autoplan.cost.comms import AxisPricer
 from autoplan.cost.estimator import Estimator
@@ -35,8 +36,6 @@ from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
 
-DEFAULT_SAMPLES = 24
-DEFAULT_SEED = 0
 QUANTILES = (0.1, 0.5, 0.9)
 
 

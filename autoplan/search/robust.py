@@ -27,10 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.bands import DEFAULT_OBJECTIVE, OBJECTIVES  # noqa: F401  (re-exported)
 from autoplan.cost.uncertainty import Band
 
-OBJECTIVES = ("point", "p50", "p90", "regret")
-DEFAULT_OBJECTIVE = "regret"
 FOLD_TOLERANCE = 0.005
 
 
