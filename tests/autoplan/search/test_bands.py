@@ -157,3 +157,31 @@ def test_search_objectives_share_paired_samples(traced):
     with pytest.raises(Exception, match="needs parameter samples"):
         SearchOptions(objective="p90", samples=0)
     assert Params().nominal
+
+
+def test_evidence_flags_in_estimate_json_and_explain(cli):
+    e = json.loads(cli("estimate", MODEL, "--cluster", "h100x16", "--plan", PLAN, "--global-batch", "32", "--json",
+                       "--samples", "0").stdout)
+    regimes = {f["regime"] for f in e["evidence"]}
+    assert "schedule" in regimes and "zero" not in regimes and "cp" not in regimes     # zb-h1: never validated
+    validated = json.loads(cli("estimate", MODEL, "--cluster", "h100x16", "--plan",
+                               "tp=4,pp=2,dp=2,vpp=2,mbs=1,schedule=interleaved,zero=1", "--global-batch", "32",
+                               "--json", "--samples", "0").stdout)
+    assert {f["regime"] for f in validated["evidence"]} <= {"mfu"}
+    md = cli("explain", PLAN, "--model", MODEL, "--cluster", "h100x16", "--global-batch", "32")
+    assert md.returncode == 0, md.stderr
+    assert "## Evidence: plan" in md.stdout and "schedule zb-h1: no timed published run" in md.stdout
+
+
+def test_bench_band_of_auto_against_hand_is_paired(setup):
+    from autoplan.bench.case import _bands
+    graph, cluster, est = setup(MODEL, "h100x16")
+    rows = {"auto": {"status": "ok", "fits": True, "respects_nvlink": True, "plan": PLAN},
+            "megatron": {"status": "ok", "fits": True, "respects_nvlink": True,
+                         "plan": "tp=8,pp=2,vpp=2,mbs=1,schedule=interleaved,recompute=selective"}}
+    b = _bands(est, rows, "megatron", 32, 16)
+    assert b["auto_vs_hand_p10"] <= b["auto_vs_hand_p50"] <= b["auto_vs_hand_p90"]
+    assert 0.0 <= b["p_auto_beats_hand"] <= 1.0
+    same = _bands(est, {"auto": rows["auto"], "self": rows["auto"]}, "self", 32, 16)
+    assert same["auto_vs_hand_p10"] == same["auto_vs_hand_p90"] == 1.0 and same["p_auto_beats_hand"] == 0.0
+    assert _bands(est, rows, None, 32, 16)["p_auto_beats_hand"] is None
