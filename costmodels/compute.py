@@ -81,7 +81,7 @@ def _load_profile_file(path: str) -> ComputeProfile:
     with open(path) as f:
         data = yaml.safe_load(f)
     allowed = {f.name for f in fields(ComputeProfile)}
-    unknown = set(data) - allowed - {"gpu", "measurements"}
+    unknown = set(data) - allowed - {"gpu", "measurements", "uncertainty"}
     if unknown:
         raise ValueError(f"compute profile {path}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
     data = {k: v for k, v in data.items() if k in allowed}

@@ -1,11 +1,15 @@
 """Search speed and quality (issues 4, 17): cold search times, block ILP sizes, auto vs hand-written recipes.
 
-    python experiments/bench_search.py [--write] [--speed-only] [--quality-only]
+    python experiments/bench_search.py [--write] [--speed-only] [--quality-only] [--no-bands]
     python experiments/bench_search.py --worst [--case MODEL@CLUSTER ...] [--write]
 
 Speed: each search runs in a fresh process with the trace cache off (``AUTOPLAN_NO_CACHE=1``),
 so tracing, every block ILP and the mesh search are included — GPT-3 175B on h100x1024
 (target ≤ 10 s on 2 cores) and Llama-3 405B on the 16,384-GPU cluster (target ≤ 30 s).
+Each case runs twice, each cold in its own process: with the uncertainty bands and the robust
+objective (the default) and without them (``samples=0``, point objective: the search before
+issue 13); the table gives both and their ratio (issue 13: ≤ 1.3).  ``--no-bands`` runs only
+the second.
 
 Worst cases (``--worst``, issue 17): where memory is tight and pipelines run hundreds of
 micro-batches.  Each case runs in a fresh process that traces once, then searches twice: the
@@ -56,6 +60,7 @@ QUALITY_CASES = [
 ]
 
 from results_md import write_section  # noqa: E402
+from autoplan.cost.uncertainty import DEFAULT_SAMPLES  # noqa: E402
 
 _CHILD = """
 import json, sys, time
@@ -64,9 +69,11 @@ from autoplan.frontend import trace
 from autoplan.workload import load_cluster
 from autoplan.search import search, SearchOptions
 model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+samples = int(sys.argv[5])
 g = trace(model, seq=seq)
 t1 = time.perf_counter()
-r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
+options = SearchOptions(samples=samples) if samples else SearchOptions(samples=0, objective="point")
+r = search(g, load_cluster(cluster), global_batch=batch, options=options)
 t2 = time.perf_counter()
 print(json.dumps({"total_s": t2 - t0, "trace_s": t1 - t0, "search_s": t2 - t1,
                   "best": r.candidates[0].plan.to_string(), "step_s": r.candidates[0].estimate.step_time_s,
@@ -163,17 +170,25 @@ def _machine() -> str:
     return f"{os.cpu_count()} cores of {cpu}"
 
 
-def speed() -> list[dict]:
-    rows = []
+def _cold(model: str, cluster: str, seq: int, batch: int, samples: int) -> dict:
     env = dict(os.environ, AUTOPLAN_NO_CACHE="1", PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", _CHILD, model, cluster, str(seq), str(batch), str(samples)],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout)
+
+
+def speed(bands: bool = True) -> list[dict]:
+    """Cold searches without bands and (``bands``) with them, each in a fresh process."""
+    rows = []
     for model, cluster, seq, batch, target in SPEED_CASES:
-        out = subprocess.run([sys.executable, "-c", _CHILD, model, cluster, str(seq), str(batch)],
-                             capture_output=True, text=True, env=env, check=True)
-        r = json.loads(out.stdout)
-        r.update(model=model, cluster=cluster, seq=seq, batch=batch, target_s=target)
+        off = _cold(model, cluster, seq, batch, 0)
+        r = _cold(model, cluster, seq, batch, DEFAULT_SAMPLES) if bands else dict(off)
+        r.update(model=model, cluster=cluster, seq=seq, batch=batch, target_s=target, off_total_s=off["total_s"],
+                 off_best=off["best"], bands=bands)
         rows.append(r)
         print(f"{model} on {cluster}: {r['total_s']:.1f} s cold (trace {r['trace_s']:.1f} s, search "
-              f"{r['search_s']:.1f} s; target {target:.0f} s) best {r['best']}", flush=True)
+              f"{r['search_s']:.1f} s; target {target:.0f} s) best {r['best']}; without bands "
+              f"{off['total_s']:.1f} s ({r['total_s'] / off['total_s']:.2f}x)", flush=True)
     return rows
 
 
@@ -219,12 +234,15 @@ def quality() -> list[dict]:
 def markdown(speed_rows, quality_rows) -> str:
     lines = []
     if speed_rows:
-        lines += ["Cold search (fresh process, trace cache off, 2 workers on this 2-core machine):", "",
-                  "| model | cluster | total s | trace s | search s | target s | meshes (after rules) | searched | "
-                  "plans priced | best plan |", "|" + "---|" * 10]
+        lines += ["Cold search (fresh process, trace cache off, 2 workers on this 2-core machine shared with other "
+                  f"jobs; with bands = {DEFAULT_SAMPLES} paired samples and the default robust objective; without = "
+                  "`samples=0`, point objective, measured in the same run):", "",
+                  "| model | cluster | total s | trace s | search s | target s | without bands s | with / without | "
+                  "meshes (after rules) | searched | plans priced | best plan |", "|" + "---|" * 12]
         for r in speed_rows:
             lines.append(f"| {r['model']} | {r['cluster']} | {r['total_s']:.1f} | {r['trace_s']:.1f} | "
-                         f"{r['search_s']:.1f} | {r['target_s']:.0f} | {r['stats']['meshes']} | "
+                         f"{r['search_s']:.1f} | {r['target_s']:.0f} | {r['off_total_s']:.1f} | "
+                         f"{r['total_s'] / r['off_total_s']:.2f} | {r['stats']['meshes']} | "
                          f"{r['stats']['searched']} | {r['stats']['priced']} | `{r['best']}` |")
         lines += ["", "Block ILPs of those searches (one per block kind × tp × sp; pre/post are the embedding and "
                   "the head + loss; at tp = 1 every op is replicated on the tp axis, so no ILP is built):", "", "| model | block | tp | sp | ILP nodes | variables | constraints | "
@@ -290,6 +308,7 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="write the tables into experiments/RESULTS.md")
     ap.add_argument("--speed-only", action="store_true")
     ap.add_argument("--quality-only", action="store_true")
+    ap.add_argument("--no-bands", action="store_true", help="speed: time only the search without bands")
     ap.add_argument("--worst", action="store_true", help="time the worst cases, reference path vs current")
     ap.add_argument("--case", action="append", default=[], metavar="MODEL@CLUSTER",
                     help="with --worst: only these rows (repeatable)")
@@ -308,7 +327,7 @@ def main(argv=None) -> int:
             write_worst(text)
             write_readme(rows)
         return 0
-    speed_rows = [] if args.quality_only else speed()
+    speed_rows = [] if args.quality_only else speed(bands=not args.no_bands)
     quality_rows = [] if args.speed_only else quality()
     text = markdown(speed_rows, quality_rows)
     print(text)

@@ -97,7 +97,20 @@ def write_profile(point: dict, errs: list[float], rows: list) -> None:
     body = "".join(f"{k}: {yaml.safe_dump(data[k], default_flow_style=True).strip().removesuffix('...').strip()}\n"
                    for k in order if k in data)
     with open(PROFILE, "w") as f:
-        f.write(header + body)
+        f.write(header + body + uncertainty_block(errs, rows))
+
+
+def uncertainty_block(errs: list[float], rows: list) -> str:
+    """The GEMM efficiency's range (``costmodels/uncertainty.yaml`` names it ``gemm_peak``) from
+    the fit's own residuals: a row priced e too slow (e = predicted / published − 1) is matched by
+    a compute rate (1 + e)× the fitted one, so the range spans 1 + min(e) … 1 + max(e), and 1."""
+    low, high = min(0.0, *errs), max(0.0, *errs)
+    names = ", ".join(f"{r.ident} {e:+.1%}" for r, e in zip(rows, errs))
+    return ("uncertainty:          # multipliers on the values above (costmodels/uncertainty.yaml has the priors)\n"
+            "  gemm_peak:\n"
+            f"    low: {1 + low:.3f}\n"
+            f"    high: {1 + high:.3f}\n"
+            f"    source: \"residuals of this fit on the public H100 rows: {names}\"\n")
 
 
 def main(argv=None) -> int:

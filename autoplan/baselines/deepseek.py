@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 NAME = "deepseek"
 SUMMARY = "MoE: PP 16 with DualPipeV, 64-way EP across nodes, TP 1, ZeRO-1"
+FAMILIES = ("moe",)          # model families it was written for (a "credible" hand plan there)
 PP = 16
 EP = 64
 ORDER = ("tp", "cp", "ep", "dp", "pp")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 NAME = "fsdp"
 SUMMARY = "ZeRO-3 over all GPUs (no TP/PP/CP), least recomputation and largest micro-batch that fit"
+FAMILIES = ("dense",)          # model families it was written for (a "credible" hand plan there)
 
 
 def ladder(ctx: RecipeContext) -> Iterator[Plan]:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 NAME = "llama3"
 SUMMARY = "TP 8, CP seq/8K when seq ≥ 32K, smallest PP ≤ 16 that fits, FSDP (ZeRO-2) DP outermost"
+FAMILIES = ("dense",)          # model families it was written for (a "credible" hand plan there)
 ORDER = ("tp", "cp", "ep", "pp", "dp")
 LONG_CONTEXT = 32768          # CP from this sequence length on
 CP_TOKENS = 8192              # tokens per CP rank (128K / 16)

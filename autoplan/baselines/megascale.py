@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 NAME = "megascale"
 SUMMARY = "TP 8 in NVLink, PP across IB, DP outermost (order tp-cp-ep-pp-dp), ZeRO-1, interleaved, selective"
+FAMILIES = ("dense", "moe")          # model families it was written for (a "credible" hand plan there)
 ORDER = ("tp", "cp", "ep", "pp", "dp")
 
 

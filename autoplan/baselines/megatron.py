@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 NAME = "megatron"
 SUMMARY = "TP = NVLink domain, SP, smallest PP that fits, DP rest, interleaved 1F1B, selective recompute, ZeRO-1"
+FAMILIES = ("dense", "moe")          # model families it was written for (a "credible" hand plan there)
 ORDER = ("tp", "cp", "ep", "dp", "pp")
 
 

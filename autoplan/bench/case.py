@@ -18,9 +18,16 @@ recipe whose EP group crosses nodes is priced on the slower links and marked
 
 Ratios (throughput, tokens/s; above 1 the automatic plan is faster):
 
-    auto_vs_hand     = auto / the fastest recipe that fits and respects the NVLink rule
-    auto_vs_hand_any = auto / the fastest recipe that fits
+    auto_vs_hand     = auto / the fastest credible recipe that fits and respects the NVLink rule
+    auto_vs_hand_any = auto / the fastest credible recipe that fits
     auto_vs_grid     = auto / grid
+
+A recipe is *credible* on a model when it was written for the model's family
+(``baselines.credible``: the llama3 recipe is no hand plan for an MoE model; ``published`` only
+where the model has a published layout).  The bands: auto and the best credible hand plan
+priced on the same paired parameter samples (``cost.uncertainty.Sampler``), the ratio
+hand step / auto step per sample, its p10/p50/p90 (``auto_vs_hand_p10`` ...) and the share
+of samples where auto is faster (``p_auto_beats_hand``).
 
 The case fails (``status = "error"``, the message in ``error``) when tracing or the search
 fails or the search runs past ``search_timeout_s`` (it runs in a child process that is
@@ -32,7 +39,7 @@ import os
 import time
 import traceback
 
-from autoplan.baselines import RECIPES, baseline
+from autoplan.baselines import RECIPES, baseline, credible
 from autoplan.baselines.common import price
 from autoplan.bench.child import SearchFailed, SearchTimeout, search_with_limit
 from autoplan.bench.grid import respects_nvlink, search_grid
@@ -40,6 +47,7 @@ from autoplan.bench.suite import Case
 from autoplan.workload import load_cluster
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
+from autoplan.cost.uncertainty import Sampler, quantile
 from autoplan.frontend import trace
 from autoplan.plan import Plan
 from autoplan.search import SearchOptions
@@ -116,9 +124,11 @@ def run_case(case: Case, *, workers: int = 0, search_timeout_s: float = 900.0) -
         else:
             rows[name] = _priced(name, "recipe", estimator, plan, case.global_batch)
         record["recipe_s"][name] = time.perf_counter() - t0
+        rows[name]["credible"] = credible(name, graph)
 
     record["contenders"] = [rows[c] for c in CONTENDERS]
     record.update(_ratios(rows))
+    record.update(_bands(estimator, rows, record["best_hand"], case.global_batch, cluster.num_gpus))
     record["case_s"] = time.perf_counter() - start
     return record
 
@@ -130,7 +140,7 @@ def _row(contender: str, kind: str, *, status: str, error: str | None = None, pl
     row = {"contender": contender, "kind": kind, "status": status, "error": error,
            "plan": plan.to_string() if plan else None, "step_time_s": None, "tokens_per_s": None, "mfu": None,
            "memory_gib": None, "hbm_gib": None, "fits": None, "respects_nvlink": None, "violations": [],
-           "bubble_fraction": None, "time_breakdown_s": {}}
+           "bubble_fraction": None, "time_breakdown_s": {}, "credible": None}
     if estimate is not None:
         row.update(step_time_s=estimate.step_time_s, tokens_per_s=estimate.tokens_per_s, mfu=estimate.mfu,
                    memory_gib=estimate.memory_gib, hbm_gib=estimate.hbm_gib, fits=estimate.fits,
@@ -161,8 +171,9 @@ def _ratios(rows: dict[str, dict]) -> dict:
         ok = [r for r in candidates if r["tokens_per_s"] is not None]
         return max(ok, key=lambda r: (r["tokens_per_s"], r["contender"])) if ok else None
 
-    hand = best([r for r in recipes if usable(r)])
-    hand_any = best([r for r in recipes if usable(r, nvlink=False)])
+    credible_recipes = [r for r in recipes if r.get("credible", True)]
+    hand = best([r for r in credible_recipes if usable(r)])
+    hand_any = best([r for r in credible_recipes if usable(r, nvlink=False)])
     grid = rows["grid"] if usable(rows["grid"]) else None
 
     def ratio(other):
@@ -173,6 +184,22 @@ def _ratios(rows: dict[str, dict]) -> dict:
     return {"best_hand": hand["contender"] if hand else None,
             "best_hand_any": hand_any["contender"] if hand_any else None,
             "auto_vs_hand": ratio(hand), "auto_vs_hand_any": ratio(hand_any), "auto_vs_grid": ratio(grid)}
+
+
+def _bands(estimator: Estimator, rows: dict[str, dict], hand: str | None, global_batch: int, gpus: int) -> dict:
+    """auto/hand over the paired parameter samples: p10/p50/p90 and P(auto faster) (module docstring)."""
+    out = {"auto_vs_hand_p10": None, "auto_vs_hand_p50": None, "auto_vs_hand_p90": None, "p_auto_beats_hand": None}
+    if hand is None or not usable(rows["auto"]):
+        return out
+    sampler = Sampler(estimator)
+    steps = []
+    for name in ("auto", hand):
+        plan = Plan.parse(rows[name]["plan"], num_gpus=gpus)
+        steps.append(sampler.band(plan, global_batch, price(estimator, plan, global_batch)).step_s)
+    ratios = [h / a for a, h in zip(*steps)]
+    out.update({f"auto_vs_hand_p{round(q * 100)}": quantile(ratios, q) for q in (0.1, 0.5, 0.9)})
+    out["p_auto_beats_hand"] = sum(r > 1.0 for r in ratios) / len(ratios)
+    return out
 
 
 def _message(e: BaseException) -> str:
@@ -188,5 +215,6 @@ def _message(e: BaseException) -> str:
 
 def _failed(record: dict, e: BaseException, start: float) -> dict:
     record.update(status="error", error=_message(e), contenders=[], case_s=time.perf_counter() - start,
-                  best_hand=None, best_hand_any=None, auto_vs_hand=None, auto_vs_hand_any=None, auto_vs_grid=None)
+                  best_hand=None, best_hand_any=None, auto_vs_hand=None, auto_vs_hand_any=None, auto_vs_grid=None,
+                  auto_vs_hand_p10=None, auto_vs_hand_p50=None, auto_vs_hand_p90=None, p_auto_beats_hand=None)
     return record

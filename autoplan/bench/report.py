@@ -23,7 +23,9 @@ from autoplan.plan import Plan
 CSV_COLUMNS = ("case", "group", "model", "cluster", "gpus", "seq", "global_batch", "tokens_per_step",
                "contender", "kind", "status", "plan", "step_time_s", "tokens_per_s", "mfu", "memory_gib", "hbm_gib",
                "fits", "respects_nvlink", "violations", "error", "search_s", "best_hand", "auto_vs_hand",
-               "auto_vs_hand_any", "auto_vs_grid")
+               "auto_vs_hand_any", "auto_vs_grid", "auto_vs_hand_p10", "auto_vs_hand_p50", "auto_vs_hand_p90",
+               "p_auto_beats_hand", "credible")
+BAND_FIELDS = ("auto_vs_hand_p10", "auto_vs_hand_p50", "auto_vs_hand_p90", "p_auto_beats_hand")
 QUESTION = ("At 100B+ parameters and more than 1,000 GPUs, under the same topology constraints, does an "
             "automatic plan reach 90–95 % of a hand-written 4D plan's throughput?")
 SLOW_SEARCH_S = 300.0       # searches slower than this are flagged (bold) in the table
@@ -46,7 +48,8 @@ def results_csv(records: list[dict]) -> str:
                   "gpus": r.get("gpus"), "seq": case["seq"], "global_batch": case["global_batch"],
                   "tokens_per_step": case["seq"] * case["global_batch"], "search_s": r.get("search_s"),
                   "best_hand": r.get("best_hand"), "auto_vs_hand": r.get("auto_vs_hand"),
-                  "auto_vs_hand_any": r.get("auto_vs_hand_any"), "auto_vs_grid": r.get("auto_vs_grid")}
+                  "auto_vs_hand_any": r.get("auto_vs_hand_any"), "auto_vs_grid": r.get("auto_vs_grid"),
+                  **{k: r.get(k) for k in BAND_FIELDS}}
         rows = r.get("contenders") or [{"contender": "case", "kind": "case", "status": "error", "error": r["error"]}]
         for row in rows:
             line = dict(common)
@@ -85,7 +88,8 @@ def _rows(record: dict) -> dict[str, dict]:
 def summary_table(records: list[dict]) -> str:
     """One line per case: setup, the auto plan, MFU of auto / grid / each recipe, ratios, search time."""
     head = (["case", "GPUs", "params", "seq × batch (tokens)", "auto plan", "auto MFU", "grid MFU"]
-            + [f"{c} MFU" for c in CONTENDERS[2:]] + ["best hand", "auto/hand", "auto/grid", "search s"])
+            + [f"{c} MFU" for c in CONTENDERS[2:]]
+            + ["best hand", "auto/hand", "auto/hand p10 / p50 / p90", "P(auto > hand)", "auto/grid", "search s"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         case = r["case"]
@@ -108,19 +112,24 @@ def summary_table(records: list[dict]) -> str:
         vs_hand = _ratio(r.get("auto_vs_hand"))
         if r.get("best_hand_any") and r.get("best_hand_any") != r.get("best_hand"):
             vs_hand += f" ({_ratio(r.get('auto_vs_hand_any'))}†)"
-        cells += [best, vs_hand, _ratio(r.get("auto_vs_grid")), search]
+        band = "—" if r.get("auto_vs_hand_p50") is None else " / ".join(
+            _ratio(r.get(f"auto_vs_hand_p{q}")) for q in (10, 50, 90))
+        p_win = "—" if r.get("p_auto_beats_hand") is None else f"{r['p_auto_beats_hand']:.0%}"
+        cells += [best, vs_hand, band, p_win, _ratio(r.get("auto_vs_grid")), search]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _mfu_cell(row: dict) -> str:
-    """MFU, with marks: ✗ does not fit, ‡ breaks the NVLink rule, n/a when the recipe cannot apply."""
+    """MFU, with marks: ✗ does not fit, ‡ breaks the NVLink rule, ◦ a recipe not written for the
+    model's family (never the best hand), n/a when the recipe cannot apply."""
     if row["status"] == "n/a":
         return "n/a"
     if row["status"] != "ok":
         return "error"
     mark = "" if row["fits"] else " ✗"
     mark += "" if row["respects_nvlink"] else " ‡"
+    mark += " ◦" if row.get("credible") is False else ""
     return f"{row['mfu']:.1%}{mark}"
 
 
@@ -199,6 +208,13 @@ def answer(records: list[dict]) -> str:
             f"{_span(hand)} that of the fastest hand-written recipe that fits and keeps its per-layer "
             f"collectives inside NVLink; it reaches 95 % of it in {reach95} of {len(ratios)} cases and 90 % in "
             f"{reach90} (lowest: {low[0]}, {low[1]:.2f}×).")
+        banded = [r for r in regime if r.get("auto_vs_hand_p50") is not None]
+        if banded:
+            parts.append("Over the cost model's uncertainty (paired samples of its uncertain parameters), "
+                         + "; ".join(f"{r['case']['name']}: auto/hand {r['auto_vs_hand_p10']:.2f}–"
+                                     f"{r['auto_vs_hand_p90']:.2f}× (p10–p90, median {r['auto_vs_hand_p50']:.2f}×), "
+                                     f"auto faster in {r['p_auto_beats_hand']:.0%} of the samples" for r in banded)
+                         + ".")
     breakers = [r for r in regime if r.get("best_hand_any") and r.get("best_hand_any") != r.get("best_hand")]
     if breakers:
         parts.append("Where the fastest recipe breaks the NVLink rule (" + "; ".join(
@@ -268,8 +284,11 @@ def markdown(records: list[dict], *, command: str, plots: dict[str, str]) -> str
              "All contenders are priced by the same `Estimator`.  *auto* = `autoplan search`'s best plan; "
              "*grid* = the best plan of a brute-force grid over the Megatron-expressible space (TP × PP × DP × "
              "vpp × mbs × recompute, sp on, ZeRO-1, order tp-cp-ep-dp-pp, TP inside NVLink); the recipes are "
-             "`autoplan baseline`'s.  *auto/hand* = auto tokens/s ÷ the fastest recipe that fits and respects "
-             "the NVLink rule; *auto/grid* likewise against the grid.  Marks: ✗ does not fit in HBM, ‡ breaks "
+             "`autoplan baseline`'s.  *auto/hand* = auto tokens/s ÷ the fastest credible recipe (written for the "
+             "model's family) that fits and respects the NVLink rule; *auto/hand p10 / p50 / p90* the same ratio "
+             "over the paired samples of the cost model's uncertain parameters, and *P(auto > hand)* the share "
+             "of those samples where auto is faster; *auto/grid* likewise against the grid.  Marks: ◦ a recipe "
+             "not written for the model's family (never the best hand), ✗ does not fit in HBM, ‡ breaks "
              "the NVLink rule (per-layer TP/EP/Ulysses collectives leave the domain), † faster recipe that "
              "breaks the rule, n/a the recipe cannot apply (the reason is in the per-contender table).", "",
              summary_table(records), "",

@@ -87,21 +87,22 @@ def _print(records: list[dict], out: str) -> None:
 
     table = Table(box=box.SIMPLE_HEAD, title="auto vs hand-written 4D (same cost model)")
     for col in ("case", "GPUs", "auto plan", "auto MFU", "best recipe", "recipe MFU", "grid MFU", "auto/hand",
-                "auto/grid", "search s"):
+                "auto/hand p10–p90", "P(auto wins)", "auto/grid", "search s"):
         table.add_column(col, justify="left" if col in ("case", "auto plan", "best recipe") else "right")
     for r in records:
         rows = {c["contender"]: c for c in r.get("contenders") or []}
         auto = rows.get("auto", {})
         if auto.get("status") != "ok":
             table.add_row(r["case"]["name"], str(r.get("gpus", "")), f"[red]failed: {r['error']}[/red]",
-                          *[""] * 7)
+                          *[""] * 9)
             continue
         hand = r.get("best_hand")
         grid = rows["grid"]
         table.add_row(r["case"]["name"], f"{r['gpus']:,}", compact_plan(auto["plan"]), f"{auto['mfu']:.1%}",
                       hand or "—", f"{rows[hand]['mfu']:.1%}" if hand else "—",
                       f"{grid['mfu']:.1%}" if grid["status"] == "ok" else "—",
-                      _num(r.get("auto_vs_hand")), _num(r.get("auto_vs_grid")), f"{r['search_s']:.1f}")
+                      _num(r.get("auto_vs_hand")), _band(r), _share(r.get("p_auto_beats_hand")),
+                      _num(r.get("auto_vs_grid")), f"{r['search_s']:.1f}")
     console = wide_console()
     console.print(table)
     console.print(f"[dim]results: {os.path.join(out, 'results.json')}, results.csv, table.md, "
@@ -110,3 +111,12 @@ def _print(records: list[dict], out: str) -> None:
 
 def _num(x) -> str:
     return "—" if x is None else f"{x:.2f}"
+
+
+def _band(r: dict) -> str:
+    lo, hi = r.get("auto_vs_hand_p10"), r.get("auto_vs_hand_p90")
+    return "—" if lo is None else f"{lo:.2f}–{hi:.2f}"
+
+
+def _share(x) -> str:
+    return "—" if x is None else f"{x:.0%}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from autoplan.bands import DEFAULT_SAMPLES
 from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
 
@@ -36,6 +37,26 @@ def memory_margin(args: argparse.Namespace, hbm_bytes: float) -> float:
     return margin
 
 
+def add_band_args(p: argparse.ArgumentParser) -> None:
+    """--samples, --seed and --params: the uncertainty bands every pricing command reports."""
+    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="N",
+                   help="paired samples of the uncertain parameters for the p10/p50/p90 band "
+                        f"(default {DEFAULT_SAMPLES}; 0: none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of those samples (default 0)")
+    p.add_argument("--params", metavar="PATH",
+                   help="YAML of parameter multipliers the point model runs under (a perturbation, e.g. "
+                        "`nic_efficiency: 0.8`; names in costmodels/uncertainty.yaml)")
+
+
+def band_text(fields: dict | None) -> str:
+    """'p10–p90' of a band's JSON fields, e.g. '3.95–4.41 s'; '' without a band."""
+    from autoplan.explain.units import seconds
+
+    if not fields:
+        return ""
+    return f"{seconds(fields['step_time_s_p10'])}–{seconds(fields['step_time_s_p90'])}"
+
+
 def wide_console(min_width: int = 0):
     """A rich Console as wide as the terminal (``COLUMNS`` where set); when stdout is not a
     terminal (a pipe, a file), 200 columns wide so that tables are not wrapped at 80 and the
@@ -62,8 +83,8 @@ def run_header(graph, cluster, global_batch: int) -> str:
     return head + f"\n[dim]{cluster.describe()}[/dim]"
 
 
-def print_estimate(console, plan, est, title: str = "") -> None:
-    """The plan, its headline numbers and its primitive placement as rich tables."""
+def print_estimate(console, plan, est, title: str = "", band: dict | None = None) -> None:
+    """The plan, its headline numbers (and its band's JSON fields) and its primitive placement as rich tables."""
     from rich import box
     from rich.table import Table
 
@@ -72,9 +93,13 @@ def print_estimate(console, plan, est, title: str = "") -> None:
 
     console.print(f"{title + ': ' if title else ''}[bold cyan]{plan.to_string()}[/bold cyan]")
     head = Table(box=box.SIMPLE_HEAD, show_header=True)
-    for col in ("step", f"{est.throughput_unit}/s", "MFU", "HFU", "memory GiB", "fits", "bubble", "comm", "comm exposed"):
+    banded = ("step p10/p50/p90", "MFU p90/p50/p10") if band else ()
+    for col in ("step", *banded, f"{est.throughput_unit}/s", "MFU", "HFU", "memory GiB", "fits", "bubble", "comm",
+                "comm exposed"):
         head.add_column(col, justify="right")
-    head.add_row(seconds(est.step_time_s), f"{est.throughput:,.0f}", percent(est.mfu), percent(est.hfu),
+    cells = (" / ".join(f"{band[f'step_time_s_{q}']:.3f}" for q in ("p10", "p50", "p90")),
+             " / ".join(percent(band[f"mfu_{q}"]) for q in ("p90", "p50", "p10"))) if band else ()
+    head.add_row(seconds(est.step_time_s), *cells, f"{est.throughput:,.0f}", percent(est.mfu), percent(est.hfu),
                  f"{est.memory_gib:.1f} / {est.memory_limit_gib:.1f}", "yes" if est.fits else "[red]no[/red]",
                  percent(est.bubble_fraction), seconds(est.comm_time_s), seconds(est.comm_exposed_s))
     console.print(head)

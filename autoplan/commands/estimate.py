@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoplan.commands.common import add_margin_arg, add_workload_args
+from autoplan.commands.common import add_band_args, add_margin_arg, add_workload_args
 
 MAX_FSDP_PREFETCH = 64
 
@@ -43,6 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fsdp-reshard", choices=("on", "off"), default=None,
                    help="ZeRO-3: reshard parameters after forward (default: on at pp=1, off under PP, as torchtitan)")
     add_margin_arg(p)
+    add_band_args(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
     p.set_defaults(func=run)
 
@@ -50,8 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines.common import price
     from autoplan.commands.common import memory_margin, print_estimate, run_header, wide_console
-    from autoplan.cost import EstimateOptions
-    from autoplan.cost.types import rounded
+    from autoplan.cost import EstimateOptions, rounded
+    from autoplan.cost.evidence import flags
+    from autoplan.cost.params import NOMINAL, load_override
+    from autoplan.cost.uncertainty import Sampler
     from autoplan.errors import UserError
     from autoplan.export.load import load_plan, load_plans
     from autoplan.workload import Workload, load_cluster
@@ -67,10 +70,11 @@ def run(args: argparse.Namespace) -> int:
         plans = [load_plan(args.plan, num_gpus=cluster.num_gpus)]
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
     graph = w.model
+    params = load_override(args.params) if args.params else NOMINAL
     estimator = w.estimator(EstimateOptions(
         overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile, fsdp_prefetch=args.fsdp_prefetch,
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
-        memory_margin_gib=margin))
+        memory_margin_gib=margin, params=params))
     if args.plans:
         ests = []
         for i, plan in enumerate(plans):
@@ -83,10 +87,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plan = plans[0]
     est = price(estimator, plan, args.global_batch)
+    band = Sampler(estimator, args.samples, args.seed).band(plan, args.global_batch, est).fields() \
+        if args.samples else None
+    evidence = flags(plan, est, moe=bool(graph.model.experts))
     if args.json:
-        print(est.to_json())
+        print(json.dumps(rounded({**est.to_dict(), **(band or {}), "evidence": [f.to_dict() for f in evidence]}),
+                         sort_keys=True))
         return 0
     console = wide_console()
     console.print(run_header(graph, cluster, args.global_batch))
-    print_estimate(console, plan, est)
+    print_estimate(console, plan, est, band=band)
+    for f in evidence:
+        console.print(f"[yellow]evidence[/yellow] {f.regime}: {f.text}")
     return 0

@@ -5,7 +5,11 @@
   between its tokens (the mesh, joined by ``·``, stays one word).
 * A token that not every listed plan shares (``cp2`` against ``dp64``, ``ulysses`` against ring)
   is bold: that is what to compare.
-* Plans whose step times are within ``TIE_TOLERANCE`` of the fastest of their run share a rank
+* With uncertainty bands (``search --samples N``, the default) the table adds each plan's
+  p10–p90 step time, how often it is the best of the listed plans over the samples and its
+  worst-case regret, ranks by the search's objective, and names the regimes no timed published
+  run covers (``unvalidated``).
+* Plans whose scores (step time, or the objective's score) are within ``TIE_TOLERANCE`` of the first of their run share a rank
   (``1=``): a difference that small (5 ms on a 1 s step) is below what the cost model resolves —
   it reproduces published runs to 3.6 % on average — so the order between them is no advice.
 """
@@ -52,10 +56,18 @@ def plan_cells(plans: list, wide: bool = False) -> list[Text]:
     return cells
 
 
-DROPPABLE = ("comm", "bubble", "memory")    # columns left out, in this order, when the terminal is narrow
+DROPPABLE = ("comm", "bubble", "unvalidated", "throughput", "memory")   # left out, in this order, when narrow
 
 
-def plans_table(candidates: list, unit: str, *, wide: bool = False, width: int = 200) -> Table:
+def scores(candidates: list) -> list[float]:
+    """What the ranking compares: the objective's score where the search ranked by one, else the
+    step time."""
+    return [c.robust.score if getattr(c, "robust", None) is not None else c.estimate.step_time_s
+            for c in candidates]
+
+
+def plans_table(candidates: list, unit: str, *, wide: bool = False, width: int = 200,
+                objective: str | None = None) -> Table:
     """The ranked table of (plan, estimate) candidates; ``unit`` is "tokens" or "samples".  The
     plan column takes the room the numbers leave on a ``width``-column terminal and wraps between
     tokens; when even a plan's longest token would not fit, the columns of ``DROPPABLE`` go first."""
@@ -65,29 +77,40 @@ def plans_table(candidates: list, unit: str, *, wide: bool = False, width: int =
 
     if not candidates:
         return Table(title="no plan")
+    from autoplan.commands.common import band_text
+
     cells = plan_cells([c.plan for c in candidates], wide)
-    ranks = tie_ranks([c.estimate.step_time_s for c in candidates])
+    ranks = tie_ranks(scores(candidates))
     es = [c.estimate for c in candidates]
-    numbers = {"step": ("step", [seconds(e.step_time_s) for e in es]),
+    banded = getattr(candidates[0], "band", None) is not None
+    numbers = {"step": ("step", [seconds(e.step_time_s) for e in es])}
+    if banded:
+        numbers.update({"band": ("p10–p90", [band_text(c.band.fields()) for c in candidates]),
+                        "best": ("best", [percent(c.robust.p_best) for c in candidates]),
+                        "regret": ("regret≤", [percent(c.robust.worst_regret) for c in candidates])})
+    numbers.update({
                "throughput": (f"{unit}/s", [f"{e.throughput:,.0f}" for e in es]),
                "mfu": ("MFU", [percent(e.mfu) for e in es]),
                "memory": (f"GiB / {es[0].memory_limit_gib:.1f}", [f"{e.memory_gib:.1f}" for e in es]),   # one cluster
                "bubble": ("bubble", [percent(e.bubble_fraction) for e in es]),
-               "comm": ("comm exp.", [seconds(e.comm_exposed_s) for e in es])}
+               "comm": ("comm exp.", [seconds(e.comm_exposed_s) for e in es]),
+               "unvalidated": ("unvalidated", [",".join(f.regime for f in getattr(c, "evidence", ())) or "-"
+                                               for c in candidates])})
+    title = f"Top {len(candidates)} distinct meshes" + (f", ranked by {objective}" if banded and objective else "")
     longest_word = max((len(w) for cell in cells for w in cell.plain.split()), default=4)
     measure = Console(width=10_000)
     for dropped in range(len(DROPPABLE) + 1):
         shown = [v for k, v in numbers.items() if k not in DROPPABLE[:dropped]]
         for plan_w in range(max(len(c.plain) for c in cells), longest_word - 1, -1):
-            table = _table(len(candidates), ranks, cells, shown, plan_w)
+            table = _table(title, ranks, cells, shown, plan_w)
             if measure.measure(table).maximum <= width:
                 return table
     return table
 
 
-def _table(n: int, ranks: list[str], cells: list[Text], numbers: list[tuple[str, list[str]]],
+def _table(title: str, ranks: list[str], cells: list[Text], numbers: list[tuple[str, list[str]]],
            plan_w: int) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title=f"Top {n} distinct meshes", show_edge=False,
+    table = Table(box=box.SIMPLE_HEAD, title=title, show_edge=False,
                   pad_edge=False, padding=(0, 1, 0, 0))   # and the box's one-space divider
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("plan", width=plan_w)     # the one column that wraps: between tokens, never inside
@@ -100,8 +123,9 @@ def _table(n: int, ranks: list[str], cells: list[Text], numbers: list[tuple[str,
 
 def tie_note(candidates: list) -> str:
     """A line naming the tied ranks, or "" when no two plans tie."""
-    ranks = tie_ranks([c.estimate.step_time_s for c in candidates])
+    ranks = tie_ranks(scores(candidates))
     tied = sorted({r for r in ranks if r.endswith("=")}, key=lambda r: int(r[:-1]))
     if not tied:
         return ""
-    return f"{', '.join(tied)}: ties — step times within {TIE_TOLERANCE:.1%} of each other: below what the model resolves"
+    what = "scores" if getattr(candidates[0], "robust", None) is not None else "step times"
+    return f"{', '.join(tied)}: ties — {what} within {TIE_TOLERANCE:.1%} of each other: below what the model resolves"

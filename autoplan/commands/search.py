@@ -17,7 +17,8 @@ import argparse
 import json
 import sys
 
-from autoplan.commands.common import add_margin_arg, add_workload_args
+from autoplan.commands.common import add_band_args, add_margin_arg, add_workload_args
+from autoplan.bands import DEFAULT_OBJECTIVE, OBJECTIVES
 from autoplan.errors import UserError
 
 
@@ -34,6 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="let TP/EP/Ulysses groups leave the NVLink domain (off: a hard rule)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
     p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's)")
+    p.add_argument("--objective", choices=OBJECTIVES, default=DEFAULT_OBJECTIVE,
+                   help="rank by the point step time, its p50 / p90 over the samples, or the p90 regret "
+                        f"against the best plan of each sample (default {DEFAULT_OBJECTIVE}; README 'Bands')")
+    add_band_args(p)
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
     add_margin_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
@@ -47,6 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.atomic import write_text
     from autoplan.commands.common import wide_console
+    from autoplan.cost.params import NOMINAL, load_override
     from autoplan.cost import rounded
     from autoplan.search import SearchOptions, search
     from autoplan.workload import Workload
@@ -64,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
                             allow_cross_domain=args.allow_cross_domain, workers=args.workers,
                             profile=args.profile, progress=not args.json and sys.stderr.isatty(),
-                            memory_margin_gib=margin)
+                            memory_margin_gib=margin, objective=args.objective, samples=args.samples,
+                            seed=args.seed, params=load_override(args.params) if args.params else NOMINAL)
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
         _write_report(args, graph, cluster, result, options)
@@ -89,11 +96,21 @@ def _print(console, graph, cluster, args, result) -> None:
     from autoplan.commands.common import run_header
     from autoplan.commands.plans_table import plans_table, tie_note
 
+    from autoplan.search.robust import FOLD_TOLERANCE
+
     console.print(run_header(graph, cluster, args.global_batch))
-    console.print(plans_table(result.candidates, graph.throughput_unit, wide=args.wide, width=console.width))
+    console.print(plans_table(result.candidates, graph.throughput_unit, wide=args.wide, width=console.width,
+                              objective=args.objective))
     note = tie_note(result.candidates)
     if note:
         console.print(note)
+    for i, c in enumerate(result.candidates, 1):
+        if c.robust is not None and c.robust.folded:
+            console.print(f"[dim]#{i} alike (within {FOLD_TOLERANCE:.1%} on every sample): "
+                          f"{', '.join(c.robust.folded)}[/dim]")
+    if any(c.evidence for c in result.candidates):
+        console.print("[dim]unvalidated: regimes no timed published run covers (costmodels/evidence.yaml); "
+                      "`explain` says which and why[/dim]")
     if result.candidates:
         e = result.candidates[0].estimate
         console.print(f"[dim]memory limit {e.memory_limit_gib:.1f} GiB per GPU = {e.hbm_gib:.1f} GiB HBM − "

@@ -82,8 +82,8 @@ def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     mesh = Mesh.of(plan)
     m = plan.microbatches(global_batch)
     bags = pp.stage_bags(plan, est.model.order, est.model.num_layers, lambda kind, rc: est.part(kind, plan, rc, mesh))
-    f, b, w = pp.stage_times(bags)
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
+    f, b, w = pp.stage_times(bags, pp.wpass_factor(est.comms, schedule))
     act_bytes, p2p, hop, gather = pp.boundary(est.comms, plan, mesh, est.model.sample_positions, est.hidden, schedule)
     pipe = pp.Pipeline(tuple(bags), pp.rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, None, 0.0,
                        hop, gather)     # no simulation: memory reads the bags and the schedule's order

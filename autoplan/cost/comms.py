@@ -17,6 +17,7 @@ ILP prices with ("collective seconds on the tp axis").
 from __future__ import annotations
 
 from autoplan.axes import Axis
+from autoplan.cost.params import NOMINAL, Params, perturb_cluster, perturb_profile
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
 from costmodels import compute
@@ -28,10 +29,13 @@ SIMULATION_CACHE_LIMIT = 20_000   # simulator results kept (a few MB); the cache
 
 
 class Comms:
-    def __init__(self, cluster: Cluster, profile_path: str | None = None):
-        self.cluster = cluster
+    def __init__(self, cluster: Cluster, profile_path: str | None = None, params: Params = NOMINAL):
+        """``params``: the uncertain parameters' multipliers, applied to the cluster and profile here
+        and read by the pricers that own the mechanism ones (``cost/params.py``)."""
+        self.cluster = perturb_cluster(cluster, params)
+        self.params = params
         try:
-            self.profile = compute.load_profile(cluster.gpu.name, profile_path)
+            self.profile = perturb_profile(compute.load_profile(cluster.gpu.name, profile_path), params)
         except (ValueError, OSError) as e:
             raise UserError(str(e), "pass --profile PATH to a compute profile YAML") from None
         self._spans: dict[tuple, object] = {}

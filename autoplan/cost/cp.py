@@ -83,8 +83,9 @@ def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpG
         hop, _ = comms.slowest_hop(chunk, cp_ranks[::ulysses_n], closed=True)
         launch_f, launch_b = (comms.profile.overhead_s * _kernels(graph, p) for p in ("forward", "backward"))
         fwd, bwd = (ring_n - 1) * (hop + launch_f), (ring_n - 1) * (2 * hop + launch_b)
-        e_f = (ring_n - 1) * (max(0.0, hop - att_f / ring_n) + launch_f)
-        e_b = (ring_n - 1) * (max(0.0, 2 * hop - att_b / ring_n) + launch_b)
+        hide = comms.params.cp_overlap            # share of attention the hops hide behind (1 at the point)
+        e_f = (ring_n - 1) * (max(0.0, hop - hide * att_f / ring_n) + launch_f)
+        e_b = (ring_n - 1) * (max(0.0, 2 * hop - hide * att_b / ring_n) + launch_b)
         ring = tuple(cp_ranks[::ulysses_n])
         out.append(Comm(Axis.CP.value, "p2p", chunk, fwd, e_f, "forward", calls=ring_n - 1, purpose="ring",
                         ranks=ring))

@@ -84,17 +84,19 @@ def per_microbatch_seconds(colls: list[DpComm], m: int) -> float:
 
 
 def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: float, first_forward: float,
-               zero3_exposed: float | None = None) -> float:
+               zero3_exposed: float | None = None, hide: float = 1.0) -> float:
     """Seconds the data-parallel collectives add to the step.
 
-    ZeRO-3 with overlap: ``zero3_exposed`` (``fsdp.step_exposure``).  Otherwise per micro-batch
-    traffic (ZeRO-2 gradient reduce-scatter) hides behind that micro-batch's compute; once-per-step
-    traffic behind the last backward (gradients) and the first forward (parameter all-gather), as
-    Megatron overlaps them."""
+    ZeRO-3 with overlap: ``zero3_exposed`` (``fsdp.step_exposure``, which takes the same ``hide``).
+    Otherwise per micro-batch traffic (ZeRO-2 gradient reduce-scatter) hides behind that
+    micro-batch's compute; once-per-step traffic behind the last backward (gradients) and the
+    first forward (parameter all-gather), as Megatron overlaps them.  ``hide``: the share of those
+    compute windows the traffic can hide behind (1 at the point estimate)."""
     if not colls:
         return 0.0
     if overlap and zero3_exposed is not None:
         return zero3_exposed
+    last_backward, first_forward = last_backward * hide, first_forward * hide
     per_mb = per_microbatch_seconds(colls, m)
     once_grad = sum(c.seconds for c in colls if c.when == "grad")
     once_param = sum(c.seconds for c in colls if c.when == "param")

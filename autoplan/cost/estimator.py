@@ -40,7 +40,7 @@ class Estimator:
         self.model = model
         self.cluster = cluster
         self.options = options
-        self.comms = Comms(cluster, options.profile)
+        self.comms = Comms(cluster, options.profile, options.params)
         self.layouts = BlockLayouts(self.comms, options, enforce_rules=enforce_rules)
         self.info = model.model
         self.hidden = self.info.hidden or _hidden_of(model)
@@ -129,7 +129,8 @@ class Estimator:
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
                                     first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
-                                    zero3_exposed=self._zero3_exposed(plan, pipe, r, pol, m, dp_ranks, edp_ranks))
+                                    zero3_exposed=self._zero3_exposed(plan, pipe, r, pol, m, dp_ranks, edp_ranks),
+                                    hide=self.options.params.dp_overlap)
                       for r, c in enumerate(dp_colls)]
         embed_bytes, embed_s = self.embedding_sync(plan, mesh)
         optimizer_s = self.optimizer_seconds(plan, mesh, mems)
@@ -150,7 +151,7 @@ class Estimator:
         last = len(pipe.bags) - 1
         chunks = [fsdp.chunk_units(self.comms, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared)
                   for c in pipe.rank_chunks[rank]]
-        return fsdp.step_exposure(chunks, pol, m)
+        return fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
 
     def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int) -> list[memory.RankMemory]:
         """Per pipeline rank: states, the live activation peak of its schedule order, transients

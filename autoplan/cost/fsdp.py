@@ -28,7 +28,7 @@ turns reshard-after-forward off under PP).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoplan.cost.comms import Comms
 from autoplan.cost.types import EstimateOptions, Part
@@ -154,12 +154,16 @@ def passes(pol: Policy, m: int) -> tuple[int, int, int]:
     return gathers, reduces, (m - reduces) if pol.reshard else 0
 
 
-def step_exposure(chunks: list[list[Unit]], pol: Policy, m: int) -> float:
+def step_exposure(chunks: list[list[Unit]], pol: Policy, m: int, hide: float = 1.0) -> float:
     """Exposed FSDP seconds of one pipeline rank per step: its chunks over m micro-batches (a
-    pass with no FSDP traffic exposes nothing)."""
+    pass with no FSDP traffic exposes nothing).  ``hide``: the share of each unit's compute the
+    traffic can hide behind (1 at the point estimate; the uncertain DP overlap of ``cost.params``),
+    applied to the compute windows as ``dp.dp_exposed`` applies it."""
     gathers, reduces, gather_only = passes(pol, m)
     total = 0.0
     for units in chunks:
+        if hide != 1.0:
+            units = [replace(u, forward_s=u.forward_s * hide, backward_s=u.backward_s * hide) for u in units]
         fwd = sum(u.forward_s for u in units)
         bwd = sum(u.backward_s for u in units)
         total += gathers * max(0.0, _forward(units, pol.prefetch, True) - fwd)

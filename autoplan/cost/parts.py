@@ -35,8 +35,9 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
     ep = ep_cost(comms, info, seq_len, hidden, graph, plan, mesh)
     dense, expert = _param_split(graph, bs, plan)
     unsaved = layouts.sharding(graph_key, graph, plan, "none", mesh).saved_bytes if recompute != "none" else 0.0
+    backward_s = bs.backward_s + (comms.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
     return Part(
-        forward_s=bs.forward_s, backward_s=bs.backward_s, wgrad_s=bs.wgrad_s,
+        forward_s=bs.forward_s, backward_s=backward_s, wgrad_s=bs.wgrad_s,
         exposed_fwd_s=tp.exposed_fwd_s + cp.exposed_fwd_s + ep.exposed_fwd_s,
         exposed_bwd_s=tp.exposed_bwd_s + cp.exposed_bwd_s + ep.exposed_bwd_s,
         ep_fwd_s=ep.exposed_fwd_s, ep_bwd_s=ep.exposed_bwd_s,
@@ -44,7 +45,7 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
         dense_numel=dense, expert_numel=expert,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
-        attention_s=sum(attention), compute_s=bs.forward_s + bs.backward_s + bs.wgrad_s,
+        attention_s=sum(attention), compute_s=bs.forward_s + backward_s + bs.wgrad_s,
         comms=tp.comms + cp.comms + ep.comms)
 
 

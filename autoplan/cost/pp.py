@@ -24,6 +24,7 @@ from autoplan.cost.comms import Comms
 from autoplan.cost.types import Part
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan, recompute_layers
+from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
 ACTIVATION_BYTES = 2                    # bf16
 Bag = list[tuple[Part, int]]
@@ -97,13 +98,18 @@ def _chunk_kinds(order: tuple[str, ...], layers: tuple[int, ...]) -> tuple[tuple
     return tuple(out)
 
 
-def stage_times(bags: list[Bag]) -> tuple[list[float], list[float], list[float]]:
+def stage_times(bags: list[Bag], wpass: float = 1.0) -> tuple[list[float], list[float], list[float]]:
     """Per virtual stage F (forward + exposed forward communication), B (input gradient +
-    exposed backward communication) and W (weight gradient), seconds per micro-batch."""
+    exposed backward communication) and W (weight gradient, × ``wpass``), seconds per micro-batch."""
     f = [sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag) for bag in bags]
     b = [sum((p.backward_s + p.exposed_bwd_s) * n for p, n in bag) for bag in bags]
-    w = [sum(p.wgrad_s * n for p, n in bag) for bag in bags]
+    w = [sum(p.wgrad_s * n for p, n in bag) * wpass for bag in bags]
     return f, b, w
+
+
+def wpass_factor(comms: Comms, schedule: str) -> float:
+    """The uncertain cost multiplier of a split W pass (zero-bubble schedules; 1 at the point)."""
+    return comms.params.wpass if SCHEDULE_SPECS[schedule].split_backward else 1.0
 
 
 def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
@@ -113,8 +119,8 @@ def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
 
 def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
                    *, detail: bool) -> Pipeline:
-    f, b, w = stage_times(bags)
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
+    f, b, w = stage_times(bags, wpass_factor(comms, schedule))
     act_bytes, p2p, hop, gather = boundary(comms, plan, mesh, seq_len, hidden, schedule)
     f_comm = b_comm = None
     if schedule == "dualpipev":

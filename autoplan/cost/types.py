@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from autoplan.cost.params import NOMINAL, Params
+
 DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces, NCCL buffers, fragmentation
 
 
@@ -17,6 +19,7 @@ class EstimateOptions:
     fsdp_prefetch: int = 1                # ZeRO-3: units gathered ahead (FSDP2's implicit prefetch is 1)
     fsdp_reshard_after_forward: bool | None = None   # ZeRO-3: None = the runtime's default (on at pp = 1, off under PP)
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
+    params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from autoplan.cost.evidence import Flag, flags
 from autoplan.cost import Estimate, Primitive, rounded
 from autoplan.explain import rules
 from autoplan.explain.rules import Verdict
@@ -90,13 +91,15 @@ class Audit:
     baseline_verdicts: tuple[Verdict, ...]
     classes: tuple[ClassDiff, ...]
     attention: Attention
+    evidence: tuple[Flag, ...] = ()             # regimes the plan leans on without a published run
+    baseline_evidence: tuple[Flag, ...] = ()
 
     def to_dict(self) -> dict:
-        def side(s: Side | None, vs) -> dict | None:
+        def side(s: Side | None, vs, flags) -> dict | None:
             if s is None:
                 return None
             return {"label": s.label, "plan": s.plan.to_string(), "estimate": json.loads(s.estimate.to_json()),
-                    "verdicts": [v.to_dict() for v in vs]}
+                    "verdicts": [v.to_dict() for v in vs], "evidence": [f.to_dict() for f in flags]}
 
         diff = None
         if self.baseline is not None:
@@ -112,7 +115,8 @@ class Audit:
         return rounded({
             "model": self.model, "cluster": self.cluster, "cluster_text": self.cluster_text, "seq": self.seq,
             "global_batch": self.global_batch,
-            "plan": side(self.plan, self.verdicts), "baseline": side(self.baseline, self.baseline_verdicts),
+            "plan": side(self.plan, self.verdicts, self.evidence),
+            "baseline": side(self.baseline, self.baseline_verdicts, self.baseline_evidence),
             "difference": diff,
             "attention": {"time_share": self.attention.time_share, "flops_share": self.attention.flops_share,
                           "seq": self.attention.seq, "sp": self.attention.sp, "cp": self.attention.cp},
@@ -131,7 +135,10 @@ def audit(model: BlockGraph, cluster: Cluster, plan: Side, baseline: Side | None
         verdicts=tuple(rules.verdicts(model, cluster, plan.plan, plan.estimate)),
         baseline_verdicts=base_verdicts,
         classes=class_diffs(plan.estimate.primitives, baseline.estimate.primitives if baseline else ()),
-        attention=attention_note(model, plan.plan, plan.estimate))
+        attention=attention_note(model, plan.plan, plan.estimate),
+        evidence=flags(plan.plan, plan.estimate, moe=bool(model.model.experts)),
+        baseline_evidence=() if baseline is None else flags(baseline.plan, baseline.estimate,
+                                                            moe=bool(model.model.experts)))
 
 
 def shown(primitives: tuple[Primitive, ...]) -> list[Primitive]:

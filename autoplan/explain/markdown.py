@@ -84,6 +84,10 @@ def render_markdown(a: Audit) -> str:
     if a.baseline:
         out += [f"## Rule verdicts: {a.baseline.label}", "",
                 table(["verdict", "rule", "evidence"], verdict_rows(a.baseline_verdicts)), ""]
+    for label, fl in (("plan", a.evidence), *(((a.baseline.label, a.baseline_evidence),) if a.baseline else ())):
+        out += [f"## Evidence: {label}", "",
+                *([f"- **{f.regime}**: {f.text}" for f in fl] or ["Every regime it leans on has a timed published run."]),
+                ""]
     at = a.attention
     out += ["## Attention, SP and CP", "",
             f"Attention is {percent(at.time_share)} of the busiest rank's block compute time and "

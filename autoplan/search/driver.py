@@ -17,8 +17,10 @@ Three nested searches, each exact for the cost model it is given:
    Candidates are evaluated in worker processes (forked after the ILPs are solved, so the
    caches are shared) in bound order, a batch at a time.
 
-Top-K returns distinct meshes (tp, cp, ep, pp, dp): the best plan of each, ranked by step
-time, ties broken by the plan string, so the same inputs give the same output byte for byte.
+Top-K returns distinct meshes (tp, cp, ep, pp, dp): the best plan of each.  With bands on
+(``samples`` > 0) the best ``pool_size`` meshes by point step time are priced on the run's
+paired samples of the uncertain parameters and ranked by ``objective`` (``robust``); ties are
+broken by the plan string, so the same inputs give the same output byte for byte.
 """
 from __future__ import annotations
 
@@ -29,13 +31,18 @@ from dataclasses import dataclass
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, EstimateOptions, Estimator
+from autoplan.cost.evidence import Flag, flags
+from autoplan.cost.params import NOMINAL, Params
 from autoplan.cost.bounds import states_lower_bound, step_lower_bound
 from autoplan.cost.types import DEFAULT_MARGIN_GIB
+from autoplan.cost.uncertainty import DEFAULT_SAMPLES, DEFAULT_SEED, Band, Sampler
 from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
 from autoplan.layout import Layout
 from costmodels.memory import GIB
 from autoplan.plan import SCHEDULES, Plan
+from autoplan.search import robust
+from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
 from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
 from autoplan.search.stages import MeshResult, best_plan
 from topologies.cluster import Cluster
@@ -61,11 +68,28 @@ class SearchOptions:
     refine: int = 12
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # HBM a plan must leave free (autoplan.cost.memory)
 
+    objective: str = DEFAULT_OBJECTIVE      # point | p50 | p90 | regret (search/robust.py)
+    samples: int = DEFAULT_SAMPLES          # paired parameter samples per run; 0: no bands (point only)
+    seed: int = DEFAULT_SEED
+    params: Params = NOMINAL                # the model's parameter multipliers (a perturbation)
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"unknown objective '{self.objective}'", f"use one of {', '.join(OBJECTIVES)}")
+        if self.samples < 0 or (self.samples == 0 and self.objective != "point"):
+            raise UserError(f"objective {self.objective} needs parameter samples, got {self.samples}",
+                            "pass --samples N with N ≥ 2, or --objective point")
+
+    @property
+    def pool_size(self) -> int:
+        """Meshes the robust objectives choose among: the best few by point step time."""
+        return self.top_k if self.objective == "point" else max(3 * self.top_k, 12)
+
     def estimate_options(self) -> EstimateOptions:
         """The cost model's options under this search."""
         return EstimateOptions(overlap_grad_reduce=self.overlap_grad_reduce, allow_cross_domain=self.allow_cross_domain,
                                profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s,
-                               memory_margin_gib=self.memory_margin_gib)
+                               memory_margin_gib=self.memory_margin_gib, params=self.params)
 
 
 @dataclass(frozen=True)
@@ -73,9 +97,17 @@ class Candidate:
     plan: Plan
     estimate: Estimate
     layout: Layout | None = None             # the tp placements the block ILP chose (None: tp = 1)
+    band: Band | None = None                 # step time over the run's paired samples
+    robust: Robust | None = None             # the objective, P(best of the returned set), worst regret
+    evidence: tuple[Flag, ...] = ()          # regimes it leans on that no published run covers
 
     def to_dict(self) -> dict:
         d = {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
+        d["estimate"]["evidence"] = [f.to_dict() for f in self.evidence]
+        if self.band is not None:
+            d["estimate"].update(self.band.fields())
+        if self.robust is not None:
+            d["robust"] = self.robust.to_dict()
         if self.layout is not None:
             d["layout"] = self.layout.to_dict()
         return d
@@ -139,11 +171,11 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
             continue
         bounded.append((lb, _mesh_sort_key(mesh), mesh))
     bounded.sort(key=lambda t: (t[0], t[1]))
-    results, evaluated, priced, pruned_bound, shortfall = _explore(est, bounded, global_batch, options, start)
+    results, evaluated, priced, pruned_bound, shortfall, variants = _explore(est, bounded, global_batch, options, start)
     if not results:
         raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
     ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
-    candidates = tuple(Candidate(r.plan, r.estimate, est.layout(r.plan)) for r in ranked[:options.top_k])
+    candidates = _choose(est, ranked, variants, global_batch, options)
     ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status, k[4], k[5])
                  for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (*kv[0][:3], str(kv[0][3]),
                                                                                      *kv[0][4:])))
@@ -153,6 +185,30 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
 
 
 # --- pieces ------------------------------------------------------------------------------------
+
+def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshResult], global_batch: int,
+            options: SearchOptions):
+    """The top-K candidates: by point step time, or (bands on) by the objective over the pool:
+    every variant (ZeRO stage, SP, CP algorithm, order) searched of the ``pool_size`` best meshes,
+    up to ``POOL_VARIANTS`` per mesh, the fastest by point first, ``POOL_PLANS`` plans in all."""
+    moe = bool(est.info.experts)
+    if options.samples == 0:
+        return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), evidence=flags(r.plan, r.estimate, moe=moe))
+                     for r in ranked[:options.top_k])
+    pool = ranked[:options.top_k]
+    if options.objective != "point":
+        meshes = [r.mesh.key for r in ranked[:options.pool_size]]
+        by_mesh: dict[tuple, list[MeshResult]] = {}
+        for v in sorted(variants.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string())):
+            by_mesh.setdefault(v.mesh.key, []).append(v)
+        pool = [v for key in meshes for v in by_mesh[key][:POOL_VARIANTS]][:POOL_PLANS]
+    sampler = Sampler(est, options.samples, options.seed)
+    bands = [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
+    picked = robust.rank([r.plan.to_string() for r in pool], bands, options.objective, options.top_k,
+                         groups=[r.mesh.key for r in pool])
+    return tuple(Candidate(pool[i].plan, pool[i].estimate, est.layout(pool[i].plan), bands[i], rob,
+                           flags(pool[i].plan, pool[i].estimate, moe=moe)) for i, rob in picked)
+
 
 def _mesh_sort_key(mesh: MeshChoice):
     return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.order)
@@ -220,7 +276,7 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions,
     for lb, sort_key, mesh in bounded:
         tuples.setdefault(mesh.key, []).append((lb, sort_key, mesh))
     refine_n = max(2 * options.top_k, options.refine)
-    stats = {"evaluated": 0, "priced": 0, "pruned": 0, "shortfall": float("inf")}
+    stats = {"evaluated": 0, "priced": 0, "pruned": 0, "shortfall": float("inf"), "variants": {}}
     results: dict[tuple, MeshResult] = {}
     progress = _progress(options.progress, len(tuples) + min(refine_n, len(tuples)), started)
     try:
@@ -244,7 +300,7 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions,
         if pool:
             pool.close()
             pool.join()
-    return results, stats["evaluated"], stats["priced"], stats["pruned"], stats["shortfall"]
+    return results, stats["evaluated"], stats["priced"], stats["pruned"], stats["shortfall"], stats["variants"]
 
 
 def _representative(variants):
@@ -287,6 +343,7 @@ def _run(est, pool, batch, tasks, global_batch, options, results, stats, progres
                     else:
                         stats["shortfall"] = min(stats["shortfall"], out.shortfall_gib)
                     continue
+                stats["variants"][out.plan.to_string()] = out
                 for table in (results, best_here):
                     prev = table.get(out.mesh.key)
                     if prev is None or (out.estimate.step_time_s, out.plan.to_string()) < \
@@ -356,6 +413,8 @@ def _kth_best(results: dict, k: int) -> float:
 
 
 _WORKER_ESTIMATOR: Estimator | None = None
+POOL_VARIANTS = 6          # searched variants per mesh the robust objectives choose among
+POOL_PLANS = 40            # plans in the robust pool (each priced once per sample)
 
 
 def _evaluate(args) -> list[MeshResult]:

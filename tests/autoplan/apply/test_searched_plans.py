@@ -34,7 +34,7 @@ def searched(model_spec: str) -> list[tuple[str, dict]]:
     """(plan string, ILP placements of its block) for the best runnable plans: overall, with tp, with pp."""
     model = trace(model_spec, seq=SEQ)
     cluster = fake_cluster()
-    result = search(model, cluster, global_batch=BATCH, options=SearchOptions(top_k=40, workers=1))
+    result = search(model, cluster, global_batch=BATCH, options=SearchOptions(top_k=40, workers=1, objective="point"))
     est = Estimator(model, cluster)
     picks, seen = [], set()
     for want in (lambda p: True, lambda p: p.tp > 1, lambda p: p.pp > 1):

@@ -145,7 +145,7 @@ def test_fsdp_long_context_cannot_apply(setup):
 # --- registry ------------------------------------------------------------------------------------
 
 def test_registry_and_bad_name():
-    assert list(RECIPES) == ["megatron", "megascale", "llama3", "fsdp", "deepseek"]
+    assert list(RECIPES) == ["megatron", "megascale", "llama3", "fsdp", "deepseek", "published"]
     with pytest.raises(UserError, match="unknown recipe 'nope'"):
         check_recipe("nope")
 

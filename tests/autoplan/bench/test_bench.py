@@ -105,11 +105,13 @@ def test_ratios_use_the_fastest_rule_respecting_recipe_that_fits():
     rows = {"auto": _row("auto", 120.0), "grid": _row("grid", 100.0),
             "megatron": _row("megatron", 110.0, nvlink=False), "megascale": _row("megascale", 80.0),
             "llama3": _row("llama3", 200.0, fits=False), "fsdp": _row("fsdp", 60.0),
-            "deepseek": _row("deepseek", None, status="n/a")}
+            "deepseek": _row("deepseek", None, status="n/a"), "published": _row("published", None, status="n/a")}
     r = _ratios(rows)
     assert r["best_hand"] == "megascale" and r["auto_vs_hand"] == pytest.approx(1.5)
     assert r["best_hand_any"] == "megatron" and r["auto_vs_hand_any"] == pytest.approx(120 / 110)
     assert r["auto_vs_grid"] == pytest.approx(1.2)
+    rows["fsdp"] = dict(_row("fsdp", 1000.0), credible=False)        # fast, but not written for this family
+    assert _ratios(rows)["best_hand"] == "megascale"
     rows["auto"] = _row("auto", None, status="error")
     assert _ratios(rows)["auto_vs_hand"] is None
 

@@ -80,7 +80,7 @@ def test_search_matches_brute_force(case):
     spec, seq, cluster_name, batch = CASES[case]
     model = trace(spec, seq=seq)
     cluster = topologies.load(cluster_name)
-    result = search(model, cluster, global_batch=batch, options=SearchOptions(workers=1, **OPTIONS))
+    result = search(model, cluster, global_batch=batch, options=SearchOptions(workers=1, objective="point", **OPTIONS))
     optimum, plan = brute_force(model, cluster, batch)
     found = result.candidates[0].estimate.step_time_s
     assert found <= optimum * 1.005, f"search {found:.6f} s ({result.candidates[0].plan}) vs brute force " \

@@ -1,0 +1,65 @@
+"""Evidence flags: where a plan leans on a regime that no timed published run covers.
+
+The coverage is data (``costmodels/evidence.yaml``): the pipeline schedules and ZeRO stages
+with a timed published run, whether context and expert parallelism have one (neither does),
+and the best MFU a published run of its kind reached.  A plan gets one flag per regime it
+leans on outside that: a schedule never validated (every zero-bubble schedule, so also their
+split weight-gradient pass), a ZeRO stage never validated (ZeRO-2's per-micro-batch
+reduce-scatter overlap), context parallelism (ring hops hidden behind attention), MoE
+(all-to-all, expert GEMMs), an MFU above the best published run of its kind (or any MFU for a
+kind without one).  Each flag is one short sentence naming the regime and what would cover it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import yaml
+
+from autoplan.cost.types import Estimate
+from autoplan.plan import Plan
+from costmodels.compute import PROFILE_DIR
+
+EVIDENCE_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "evidence.yaml")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One regime a plan leans on without published evidence."""
+
+    regime: str       # schedule | zero | cp | moe | mfu
+    text: str
+
+    def to_dict(self) -> dict:
+        return {"regime": self.regime, "text": self.text}
+
+
+@lru_cache(maxsize=None)
+def coverage() -> dict:
+    with open(EVIDENCE_PATH) as f:
+        return yaml.safe_load(f)
+
+
+def flags(plan: Plan, estimate: Estimate, *, moe: bool) -> tuple[Flag, ...]:
+    """The regimes ``plan`` (priced as ``estimate``) leans on that no published run covers."""
+    cov = coverage()
+    out = []
+    if plan.pp > 1 and plan.schedule not in cov["schedules"]:
+        out.append(Flag("schedule", f"schedule {plan.schedule}: no timed published run "
+                                    f"(validated: {', '.join(cov['schedules'])})"))
+    if plan.dp * plan.cp > 1 and plan.zero not in cov["zero"]:
+        out.append(Flag("zero", f"ZeRO-{plan.zero}: no timed published run (validated: "
+                                f"{', '.join(f'ZeRO-{z}' for z in cov['zero'])})"))
+    if plan.cp > 1 and not cov["context_parallel"]:
+        out.append(Flag("cp", f"context parallelism ({plan.cp_algo}): no timed published run; "
+                              "its overlap is a prior"))
+    if moe and not cov["expert_parallel"]:
+        out.append(Flag("moe", "MoE: no timed published run; all-to-all and expert GEMM efficiency are priors"))
+    kind = "moe" if moe else "dense"
+    best = cov["max_mfu"].get(kind)
+    if best is None:
+        out.append(Flag("mfu", f"MFU {estimate.mfu:.1%}: no published {kind} run to compare with"))
+    elif estimate.mfu > best[0]:
+        out.append(Flag("mfu", f"MFU {estimate.mfu:.1%} above the best published {kind} run ({best[1]})"))
+    return tuple(out)

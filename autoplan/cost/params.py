@@ -1,0 +1,148 @@
+"""The cost model's uncertain physical parameters, as multipliers on their point values.
+
+``Params`` holds one multiplier per parameter (1.0 everywhere: the point estimate).  The
+hardware ones act on the data the model reads — the compute profile (``gemm_peak`` on
+``gemm_peak_fraction``, ``gemm_half_dim``, ``attention`` on both flash-attention fractions,
+``memory_bw`` on ``memory_fraction``, ``host_floor`` on ``host_floor_s``) and the cluster's
+link efficiencies (``nic_efficiency``, ``nvlink_efficiency`` on the ring and NVLS fractions);
+efficiencies are capped at 1.  The mechanism ones act where the cost model uses them:
+``dp_overlap`` and ``cp_overlap`` scale the compute window DP traffic and ring-CP hops hide
+behind (``dp.dp_exposed``, ``cp.cp_cost``), ``wpass`` the weight-gradient pass of schedules
+that split it from B (``pp.price_pipeline``), ``recompute`` the recomputed forward (``parts``).
+
+Their ranges (``Range``: low, high, source) are data: the priors of
+``costmodels/uncertainty.yaml``, narrowed where runs of a regime measured them by the
+``uncertainty:`` key of ``topologies/network.yaml`` and then of the GPU's compute profile.
+A perturbation file (YAML ``{name: multiplier}``, ``load_override``) fixes some of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+import yaml
+
+from autoplan.errors import UserError
+from costmodels.compute import PROFILE_DIR, ComputeProfile
+from topologies._data import read_yaml
+from topologies.cluster import Cluster
+
+PRIORS_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "uncertainty.yaml")
+
+
+@dataclass(frozen=True)
+class Params:
+    """Multipliers on the point values of the uncertain parameters (module docstring)."""
+
+    gemm_peak: float = 1.0
+    gemm_half_dim: float = 1.0
+    attention: float = 1.0
+    memory_bw: float = 1.0
+    host_floor: float = 1.0
+    nic_efficiency: float = 1.0
+    nvlink_efficiency: float = 1.0
+    dp_overlap: float = 1.0
+    cp_overlap: float = 1.0
+    wpass: float = 1.0
+    recompute: float = 1.0
+
+    @property
+    def nominal(self) -> bool:
+        return self == NOMINAL
+
+
+NOMINAL = Params()
+PARAM_NAMES = tuple(f.name for f in fields(Params))
+
+
+@dataclass(frozen=True)
+class Range:
+    """Where one parameter's multiplier may lie, and what says so."""
+
+    name: str
+    low: float
+    high: float
+    source: str
+
+
+def perturb_profile(profile: ComputeProfile, p: Params) -> ComputeProfile:
+    """The compute profile under ``p`` (fractions capped at 1)."""
+    if p.nominal:
+        return profile
+    return dataclasses.replace(
+        profile, gemm_peak_fraction=min(1.0, profile.gemm_peak_fraction * p.gemm_peak),
+        gemm_half_dim=profile.gemm_half_dim * p.gemm_half_dim,
+        attention_fwd_fraction=min(1.0, profile.attention_fwd_fraction * p.attention),
+        attention_bwd_fraction=min(1.0, profile.attention_bwd_fraction * p.attention),
+        memory_fraction=min(1.0, profile.memory_fraction * p.memory_bw),
+        host_floor_s=profile.host_floor_s * p.host_floor)
+
+
+def perturb_cluster(cluster: Cluster, p: Params) -> Cluster:
+    """The cluster's link efficiencies under ``p`` (capped at 1)."""
+    if p.nic_efficiency == 1.0 and p.nvlink_efficiency == 1.0:
+        return cluster
+    return dataclasses.replace(
+        cluster, nic_efficiency=min(1.0, cluster.nic_efficiency * p.nic_efficiency),
+        nvlink_efficiency=min(1.0, cluster.nvlink_efficiency * p.nvlink_efficiency),
+        nvls_efficiency=min(1.0, cluster.nvls_efficiency * p.nvlink_efficiency))
+
+
+def ranges(gpu: str, profile_path: str | None = None) -> tuple[Range, ...]:
+    """Every parameter's range: priors, then network.yaml's, then the compute profile's."""
+    path = profile_path or _default_profile_path(gpu)
+    return _ranges(os.path.abspath(path) if path else "")
+
+
+@lru_cache(maxsize=None)
+def _ranges(profile_path: str) -> tuple[Range, ...]:
+    merged = dict(_read(PRIORS_PATH, yaml_data=None))
+    merged.update(_read("topologies/network.yaml", yaml_data=read_yaml("network.yaml").get("uncertainty", {})))
+    if profile_path and os.path.exists(profile_path):
+        with open(profile_path) as f:
+            merged.update(_read(profile_path, yaml_data=(yaml.safe_load(f) or {}).get("uncertainty", {})))
+    missing = [n for n in PARAM_NAMES if n not in merged]
+    if missing:
+        raise ValueError(f"{PRIORS_PATH}: no range for {missing}")
+    return tuple(merged[n] for n in PARAM_NAMES)
+
+
+def _read(where: str, yaml_data: dict | None) -> dict[str, Range]:
+    if yaml_data is None:
+        with open(where) as f:
+            yaml_data = yaml.safe_load(f)
+    out = {}
+    for name, spec in yaml_data.items():
+        if name not in PARAM_NAMES:
+            raise ValueError(f"{where}: unknown uncertain parameter '{name}' (known: {', '.join(PARAM_NAMES)})")
+        low, high = float(spec["low"]), float(spec["high"])
+        if not low <= 1.0 <= high:
+            raise ValueError(f"{where}: the range of {name}, [{low}, {high}], must contain the point value 1.0")
+        out[name] = Range(name, low, high, str(spec.get("source", "")))
+    return out
+
+
+def _default_profile_path(gpu: str) -> str | None:
+    from costmodels.compute import _PROFILE_ALIASES
+    base = gpu.lower()
+    path = os.path.join(PROFILE_DIR, f"{_PROFILE_ALIASES.get(base, base)}.yaml")
+    return path if os.path.exists(path) else None
+
+
+def load_override(path: str) -> Params:
+    """A perturbation file: YAML ``{parameter: multiplier}`` (unnamed parameters stay at 1)."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise UserError(f"cannot read the parameter override {path}: {e.strerror}",
+                        "pass --params PATH to a YAML file of {parameter: multiplier}") from None
+    bad = sorted(set(data) - set(PARAM_NAMES)) if isinstance(data, dict) else ["(not a mapping)"]
+    if bad:
+        raise UserError(f"{path}: unknown parameters {bad}", f"use some of: {', '.join(PARAM_NAMES)}")
+    try:
+        return Params(**{k: float(v) for k, v in data.items()})
+    except (TypeError, ValueError):
+        raise UserError(f"{path}: every multiplier must be a number", "write e.g. `nic_efficiency: 0.8`") from None
