@@ -129,7 +129,7 @@ class _SampleLayouts(BlockLayouts):
             tpl = self.templates.get(key)
             if tpl is None:
                 self.point.sharding(graph_key, graph, plan, recompute, mesh)      # solves the ILP if need be
-                assignment = self.point.assignments[(graph_key, plan.tp, plan.sp, span)]
+                assignment = self.point.assignments[self.point.assignment_key(graph_key, plan, mesh)]
                 tpl = self.templates[key] = template(graph, assignment, self._context(plan, recompute, mesh, span))
             hit = self._priced[key] = evaluate(tpl, AxisPricer(self.comms, mesh))
         return hit
