@@ -21,7 +21,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from autoplan.errors import EXIT_INTERRUPTED, UserError
+from autoplan.errors import EXIT_INTERRUPTED, UserError, note_sigint, track_sigint
 
 COMMANDS = ("search", "trace", "estimate", "clusters", "baseline", "explain", "export", "run",
             "bench", "calibrate", "memcheck")
@@ -159,6 +159,7 @@ _MAIN_PID = os.getpid()
 def _on_sigint(signum, frame) -> None:
     if os.getpid() != _MAIN_PID:
         os._exit(EXIT_INTERRUPTED)      # a forked worker: leave quietly, the parent reports
+    note_sigint()
     raise KeyboardInterrupt
 
 
@@ -168,6 +169,7 @@ def _own_sigint() -> None:
     _MAIN_PID = os.getpid()
     try:
         signal.signal(signal.SIGINT, _on_sigint)
+        track_sigint()
     except ValueError:  # not the main thread (tests calling main() from a thread)
         pass
 

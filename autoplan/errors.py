@@ -37,3 +37,23 @@ class UserError(Exception):
         self.problem = problem
         self.fix = fix
         super().__init__(problem if not fix else f"{problem}\n  fix: {fix}")
+
+
+# --- a KeyboardInterrupt the user sent, or one the model's code raised --------------------------
+
+_SIGINT = {"tracked": False, "seen": False}
+
+
+def track_sigint() -> None:
+    """The CLI's SIGINT handler is installed: from now on a real SIGINT is recorded (``note_sigint``)."""
+    _SIGINT.update(tracked=True, seen=False)
+
+
+def note_sigint() -> None:
+    _SIGINT["seen"] = True
+
+
+def raised_by_code() -> bool:
+    """A KeyboardInterrupt caught now came from code (a model's ``raise KeyboardInterrupt``), not
+    from the user: SIGINT is tracked and none arrived.  Untracked (the Python API), never."""
+    return _SIGINT["tracked"] and not _SIGINT["seen"]

@@ -349,7 +349,7 @@ class Plan:
         if heads and heads % self.tp:
             raise UserError(f"bad plan: tp={self.tp} does not divide the {heads} attention heads",
                             "pick tp dividing the head count")
-        if kv_heads and self.tp > kv_heads and self.tp % kv_heads:
+        if kv_heads and (self.tp % kv_heads if self.tp > kv_heads else kv_heads % self.tp):   # tp=4, 6 KV heads: 1.5
             raise UserError(f"bad plan: tp={self.tp} neither divides nor is a multiple of {kv_heads} KV heads",
                             "pick tp dividing the KV-head count (or a multiple of it)")
         if seq % self.cp:

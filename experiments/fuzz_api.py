@@ -16,7 +16,8 @@ degrees multiply to the GPU count; every tp/ep/Ulysses group (its ranks from the
 order) leaves its NVLink domain iff the matching ``*-inside-nvlink`` violation is reported;
 exposed ≤ time for every primitive and in sum; the time breakdown adds up to the step time;
 memory > 0 and ``fits`` ⇔ memory ≤ HBM; 0 < MFU, HFU < 1; tokens/s = global batch · seq / step
-time; one stage time per virtual stage and ≥ 1 layer in each; tp divides the heads; every number
+time; one stage time per virtual stage and ≥ 1 layer in each; tp divides the heads and divides
+or is a multiple of the KV heads; every number
 finite; an input that must be refused (a broken field) is refused; a plan the search returned is
 accepted by ``estimate`` with the same bytes and by ``autoplan run``'s checks (``check_supported``);
 every 10th estimate repeated gives the same bytes.
@@ -298,6 +299,8 @@ def estimate_problems(e: dict, gpus: int, domain: int, model: Model, batch: int,
         (p["tp"] * p["cp"] * p["pp"] * p["dp"] == gpus, "degrees do not multiply to the GPU count"),
         (p["dp"] % p["ep"] == 0, "ep does not divide dp"),
         (model.heads % p["tp"] == 0, f"tp={p['tp']} priced on {model.heads} heads"),
+        ((p["tp"] % model.kv_heads if p["tp"] > model.kv_heads else model.kv_heads % p["tp"]) == 0,
+         f"tp={p['tp']} priced on {model.kv_heads} KV heads (a fraction of a KV head per rank)"),
         (_finite(e), "a number is not finite"),
         (e["memory_gib"] > 0 and e["hbm_gib"] > 0, "memory or HBM not positive"),
         (e["fits"] == (e["memory_gib"] <= e["hbm_gib"] * (1 + 2e-5)), "fits disagrees with memory and HBM"),

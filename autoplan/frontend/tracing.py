@@ -28,7 +28,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from autoplan.errors import UserError
+from autoplan.errors import UserError, raised_by_code
 from autoplan.frontend import cache
 from autoplan.frontend.blocks import LayerStack, find_layer_stack
 from autoplan.frontend.convert import RoleSource, strategy_placeholder_names, to_opgraph
@@ -128,6 +128,12 @@ def time_limit(model: str):
     except SystemExit as e:
         raise UserError(f"{model}: the model called sys.exit({e.code!r}) while being built or traced",
                         "remove the exit from the model file; raise an exception instead") from None
+    except KeyboardInterrupt:
+        if not raised_by_code():
+            raise                                       # the user's Ctrl-C: exit 130
+        raise UserError(f"{model}: the model raised KeyboardInterrupt while being imported, built or traced "
+                        "(no interrupt was sent)",
+                        "remove the raise from the model file; raise an ordinary exception instead") from None
     finally:
         if armed:
             signal.setitimer(signal.ITIMER_REAL, 0)

@@ -77,6 +77,8 @@ def test_a_user_error_without_fix_still_prints_one(capsys):
     (["trace", TINY, "--trace-timeout", "-5"], ["--trace-timeout -5.0"]),
     (["trace", "llama:layers=2,hidden=60,heads=4,kv_heads=2,ffn=96,vocab=128"], ["head_dim 15 is odd", "RoPE"]),
     (["trace", "gpt:layers=1000000000,hidden=64,heads=4,vocab=256"], ["layers=", "at most 1,024"]),
+    (["estimate", "llama:layers=2,hidden=96,heads=12,kv_heads=6,vocab=128", "--cluster", "h100x8", "--plan", "tp=4"],
+     ["tp=4 neither divides nor is a multiple of 6 KV heads"]),
     (["estimate", "llama:layers=99999999999999,hidden=64,heads=4,vocab=256", "--cluster", "h100x8",
       "--plan", "tp=1"], ["at most 1,024"]),
 ])
@@ -202,6 +204,7 @@ BAD_MODELS = {
     "not_logits.py": (MODEL_HEAD.replace("OUT", "s.h(h).sum(-1)") + "def build_model(): return M()\n",
                       ["neither a scalar loss nor logits", "[1, 8]"]),
     "exits.py": ("import sys\ndef build_model(): sys.exit(3)\n", ["called sys.exit(3)"]),
+    "interrupts.py": ("def build_model(): raise KeyboardInterrupt\n", ["raised KeyboardInterrupt", "no interrupt"]),
     "tuple.py": (MODEL_HEAD.replace("OUT", "s.h(h)") + "def build_model(): return (M(), 1)\n", ["tuple"]),
     "binary.py": ("\x00\x01\x02", ["model"]),
 }
