@@ -106,22 +106,24 @@ def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float,
     even = n / chunks
     lo, hi = max(1, int(even) - slack), int(even) + 1 + slack
     ranks = max(rank_of_chunk) + 1
-    # state: layers used -> (rank loads, cuts); keep the best by max load for each count
-    states: dict[int, tuple[tuple[float, ...], tuple[int, ...]]] = {0: (tuple(0.0 for _ in range(ranks)), ())}
+    # state: layers used -> (max rank load, cuts, rank loads); keep the best by (max load, cuts)
+    # for each count (the max is kept incrementally: a chunk only adds work to one rank)
+    states: dict[int, tuple[float, tuple[int, ...], tuple[float, ...]]] = {0: (0.0, (), (0.0,) * ranks)}
     for c in range(chunks):
-        nxt: dict[int, tuple[tuple[float, ...], tuple[int, ...]]] = {}
+        nxt: dict[int, tuple[float, tuple[int, ...], tuple[float, ...]]] = {}
         remaining = chunks - c - 1
-        for used, (loads, cuts) in states.items():
+        rank = rank_of_chunk[c]
+        first, last = (pre if c == 0 else 0.0), (post if c == chunks - 1 else 0.0)
+        for used, (peak, cuts, loads) in states.items():
             for k in range(lo, hi + 1):
                 end = used + k
                 if end > n or (remaining and n - end < remaining) or (not remaining and end != n):
                     continue
-                work = prefix[end] - prefix[used] + (pre if c == 0 else 0.0) + (post if c == chunks - 1 else 0.0)
-                new = list(loads)
-                new[rank_of_chunk[c]] += work
-                cand = (tuple(new), cuts + (k,))
-                if end not in nxt or (max(cand[0]), cand[1]) < (max(nxt[end][0]), nxt[end][1]):
-                    nxt[end] = cand
+                load = loads[rank] + (prefix[end] - prefix[used] + first + last)
+                key = (max(peak, load), cuts + (k,))
+                held = nxt.get(end)
+                if held is None or key < held[:2]:
+                    nxt[end] = (key[0], key[1], loads[:rank] + (load,) + loads[rank + 1:])
         states = nxt
     if n not in states:
         raise ValueError(f"no cut of {n} layers into {chunks} stages within ±{slack} of even")

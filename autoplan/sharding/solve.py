@@ -7,9 +7,11 @@ same ``price`` functions the read-back uses, over the same units and reads.
 """
 from __future__ import annotations
 
-from autoplan.ir import OpGraph, OpNode, Strategy
+from dataclasses import dataclass
+
+from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
 from autoplan.sharding import ilp
-from autoplan.sharding.placements import is_shard
+from autoplan.sharding.placements import is_shard, redistribution
 from autoplan.sharding.prepare import (Prepared, dedupe_views, is_unary_elementwise, prepare, read_group, read_phase,
                                        reads_of, resolve, resolved_reads, view_inverse)
 from autoplan.sharding.price import memory_price, node_cost, redistribution_cost
@@ -99,16 +101,15 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
     """Price a solved assignment under ``ctx``.
 
     Micro-batch, cp and recompute may differ from the ones it was solved at: every cost
-    scales with them and the layout stays the best one (tested)."""
+    scales with them and the layout stays the best one (tested).  What does not depend on
+    ``ctx`` — the priced nodes and the redistributions the layout implies — is derived once
+    per (graph, assignment) (``_layout_reads``); only their seconds are priced here."""
     g = graph
     chosen = assignment.choice
-    alias = dedupe_views(g)
+    shape = _layout_reads(g, assignment)
     fwd = bwd = wgd = rec = saved = 0.0
     collectives: list[Collective] = []
-    for name, s in chosen.items():
-        if name in alias:
-            continue
-        n = g.node(name)
+    for n, s in shape.nodes:
         c = node_cost(g, n, s, ctx)
         if n.phase == "forward":
             fwd += c.seconds
@@ -123,7 +124,11 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
                         for x in c.intrinsic]
-    collectives += _redistributions(g, chosen, alias, ctx)
+    for ref, a, b, grp, phase, label in shape.redistributions:
+        r = redistribution_cost(g, ref, a, b, grp, ctx)
+        if r.runs == 2:
+            collectives.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
+        collectives.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))
     params = {}
     param_numel = 0
     for n in g.params():
@@ -141,14 +146,42 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
     )
 
 
-def _redistributions(g: OpGraph, chosen: dict[str, Strategy], alias: dict[str, str],
-                     ctx: ShardingContext) -> list[Collective]:
-    """The tp collectives the chosen layouts imply, one per (tensor, target layout, read group);
-    a forward collective rerun by full recomputation appears once more, in backward."""
+@dataclass(frozen=True)
+class _LayoutReads:
+    """What pricing a layout reads that no ShardingContext changes."""
+
+    nodes: tuple[tuple[OpNode, Strategy], ...]          # priced nodes (views deduplicated) and their strategy
+    redistributions: tuple[tuple[TensorRef, str, str, int, str, str], ...]   # (tensor, from, to, group, phase, label)
+
+
+_LAYOUT_READS: dict[int, tuple[OpGraph, BlockAssignment, _LayoutReads]] = {}
+_LAYOUT_READS_LIMIT = 4096
+
+
+def _layout_reads(g: OpGraph, assignment: BlockAssignment) -> _LayoutReads:
+    """``_LayoutReads`` of one (graph, assignment), memoised on the pair's identity (both are
+    kept with the entry, so an id is never reused while cached)."""
+    hit = _LAYOUT_READS.get(id(assignment))
+    if hit is not None and hit[0] is g and hit[1] is assignment:
+        return hit[2]
+    chosen = assignment.choice
+    alias = dedupe_views(g)
+    nodes = tuple((g.node(name), s) for name, s in chosen.items() if name not in alias)
+    out = _LayoutReads(nodes, tuple(_redistributions(g, chosen, alias)))
+    if len(_LAYOUT_READS) > _LAYOUT_READS_LIMIT:
+        _LAYOUT_READS.clear()
+    _LAYOUT_READS[id(assignment)] = (g, assignment, out)
+    return out
+
+
+def _redistributions(g: OpGraph, chosen: dict[str, Strategy], alias: dict[str, str]):
+    """The tp redistributions the chosen layouts imply, one per (tensor, target layout, read
+    group), as (tensor, from, to, group, phase, label); under full recomputation a forward
+    one is rerun in backward (``redistribution_cost``'s runs)."""
     nodes = [n for n in g.nodes if n.name not in alias and n.op != "output"]
     reads = resolved_reads(g, reads_of(g, nodes, alias, _units_of_choice(nodes, alias, chosen)),
                            lambda read: [chosen.__getitem__], view_inverse(g))
-    out: list[Collective] = []
+    out = []
     for ref, rows in reads.items():
         if g.tensor(ref) is None:
             continue
@@ -158,17 +191,11 @@ def _redistributions(g: OpGraph, chosen: dict[str, Strategy], alias: dict[str, s
         for read, (b,) in rows:
             grp = read_group(g, read)
             b = b or "R"
-            if b == a or (b, grp) in seen:
-                continue
-            r = redistribution_cost(g, ref, a, b, grp, ctx)
-            if not r:
+            if b == a or (b, grp) in seen or redistribution(a, b) is None:
                 continue
             seen.add((b, grp))
             producer = g.node(ref.node)
-            label = f"{producer.module or producer.op}:{ref.node} ({a}->{b})"
-            if r.runs == 2:
-                out.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
-            out.append(Collective(r.kind, r.nbytes, read_phase(g, read), label, r.seconds))
+            out.append((ref, a, b, grp, read_phase(g, read), f"{producer.module or producer.op}:{ref.node} ({a}->{b})"))
     return out
 
 

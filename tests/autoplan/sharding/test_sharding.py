@@ -148,3 +148,16 @@ def test_gqa_with_fewer_kv_heads_than_tp_shards_query_heads_and_replicates_kv(gq
     def compute(bs):
         return bs.forward_s + bs.backward_s + bs.wgrad_s
     assert compute(eight) < 0.6 * compute(four)
+
+
+def test_repricing_a_layout_equals_pricing_it_afresh(gpt_block, a100):
+    """The layout's reads are derived once per assignment and re-priced per context: a second
+    context priced after the first gives exactly what pricing it with a cold memo gives."""
+    from autoplan.sharding import solve
+    a = solve_assignment(gpt_block, a100(8, sp=True))
+    contexts = [a100(8, sp=True), a100(8, sp=True, mbs=4, recompute="full"), a100(8, sp=True, mbs=2, cp=2)]
+    warm = [price_assignment(gpt_block, a, ctx) for ctx in contexts]
+    for ctx, got in zip(contexts, warm):
+        solve._LAYOUT_READS.clear()
+        assert price_assignment(gpt_block, a, ctx) == got
+    assert warm[1].recompute_s > 0 and any("[recompute]" in c.tensor for c in warm[1].collectives)
