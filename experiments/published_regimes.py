@@ -75,6 +75,23 @@ class Priced:
         return self.predicted_s / self.row.published_s - 1.0
 
 
+def engine_plan(plan: str, note: str, model: str) -> str:
+    """The row's plan in autoplan's recompute vocabulary, read from what its note says the run
+    did (the JSON's ``recompute=selective`` is torchtitan's word for two different policies):
+
+    * "selective op" / "selective (op)": torchtitan's selective op checkpointing -> ``op``;
+    * "selective layer": torchtitan's layer SAC, every 2nd layer fully checkpointed -> ``full:N``
+      with N = layers / 2 (pp = 1 in every such row: one stage holds every layer)."""
+    if "recompute=selective" not in plan:
+        return plan
+    if "selective op" in note or "selective (op)" in note:
+        return plan.replace("recompute=selective", "recompute=op")
+    if "selective layer" in note and "pp=1" in plan:
+        layers = int(model.split("layers=", 1)[1].split(",", 1)[0])
+        return plan.replace("recompute=selective", f"recompute=full:{layers // 2}")
+    return plan
+
+
 def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
     """The rows of ``regime_runs.json`` (regime = the note's ``group=``)."""
     path = path or os.path.join(REFERENCE, "regime_runs.json")
@@ -88,7 +105,7 @@ def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
         if cluster.endswith(".yaml"):
             cluster = os.path.join(os.path.dirname(path), cluster)
         out.append(RegimeRow(note["group"], note["id"], r["model"], cluster, r["seq"], r["global_batch"],
-                             r["plan"], r["iter_s"]))
+                             engine_plan(r["plan"], r["note"], r["model"]), r["iter_s"]))
     return out
 
 

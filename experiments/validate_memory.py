@@ -38,9 +38,7 @@ def memory_rows(path: str | None = None) -> list[dict]:
         must_fit = "group=memory-must-fit" in r["note"]
         if "mem_gib" not in r and not must_fit:
             continue
-        plan = r["plan"]
-        if "selective (op)" in r["note"]:
-            plan = plan.replace("recompute=selective", "recompute=op")
+        plan = pr.engine_plan(r["plan"], r["note"], r["model"])
         cluster = r["cluster"]
         if cluster.endswith(".yaml"):
             cluster = os.path.join(os.path.dirname(path), cluster)

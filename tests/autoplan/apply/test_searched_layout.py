@@ -38,9 +38,13 @@ def test_search_json_carries_a_versioned_layout(searched):
     kinds = [b["kind"] for b in layout["blocks"]]
     assert kinds == ["dense0", "@pre", "@post"]
     block = layout["blocks"][0]["params"]
-    # Megatron's column -> row pairs emerge in the blocks
-    assert block["attention.q_proj.weight"] == "S(0)" and block["attention.o_proj.weight"] == "S(1)"
-    assert block["feed_forward.up_proj.weight"] == "S(0)" and block["feed_forward.down_proj.weight"] == "S(1)"
+    # each region is Megatron's column -> row pair or left replicated (the ILP solves at the plan's
+    # own micro-batch: on this 64-wide model a replicated attention can be the cheaper one), and
+    # at least one region is sharded
+    pairs = [("attention.q_proj.weight", "attention.o_proj.weight"),
+             ("feed_forward.up_proj.weight", "feed_forward.down_proj.weight")]
+    assert all((block[a], block[b]) in {("S(0)", "S(1)"), ("R", "R")} for a, b in pairs), block
+    assert any(block[a] == "S(0)" for a, _ in pairs), block
 
 
 def test_layout_is_what_apply_resolves(searched):
