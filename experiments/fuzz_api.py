@@ -268,7 +268,7 @@ def nvlink_problems(p: dict, e: dict, domain: int, experts: int) -> list[str]:
     if p["ep"] > 1 and experts:
         want["ep"] = axis_groups(p, "ep")
     if p["cp"] > 1 and p["cp_algo"] != "ring":
-        sizes = {q["group_size"] for q in e["primitives"] if q["dim"] == "cp" and q["kind"] == "all_to_all"}
+        sizes = {q["group_size"] for q in e["primitives"] if q["axis"] == "cp" and q["kind"] == "all_to_all"}
         u = max(sizes) if sizes else (p["cp"] if p["cp_algo"] == "ulysses" else 1)
         if p["cp"] % u or (p["cp_algo"] == "ulysses" and u != p["cp"]):
             return [f"Ulysses group size {u} for cp={p['cp']} {p['cp_algo']}"]
@@ -314,7 +314,7 @@ def estimate_problems(e: dict, gpus: int, domain: int, model: Model, batch: int,
          + 1e-12, "sum of exposed > sum of times"),
     ]
     bad += [why for ok, why in checks if not ok]
-    bad += [f"primitive {q['dim']}/{q['kind']} exposed {q['exposed_s']} > time {q['time_s']}"
+    bad += [f"primitive {q['axis']}/{q['purpose']}/{q['kind']} exposed {q['exposed_s']} > time {q['time_s']}"
             for q in e["primitives"] if q["exposed_s"] > q["time_s"] * (1 + 2e-5) + 1e-12]
     if "layers" in p:
         cuts = [int(x) for x in str(p["layers"]).split("-")]

@@ -75,24 +75,31 @@ def run(args: argparse.Namespace) -> int:
         overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile, fsdp_prefetch=args.fsdp_prefetch,
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         memory_margin_gib=margin, params=params))
+    sampler = Sampler(estimator, args.samples, args.seed) if args.samples else None
+
+    def priced(plan):
+        """The plan's estimate, its band (None without samples) and its evidence flags."""
+        est = price(estimator, plan, args.global_batch)
+        band = sampler.band(plan, args.global_batch, est).fields() if sampler else None
+        return est, band, flags(plan, est, moe=bool(graph.model.experts))
+
+    def as_json(est, band, evidence) -> dict:
+        return rounded({**est.to_dict(), **(band or {}), "evidence": [f.to_dict() for f in evidence]})
+
     if args.plans:
         ests = []
         for i, plan in enumerate(plans):
             try:
-                ests.append(rounded(price(estimator, plan, args.global_batch).to_dict()))
+                ests.append(as_json(*priced(plan)))
             except UserError as e:
                 raise UserError(f"plans file {args.plans}, plan {i + 1} ({plan.to_string()}): {e.problem}",
                                 e.fix) from None
         print(json.dumps(ests, sort_keys=True))
         return 0
     plan = plans[0]
-    est = price(estimator, plan, args.global_batch)
-    band = Sampler(estimator, args.samples, args.seed).band(plan, args.global_batch, est).fields() \
-        if args.samples else None
-    evidence = flags(plan, est, moe=bool(graph.model.experts))
+    est, band, evidence = priced(plan)
     if args.json:
-        print(json.dumps(rounded({**est.to_dict(), **(band or {}), "evidence": [f.to_dict() for f in evidence]}),
-                         sort_keys=True))
+        print(json.dumps(as_json(est, band, evidence), sort_keys=True))
         return 0
     console = wide_console()
     console.print(run_header(graph, cluster, args.global_batch))

@@ -56,7 +56,7 @@ def plan_cells(plans: list, wide: bool = False) -> list[Text]:
     return cells
 
 
-DROPPABLE = ("comm", "bubble", "unvalidated", "throughput", "memory")   # left out, in this order, when narrow
+DROPPABLE = ("unvalidated", "comm", "bubble", "memory")    # columns left out, in this order, when narrow
 
 
 def scores(candidates: list) -> list[float]:
@@ -93,9 +93,9 @@ def plans_table(candidates: list, unit: str, *, wide: bool = False, width: int =
                "mfu": ("MFU", [percent(e.mfu) for e in es]),
                "memory": (f"GiB / {es[0].memory_limit_gib:.1f}", [f"{e.memory_gib:.1f}" for e in es]),   # one cluster
                "bubble": ("bubble", [percent(e.bubble_fraction) for e in es]),
-               "comm": ("comm exp.", [seconds(e.comm_exposed_s) for e in es]),
-               "unvalidated": ("unvalidated", [",".join(f.regime for f in getattr(c, "evidence", ())) or "-"
-                                               for c in candidates])})
+               "comm": ("comm exp.", [seconds(e.comm_exposed_s) for e in es])})
+    if any(getattr(c, "evidence", ()) for c in candidates):
+        numbers["unvalidated"] = ("unvalidated", [",".join(f.regime for f in c.evidence) or "-" for c in candidates])
     title = f"Top {len(candidates)} distinct meshes" + (f", ranked by {objective}" if banded and objective else "")
     longest_word = max((len(w) for cell in cells for w in cell.plain.split()), default=4)
     measure = Console(width=10_000)

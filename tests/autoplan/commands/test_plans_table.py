@@ -22,7 +22,7 @@ def _candidates(rows=TOP5):
     out = []
     for text, step in rows:
         e = SimpleNamespace(step_time_s=step, throughput=1024 * 2048 / step, mfu=0.567, memory_gib=69.04,
-                            hbm_gib=74.5, bubble_fraction=0.077, comm_exposed_s=0.3212)
+                            hbm_gib=74.5, memory_limit_gib=70.5, bubble_fraction=0.077, comm_exposed_s=0.3212)
         out.append(SimpleNamespace(plan=Plan.parse(text, num_gpus=1024), estimate=e))
     return out
 

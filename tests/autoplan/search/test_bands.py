@@ -76,8 +76,8 @@ def test_params_override_slows_the_network_and_bad_files_exit_2(cli, tmp_path):
             "--json", "--samples", "0")
     base = json.loads(cli(*args).stdout)
     slowed = json.loads(cli(*args, "--params", str(slow)).stdout)
-    dp = [p for p in base["primitives"] if p["dim"] == "dp"]
-    dp_slow = [p for p in slowed["primitives"] if p["dim"] == "dp"]
+    dp = [p for p in base["primitives"] if p["axis"] == "dp"]
+    dp_slow = [p for p in slowed["primitives"] if p["axis"] == "dp"]
     assert dp and all(b["time_s"] > a["time_s"] * 1.5 for a, b in zip(dp, dp_slow))
     bad = tmp_path / "bad.yaml"
     bad.write_text("nic_eficiency: 0.8\n")
