@@ -75,6 +75,7 @@ def _greedy(est, plan, global_batch):
     return [next((p for p in RECOMPUTE if per[p].memory_per_stage_gib[r] <= hbm), "full") for r in range(plan.pp)]
 
 
+@pytest.mark.slow        # 15-45 s per case on 2 cores; CI runs the slow tier too
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_search_matches_brute_force(case):
     spec, seq, cluster_name, batch = CASES[case]

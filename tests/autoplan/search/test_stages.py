@@ -30,6 +30,7 @@ def _run(model, cluster, batch):
     return text, result.stats.plans_priced
 
 
+@pytest.mark.slow        # 15-45 s per case on 2 cores; CI runs the slow tier too
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_shortcuts_keep_the_top_k_and_price_fewer_plans(case, monkeypatch):
     spec, seq, cluster_name, batch, binds = CASES[case]
