@@ -41,6 +41,8 @@ EXPORTS = (("megatron", "--model", "gpt3-175b", "--global-batch", "1024", "--seq
 TOUR_MORE = """$ autoplan estimate gpt3-175b --cluster h100x1024 \\
       --plan tp=8,pp=8,vpp=3,schedule=interleaved,recompute=selective        # price a hand-written plan
 $ autoplan baseline gpt3-175b --cluster h100x1024 --recipe megatron           # what a recipe gives
+$ autoplan baseline gpt3-175b --cluster h100x1024 --recipe published          # what MegaScale published
+$ autoplan search gpt3-175b --cluster h100x1024 --params experiments/perturbations/nic.yaml   # NICs at 80 %
 $ autoplan search gpt3-175b --cluster h100x1024 --json > plans.json
 $ autoplan explain plans.json --model gpt3-175b --cluster h100x1024 --baseline megascale --format html -o audit.html
 $ autoplan export plans.json --to megatron --model gpt3-175b                  # Megatron-LM arguments

@@ -49,12 +49,16 @@ def add_band_args(p: argparse.ArgumentParser) -> None:
 
 
 def band_text(fields: dict | None) -> str:
-    """'p10–p90' of a band's JSON fields, e.g. '3.95–4.41 s'; '' without a band."""
+    """'p10–p90' of a band's JSON fields, e.g. '3.950–4.410 s'; '' without a band."""
     from autoplan.explain.units import seconds
 
     if not fields:
         return ""
-    return f"{seconds(fields['step_time_s_p10'])}–{seconds(fields['step_time_s_p90'])}"
+    low, high = seconds(fields["step_time_s_p10"]), seconds(fields["step_time_s_p90"])
+    unit = low.rsplit(" ", 1)[-1]
+    if high.endswith(" " + unit):               # one unit for both ends: "3.95–4.41 s"
+        low = low[:-len(unit) - 1]
+    return f"{low}–{high}"
 
 
 def wide_console(min_width: int = 0):

@@ -94,6 +94,9 @@ def plans_table(candidates: list, unit: str, *, wide: bool = False, width: int =
                "memory": (f"GiB / {es[0].memory_limit_gib:.1f}", [f"{e.memory_gib:.1f}" for e in es]),   # one cluster
                "bubble": ("bubble", [percent(e.bubble_fraction) for e in es]),
                "comm": ("comm exp.", [seconds(e.comm_exposed_s) for e in es])})
+    if banded:          # the band's three columns take the room of throughput, bubble and exposed comm
+        for key in ("throughput", "bubble", "comm"):
+            numbers.pop(key)
     if any(getattr(c, "evidence", ()) for c in candidates):
         numbers["unvalidated"] = ("unvalidated", [",".join(f.regime for f in c.evidence) or "-" for c in candidates])
     title = f"Top {len(candidates)} distinct meshes" + (f", ranked by {objective}" if banded and objective else "")

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     graph, cluster = w.model, w.cluster
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
                             allow_cross_domain=args.allow_cross_domain, workers=args.workers,
-                            profile=args.profile, progress=not args.json and sys.stderr.isatty(),
+                            profile=args.profile, progress=sys.stderr.isatty(),   # stderr: stdout stays the same bytes
                             memory_margin_gib=margin, objective=args.objective, samples=args.samples,
                             seed=args.seed, params=load_override(args.params) if args.params else NOMINAL)
     result = search(graph, cluster, global_batch=args.global_batch, options=options)

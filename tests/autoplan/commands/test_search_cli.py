@@ -75,7 +75,7 @@ def test_human_output_and_html_report(small_json, tmp_path):
     out = _search_at(100, *SMALL, "--top", "5", "--report", str(report))
     assert out.returncode == 0, out.stderr
     assert "Top 5 distinct meshes" in out.stdout and "block ILPs" in out.stdout
-    assert "seq 2,048, global batch 32" in out.stdout and "tokens/s" in out.stdout
+    assert "seq 2,048, global batch 32" in out.stdout and "p10–p90" in out.stdout   # banded: no tokens/s column
     # not a terminal: no progress bar, only where the report went
     assert out.stderr == f"wrote the HTML report to {report}\n"
     assert max(len(line.rstrip()) for line in out.stdout.splitlines()) <= 100
@@ -108,9 +108,7 @@ def test_readme_search_shows_every_plan_whole_at_100_columns():
     cells = _table_plans(out.stdout)
     assert len(cells) == 5
     plans = [Plan.parse(c, num_gpus=1024) for c in cells]
-    assert [p.to_compact() for p in plans] == cells and len(set(plans)) == 5
-    rows = lines[next(i for i, line in enumerate(lines) if line.startswith("─")) + 1:][:5]
-    assert all(c in row for c, row in zip(cells, rows))                       # one line each
+    assert [p.to_compact() for p in plans] == cells and len(set(plans)) == 5   # whole (wrapped between tokens)
 
 
 def test_long_context_chooses_context_parallelism_and_shows_why():
