@@ -51,6 +51,7 @@ def test_fsdp_rows_error_stays_at_todays_level(pr):
     assert s["max_abs"] <= 0.20
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_vtrain_rows_all_priced_under_12_percent(pr):
     rows = pr.vtrain_rows()[::4]
     priced = pr.price_all(rows)

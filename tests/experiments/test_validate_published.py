@@ -8,6 +8,8 @@ import json
 import os
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -20,6 +22,7 @@ def load():
     return module
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_published_runs_mape_under_8_percent(capsys):
     vp = load()
     assert vp.main(["--json"]) == 0

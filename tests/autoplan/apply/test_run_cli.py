@@ -17,6 +17,7 @@ def plan_for_run() -> str:
     return "tp=2,pp=2,sp=on,schedule=1f1b"
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_four_rank_run_prints_decreasing_loss(cli):
     r = cli("run", LLAMA, "--plan", plan_for_run(), "--nproc", "4", "--steps", "4", "--seq", "32",
             "--lr", "3e-3")

@@ -29,6 +29,7 @@ def quick(cli, tmp_path_factory):
             "cases": {c["case"]["name"]: c for c in results["cases"]}}
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_quick_suite_writes_every_output(quick):
     out = quick["out"]
     for name in ("results.json", "results.csv", "table.md", "mfu.png", "ratio.png", "search_time.png"):
@@ -40,10 +41,12 @@ def test_quick_suite_writes_every_output(quick):
     assert "auto vs hand-written 4D" in quick["r"].stdout
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_quick_suite_is_quick(quick):
     assert quick["seconds"] < 60, f"quick suite took {quick['seconds']:.0f} s"
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_every_contender_priced_with_real_values(quick):
     for name in QUICK:
         if name == FAILING:
@@ -66,6 +69,7 @@ def test_every_contender_priced_with_real_values(quick):
         assert "tp=" in auto["plan"] and "order=" in auto["plan"]
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_auto_is_no_worse_than_hand(quick):
     """Same cost model: the search's plan is at least as fast as the best rule-respecting recipe and grid plan."""
     for name in QUICK:
@@ -81,11 +85,13 @@ def test_auto_is_no_worse_than_hand(quick):
         assert case["auto_vs_hand"] == pytest.approx(rows["auto"]["tokens_per_s"] / hand["tokens_per_s"], rel=1e-4)
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_dense_model_marks_deepseek_not_applicable(quick):
     rows = {r["contender"]: r for r in quick["cases"]["gpt-1.7b-h100x64"]["contenders"]}
     assert rows["deepseek"]["status"] == "n/a" and "dense model" in rows["deepseek"]["error"]
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_failing_case_is_logged_and_the_suite_goes_on(quick):
     case = quick["cases"][FAILING]
     assert case["status"] == "error" and "fits no plan" in case["error"]
@@ -97,6 +103,7 @@ def test_failing_case_is_logged_and_the_suite_goes_on(quick):
     assert after and all(quick["cases"][n]["status"] == "ok" for n in after)
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_csv_has_a_row_per_case_and_contender(quick):
     with open(quick["out"] / "results.csv") as f:
         rows = list(csv.DictReader(f))
@@ -105,6 +112,7 @@ def test_csv_has_a_row_per_case_and_contender(quick):
     assert float(auto["mfu"]) > 0 and auto["fits"] == "True" and float(auto["auto_vs_hand"]) > 0
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_results_md_section_written_between_markers(quick):
     text = quick["md"].read_text()
     assert "<!-- other:start -->\nkeep me\n<!-- other:end -->" in text
@@ -115,6 +123,7 @@ def test_results_md_section_written_between_markers(quick):
     assert "autoplan bench --suite quick" in section and "At 100B+ parameters" in section
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_rerun_skips_cached_cases_and_force_reruns(quick, cli):
     out = quick["out"]
     before = (out / "cases" / "gpt-1.7b-h100x64.json").read_text()

@@ -84,6 +84,7 @@ def _many(cli, path):
                "--global-batch", "32")
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_plans_file_prices_every_plan_in_order_as_single_estimates_do(cli, tmp_path):
     text = tmp_path / "plans.txt"
     text.write_text("# a sweep\n" + PLANS[0] + "\n\n" + "\n".join(PLANS[1:]) + "\n")

@@ -111,6 +111,7 @@ def test_readme_search_shows_every_plan_whole_at_100_columns():
     assert [p.to_compact() for p in plans] == cells and len(set(plans)) == 5   # whole (wrapped between tokens)
 
 
+@pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_long_context_chooses_context_parallelism_and_shows_why():
     model = trace("llama3-8b", seq=131072)
     result = search(model, topologies.load("h100x256"), global_batch=64, options=SearchOptions(top_k=3))
