@@ -60,6 +60,7 @@ def test_layout_is_what_apply_resolves(searched):
     assert applied != rule                      # the searched layout, not Megatron's rule, reaches apply
 
 
+@pytest.mark.slow        # a multi-rank gloo run behind a shared fixture (> 10 s on 2 cores); CI runs the slow tier too
 def test_run_uses_the_searched_layout_and_matches_one_process(searched, cli):
     path, _ = searched
     r = cli("run", LLAMA, "--plan", str(path), "--nproc", "4", "--steps", "2", "--seq", "64",

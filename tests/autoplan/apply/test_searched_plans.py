@@ -61,6 +61,7 @@ def runs():
     return configs, verify(configs, nproc=8, timeout=600)
 
 
+@pytest.mark.slow        # an 8-rank gloo run behind a shared fixture; CI runs the slow tier too
 def test_searched_plans_cover_tp_and_pp(runs):
     configs, _ = runs
     plans = [c.plan for c in configs]
@@ -69,6 +70,7 @@ def test_searched_plans_cover_tp_and_pp(runs):
     assert tp_plans and all(any(v != "R" for v in c.placements.values()) for c in tp_plans)
 
 
+@pytest.mark.slow        # an 8-rank gloo run behind a shared fixture; CI runs the slow tier too
 def test_searched_plans_match_one_process(runs):
     configs, checks = runs
     for config, check in zip(configs, checks):

@@ -84,6 +84,7 @@ def checks_8():
     return verify(_configs(8), nproc=8, timeout=600)
 
 
+@pytest.mark.slow        # a multi-rank gloo run behind a shared fixture (> 10 s on 2 cores); CI runs the slow tier too
 @pytest.mark.parametrize("index", range(len(plans_for_verification(4))),
                          ids=[p for _, p, _ in plans_for_verification(4)])
 def test_four_rank_plans_match_one_process(checks_4, index):
@@ -100,6 +101,7 @@ def test_eight_rank_plans_match_one_process(checks_8, index):
     assert len(check.losses) == 3 and check.tensors > 0
 
 
+@pytest.mark.slow        # a multi-rank gloo run behind a shared fixture (> 10 s on 2 cores); CI runs the slow tier too
 def test_a_corrupted_placement_is_a_mismatch(checks_4):
     check = checks_4[len(plans_for_verification(4))]
     assert not check.ok() and check.worst_tensor_rel > 100 * check.tolerance.value, check.summary()
