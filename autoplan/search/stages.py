@@ -192,20 +192,7 @@ def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tup
 def _floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
     recompute policies ask for the same plans); a UserError is remembered and raised again."""
-    memo = _MEMO.setdefault(est, {})
-    key = ("floor", plan, global_batch)
-    hit = memo.get(key)
-    if hit is None:
-        try:
-            hit = plan_floor(est, plan, global_batch)
-        except UserError as err:
-            hit = err
-        if len(memo) > MEMO_LIMIT:
-            memo.clear()
-        memo[key] = hit
-    if isinstance(hit, UserError):
-        raise hit
-    return hit
+    return _memoised(est, ("floor", plan, global_batch), lambda: plan_floor(est, plan, global_batch))
 
 
 def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
@@ -328,12 +315,16 @@ def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
     plans; a UserError is remembered and raised again)."""
     if not REUSE:
         return est.estimate(plan, global_batch, detail=False)
+    return _memoised(est, (plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
+
+
+def _memoised(est: Estimator, key: tuple, compute):
+    """``compute()`` remembered per Estimator under ``key`` (a UserError too, raised again)."""
     memo = _MEMO.setdefault(est, {})
-    key = (plan, global_batch)
     hit = memo.get(key)
     if hit is None:
         try:
-            hit = est.estimate(plan, global_batch, detail=False)
+            hit = compute()
         except UserError as err:
             hit = err
         if len(memo) > MEMO_LIMIT:
