@@ -123,7 +123,7 @@ class Estimator:
         pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.sample_positions, self.hidden, detail=detail)
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
         pol = fsdp.policy(self.options, plan)
-        mems = self.rank_memories(plan, mesh, pipe, m)
+        mems = self.rank_memories(plan, mesh, pipe, m, pol)
         dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m, pol)
                     for mem in mems]
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
@@ -153,7 +153,8 @@ class Estimator:
                   for c in pipe.rank_chunks[rank]]
         return fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
 
-    def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int) -> list[memory.RankMemory]:
+    def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int,
+                      pol: fsdp.Policy | None = None) -> list[memory.RankMemory]:
         """Per pipeline rank: states, the live activation peak of its schedule order, transients
         (reads the pipeline's bags only, so the search's floor can ask before simulating)."""
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
@@ -161,7 +162,7 @@ class Estimator:
         loss = memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0)
         ends = frozenset(id(self.part(k, plan, "none", mesh)) for k in ("@pre", "@post"))
         dense_dp, expert_dp = len(mesh.group(DENSE_DP)), len(mesh.group(EXPERT_DP))
-        pol = fsdp.policy(self.options, plan)
+        pol = pol or fsdp.policy(self.options, plan)
         return [memory.rank_memory(plan, pipe, r, peaks[r], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss,
                                    ends=ends, microbatches=m, pol=pol) for r in range(plan.pp)]
 
