@@ -10,8 +10,8 @@ zero   collectives per step                                           overlapped
 0      all-reduce of the gradients, once                              the last backward
 1      reduce-scatter of the gradients + all-gather of the updated    last backward /
        parameters, once (Megatron's distributed optimizer)            first forward
-2      reduce-scatter per micro-batch (sharded gradients cannot       that micro-batch's
-       accumulate whole) + parameter all-gather once                  compute
+2      reduce-scatter per micro-batch at pp = 1 (once per step         that micro-batch's
+       under PP, as ZeRO-3) + parameter all-gather once               compute
 3      2 all-gathers (forward, backward) and 1 reduce-scatter per     that micro-batch's
        micro-batch (FSDP)                                             compute
 =====  =============================================================  =======================
@@ -19,8 +19,9 @@ zero   collectives per step                                           overlapped
 ZeRO-1 is Megatron's distributed optimizer (one reduce-scatter per step, after the last
 backward); ZeRO-2 reduces every micro-batch (DeepSpeed ZeRO-2, FSDP2 SHARD_GRAD_OP).  ZeRO-3
 is FSDP2 (``fsdp``): its gathers and reduce-scatters are counted per its policy (reshard after
-forward or not; gradients reduced every micro-batch at pp = 1, once per step under PP) and their
-exposure is simulated unit by unit (``fsdp.step_exposure``), not by the formula below.
+forward or not; gradients reduced every micro-batch at pp = 1, once per step under PP).  The
+exposure of ZeRO-2 and ZeRO-3 is simulated unit by unit (``fsdp.step_exposure``: the last
+reduce-scatter of every backward is exposed, as the runtimes wait for it), not by the formula below.
 
 With ``overlap_grad_reduce`` off, every collective is exposed.  The optimizer step is memory
 bound: ``OPTIMIZER_BYTES_PER_PARAM`` bytes of HBM traffic per parameter of the rank's shard.
@@ -36,7 +37,7 @@ from autoplan.plan import Plan
 OPTIMIZER_BYTES_PER_PARAM = 32.0
 GRAD_REDUCE_BYTES = fsdp.GRAD_REDUCE_BYTES    # fp32 (Megatron's default main grads, FSDP reduce_dtype fp32)
 PARAM_GATHER_BYTES = fsdp.PARAM_GATHER_BYTES  # bf16
-PER_MICROBATCH = ("grad_mb", "zero3")          # "zero3_step": ZeRO-3 traffic of some passes only
+PER_MICROBATCH = ("zero3",)                    # "zero3_step": ZeRO-2/3 traffic of some passes only
 
 
 def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, edp_ranks, m: int,
@@ -54,25 +55,23 @@ def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, ed
         elif plan.zero == 1:
             out.append(DpComm("reduce_scatter", grads, 1, comms.collective("reduce_scatter", grads, ranks), ranks, "grad"))
             out.append(DpComm("all_gather", params, 1, comms.collective("all_gather", params, ranks), ranks, "param"))
-        elif plan.zero == 2:
-            t_rs = comms.collective("reduce_scatter", grads, ranks)
-            out.append(DpComm("reduce_scatter", grads, m, m * t_rs, ranks, "grad_mb"))
-            out.append(DpComm("all_gather", params, 1, comms.collective("all_gather", params, ranks), ranks, "param"))
-        else:
+        else:                     # ZeRO-2 is ZeRO-3 that never reshards (fsdp.policy)
             out += _zero3_comms(comms, plan, params, grads, ranks, m, pol)
     return out
 
 
 def _zero3_comms(comms: Comms, plan: Plan, params: float, grads: float, ranks, m: int,
                  pol: fsdp.Policy | None) -> list[DpComm]:
-    """FSDP2's gathers (forward passes, and backward ones under reshard) and reduce-scatters per step."""
-    pol = pol or fsdp.Policy(fsdp.DEFAULT_PREFETCH, plan.pp == 1, plan.pp == 1)
+    """FSDP2's gathers (forward passes, and backward ones under reshard) and reduce-scatters per
+    step; ZeRO-2 is the policy that never reshards.  Labelled ``zero3`` when they recur every
+    micro-batch, ``zero3_step`` when only some passes carry them."""
+    pol = pol or fsdp.Policy(fsdp.DEFAULT_PREFETCH, plan.pp == 1 and plan.zero == 3, plan.pp == 1)
     gathers, reduces, gather_only = fsdp.passes(pol, m)
     t_ag = comms.collective("all_gather", params, ranks)
     t_rs = comms.collective("reduce_scatter", grads, ranks)
-    every = "zero3" if pol.reshard and pol.reduce_every_microbatch else "zero3_step"
-    out = [DpComm("all_gather", params, gathers, gathers * t_ag, ranks, every),
-           DpComm("reduce_scatter", grads, reduces, reduces * t_rs, ranks, every)]
+    out = [DpComm("all_gather", params, gathers, gathers * t_ag, ranks, "zero3" if pol.reshard else "zero3_step"),
+           DpComm("reduce_scatter", grads, reduces, reduces * t_rs, ranks,
+                  "zero3" if pol.reduce_every_microbatch else "zero3_step")]
     if pol.reshard:      # backward re-gathers (all but the units kept gathered: not counted per micro-batch)
         out.append(DpComm("all_gather", params, reduces + gather_only, (reduces + gather_only) * t_ag, ranks,
                           "zero3_step"))
@@ -87,8 +86,8 @@ def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: flo
                zero3_exposed: float | None = None, hide: float = 1.0) -> float:
     """Seconds the data-parallel collectives add to the step.
 
-    ZeRO-3 with overlap: ``zero3_exposed`` (``fsdp.step_exposure``, which takes the same ``hide``).
-    Otherwise per micro-batch traffic (ZeRO-2 gradient reduce-scatter) hides behind that
+    ZeRO-2/3 with overlap: ``zero3_exposed`` (``fsdp.step_exposure``, which takes the same ``hide``).
+    Otherwise (no FSDP simulation given) per micro-batch traffic hides behind that
     micro-batch's compute; once-per-step traffic behind the last backward (gradients) and the
     first forward (parameter all-gather), as Megatron overlaps them.  ``hide``: the share of those
     compute windows the traffic can hide behind (1 at the point estimate)."""

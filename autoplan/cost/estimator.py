@@ -143,9 +143,9 @@ class Estimator:
 
     def _zero3_exposed(self, plan: Plan, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
                        dp_ranks, edp_ranks) -> float | None:
-        """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-3 (``fsdp``), None otherwise.
+        """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-2/3 (``fsdp``), None otherwise.
         Per-layer collectives share the links when the dense dp group lies inside one NVLink domain."""
-        if plan.zero < 3:
+        if plan.zero < 2:
             return None
         shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
         last = len(pipe.bags) - 1

@@ -1,4 +1,4 @@
-"""ZeRO-3 as FSDP2 runs it: per-unit all-gathers and reduce-scatters overlapped layer by layer.
+"""ZeRO-3 (and ZeRO-2) as FSDP2 runs it: per-unit all-gathers and reduce-scatters overlapped layer by layer.
 
 FSDP2 (``fully_shard`` on every transformer block and on the root: embedding, final norm, head)
 gathers a unit's parameters just before its forward and backward, and reduce-scatters its
@@ -24,6 +24,12 @@ forward) with it off; reduce-scatters every micro-batch at pp = 1 (FSDP2 without
 torchtitan accumulates gradients) and once, at the last backward of each chunk, at pp > 1
 (``torch.distributed.pipelining`` disables gradient sync and resharding until then; torchtitan
 turns reshard-after-forward off under PP).
+
+ZeRO-2 is the same simulation with reshard off and gradients reduced every micro-batch (FSDP2's
+SHARD_GRAD_OP, DeepSpeed ZeRO-2 with ``overlap_comm``): each micro-batch's backward ends with its
+root's reduce-scatter (and whatever of the queue the compute did not cover) exposed, since both
+runtimes wait for the reduction stream at the end of every backward (FSDP2's
+``finalize_backward``, DeepSpeed's reduction epilogue).
 """
 from __future__ import annotations
 
@@ -49,8 +55,10 @@ class Policy:
 
 
 def policy(options: EstimateOptions, plan: Plan) -> Policy:
-    """The runtime's defaults (FSDP2 / torchtitan) unless the options say otherwise."""
-    reshard = options.fsdp_reshard_after_forward
+    """The runtime's defaults (FSDP2 / torchtitan) unless the options say otherwise.  ZeRO-2 is
+    FSDP2's SHARD_GRAD_OP (DeepSpeed ZeRO-2 alike): ZeRO-3 with reshard-after-forward off, the
+    parameters gathered once, at the step's first forward; gradients synced as ZeRO-3's."""
+    reshard = False if plan.zero == 2 else options.fsdp_reshard_after_forward
     if reshard is None:
         reshard = plan.pp == 1
     return Policy(max(1, options.fsdp_prefetch), reshard, plan.pp == 1)

@@ -82,7 +82,7 @@ class DpComm:
     calls: int
     seconds: float             # all calls
     ranks: tuple[int, ...]
-    when: str                  # grad | param (once) | grad_mb | zero3 (every micro-batch) | zero3_step (some passes)
+    when: str                  # grad | param (once) | zero3 (every micro-batch) | zero3_step (some passes): ZeRO-2/3
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ shared with per-layer collectives, reshard-after-forward, gradient sync per micr
 import pytest
 
 from autoplan.cost import EstimateOptions, Estimator
-from autoplan.cost.fsdp import Policy, Unit, step_exposure
+from autoplan.cost.fsdp import Policy, Unit, policy, step_exposure
 from autoplan.plan import Plan
 
 MODEL = "llama:layers=8,hidden=1024,heads=16,kv_heads=4,ffn=4096,vocab=8000"
@@ -83,3 +83,20 @@ def test_deeper_prefetch_holds_more_gathered_layers(fsdp16):
     two = _est(fsdp16, "dp=16,mbs=1,zero=3", fsdp_prefetch=2)
     assert two.memory_gib > one.memory_gib
     assert two.time_breakdown_s["dp_exposed"] <= one.time_breakdown_s["dp_exposed"] + 1e-12
+
+
+def test_zero2_is_fsdp_that_never_reshards_and_exposes_each_backwards_last_reduce_scatter():
+    pol = policy(EstimateOptions(fsdp_reshard_after_forward=True), Plan.parse("dp=8,zero=2", num_gpus=8))
+    assert pol == Policy(1, False, True)
+    # gathered once (root 1 + first block 1 exposed); every backward: blocks end at 20, 40, 60 and
+    # their reduce-scatters (2 each) follow them; the root's runs 62..64 after all compute: 4 each
+    assert step_exposure([_units()], pol, 3) == pytest.approx(2.0 + 3 * 4.0)
+
+
+def test_zero2_across_nodes_shows_exposed_gradient_traffic(fsdp16):
+    est = _est(fsdp16, "dp=16,mbs=1,zero=2")                # m = 2 micro-batches
+    assert est.time_breakdown_s["dp_exposed"] > 0 and est.comm_exposed_s > 0
+    assert sum(p.calls_per_step for p in _dp(est, "reduce_scatter")) == 2
+    assert sum(p.calls_per_step for p in _dp(est, "all_gather")) == 1
+    zero3 = _est(fsdp16, "dp=16,mbs=1,zero=3")
+    assert est.time_breakdown_s["dp_exposed"] < zero3.time_breakdown_s["dp_exposed"]
