@@ -63,8 +63,8 @@ def test_bounds_are_below_every_recompute_policy():
             for policy in ("none", "selective", "full"):
                 step = est.estimate(plan.replace(recompute=(policy,)), batch, detail=False).step_time_s
                 assert bound <= step and floor <= step
-            # 1F1B's floor is nearly exact, except for ZeRO-3's exposed gathers (not in the floor)
-            tight = schedule == "1f1b" and plan.zero < 3
+            # 1F1B's floor is nearly exact, except for ZeRO-2/3's exposed FSDP traffic (not in the floor)
+            tight = schedule == "1f1b" and plan.zero < 2
             assert bound >= (0.99 if tight else 0.75) * none.step_time_s, (plan, bound)
             checked += 1
     assert checked >= 30
