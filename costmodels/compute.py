@@ -14,13 +14,17 @@ For an op with ``flops`` FLOPs that moves ``nbytes`` bytes through HBM::
   bias/activation/dropout/residual kernels (Megatron, torch.compile).
 * ``overhead_s`` is a per-kernel launch/tail cost on the GPU.
 * ``host_floor_s`` is the CPU side of one eager op (Python, the dispatcher, autograd, the
-  launch call): the host issues kernels no faster than one per ``host_floor_s``, so a kernel
-  shorter than that leaves the GPU waiting for the next launch.  An op costs at least that::
+  launch call): the host issues kernels (and collectives) no faster than one per
+  ``host_floor_s``.  The GPU runs them asynchronously, so the host and the GPU are two stages
+  of one pipeline: a long GEMM lets the host run ahead over the short kernels after it.  Over
+  a phase of N launches (a layer's forward, or its backward) the steady state is::
 
-      t_op = max(t_gpu, host_floor_s)
+      t_phase = max(Σ t_gpu (+ its exposed collectives), N · host_floor_s)
 
-  It is what keeps a small transformer layer from getting faster than ~3 ms per micro-batch
-  on vTrain's Megatron-DeepSpeed A100 runs (fitted there: ``experiments/fit_host_floor.py``).
+  (``autoplan.cost.parts``; ``op_time`` is the GPU side only).  It is what keeps a small
+  transformer layer from getting faster than ~3 ms per micro-batch on vTrain's
+  Megatron-DeepSpeed A100 runs, whatever its micro-batch or tp (fitted there:
+  ``experiments/fit_host_floor.py``).
 
 Profiles are YAML data files in ``costmodels/profiles/<gpu>.yaml`` (or any path
 given with ``--profile``); ``autoplan calibrate`` writes new ones from measurements.
@@ -91,7 +95,7 @@ def _load_profile_file(path: str) -> ComputeProfile:
 
 def op_time(kind: str, flops: float, nbytes: float, *, peak_flops: float, hbm_bw: float,
             profile: ComputeProfile, gemm: tuple[float, float, float] | None = None) -> float:
-    """Seconds for one op on one GPU.
+    """GPU seconds for one op on one GPU (the host's launch floor is applied per phase, above).
 
     ``kind``: "gemm" (needs ``gemm`` = local (M, N, K)), "attention_fwd",
     "attention_bwd", or "memory" (elementwise, norms, reductions, copies).
@@ -107,4 +111,4 @@ def op_time(kind: str, flops: float, nbytes: float, *, peak_flops: float, hbm_bw
     else:
         t_compute = flops / (peak_flops * profile.gemm_peak_fraction)
         t_memory = nbytes * profile.fusion / (hbm_bw * profile.memory_fraction)
-    return max(max(t_compute, t_memory) + profile.overhead_s, profile.host_floor_s)
+    return max(t_compute, t_memory) + profile.overhead_s

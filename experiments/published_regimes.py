@@ -4,7 +4,8 @@ Read by ``experiments/validate_published.py --regimes``.  Two sources in ``../sh
 
 * ``regime_runs.json`` (torchtitan FSDP on A100 and H100; published layouts that must fit):
   each row carries its model spec, cluster, sequence, global batch and plan string; it is
-  priced exactly as written (gradient reduction overlapped, as FSDP does).
+  priced exactly as written (gradient reduction overlapped, as FSDP does).  The torchtitan
+  A100 rows' network is not published: ``TORCHTITAN_A100_NETWORK`` is fitted to them.
 * ``vtrain/ground_truth_single.csv``: 1,440 Megatron-DeepSpeed GPT runs on one 8x A100-SXM4
   node (fp16, iteration ms).  Mapping, the same for every row: GPT-2 vocabulary padded to
   50,304; unfused attention (2023 Megatron-DeepSpeed: fused softmax, no flash attention);
@@ -22,6 +23,7 @@ group's measured best.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -46,6 +48,12 @@ VTRAIN_OPTIONS = EstimateOptions(overlap_grad_reduce=False, profile=VTRAIN_PROFI
 RANK_TOLERANCE = 0.05
 VTRAIN_LINKS = {"nvlink_efficiency": 0.72, "nvlink_latency": 1.5e-6, "launch_latency": 48.0e-6}
 """The vTrain node's NVLink as its own nccl-tests LUTs measure it (experiments/fit_nccl_lut.py)."""
+TORCHTITAN_A100 = "torchtitan-a100x64"
+TORCHTITAN_A100_NETWORK = {"nics_per_node": 2}
+"""The torchtitan A100 rows' network, which their source does not state: 8x A100 80GB nodes with
+2x HDR 200G per node (400 Gb/s), fitted to the 8 rows by experiments/fit_a100_network.py (1, 2, 4
+or 8 NICs; 2 wins).  400 Gb/s per node is what AWS p4de (8x A100 80GB, 4x 100G EFA) has; a DGX
+A100's 8 NICs price the two comm-heavy rows 11-19 % fast."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,8 @@ def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
         cluster = r["cluster"]
         if cluster.endswith(".yaml"):
             cluster = os.path.join(os.path.dirname(path), cluster)
+        elif cluster == "a100x64" and r["src"].lower().startswith("torchtitan"):
+            cluster = TORCHTITAN_A100
         out.append(RegimeRow(note["group"], note["id"], r["model"], cluster, r["seq"], r["global_batch"],
                              engine_plan(r["plan"], r["note"], r["model"]), r["iter_s"]))
     return out
@@ -146,6 +156,8 @@ def _cluster(name: str):
             raw = yaml.safe_load(f)
         raw.update(GRAND_TETON_GPU)
         return from_mapping(raw, default_name=os.path.basename(name)[:-5], source=name)
+    if name == TORCHTITAN_A100:
+        return dataclasses.replace(topologies.load("a100x64"), **TORCHTITAN_A100_NETWORK)
     if not name.startswith("vtrain:"):
         return topologies.load(name)
     n = int(name.split(":")[1])

@@ -17,7 +17,7 @@ from autoplan.cost.comms import Comms
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.tp import BlockLayouts, tp_cost
-from autoplan.cost.types import Part
+from autoplan.cost.types import AxisCost, Part
 from autoplan.ir import ModelInfo, OpGraph
 from autoplan.mesh import Mesh
 from autoplan.opkinds import is_attention_core, is_expert_param, is_model_flop_op
@@ -36,8 +36,9 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
     dense, expert = _param_split(graph, bs, plan)
     unsaved = layouts.sharding(graph_key, graph, plan, "none", mesh).saved_bytes if recompute != "none" else 0.0
     backward_s = bs.backward_s + (comms.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
+    forward_s, backward_s, wgrad_s = host_bound(comms.profile.host_floor_s, bs, tp, backward_s)
     return Part(
-        forward_s=bs.forward_s, backward_s=backward_s, wgrad_s=bs.wgrad_s,
+        forward_s=forward_s, backward_s=backward_s, wgrad_s=wgrad_s,
         exposed_fwd_s=tp.exposed_fwd_s + cp.exposed_fwd_s + ep.exposed_fwd_s,
         exposed_bwd_s=tp.exposed_bwd_s + cp.exposed_bwd_s + ep.exposed_bwd_s,
         ep_fwd_s=ep.exposed_fwd_s, ep_bwd_s=ep.exposed_bwd_s,
@@ -45,8 +46,24 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
         dense_numel=dense, expert_numel=expert,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
-        attention_s=sum(attention), compute_s=bs.forward_s + backward_s + bs.wgrad_s,
+        attention_s=sum(attention), compute_s=forward_s + backward_s + wgrad_s,
         comms=tp.comms + cp.comms + ep.comms)
+
+
+def host_bound(host_floor_s: float, bs: BlockSharding, tp: AxisCost, backward_s: float) -> tuple[float, float, float]:
+    """(forward, backward, weight-gradient) compute seconds of one micro-batch with the host's
+    launch floor (``costmodels.compute``): a phase of N launches (its kernels and its tp
+    collectives) lasts max(GPU seconds + exposed tp seconds, N · host_floor_s), the GPU running
+    the kernels (collectives included) while the host issues the next ones; the compute share is
+    what is left after the exposed collectives.  Backward and weight gradients stretch alike."""
+    if host_floor_s <= 0.0:
+        return bs.forward_s, backward_s, bs.wgrad_s
+    n_fwd = bs.forward_launches + sum(1 for c in tp.comms if c.phase == "forward")
+    n_bwd = bs.backward_launches + sum(1 for c in tp.comms if c.phase == "backward")
+    forward = max(bs.forward_s, n_fwd * host_floor_s - tp.exposed_fwd_s)
+    gpu_bwd = backward_s + bs.wgrad_s
+    stretch = max(gpu_bwd, n_bwd * host_floor_s - tp.exposed_bwd_s) / gpu_bwd if gpu_bwd > 0 else 1.0
+    return forward, backward_s * stretch, bs.wgrad_s * stretch
 
 
 def _recompute_flops(graph: OpGraph, recompute: str) -> float:

@@ -108,6 +108,7 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
     chosen = assignment.choice
     shape = _layout_reads(g, assignment)
     fwd = bwd = wgd = rec = saved = 0.0
+    launches = [0, 0]                    # kernels issued in forward, in backward (+ recompute)
     collectives: list[Collective] = []
     for n, s in shape.nodes:
         c = node_cost(g, n, s, ctx)
@@ -120,6 +121,9 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         if c.runs == 2:
             bwd += c.seconds
             rec += c.seconds
+        if n.op != "placeholder" and not n.is_view:
+            launches[n.phase != "forward"] += 1
+            launches[1] += c.runs - 1
         saved += c.saved_bytes
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
@@ -141,6 +145,7 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         param_placements=dict(sorted(params.items())),
         collectives=tuple(collectives),
         forward_s=fwd, backward_s=bwd, wgrad_s=wgd, recompute_s=rec, saved_bytes=saved,
+        forward_launches=launches[0], backward_launches=launches[1],
         param_numel=param_numel, objective_s=assignment.objective_s, gap=assignment.gap,
         solve_seconds=assignment.solve_seconds, ilp_size=assignment.ilp_size,
     )

@@ -86,6 +86,8 @@ class BlockSharding:
     gap: float
     solve_seconds: float
     ilp_size: dict[str, int] = field(default_factory=dict)
+    forward_launches: int = 0                  # kernels the host issues per micro-batch: forward
+    backward_launches: int = 0                 # backward, weight gradients and recompute reruns
 
     def comm_seconds(self, phase: str | None = None) -> float:
         return sum(c.seconds for c in self.collectives if phase is None or c.phase == phase)
