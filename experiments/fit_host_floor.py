@@ -17,6 +17,7 @@ rows).  Prints the grid and the winner; copy it into the profile.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -25,7 +26,6 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import published_regimes as pr  # noqa: E402
-from autoplan.cost import EstimateOptions  # noqa: E402
 
 GRID_US = (52.0, 55.0, 58.0)
 OVERHEAD_US = (20.0, 26.0, 34.0)
@@ -44,7 +44,7 @@ def mean_error(profile_path: str, floor_s: float, rows: list, overhead_s: float 
         yaml.safe_dump(data, f)
         path = f.name
     try:
-        options = EstimateOptions(overlap_grad_reduce=False, profile=path)
+        options = dataclasses.replace(pr.VTRAIN_OPTIONS, profile=path)
         pr._ESTIMATORS.clear()
         priced = [p for p in (pr.price_row(r, options) for r in rows) if p is not None]
     finally:

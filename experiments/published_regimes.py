@@ -10,7 +10,8 @@ Read by ``experiments/validate_published.py --regimes``.  Two sources in ``../sh
   node (fp16, iteration ms).  Mapping, the same for every row: GPT-2 vocabulary padded to
   50,304; unfused attention (2023 Megatron-DeepSpeed: fused softmax, no flash attention);
   no activation recompute, no SP, no ZeRO, 1F1B, gradient all-reduce after backward (not
-  overlapped: DeepSpeed's pipeline engine reduces at the end of the step), priced with the
+  overlapped: DeepSpeed's pipeline engine reduces at the end of the step) of the fp16 gradients
+  (DeepSpeed's fp16 engine reduces them in fp16 unless ``fp32_allreduce``), priced with the
   profile of that software stack (``costmodels/profiles/a100-megatron-deepspeed.yaml``: the A100
   efficiencies plus its fitted per-op host floor).  The cluster is
   ``vtrain/cluster_a100.yaml`` with ``num_gpus`` set to the run's; runs of 2 or 4 GPUs use
@@ -44,7 +45,7 @@ REFERENCE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file
 REFERENCE = os.environ.get("AUTOPLAN_REFERENCE", REFERENCE if os.path.isdir(REFERENCE) else "/work/shared/reference")
 VTRAIN_VOCAB = 50304
 VTRAIN_PROFILE = os.path.join(PROFILE_DIR, "a100-megatron-deepspeed.yaml")
-VTRAIN_OPTIONS = EstimateOptions(overlap_grad_reduce=False, profile=VTRAIN_PROFILE)
+VTRAIN_OPTIONS = EstimateOptions(overlap_grad_reduce=False, profile=VTRAIN_PROFILE, grad_reduce_bytes=2.0)
 RANK_TOLERANCE = 0.05
 VTRAIN_LINKS = {"nvlink_efficiency": 0.72, "nvlink_latency": 1.5e-6, "launch_latency": 48.0e-6}
 """The vTrain node's NVLink as its own nccl-tests LUTs measure it (experiments/fit_nccl_lut.py)."""

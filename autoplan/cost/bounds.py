@@ -53,7 +53,7 @@ def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
     bound = m * per_rank_mb
     if plan.zero >= 2 and est.options.overlap_grad_reduce:
         colls = dp.dp_comms(est.comms, plan, dense / plan.pp, expert / plan.pp, mesh.group(DENSE_DP),
-                            mesh.group(EXPERT_DP), m)
+                            mesh.group(EXPERT_DP), m, grad_bytes=est.options.grad_reduce_bytes)
         bound += m * max(0.0, dp.per_microbatch_seconds(colls, m) - per_rank_mb)
     return bound + dp.optimizer_seconds(est.comms, (dense + expert) / plan.pp, plan, len(mesh.group(DENSE_DP)))
 

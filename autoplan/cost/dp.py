@@ -41,14 +41,14 @@ PER_MICROBATCH = ("zero3",)                    # "zero3_step": ZeRO-2/3 traffic 
 
 
 def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, edp_ranks, m: int,
-             pol: fsdp.Policy | None = None) -> list[DpComm]:
+             pol: fsdp.Policy | None = None, grad_bytes: float = GRAD_REDUCE_BYTES) -> list[DpComm]:
     """Data-parallel collectives of one pipeline rank holding ``dense`` + ``expert`` parameters
-    (ZeRO-3 counted by ``pol``, FSDP2's defaults when None)."""
+    (ZeRO-3 counted by ``pol``, FSDP2's defaults when None; ``grad_bytes`` per reduced gradient)."""
     out: list[DpComm] = []
     for numel, ranks in ((dense, dp_ranks), (expert, edp_ranks)):
         if numel == 0 or len(ranks) <= 1:
             continue
-        grads = numel * GRAD_REDUCE_BYTES
+        grads = numel * grad_bytes
         params = numel * PARAM_GATHER_BYTES
         if plan.zero == 0:
             out.append(DpComm("all_reduce", grads, 1, comms.collective("all_reduce", grads, ranks), ranks, "grad"))

@@ -124,8 +124,8 @@ class Estimator:
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
         pol = fsdp.policy(self.options, plan)
         mems = self.rank_memories(plan, mesh, pipe, m, pol)
-        dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m, pol)
-                    for mem in mems]
+        dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m, pol,
+                                self.options.grad_reduce_bytes) for mem in mems]
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
                                     first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
@@ -149,8 +149,8 @@ class Estimator:
             return None
         shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
         last = len(pipe.bags) - 1
-        chunks = [fsdp.chunk_units(self.comms, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared)
-                  for c in pipe.rank_chunks[rank]]
+        chunks = [fsdp.chunk_units(self.comms, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared,
+                                   self.options.grad_reduce_bytes) for c in pipe.rank_chunks[rank]]
         return fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
 
     def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int,

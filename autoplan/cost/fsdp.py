@@ -83,7 +83,7 @@ def _collective(comms: Comms, kind: str, per_elem: float, dense: float, expert: 
 
 
 def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool, dp_ranks, edp_ranks,
-                shared_link: bool) -> list[Unit]:
+                shared_link: bool, grad_bytes: float = GRAD_REDUCE_BYTES) -> list[Unit]:
     """A chunk's units in forward order.  ``pp.stage_bags`` appends ``@pre`` (embedding) to the
     first chunk's bag and then ``@post`` (norm, head, loss) to the last chunk's.  The chunk's root
     unit (both) is gathered first, with no compute of its own, and reduce-scattered last; the
@@ -97,7 +97,7 @@ def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_po
             link_b = sum(c.seconds for c in p.comms if c.phase == "backward") if shared_link else 0.0
         return Unit(fwd, bwd,
                     _collective(comms, "all_gather", PARAM_GATHER_BYTES, dense, expert, dp_ranks, edp_ranks),
-                    _collective(comms, "reduce_scatter", GRAD_REDUCE_BYTES, dense, expert, dp_ranks, edp_ranks),
+                    _collective(comms, "reduce_scatter", grad_bytes, dense, expert, dp_ranks, edp_ranks),
                     link_f, link_b, kept)
 
     split = len(bag) - has_pre - has_post

@@ -19,6 +19,8 @@ class EstimateOptions:
     fsdp_prefetch: int = 1                # ZeRO-3: units gathered ahead (FSDP2's implicit prefetch is 1)
     fsdp_reshard_after_forward: bool | None = None   # ZeRO-3: None = the runtime's default (on at pp = 1, off under PP)
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
+    grad_reduce_bytes: float = 4.0        # bytes per gradient element reduced over dp: fp32 (Megatron's main grads,
+                                          # FSDP2's reduce_dtype); 2 where the stack reduces the fp16 grads (DeepSpeed fp16)
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
 
 

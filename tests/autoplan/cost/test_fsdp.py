@@ -100,3 +100,15 @@ def test_zero2_across_nodes_shows_exposed_gradient_traffic(fsdp16):
     assert sum(p.calls_per_step for p in _dp(est, "all_gather")) == 1
     zero3 = _est(fsdp16, "dp=16,mbs=1,zero=3")
     assert est.time_breakdown_s["dp_exposed"] < zero3.time_breakdown_s["dp_exposed"]
+
+
+def test_gradients_reduced_in_fp16_halve_the_dp_bytes(fsdp16):
+    fp32 = _est(fsdp16, "dp=16,mbs=1,zero=0", overlap_grad_reduce=False)
+    fp16 = _est(fsdp16, "dp=16,mbs=1,zero=0", overlap_grad_reduce=False, grad_reduce_bytes=2.0)
+    (a,), (b,) = _dp(fp32, "all_reduce"), _dp(fp16, "all_reduce")
+    assert b.bytes_per_call == pytest.approx(a.bytes_per_call / 2)
+    assert fp16.time_breakdown_s["dp_exposed"] < fp32.time_breakdown_s["dp_exposed"]
+    z3 = _est(fsdp16, "dp=16,mbs=1,zero=3", grad_reduce_bytes=2.0)
+    (rs,) = _dp(z3, "reduce_scatter")
+    (rs32,) = _dp(_est(fsdp16, "dp=16,mbs=1,zero=3"), "reduce_scatter")
+    assert rs.bytes_per_call == pytest.approx(rs32.bytes_per_call / 2)
