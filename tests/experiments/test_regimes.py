@@ -64,4 +64,5 @@ def test_vtrain_rows_all_priced_under_12_percent(pr):
     rows = pr.vtrain_rows()[::4]
     priced = pr.price_all(rows)
     assert len(priced) == len(rows)          # m < pp 1F1B rows included
-    assert pr.summary(priced)["mean_abs"] <= 0.12
+    # issue 18's target is 12 %; guarded at today's level (every row: 6.8 %, 100/144 groups ranked right)
+    assert pr.summary(priced)["mean_abs"] <= 0.08
