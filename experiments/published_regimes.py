@@ -206,17 +206,34 @@ def price_all(rows: list[RegimeRow]) -> list[Priced]:
     return out
 
 
-def group_ranking(priced: list[Priced]) -> tuple[int, int]:
-    """(groups whose predicted-best plan measures within RANK_TOLERANCE of the measured best, groups)."""
+def _groups(priced: list[Priced]) -> dict[str, list[Priced]]:
     groups: dict[str, list[Priced]] = {}
     for p in priced:
         groups.setdefault(p.row.group, []).append(p)
-    good = 0
-    for members in groups.values():
-        best_measured = min(p.row.published_s for p in members)
-        chosen = min(members, key=lambda p: (p.predicted_s, p.row.ident))
-        good += chosen.row.published_s <= best_measured * (1.0 + RANK_TOLERANCE)
-    return good, len(groups)
+    return groups
+
+
+def _chosen_and_best(members: list[Priced]) -> tuple[Priced, Priced]:
+    """(the plan the model prices fastest, the plan measured fastest) of one group."""
+    return (min(members, key=lambda p: (p.predicted_s, p.row.ident)),
+            min(members, key=lambda p: (p.row.published_s, p.row.ident)))
+
+
+def group_ranking(priced: list[Priced]) -> tuple[int, int]:
+    """(groups whose predicted-best plan measures within RANK_TOLERANCE of the measured best, groups)."""
+    groups = _groups(priced)
+    return len(groups) - len(ranking_misses(priced)), len(groups)
+
+
+def ranking_misses(priced: list[Priced]) -> list[tuple[str, Priced, Priced]]:
+    """(group, predicted-best, measured-best) of every group whose predicted-best plan measures
+    more than RANK_TOLERANCE above the group's measured best, in group order."""
+    out = []
+    for group, members in sorted(_groups(priced).items()):
+        chosen, best = _chosen_and_best(members)
+        if chosen.row.published_s > best.row.published_s * (1.0 + RANK_TOLERANCE):
+            out.append((group, chosen, best))
+    return out
 
 
 def summary(priced: list[Priced]) -> dict:

@@ -1,10 +1,12 @@
 """Price every published run of ../shared/reference/calibration_runs.md and compare.
 
-    python experiments/validate_published.py [--write] [--json] [--held-out] [--regimes]
+    python experiments/validate_published.py [--write] [--json] [--held-out] [--regimes] [--misses]
 
 ``--regimes`` adds the error by regime on the other public rows (``published_regimes.py``):
 FSDP (torchtitan), single-node small-kernel (vTrain), published layouts that must fit, and
-says which regimes (CP / long context, MoE) have no public row.
+says which regimes (CP / long context, MoE) have no public row.  ``--misses`` lists the vTrain
+groups whose predicted-best plan measures more than 5 % above the group's measured best (both
+plans, measured and predicted seconds): the rows that decide the ranking.
 
 Rows (all A100 80GB, Selene-like DGX-A100 nodes with 8x HDR 200G, s = 2048, V = 51,200):
 
@@ -255,7 +257,12 @@ def main(argv=None) -> int:
                     help="also report the error by regime on the other public rows (FSDP, vTrain, must-fit)")
     ap.add_argument("--held-out", action="store_true",
                     help="also price the Megatron-LM README H100 table (never fitted) and compare MFU")
+    ap.add_argument("--misses", action="store_true",
+                    help="only list the vTrain groups whose predicted-best plan is not within 5 %% of the measured best")
     args = ap.parse_args(argv)
+    if args.misses:
+        print(misses_report(pr.price_all(pr.vtrain_rows())))
+        return 0
     t0 = time.perf_counter()
     table = price_rows()
     errors = [abs(err) for _, e, err, _ in table if e is not None]
@@ -335,6 +342,24 @@ def regime_report(megatron_errors: list[float]) -> tuple[str, dict]:
     lines.append("| CP / long context | 0 | | | | no public row (the 131K Llama 3 row is held out) |")
     lines.append("| MoE | 0 | | | | no public row |")
     return "\n".join(lines) + "\n", out
+
+
+def misses_report(priced: list) -> str:
+    """Markdown table of ``published_regimes.ranking_misses``: per group, the plan the model picks
+    and the plan measured fastest, each with its measured and predicted seconds."""
+    misses = pr.ranking_misses(priced)
+    lines = ["| group | predicted best | measured s | predicted s | measured best | measured s | predicted s |",
+             "|" + "---|" * 7]
+    for group, chosen, best in misses:
+        lines.append(f"| {group} | {_knobs(chosen.row.plan)} | {chosen.row.published_s:.3f} | {chosen.predicted_s:.3f} | "
+                     f"{_knobs(best.row.plan)} | {best.row.published_s:.3f} | {best.predicted_s:.3f} |")
+    good, groups = pr.group_ranking(priced)
+    return "\n".join(lines) + f"\n\n{len(misses)} of {groups} groups missed ({good} ranked right)\n"
+
+
+def _knobs(plan: str) -> str:
+    """The plan's tp, pp, dp and micro-batch (what differs within a vTrain group)."""
+    return " ".join(k for k in plan.split(",") if k.split("=")[0] in ("tp", "pp", "dp", "mbs"))
 
 
 def write_results(text: str) -> None:

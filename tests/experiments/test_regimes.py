@@ -66,3 +66,14 @@ def test_vtrain_rows_all_priced_under_12_percent(pr):
     assert len(priced) == len(rows)          # m < pp 1F1B rows included
     # issue 18's target is 12 %; guarded at today's level (every row: 6.8 %, 100/144 groups ranked right)
     assert pr.summary(priced)["mean_abs"] <= 0.08
+
+
+def test_ranking_misses_name_the_group_its_pick_and_its_measured_best(pr):
+    def priced(group, ident, measured, predicted):
+        row = pr.RegimeRow("single-node", ident, "m", "c", 1024, 8, f"tp=1,pp=1,dp=8,mbs={ident[-1]}", measured, group)
+        return pr.Priced(row, predicted, 0.0, True)
+    rows = [priced("a", "a1", 1.00, 0.90), priced("a", "a2", 1.04, 0.80),    # pick 4 % slower: ranked right
+            priced("b", "b1", 1.00, 0.90), priced("b", "b2", 1.06, 0.80)]    # pick 6 % slower: a miss
+    (miss,) = pr.ranking_misses(rows)
+    assert (miss[0], miss[1].row.ident, miss[2].row.ident) == ("b", "b2", "b1")
+    assert pr.group_ranking(rows) == (1, 2)
