@@ -80,11 +80,13 @@ def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int, t: int = 1, sp: b
     * tensor parallel:         s·b·h·(10 + 24/t + 5·a·s/(h·t))
     * tensor + sequence par.:  s·b·h·(34/t + 5·a·s/(h·t))
     * selective recompute drops the 5·a·s/h term (attention core recomputed)
-    * full recompute:          2·s·b·h (the layer input only)
+    * full recompute:          2·s·b·h (the layer input only); 2·s·b·h/t with sequence
+      parallelism, whose layer input is sharded along the sequence (Table 2 lists the
+      unsharded input; Megatron-LM checkpoints the [s/t, b, h] input under SP)
     """
     sbh = s * b * h
     if recompute == "full":
-        return 2.0 * sbh
+        return 2.0 * sbh / (t if sp else 1)
     core = 0.0 if recompute == "selective" else 5.0 * a * s / (h * t)
     if t == 1 or sp:
         return sbh * (34.0 / t + core)

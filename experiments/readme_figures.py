@@ -14,18 +14,26 @@ Blocks:
   held-out H100 table, Nemotron-4 340B);
 * ``tour``: ``autoplan search gpt3-175b --cluster h100x1024`` as a 100-column terminal shows it;
 * ``run-check``: ``autoplan run … --check`` on 4 CPU processes;
-* ``export-example``: the best plan of the tour's search exported to Megatron-LM and torchtitan.
+* ``export-example``: the best plan of the tour's search exported to Megatron-LM and torchtitan;
+* ``deepseek-mla``: how the zoo's GQA stand-in for DeepSeek-V3's MLA compares (``zoo.gqa_stand_in``);
+* ``activations``: saved activations of traced blocks against Korthikanti's formulas
+  (``check_activations``);
+* ``evidence-mfu``: the best published MFU per model kind the evidence flags compare against
+  (``costmodels/evidence.yaml``);
+* ``bench-quick``: the wall and CPU time of ``autoplan bench --suite quick`` on this machine.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import platform
 import re
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from typing import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,8 +172,48 @@ def export_example(cores: int) -> str:
             f"exported:\n\n```console\n" + "\n".join(shown) + "```")
 
 
+def deepseek_mla(cores: int) -> str:
+    from autoplan import zoo
+
+    cfg = zoo.ZOO["deepseek-v3"]
+    g = zoo.gqa_stand_in(cfg)
+    return (f"**MLA is approximated by GQA** with {cfg.heads} heads of dim {cfg.d_head} and {cfg.n_kv_heads} KV heads, "
+            f"matching MLA's attention parameters within {100 * abs(g.params_error):.2f} % — its attention FLOPs are "
+            f"{100 * g.flops_ratio:.0f} % of MLA's")
+
+
+def activations(cores: int) -> str:
+    from check_activations import rows
+
+    table = rows()
+    return (f"within {pct(max(abs(r.error) for r in table))} of Korthikanti's formulas in "
+            f"{len(table)} settings, `experiments/check_activations.py`")
+
+
+def evidence_mfu(cores: int) -> str:
+    from autoplan.cost.evidence import coverage
+
+    best = coverage()["max_mfu"]
+    return ", ".join(f"{pct(value)} {kind}" for kind, (value, _source) in best.items())
+
+
+def bench_quick(cores: int) -> str:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, AUTOPLAN_CACHE_DIR=os.path.join(tmp, "cache"))     # cold: tracing included
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "autoplan", "bench", "--suite", "quick", "--out", tmp], cwd=REPO,
+                       env=env, check=True, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return f"three small cases, {wall:.0f} s wall and {cpu:.0f} CPU s cold on {machine()}"
+
+
 BLOCKS: dict[str, Callable[[int], str]] = {"trace-speed": trace_speed, "validation": validation, "tour": tour,
-                                           "run-check": run_check, "export-example": export_example}
+                                           "run-check": run_check, "export-example": export_example,
+                                           "deepseek-mla": deepseek_mla, "activations": activations,
+                                           "evidence-mfu": evidence_mfu, "bench-quick": bench_quick}
 
 
 def replace_block(text: str, name: str, body: str) -> str:

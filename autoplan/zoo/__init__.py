@@ -23,7 +23,7 @@ Entries and their published sizes:
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -32,8 +32,53 @@ from autoplan.zoo.gpt import GPT, GPTConfig
 from autoplan.zoo.llama import Llama, LlamaConfig
 from autoplan.zoo.moe import MoEConfig, MoETransformer
 
-DEEPSEEK_NOTE = ("MLA approximated by GQA (128 heads x 96 dims, 8 kv heads): attention params "
-                 "match MLA within 0.05%, attention FLOPs are 60% of MLA's; softmax top-k router")
+
+@dataclass(frozen=True)
+class MLA:
+    """DeepSeek-V3's multi-head latent attention dims (DeepSeek-AI 2024, config.json of
+    deepseek-ai/DeepSeek-V3): low-rank q and kv projections, q·k over nope + rope dims."""
+
+    hidden: int = 7168
+    heads: int = 128
+    q_lora_rank: int = 1536
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+
+    @property
+    def params(self) -> int:
+        """q_a + q_a norm + q_b, kv_a (latent + shared rope key) + kv norm + kv_b, o."""
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = self.hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.heads * qk
+        kv = (self.hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+              + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim))
+        return q + kv + self.heads * self.v_head_dim * self.hidden
+
+    @property
+    def score_dims(self) -> int:
+        """Per head, the dims q·kᵀ and p·v contract: attention-core FLOPs ∝ s²·heads·this."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim
+
+
+@dataclass(frozen=True)
+class GQAStandIn:
+    """How the zoo's GQA stand-in for DeepSeek-V3's MLA compares with MLA, per layer."""
+
+    gqa_params: int
+    mla_params: int
+    flops_ratio: float        # GQA's attention-core FLOPs / MLA's
+
+    @property
+    def params_error(self) -> float:
+        return self.gqa_params / self.mla_params - 1
+
+
+def gqa_stand_in(cfg: "LlamaConfig", mla: MLA = MLA()) -> GQAStandIn:
+    """The stand-in's attention parameters (q, k, v, o projections, bias-free) and core FLOPs
+    (q·kᵀ and p·v contract 2·head_dim per head) against MLA's."""
+    gqa = 2 * cfg.hidden * cfg.heads * cfg.d_head + 2 * cfg.hidden * cfg.n_kv_heads * cfg.d_head
+    return GQAStandIn(gqa, mla.params, cfg.heads * 2 * cfg.d_head / (mla.heads * mla.score_dims))
 
 _SC21 = {  # Narayanan et al. 2021, Table 1: (heads, hidden, layers)
     "gpt-1.7b": (24, 2304, 24), "gpt-3.6b": (32, 3072, 30), "gpt-7.5b": (32, 4096, 36),
@@ -58,6 +103,18 @@ ZOO: dict[str, GPTConfig | LlamaConfig] = {
                              vocab=129280, experts=256, topk=8, moe_ffn=2048, shared_experts=1,
                              dense_layers=3, norm_eps=1e-6, rope_theta=10000.0),
 }
+
+
+
+def _deepseek_note() -> str:
+    c = ZOO["deepseek-v3"]
+    g = gqa_stand_in(c)
+    return (f"MLA approximated by GQA ({c.heads} heads x {c.d_head} dims, {c.n_kv_heads} kv heads): attention "
+            f"params match MLA within {abs(g.params_error):.2%}, attention FLOPs are {g.flops_ratio:.0%} of MLA's; "
+            f"softmax top-k router")
+
+
+DEEPSEEK_NOTE = _deepseek_note()
 
 # Published parameter counts (billions) the zoo reproduces (tests check 0.5 %).
 PUBLISHED_PARAMS_B = {

@@ -112,7 +112,7 @@ def test_layout_solved_without_recompute_stays_near_optimal_under_it(gpt_block, 
 
 
 @pytest.mark.parametrize("sp, recompute", [(False, "none"), (True, "none"), (False, "selective"),
-                                           (True, "selective"), (False, "full")])
+                                           (True, "selective"), (False, "full"), (True, "full")])
 def test_saved_activations_match_korthikanti(gpt_eager_block, sp, recompute, a100):
     """Per-layer activation memory of the sharded traced block vs Korthikanti Table 2 (within 5 %)."""
     t, s, b, h, a = 8, 2048, 1, 6144, 64

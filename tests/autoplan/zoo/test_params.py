@@ -47,11 +47,26 @@ def test_deepseek_v3_shape_and_note():
     assert (cfg.layers, cfg.hidden, cfg.experts, cfg.topk, cfg.shared_experts, cfg.moe_ffn,
             cfg.dense_layers, cfg.ffn, cfg.vocab) == (61, 7168, 256, 8, 1, 2048, 3, 18432, 129280)
     info = zoo.model_info("deepseek-v3", cfg)
-    assert any("MLA" in note for note in info.notes)
-    # GQA attention parameters stay within 0.1 % of MLA's (q/kv low-rank + up-projections + o_proj)
-    mla = (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168)
-    gqa = 2 * 7168 * cfg.heads * cfg.head_dim + 2 * 7168 * cfg.kv_heads * cfg.head_dim
-    assert gqa == pytest.approx(mla, rel=0.001)
+    assert info.notes == (zoo.DEEPSEEK_NOTE,) and "within 0.03%" in zoo.DEEPSEEK_NOTE
+    # MLA's attention parameters by hand: q_a, q_a norm, q_b (192-dim heads), kv_a (512 latent + 64 rope),
+    # kv norm, kv_b (128 nope + 128 v per head), o_proj
+    mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    stand_in = zoo.gqa_stand_in(cfg)
+    assert stand_in.mla_params == mla == 187_107_328
+    with torch.device("meta"):
+        attention = zoo.build(cfg).layers[0].attention
+    assert stand_in.gqa_params == sum(p.numel() for p in attention.parameters()) == 187_170_816
+    assert stand_in.flops_ratio == pytest.approx(128 * 2 * 96 / (128 * (192 + 128)))      # 0.6
+
+
+def test_mla_dims_match_transformers_deepseek_v3():
+    """The MLA dims the note compares against are HF DeepSeek-V3's attention, parameter for parameter."""
+    transformers = pytest.importorskip("transformers")
+    from tests.autoplan.frontend.models.real.deepseek_v3 import config
+
+    with torch.device("meta"):
+        model = transformers.DeepseekV3ForCausalLM(config(1))
+    assert sum(p.numel() for p in model.model.layers[0].self_attn.parameters()) == zoo.MLA().params
 
 
 def test_model_info_from_config():
