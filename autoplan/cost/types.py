@@ -19,6 +19,7 @@ class EstimateOptions:
     fsdp_prefetch: int = 1                # ZeRO-3: units gathered ahead (FSDP2's implicit prefetch is 1)
     fsdp_reshard_after_forward: bool | None = None   # ZeRO-3: None = the runtime's default (on at pp = 1, off under PP)
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
+    state_precision: str = "megatron"     # zero 0/1 engine's state dtypes (costmodels.memory.STATE_PRECISIONS)
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
 
 
