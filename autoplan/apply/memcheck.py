@@ -22,7 +22,8 @@ Layers of one kind are identical, so a rank's peak is affine in its layer count 
 each layer, its saved activations and its transients repeat; the peak moment, the loss backward
 of the last micro-batch, is the same place).  ``measure`` therefore runs the model cut to
 ``k`` and ``k + 1`` layers (``k`` = the leading dense layers + 2, so that a first, a middle and a
-last block exist) and extrapolates every category to the model's own count:
+last block exist) and extrapolates every category to the model's own count (when L > 2k + 1;
+shallower models run whole, which is cheaper):
 ``M(L) = M(k + 1) + (L − k − 1)·(M(k + 1) − M(k))``.  Exact for zoo and family-spec models (their
 configs say the layer count); a ``model.py`` runs whole.  Profiling the whole-model run
 (llama3-8b ``tp=2,dp=4``, 15 min before): the time is the fake process group's all-gathers and
@@ -82,7 +83,7 @@ def layer_counts(model: str, seq: int = 0) -> tuple[int, int, int] | None:
     if cfg is None:
         return None
     k = getattr(cfg, "dense_layers", 0) + 2
-    return (k, k + 1, cfg.layers) if cfg.layers > k + 1 else None
+    return (k, k + 1, cfg.layers) if cfg.layers > 2 * k + 1 else None   # else the whole model is cheaper
 
 
 def _config(model: str, seq: int, layers: int | None = None):

@@ -41,3 +41,23 @@ def test_a_plan_apply_cannot_run_on_fake_tensors_is_reported_not_measured(cli):
 def test_bad_plan_is_one_message(cli):
     out = cli("memcheck", "tp=3", "--model", MODEL, "--cluster", "h100x8")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "fix:" in out.stderr
+
+
+def test_layer_counts_of_the_extrapolation():
+    from autoplan.apply.memcheck import layer_counts
+    assert layer_counts("llama3-70b") == (2, 3, 80)
+    assert layer_counts("deepseek-v3") == (5, 6, 61)          # past the 3 leading dense layers
+    assert layer_counts(MODEL) is None            # 4 layers: cheaper whole than cut to 2 and 3
+    assert layer_counts("llama:layers=6,hidden=256,heads=4,vocab=1024") == (2, 3, 6)
+
+
+@pytest.mark.slow        # three fake-world runs, ~1 min on 2 cores
+def test_extrapolated_peak_equals_the_whole_model_run():
+    from autoplan.apply import memcheck
+    from autoplan.plan import Plan
+
+    model = "llama:layers=6,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=4096"
+    plan = Plan.parse("tp=2,dp=4,zero=3,mbs=1,recompute=none", num_gpus=8)
+    whole = memcheck._measure(model, plan, seq=1024, global_batch=16, rank=0, layers=None, timeout_s=600)
+    cut = memcheck.measure(model, plan, seq=1024, global_batch=16, rank=0)
+    assert whole["total"] > 0 and cut == pytest.approx(whole, rel=1e-9)
