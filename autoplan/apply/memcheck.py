@@ -33,7 +33,10 @@ ordinary CPU tensors; only the parameters are fake), per layer per micro-batch p
 What it does not run: zero 0/1 (Megatron's fp32 gradient buffer and distributed optimizer,
 which the torch path does not reproduce: its gradients and optimizer state follow the
 parameter dtype), context and expert parallelism (their exchanges read token values), and
-pipeline parallelism (the schedule's receives need a real peer).  ``unsupported`` names the
+pipeline parallelism (``torch.distributed.pipelining.PipelineStage`` built without static
+``input_args``/``output_args`` infers the shapes it receives by ``recv_object_list`` from its
+peer, which the fake process group never sends: the unpickling fails; stages built with static
+shapes, measured at one and two layers per virtual stage, would lift it).  ``unsupported`` names the
 first of these a plan uses.
 """
 from __future__ import annotations
@@ -63,7 +66,8 @@ def unsupported(plan: Plan) -> str | None:
                 "the torch path runs (its gradients and optimizer state follow the parameter dtype)")
     for key, why in (("cp", "context parallelism's exchange reads token positions"),
                      ("ep", "expert parallelism routes by token values"),
-                     ("pp", "the pipeline schedule's receives need a real peer")):
+                     ("pp", "torch's PipelineStage learns the shapes it receives from its peer "
+                            "(recv_object_list of metadata the fake process group never sends)")):
         if getattr(plan, key) > 1:
             return f"{key}={getattr(plan, key)}: {why}"
     return None
