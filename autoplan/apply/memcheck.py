@@ -140,6 +140,25 @@ def categorize(peak: dict) -> dict[str, float]:
     return out
 
 
+def register_fused_rms_norm_sharding() -> None:
+    """DTensor sharding of ``autoplan::fused_rms_norm`` (the fused RMSNorm ``GpuKernels`` runs):
+    replicated, or sharded on any dim but the normalized ones with the weight replicated — the
+    rule DTensor has for ``aten._fused_rms_norm`` (outputs: the normalized tensor and rstd)."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    import autoplan.frontend.gpu_kernels  # noqa: F401  (defines the op)
+
+    @register_sharding(torch.ops.autoplan.fused_rms_norm.default)
+    def _sharding(x, normalized_shape, weight, eps):
+        w = None if weight is None else Replicate()
+        out = [([Replicate(), Replicate()], [Replicate(), None, w, None])]
+        for d in range(x.ndim - len(normalized_shape)):
+            out.append(([Shard(d), Shard(d)], [Shard(d), None, w, None]))
+        return out
+
+
 def _child(spec: dict) -> dict:
     """Build, apply and run two steps on fake tensors for one rank; the peak by category."""
     import torch
@@ -150,10 +169,12 @@ def _child(spec: dict) -> dict:
     from autoplan.apply.device_mesh import device_mesh
     from autoplan.apply.parallel import apply
     from autoplan.frontend.fakes import fakeify_module, new_fake_mode
+    from autoplan.frontend.gpu_kernels import GpuKernels
     from autoplan.frontend.source import build_on_meta, load_source
     from dataclasses import replace
 
     plan = Plan.parse(spec["plan"])
+    register_fused_rms_norm_sharding()
     dist.init_process_group("fake", store=FakeStore(), rank=spec["rank"], world_size=plan.num_gpus)
     source = load_source(spec["model"], spec["seq"])
     if spec.get("layers"):
@@ -170,7 +191,7 @@ def _child(spec: dict) -> dict:
         ids = torch.zeros(spec["global_batch"] // plan.dp, spec["seq"], dtype=torch.long)
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
     tracker.track_external(*pm.stages, opt)
-    with tracker:
+    with GpuKernels(), tracker:    # the kernels a GPU run uses (fused RMSNorm, flash attention), as traced
         for _ in range(STEPS):
             pm.forward_backward(ids, ids, read_loss=False, before_microbatch=tracker.reset_mod_stats)
             opt.step()
