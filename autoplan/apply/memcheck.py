@@ -41,7 +41,9 @@ first of these a plan uses.
 """
 from __future__ import annotations
 
+import functools
 import json
+import re
 import subprocess
 import sys
 
@@ -57,6 +59,7 @@ CATEGORIES = {
     "activations": ("Activation", "Inputs"),
 }
 STEPS = 2
+_BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 
 
 def unsupported(plan: Plan) -> str | None:
@@ -106,11 +109,19 @@ def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, t
     layers allow (``layer_counts``; see the module docstring)."""
     counts = layer_counts(model, seq)
     if counts is None:
-        return _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None, timeout_s=timeout_s)
+        return _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None,
+                        timeout_s=timeout_s)["peak"]
     k, k1, total = counts
     a, b = (_measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=n, timeout_s=timeout_s)
             for n in (k, k1))
-    return {cat: b[cat] + (total - k1) * (b[cat] - a[cat]) for cat in b}
+    return extrapolate(a, b, total - k1)
+
+
+def extrapolate(a: dict, b: dict, extra: int) -> dict[str, float]:
+    """The highest of the moments common to both cuts, each moved ``extra`` layers on:
+    ``b + extra·(b − a)`` per category (a moment's bytes are affine in the layer count)."""
+    moved = [{cat: b[m][cat] + extra * (b[m][cat] - a[m][cat]) for cat in b[m]} for m in sorted(a.keys() & b.keys())]
+    return max(moved, key=lambda d: d["total"])
 
 
 def _measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, layers: int | None,
@@ -138,6 +149,31 @@ def categorize(peak: dict) -> dict[str, float]:
         out[cat] += float(value)
     out["total"] = float(peak.get("Total", sum(out.values())))
     return out
+
+
+def fuse_rms_norms(model):
+    """Every ``nn.RMSNorm`` runs as the fused kernel a GPU run uses (``FusedRMSNorm``), as the
+    tracer records it (``frontend.gpu_kernels``): on CPU, ``F.rms_norm`` decomposes and keeps an
+    fp32 copy of its input and of its normalized output for backward (2·s·h·4 bytes per norm
+    instead of the bf16 input and the fp32 rstd).  A class swap, so recomputation replays it."""
+    from torch import nn
+
+    for module in model.modules():
+        if type(module) is nn.RMSNorm:
+            module.__class__ = _fused_rms_norm_class()
+    return model
+
+
+@functools.lru_cache(maxsize=1)
+def _fused_rms_norm_class():
+    from torch import nn
+
+    from autoplan.frontend.gpu_kernels import gpu_rms_norm
+
+    class FusedRMSNorm(nn.RMSNorm):
+        def forward(self, x):
+            return gpu_rms_norm(x, self.normalized_shape, self.weight, self.eps)
+    return FusedRMSNorm
 
 
 def register_fused_rms_norm_sharding() -> None:
@@ -169,7 +205,6 @@ def _child(spec: dict) -> dict:
     from autoplan.apply.device_mesh import device_mesh
     from autoplan.apply.parallel import apply
     from autoplan.frontend.fakes import fakeify_module, new_fake_mode
-    from autoplan.frontend.gpu_kernels import GpuKernels
     from autoplan.frontend.source import build_on_meta, load_source
     from dataclasses import replace
 
@@ -181,7 +216,7 @@ def _child(spec: dict) -> dict:
         from autoplan import zoo
         cfg = _config(spec["model"], spec["seq"], spec["layers"])
         source = replace(source, build=lambda: zoo.build(cfg))
-    model = build_on_meta(source)
+    model = fuse_rms_norms(build_on_meta(source))
     mode = new_fake_mode()
     fakeify_module(model, mode, torch.float32)
     pm = apply(model, plan, device_mesh(plan, "cpu"), global_batch=spec["global_batch"], seq=spec["seq"],
@@ -191,13 +226,36 @@ def _child(spec: dict) -> dict:
         ids = torch.zeros(spec["global_batch"] // plan.dp, spec["seq"], dtype=torch.long)
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
     tracker.track_external(*pm.stages, opt)
-    with GpuKernels(), tracker:    # the kernels a GPU run uses (fused RMSNorm, flash attention), as traced
+    with tracker:
         for _ in range(STEPS):
             pm.forward_backward(ids, ids, read_loss=False, before_microbatch=tracker.reset_mod_stats)
             opt.step()
             opt.zero_grad()
-    peaks = tracker.get_tracker_snapshot("peak")
-    return categorize(max(peaks.values(), key=lambda d: d.get("Total", 0)))
+    return moments(tracker)
+
+
+def _block_role(index: int, depth: int) -> str:
+    """A block's name across cut depths: the first and the last align, middle ones do not."""
+    return "first" if index == 0 else "last" if index == depth - 1 else f"middle{index}"
+
+
+def moments(tracker) -> dict[str, dict[str, float]]:
+    """The peak by category at each moment ``measure`` aligns across cut depths: ``"peak"``
+    (the step's peak, wherever it falls) and every module's forward and backward peak of the
+    last micro-batch, keyed by its name with a block's index replaced by its role
+    (``layers.first``, ``layers.last``: the same moment in both cuts; middle blocks are dropped)."""
+    def one(snap: dict) -> dict[str, float]:
+        return categorize(max(snap.values(), key=lambda d: d.get("Total", 0)))
+
+    out = {"peak": one(tracker.get_tracker_snapshot("peak"))}
+    stats = list(tracker.memory_tracking.values())
+    depth = 1 + max((int(m.group(1)) for st in stats for m in [_BLOCK.search(st.mod_fqn)] if m), default=-1)
+    for st in stats:
+        name = _BLOCK.sub(lambda m: ".layers." + _block_role(int(m.group(1)), depth), st.mod_fqn)
+        for state, snaps in st.snapshots.items():
+            if snaps and getattr(state, "name", "").startswith("PEAK"):
+                out[f"{name}:{state.name}"] = one(snaps[-1])
+    return out
 
 
 if __name__ == "__main__":
