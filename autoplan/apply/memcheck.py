@@ -33,10 +33,12 @@ ordinary CPU tensors; only the parameters are fake), per layer per micro-batch p
 What it does not run: zero 0/1 (Megatron's fp32 gradient buffer and distributed optimizer,
 which the torch path does not reproduce: its gradients and optimizer state follow the
 parameter dtype), context and expert parallelism (their exchanges read token values), and
-pipeline parallelism (``torch.distributed.pipelining.PipelineStage`` built without static
-``input_args``/``output_args`` infers the shapes it receives by ``recv_object_list`` from its
-peer, which the fake process group never sends: the unpickling fails; stages built with static
-shapes, measured at one and two layers per virtual stage, would lift it).  ``unsupported`` names the
+pipeline parallelism: ``PipelineStage`` without static ``input_args``/``output_args`` learns
+the shapes it receives by ``recv_object_list`` from its peer, which the fake process group never
+sends; with static shapes the schedule still votes STATIC vs DYNAMIC over P2P (its private
+``_warmup_p2p``), reading zeros; and ``MemTracker`` refuses a module run more than once, while
+resetting its module stats between interleaved micro-batches breaks its backward hooks
+(``experiments/RESULTS.md`` says how each was found).  ``unsupported`` names the
 first of these a plan uses.
 """
 from __future__ import annotations
