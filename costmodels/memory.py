@@ -17,6 +17,15 @@ zero  engine                                    params      grads  optimizer  to
   ``accumulate_allreduce_grads_in_fp32`` for bf16), fp32 master weights + Adam m, v (12 B);
   the distributed optimizer shards the last over dp — Megatron-Core's
   ``docs/source/api-guide/dist_optimizer.md`` table, "bf16 param, fp32 grads: 6 + 12/d".
+* ``state_precision`` (``STATE_PRECISIONS``) names what the zero 0/1 engine keeps per
+  parameter (compute weight, gradient buffer, master weight, Adam m + v; the last two sharded
+  under zero 1); zero ≥ 2 is FSDP2's own (below).  ``megatron`` (the default) is the row above:
+  2 / 4 / 4 / 8.  ``apex-dfa-bf16`` is NeMo's ``distributed_fused_adam`` (Apex
+  ``DistributedFusedAdam``: a contiguous gradient bucket in ``grad_sync_dtype``, the parameter
+  copy and Adam moments in ``dtype``, sharded over dp) with ``dtype: bf16, grad_sync_dtype: bf16``,
+  as NVIDIA's DGXC Nemotron-4 340B benchmark runs it (``NVIDIA/dgxc-benchmarking``
+  ``nemotron/nemotron4-340b-synth.yaml`` @8f5cbb37, NeMo 24.09 container): 2 / 2 / 2 / 4,
+  ``4 + 6/d`` bytes per parameter.
 * FSDP2 with torchtitan's mixed precision (``param_dtype`` bf16, ``reduce_dtype`` fp32): the
   sharded fp32 parameter is the master copy (4/d), its fp32 gradient shard (4/d), Adam m, v
   (8/d); the bf16 unsharded parameters (2) stay alive from forward to backward when
@@ -40,6 +49,26 @@ MASTER_BYTES = 4.0         # fp32 master weight (FSDP: the sharded parameter its
 
 
 @dataclass(frozen=True)
+class StatePrecision:
+    """Bytes per parameter of each model state a zero 0/1 engine keeps (module docstring)."""
+
+    param: float = PARAM_BYTES        # the compute copy
+    grad: float = GRAD_BYTES          # the buffer backward accumulates into
+    master: float = MASTER_BYTES      # the optimizer's copy of the weight
+    moments: float = OPTIMIZER_BYTES - MASTER_BYTES   # Adam m + v
+
+    @property
+    def optimizer(self) -> float:
+        return self.master + self.moments
+
+
+STATE_PRECISIONS = {
+    "megatron": StatePrecision(),
+    "apex-dfa-bf16": StatePrecision(param=2.0, grad=2.0, master=2.0, moments=4.0),
+}
+
+
+@dataclass(frozen=True)
 class StateBytes:
     """Bytes of parameters, gradients and optimizer state on one GPU."""
 
@@ -59,12 +88,13 @@ def keeps_gathered(zero: int, *, reshard: bool) -> bool:
     return zero == 2 or (zero == 3 and not reshard)
 
 
-def model_state_bytes(numel: float, *, zero: int, dp: int, reshard: bool = True) -> StateBytes:
+def model_state_bytes(numel: float, *, zero: int, dp: int, reshard: bool = True,
+                      precision: StatePrecision = StatePrecision()) -> StateBytes:
     """States of ``numel`` parameters on one GPU under ZeRO stage ``zero`` over ``dp`` ranks
-    (the table of the module docstring)."""
+    (the table of the module docstring; ``precision`` is the zero 0/1 engine's)."""
     if zero <= 1:
-        return StateBytes(numel * PARAM_BYTES, numel * GRAD_BYTES,
-                          numel * OPTIMIZER_BYTES / (dp if zero == 1 else 1))
+        return StateBytes(numel * precision.param, numel * precision.grad,
+                          numel * precision.optimizer / (dp if zero == 1 else 1))
     gathered = numel * PARAM_BYTES if keeps_gathered(zero, reshard=reshard) else 0.0
     return StateBytes(gathered + numel * MASTER_BYTES / dp, numel * GRAD_BYTES / dp,
                       numel * (OPTIMIZER_BYTES - MASTER_BYTES) / dp)

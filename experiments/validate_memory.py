@@ -11,11 +11,20 @@ it); everything else as written.  The prediction is the peak *allocated* memory 
 monitor's peak *reserved* memory (``torch.cuda.max_memory_reserved``), which adds the caching
 allocator's cached blocks; a must-fit row must fit HBM less the whole margin.
 
+A row whose run published its configuration is priced with it (``RUN_SETTINGS``):
+
+* ``ngc-nemotron4-340b-128``: NVIDIA's DGXC benchmark config (``NVIDIA/dgxc-benchmarking``
+  ``nemotron/nemotron4-340b-synth.yaml`` @8f5cbb37, the 25.01 set on NeMo 24.09) runs
+  ``optim.name: distributed_fused_adam`` with ``dtype: bf16, grad_sync_dtype: bf16,
+  contiguous_grad_buffer: True`` -> ``state_precision=apex-dfa-bf16`` (4 + 6/d bytes per
+  parameter), and ``activations_checkpoint_granularity: selective`` -> ``recompute=selective``.
+
 Error = predicted / published − 1.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -28,6 +37,19 @@ import published_regimes as pr  # noqa: E402
 from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
 from autoplan.plan import Plan  # noqa: E402
 
+# Per row id: (plan fields replaced, EstimateOptions fields) from the run's published config (docstring).
+RUN_SETTINGS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "ngc-nemotron4-340b-128": ({"recompute": "selective"}, {"state_precision": "apex-dfa-bf16"}),
+}
+
+
+def _with_fields(plan: str, fields: dict[str, str]) -> str:
+    """``plan`` with the ``key=value`` fields of ``fields`` replaced (or added)."""
+    items = dict(kv.split("=", 1) for kv in plan.split(","))
+    items.update(fields)
+    return ",".join(f"{k}={v}" for k, v in items.items())
+
+
 def memory_rows(path: str | None = None) -> list[dict]:
     """The rows with a published peak or a must-fit outcome, with their plan mapped."""
     path = path or os.path.join(pr.REFERENCE, "regime_runs.json")
@@ -38,25 +60,27 @@ def memory_rows(path: str | None = None) -> list[dict]:
         must_fit = "group=memory-must-fit" in r["note"]
         if "mem_gib" not in r and not must_fit:
             continue
-        plan = pr.engine_plan(r["plan"], r["note"], r["model"])
+        ident = r["note"].split(";")[0].split("=", 1)[1]
+        fields, options = RUN_SETTINGS.get(ident, ({}, {}))
+        plan = _with_fields(pr.engine_plan(r["plan"], r["note"], r["model"]), fields)
         cluster = r["cluster"]
         if cluster.endswith(".yaml"):
             cluster = os.path.join(os.path.dirname(path), cluster)
-        ident = r["note"].split(";")[0].split("=", 1)[1]
         rows.append({"id": ident, "model": r["model"], "cluster": cluster, "seq": r["seq"],
                      "global_batch": r["global_batch"], "plan": plan, "published_gib": r.get("mem_gib"),
-                     "must_fit": must_fit})
+                     "must_fit": must_fit, "options": options})
     return rows
 
 
 def price(row: dict, options: EstimateOptions = EstimateOptions()) -> dict:
+    options = dataclasses.replace(options, **row.get("options", {}))
     cluster = pr._cluster(row["cluster"])
     est = Estimator(pr._model(row["model"], row["seq"]), cluster, options)
     e = est.estimate(Plan.parse(row["plan"], num_gpus=cluster.num_gpus), row["global_batch"], detail=False)
     out = {"id": row["id"], "plan": e.plan, "predicted_gib": round(e.memory_gib, 2),
            "breakdown_gib": {k: round(v, 2) for k, v in e.memory_breakdown_gib.items()},
            "limit_gib": round(e.memory_limit_gib, 2), "fits": e.fits, "must_fit": row["must_fit"],
-           "published_gib": row["published_gib"], "alive": [list(a) for a in e.activations_alive]}
+           "published_gib": row["published_gib"], "options": row.get("options", {}), "alive": [list(a) for a in e.activations_alive]}
     if row["published_gib"]:
         out["error"] = round(e.memory_gib / row["published_gib"] - 1.0, 4)
     return out

@@ -18,15 +18,34 @@ activations activations and inputs
 other       temporaries, all-gather and reduce-scatter buffers, the rest
 ==========  ================================================================
 
+Layers of one kind are identical, so a rank's peak is affine in its layer count (the states of
+each layer, its saved activations and its transients repeat; the peak moment, the loss backward
+of the last micro-batch, is the same place).  ``measure`` therefore runs the model cut to
+``k`` and ``k + 1`` layers (``k`` = the leading dense layers + 2, so that a first, a middle and a
+last block exist) and extrapolates every category to the model's own count (when L > 2k + 1;
+shallower models run whole, which is cheaper):
+``M(L) = M(k + 1) + (L − k − 1)·(M(k + 1) − M(k))``.  Exact for zoo and family-spec models (their
+configs say the layer count); a ``model.py`` runs whole.  Profiling the whole-model run
+(llama3-8b ``tp=2,dp=4``, 15 min before): the time is the fake process group's all-gathers and
+FSDP2's ``split_with_sizes_copy`` copy-out, which move real bytes (FSDP's all-gather buffers are
+ordinary CPU tensors; only the parameters are fake), per layer per micro-batch per step.
+
 What it does not run: zero 0/1 (Megatron's fp32 gradient buffer and distributed optimizer,
 which the torch path does not reproduce: its gradients and optimizer state follow the
 parameter dtype), context and expert parallelism (their exchanges read token values), and
-pipeline parallelism (the schedule's receives need a real peer).  ``unsupported`` names the
+pipeline parallelism: ``PipelineStage`` without static ``input_args``/``output_args`` learns
+the shapes it receives by ``recv_object_list`` from its peer, which the fake process group never
+sends; with static shapes the schedule still votes STATIC vs DYNAMIC over P2P (its private
+``_warmup_p2p``), reading zeros; and ``MemTracker`` refuses a module run more than once, while
+resetting its module stats between interleaved micro-batches breaks its backward hooks
+(``experiments/RESULTS.md`` says how each was found).  ``unsupported`` names the
 first of these a plan uses.
 """
 from __future__ import annotations
 
+import functools
 import json
+import re
 import subprocess
 import sys
 
@@ -42,6 +61,7 @@ CATEGORIES = {
     "activations": ("Activation", "Inputs"),
 }
 STEPS = 2
+_BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 
 
 def unsupported(plan: Plan) -> str | None:
@@ -51,7 +71,8 @@ def unsupported(plan: Plan) -> str | None:
                 "the torch path runs (its gradients and optimizer state follow the parameter dtype)")
     for key, why in (("cp", "context parallelism's exchange reads token positions"),
                      ("ep", "expert parallelism routes by token values"),
-                     ("pp", "the pipeline schedule's receives need a real peer")):
+                     ("pp", "torch's PipelineStage learns the shapes it receives from its peer "
+                            "(recv_object_list of metadata the fake process group never sends)")):
         if getattr(plan, key) > 1:
             return f"{key}={getattr(plan, key)}: {why}"
     return None
@@ -64,10 +85,52 @@ def rank_kinds(plan: Plan) -> list[int]:
                  and all(c == 0 for a, c in mesh.coords(g).items() if a != "pp")) for r in range(plan.pp)]
 
 
+def layer_counts(model: str, seq: int = 0) -> tuple[int, int, int] | None:
+    """(k, k + 1, L) for the layer extrapolation of ``measure``, or None when the model runs whole
+    (a ``model.py``, or a model too shallow to gain from it)."""
+    cfg = _config(model, seq)
+    if cfg is None:
+        return None
+    k = getattr(cfg, "dense_layers", 0) + 2
+    return (k, k + 1, cfg.layers) if cfg.layers > 2 * k + 1 else None   # else the whole model is cheaper
+
+
+def _config(model: str, seq: int, layers: int | None = None):
+    """The zoo or family-spec config of ``model`` (with ``layers`` layers), or None for a file."""
+    from dataclasses import replace
+
+    from autoplan import zoo
+    from autoplan.zoo.spec import is_spec, parse_spec
+
+    cfg = parse_spec(model, seq) if is_spec(model) else zoo.ZOO.get(model)
+    return cfg if cfg is None or layers is None else replace(cfg, layers=layers)
+
+
 def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, timeout_s: float = 1800) -> dict:
-    """Peak bytes by category of ``rank`` (a child process runs ``_child``; see the module docstring)."""
+    """Peak bytes by category of ``rank``, extrapolated from two cut models when the model's
+    layers allow (``layer_counts``; see the module docstring)."""
+    counts = layer_counts(model, seq)
+    if counts is None:
+        return _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None,
+                        timeout_s=timeout_s)["peak"]
+    k, k1, total = counts
+    a, b = (_measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=n, timeout_s=timeout_s)
+            for n in (k, k1))
+    return extrapolate(a, b, total - k1)
+
+
+def extrapolate(a: dict, b: dict, extra: int) -> dict[str, float]:
+    """The highest of the moments common to both cuts, each moved ``extra`` layers on:
+    ``b + extra·(b − a)`` per category (a moment's bytes are affine in the layer count)."""
+    moved = [{cat: b[m][cat] + extra * (b[m][cat] - a[m][cat]) for cat in b[m]} for m in sorted(a.keys() & b.keys())]
+    return max(moved, key=lambda d: d["total"])
+
+
+def _measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, layers: int | None,
+             timeout_s: float) -> dict:
+    """One child process's peak by category (``_child``)."""
     args = json.dumps({"model": model, "plan": plan.to_string(), "seq": seq, "global_batch": global_batch,
-                       "rank": rank})
+                       "rank": rank, "layers": layers})
     out = subprocess.run([sys.executable, "-m", "autoplan.apply.memcheck", args], capture_output=True, text=True,
                          timeout=timeout_s)
     if out.returncode != 0:
@@ -90,6 +153,50 @@ def categorize(peak: dict) -> dict[str, float]:
     return out
 
 
+def fuse_rms_norms(model):
+    """Every ``nn.RMSNorm`` runs as the fused kernel a GPU run uses (``FusedRMSNorm``), as the
+    tracer records it (``frontend.gpu_kernels``): on CPU, ``F.rms_norm`` decomposes and keeps an
+    fp32 copy of its input and of its normalized output for backward (2·s·h·4 bytes per norm
+    instead of the bf16 input and the fp32 rstd).  A class swap, so recomputation replays it."""
+    from torch import nn
+
+    for module in model.modules():
+        if type(module) is nn.RMSNorm:
+            module.__class__ = _fused_rms_norm_class()
+    return model
+
+
+@functools.lru_cache(maxsize=1)
+def _fused_rms_norm_class():
+    from torch import nn
+
+    from autoplan.frontend.gpu_kernels import gpu_rms_norm
+
+    class FusedRMSNorm(nn.RMSNorm):
+        def forward(self, x):
+            return gpu_rms_norm(x, self.normalized_shape, self.weight, self.eps)
+    return FusedRMSNorm
+
+
+def register_fused_rms_norm_sharding() -> None:
+    """DTensor sharding of ``autoplan::fused_rms_norm`` (the fused RMSNorm ``GpuKernels`` runs):
+    replicated, or sharded on any dim but the normalized ones with the weight replicated — the
+    rule DTensor has for ``aten._fused_rms_norm`` (outputs: the normalized tensor and rstd)."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    import autoplan.frontend.gpu_kernels  # noqa: F401  (defines the op)
+
+    @register_sharding(torch.ops.autoplan.fused_rms_norm.default)
+    def _sharding(x, normalized_shape, weight, eps):
+        w = None if weight is None else Replicate()
+        out = [([Replicate(), Replicate()], [Replicate(), None, w, None])]
+        for d in range(x.ndim - len(normalized_shape)):
+            out.append(([Shard(d), Shard(d)], [Shard(d), None, w, None]))
+        return out
+
+
 def _child(spec: dict) -> dict:
     """Build, apply and run two steps on fake tensors for one rank; the peak by category."""
     import torch
@@ -101,10 +208,17 @@ def _child(spec: dict) -> dict:
     from autoplan.apply.parallel import apply
     from autoplan.frontend.fakes import fakeify_module, new_fake_mode
     from autoplan.frontend.source import build_on_meta, load_source
+    from dataclasses import replace
 
     plan = Plan.parse(spec["plan"])
+    register_fused_rms_norm_sharding()
     dist.init_process_group("fake", store=FakeStore(), rank=spec["rank"], world_size=plan.num_gpus)
-    model = build_on_meta(load_source(spec["model"]))
+    source = load_source(spec["model"], spec["seq"])
+    if spec.get("layers"):
+        from autoplan import zoo
+        cfg = _config(spec["model"], spec["seq"], spec["layers"])
+        source = replace(source, build=lambda: zoo.build(cfg))
+    model = fuse_rms_norms(build_on_meta(source))
     mode = new_fake_mode()
     fakeify_module(model, mode, torch.float32)
     pm = apply(model, plan, device_mesh(plan, "cpu"), global_batch=spec["global_batch"], seq=spec["seq"],
@@ -119,8 +233,31 @@ def _child(spec: dict) -> dict:
             pm.forward_backward(ids, ids, read_loss=False, before_microbatch=tracker.reset_mod_stats)
             opt.step()
             opt.zero_grad()
-    peaks = tracker.get_tracker_snapshot("peak")
-    return categorize(max(peaks.values(), key=lambda d: d.get("Total", 0)))
+    return moments(tracker)
+
+
+def _block_role(index: int, depth: int) -> str:
+    """A block's name across cut depths: the first and the last align, middle ones do not."""
+    return "first" if index == 0 else "last" if index == depth - 1 else f"middle{index}"
+
+
+def moments(tracker) -> dict[str, dict[str, float]]:
+    """The peak by category at each moment ``measure`` aligns across cut depths: ``"peak"``
+    (the step's peak, wherever it falls) and every module's forward and backward peak of the
+    last micro-batch, keyed by its name with a block's index replaced by its role
+    (``layers.first``, ``layers.last``: the same moment in both cuts; middle blocks are dropped)."""
+    def one(snap: dict) -> dict[str, float]:
+        return categorize(max(snap.values(), key=lambda d: d.get("Total", 0)))
+
+    out = {"peak": one(tracker.get_tracker_snapshot("peak"))}
+    stats = list(tracker.memory_tracking.values())
+    depth = 1 + max((int(m.group(1)) for st in stats for m in [_BLOCK.search(st.mod_fqn)] if m), default=-1)
+    for st in stats:
+        name = _BLOCK.sub(lambda m: ".layers." + _block_role(int(m.group(1)), depth), st.mod_fqn)
+        for state, snaps in st.snapshots.items():
+            if snaps and getattr(state, "name", "").startswith("PEAK"):
+                out[f"{name}:{state.name}"] = one(snaps[-1])
+    return out
 
 
 if __name__ == "__main__":

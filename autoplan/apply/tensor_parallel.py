@@ -20,7 +20,13 @@ other           any     as propagated: a norm on the sp residual  SequenceParall
                         stream runs on its sequence shard
 ==============  ======  ========================================  ===========================
 
-With sp the residual stream between blocks is S(1) (sequence) on tp, else R.  Logits
+With sp the residual stream between blocks is S(1) (sequence) on tp, else R, and a
+column-parallel linear whose input arrives sequence-sharded runs as Megatron-Core's
+``LinearWithGradAccumulationAndAsyncCommunication`` does under sequence parallelism
+(``_SequenceGatherLinear``): it all-gathers the shard for the matmul but saves the *shard*,
+gathering again in backward, which reduce-scatters the input gradient.  DTensor's own
+redistribution would save the gathered, full-sequence input once per linear that reads it (wq,
+wk, wv, w1, w3: 5·s·h·2 bytes per layer, not divided by tp), which is not what Megatron keeps.  Logits
 of a vocabulary-parallel head stay split over tp and the default loss is computed on the
 shards (``parallel.vocab_parallel_cross_entropy``, DTensor's ``loss_parallel``); other
 logits, or a custom loss, are gathered to R first.
@@ -39,6 +45,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
 
@@ -207,7 +214,56 @@ def shard_module_tree(model: nn.Module, layout: ModelLayout, placements: dict[st
 
         layouts = _io_layouts(module, name, chosen.get("weight"), layout, sp)
         output_fn = _embedding_output_fn if isinstance(module, nn.Embedding) else _output_fn
-        distribute_module(module, tp_mesh, partition, _input_fn(layouts[0]), output_fn(layouts[1]))
+        colwise_sp = sp and type(module) is nn.Linear and layouts[0] == (Replicate(),)
+        distribute_module(module, tp_mesh, partition, None if colwise_sp else _input_fn(layouts[0]),
+                          output_fn(layouts[1]))
+        if colwise_sp:          # a class swap, not a bound forward: stage deep copies keep it
+            module.__class__ = SequenceParallelColwiseLinear
+            module.tp_mesh = tp_mesh
+
+
+class _SequenceGatherLinear(torch.autograd.Function):
+    """``y = all_gather(x_shard) @ wᵀ + b`` on local tensors, saving ``x_shard`` (module docstring).
+
+    Backward: ``x = all_gather(x_shard)`` again; ``dW = dyᵀ·x``, ``db = Σ dy``; ``dx_shard =
+    reduce_scatter(dy·W)`` over tp (each rank's output columns contribute to every input)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dim: int, mesh: DeviceMesh):
+        ctx.save_for_backward(x, weight)
+        ctx.dim, ctx.mesh, ctx.has_bias = dim, mesh, bias is not None
+        return nn.functional.linear(_gather(x, dim, mesh), weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        full = _gather(x, ctx.dim, ctx.mesh)
+        flat = dy.reshape(-1, dy.shape[-1])
+        dw = flat.t() @ full.reshape(-1, full.shape[-1])
+        db = flat.sum(0) if ctx.has_bias else None
+        dx = funcol.wait_tensor(funcol.reduce_scatter_single((dy @ weight).contiguous(), "sum", ctx.dim, ctx.mesh))
+        return dx, dw, db, None, None
+
+
+def _gather(x: torch.Tensor, dim: int, mesh: DeviceMesh) -> torch.Tensor:
+    return funcol.wait_tensor(funcol.all_gather_single(x.contiguous(), dim, mesh))
+
+
+class SequenceParallelColwiseLinear(nn.Linear):
+    """A column-parallel ``nn.Linear`` (weight S(0)) under sp: a sequence-sharded input runs
+    through ``_SequenceGatherLinear``; any other input is brought to R first (as before)."""
+
+    tp_mesh: DeviceMesh
+
+    def forward(self, x):
+        shard = x.placements[0] if isinstance(x, DTensor) and len(x.placements) == 1 else None
+        if not (isinstance(shard, Shard) and shard.dim % x.ndim != x.ndim - 1
+                and x.shape[shard.dim] % self.tp_mesh.size() == 0):
+            return super().forward(_to_dtensor(x, self.tp_mesh, (Replicate(),)))
+        bias = None if self.bias is None else self.bias.to_local()
+        out = _SequenceGatherLinear.apply(x.to_local(), self.weight.to_local(), bias, shard.dim % x.ndim,
+                                          self.tp_mesh)
+        return DTensor.from_local(out, self.tp_mesh, (Shard(out.ndim - 1),), run_check=False)
 
 
 def _input_fn(placements):

@@ -23,7 +23,14 @@ Under FSDP (zero ≥ 2) the gradients are freed by ``zero_grad`` (set to None) a
 backward: with one micro-batch per step none exists yet at the peak (the loss backward, or the
 first layer's), so ``grads`` is 0 then; with more, the earlier micro-batches' shards are there.
 Under pipeline parallelism gradients are reduced once, at the last backward (the schedule's
-no-sync), so the rank's unsharded bf16 gradients accumulate as well (``UNSHARDED_GRAD_BYTES``).
+no-sync), so the rank's unsharded gradients accumulate as well, in the reduce dtype fp32
+(``UNSHARDED_GRAD_BYTES`` = 4: FSDP2's ``FSDPParam.to_accumulated_grad_if_needed`` upcasts the
+bf16 gradient to ``reduce_dtype`` before accumulating, torch 2.13
+``distributed/fsdp/_fully_shard/_fsdp_param.py``; Llama 3 §3.3.2 likewise: "FP32 gradient
+accumulation during backward computation over multiple micro-batches").
+
+The zero 0/1 engine's state dtypes are ``EstimateOptions.state_precision``
+(``costmodels.memory.STATE_PRECISIONS``: Megatron-Core's bf16/fp32 by default).
 Checked against torch's ``MemTracker`` on the applied plan by ``autoplan memcheck``.
 
 ``DEFAULT_MARGIN_GIB`` is what a run loses outside these: the CUDA context and library
@@ -39,8 +46,10 @@ from dataclasses import dataclass
 from autoplan.cost.fsdp import Policy
 from autoplan.cost.pp import Pipeline
 from autoplan.cost.types import DEFAULT_MARGIN_GIB, Part  # noqa: F401  (DEFAULT_MARGIN_GIB: documented here)
+from autoplan.errors import UserError
 from autoplan.plan import Plan
-from costmodels.memory import GIB, MASTER_BYTES, PARAM_BYTES, keeps_gathered, model_state_bytes
+from costmodels.memory import (GIB, MASTER_BYTES, PARAM_BYTES, STATE_PRECISIONS, StatePrecision, keeps_gathered,
+                               model_state_bytes)
 from costmodels.pipeline.live import LivePeak
 
 # The loss backward's extra buffers per logit element beyond the saved fp32 log-softmax output:
@@ -49,7 +58,7 @@ LOSS_GRAD_BYTES = 4 * 2
 # FSDP staging per parameter of one unit: its bf16 unsharded gradient and the fp32 copy the
 # reduce-scatter reads (FSDP2 reduce_dtype fp32).
 GRAD_STAGING_BYTES = PARAM_BYTES + MASTER_BYTES
-UNSHARDED_GRAD_BYTES = PARAM_BYTES    # bf16 gradients accumulated unsharded under no-sync
+UNSHARDED_GRAD_BYTES = MASTER_BYTES   # fp32 (reduce dtype) gradients accumulated unsharded under no-sync
 
 
 @dataclass(frozen=True)
@@ -87,29 +96,40 @@ def fsdp_staging_bytes(plan: Plan, block: float, root: float, pol: Policy) -> fl
     and its ``root`` parameters (embedding, final norm, head: the stage's own FSDP unit).
 
     * zero ≥ 2: the gradient staging of the block whose backward runs, ``GRAD_STAGING_BYTES · block``
-      (the root's own reduce-scatter runs last, after every activation is freed);
+      (the root's own reduce-scatter runs last, after every activation is freed); under no-sync
+      (pp > 1: one reduce-scatter per step, after the last backward) only the block's fresh bf16
+      gradient before it is added to the fp32 accumulator, ``PARAM_BYTES · block``;
     * zero 3 resharding after forward (torchtitan's default without pp): also 1 + prefetch blocks'
       gathered bf16 parameters (the one computing and those prefetched; FSDP2 prefetches one)
       and the root's, which FSDP2 keeps gathered from forward to backward.
     """
     if plan.zero < 2:
         return 0.0
-    staging = GRAD_STAGING_BYTES * block
+    staging = (GRAD_STAGING_BYTES if pol.reduce_every_microbatch else PARAM_BYTES) * block
     if not keeps_gathered(plan.zero, reshard=pol.reshard):
         staging += PARAM_BYTES * ((1 + pol.prefetch) * block + root)
     return staging
 
 
+def state_precision(name: str) -> StatePrecision:
+    """The zero 0/1 engine's state dtypes by name (``costmodels.memory.STATE_PRECISIONS``)."""
+    if name not in STATE_PRECISIONS:
+        raise UserError(f"unknown state precision {name!r}",
+                        f"use one of: {', '.join(sorted(STATE_PRECISIONS))}")
+    return STATE_PRECISIONS[name]
+
+
 def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_dp: int, expert_dp: int,
-                loss: float, ends: frozenset[int], microbatches: int, pol: Policy) -> RankMemory:
+                loss: float, ends: frozenset[int], microbatches: int, pol: Policy,
+                precision: StatePrecision = StatePrecision()) -> RankMemory:
     """Memory of pipeline rank ``rank``; ``live``: its activation peak; ``ends``: the ids of the
     pre/post parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan."""
     chunks = pipe.rank_chunks[rank]
     bag = [pn for c in chunks for pn in pipe.bags[c]]
     dense = sum(p.dense_numel * n for p, n in bag)
     expert = sum(p.expert_numel * n for p, n in bag)
-    st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard)
-    st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, reshard=pol.reshard)
+    st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard, precision=precision)
+    st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, reshard=pol.reshard, precision=precision)
     last = loss if len(pipe.bags) - 1 in chunks else 0.0
     blocks = [p for p, _ in bag if id(p) not in ends]
     root = sum(_numel(p) for p, _ in bag if id(p) in ends)

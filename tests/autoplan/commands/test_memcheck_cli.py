@@ -41,3 +41,45 @@ def test_a_plan_apply_cannot_run_on_fake_tensors_is_reported_not_measured(cli):
 def test_bad_plan_is_one_message(cli):
     out = cli("memcheck", "tp=3", "--model", MODEL, "--cluster", "h100x8")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "fix:" in out.stderr
+
+
+def test_layer_counts_of_the_extrapolation():
+    from autoplan.apply.memcheck import layer_counts
+    assert layer_counts("llama3-70b") == (2, 3, 80)
+    assert layer_counts("deepseek-v3") == (5, 6, 61)          # past the 3 leading dense layers
+    assert layer_counts(MODEL) is None            # 4 layers: cheaper whole than cut to 2 and 3
+    assert layer_counts("llama:layers=6,hidden=256,heads=4,vocab=1024") == (2, 3, 6)
+
+
+@pytest.mark.slow        # three fake-world runs, ~1 min on 2 cores
+def test_extrapolated_peak_equals_the_whole_model_run():
+    from autoplan.apply import memcheck
+    from autoplan.plan import Plan
+
+    model = "llama:layers=6,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=4096"
+    plan = Plan.parse("tp=2,dp=4,zero=3,mbs=1,recompute=none", num_gpus=8)
+    whole = memcheck._measure(model, plan, seq=1024, global_batch=16, rank=0, layers=None, timeout_s=600)["peak"]
+    cut = memcheck.measure(model, plan, seq=1024, global_batch=16, rank=0)
+    assert whole["total"] > 0 and cut == pytest.approx(whole, rel=1e-9)
+
+
+@pytest.mark.slow        # four fake-world runs, ~40 s on 2 cores
+@pytest.mark.parametrize("plan", ["tp=2,dp=4,zero=3,mbs=1,recompute=none", "dp=8,zero=3,mbs=1,recompute=none"])
+def test_one_layer_costs_the_tracker_what_it_costs_the_estimator(plan):
+    """The per-layer slope (3 layers − 2 layers) of the tracker's peak equals the estimator's:
+    under sp the column-parallel linears save the sequence shard (Megatron), and RMSNorm runs as
+    the fused kernel the tracer records."""
+    from autoplan.apply import memcheck
+    from autoplan.cost import EstimateOptions
+    from autoplan.plan import Plan
+    from autoplan.workload import Workload, load_cluster
+
+    cluster, p = load_cluster("h100x8"), Plan.parse(plan, num_gpus=8)
+    tracked, priced = {}, {}
+    for layers in (2, 3):
+        model = f"llama:layers={layers},hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=2048"
+        tracked[layers] = memcheck._measure(model, p, seq=2048, global_batch=16, rank=0, layers=None,
+                                            timeout_s=600)["peak"]["total"]
+        w = Workload.load(model, cluster, seq=2048, global_batch=16)
+        priced[layers] = w.estimator(EstimateOptions()).estimate(p, 16, detail=False).memory_gib * 1024 ** 3
+    assert priced[3] - priced[2] == pytest.approx(tracked[3] - tracked[2], rel=0.03)

@@ -148,3 +148,41 @@ def test_fits_means_fits_with_the_margin(setup):
         e = w.estimator(EstimateOptions(memory_margin_gib=margin)).estimate(Plan.parse("dp=8,zero=3"), 8)
         assert e.fits is fits and e.memory_limit_gib == pytest.approx(hbm - margin)
         assert (not fits) == any(v.rule == "memory" for v in e.violations)
+
+
+def test_state_precision_apex_dfa_bf16_is_4_plus_6_over_d():
+    from costmodels.memory import STATE_PRECISIONS
+    s = model_state_bytes(1e9, zero=1, dp=2, precision=STATE_PRECISIONS["apex-dfa-bf16"])
+    # bf16 weight, bf16 contiguous gradient bucket, bf16 parameter shard + bf16 Adam m, v over d = 2
+    assert (s.params, s.grads, s.optimizer) == pytest.approx((2e9, 2e9, 6e9 / 2))
+    assert model_state_bytes(1e9, zero=1, dp=2).total == pytest.approx((6 + 12 / 2) * 1e9)
+
+
+def test_state_precision_reaches_the_estimate_and_unknown_names_are_refused(setup):
+    from autoplan.cost import EstimateOptions
+    from autoplan.errors import UserError
+    from autoplan.workload import Workload
+
+    graph, cluster, _ = setup(LLAMA, "h100x8", seq=SEQ)
+    w = Workload(graph, cluster, SEQ, 8)
+    plan = Plan.parse("dp=8,zero=1")
+    b = {name: w.estimator(EstimateOptions(state_precision=name)).estimate(plan, 8).memory_breakdown_gib
+         for name in ("megatron", "apex-dfa-bf16")}
+    n = graph.param_count
+    assert b["megatron"]["grads"] * GIB == pytest.approx(4 * n) and b["apex-dfa-bf16"]["grads"] * GIB == pytest.approx(2 * n)
+    assert b["apex-dfa-bf16"]["optimizer"] * GIB == pytest.approx(6 * n / 8)
+    with pytest.raises(UserError, match="state precision"):
+        w.estimator(EstimateOptions(state_precision="fp64")).estimate(plan, 8)
+
+
+def test_fsdp_under_pp_accumulates_fp32_unsharded_grads(setup):
+    """No-sync under pp: FSDP2 upcasts each bf16 gradient to reduce_dtype fp32 and accumulates
+    unsharded (``to_accumulated_grad_if_needed``): 4 B per parameter beside the 4/d shard."""
+    graph, _, est = setup(LLAMA, "h100x8", seq=SEQ)
+    e = est.estimate(Plan.parse("pp=2,dp=4,mbs=1,zero=3"), 16)
+    mems = e.memory_per_stage_gib
+    assert len(mems) == 2
+    b = {k: v * GIB for k, v in e.memory_breakdown_gib.items()}
+    numel = b["optimizer"] / (8 / 4)                  # Adam m, v: 8/d bytes per parameter of the rank
+    assert b["grads"] == pytest.approx(numel * (4 + 4 / 4), rel=1e-6)
+    assert b["params"] == pytest.approx(numel * (2 + 4 / 4), rel=1e-6)   # kept gathered under pp

@@ -1,0 +1,50 @@
+"""The public memory rows (issue 12): experiments/validate_memory.py through its CLI."""
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GIB = 1024 ** 3
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("validate_memory",
+                                                  os.path.join(REPO, "experiments", "validate_memory.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rows():
+    vm = load()
+    return {r["id"]: r for r in (vm.price(row) for row in vm.memory_rows())}
+
+
+def test_nemotron_priced_with_its_published_config_fits(rows):
+    r = rows["ngc-nemotron4-340b-128"]
+    assert r["options"] == {"state_precision": "apex-dfa-bf16"} and "recompute=selective" in r["plan"]
+    b = r["breakdown_gib"]
+    # NeMo distributed_fused_adam, dtype bf16: 2 + 2 + 6/d bytes per parameter at d = 2
+    assert b["params"] == pytest.approx(b["grads"], abs=0.01)
+    assert b["optimizer"] == pytest.approx(1.5 * b["params"], rel=0.01)
+    assert r["fits"] and r["predicted_gib"] <= r["limit_gib"]
+
+
+def test_torchtitan_rows_are_priced_allocated_and_compared(rows):
+    for ident in ("tt-h100-T1-8b-fsdp8", "tt-h100-T3-8b-fsdp128"):
+        r = rows[ident]
+        assert r["error"] == pytest.approx(r["predicted_gib"] / r["published_gib"] - 1, abs=1e-3)
+        assert "recompute=op" in r["plan"] and r["fits"]
+
+
+def test_cli_prints_every_row(capsys):
+    vm = load()
+    assert vm.main(["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["id"] for r in out} == {"tt-h100-T1-8b-fsdp8", "tt-h100-T3-8b-fsdp128",
+                                      "llama3-405b-8k-8192", "ngc-nemotron4-340b-128"}
