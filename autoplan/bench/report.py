@@ -208,13 +208,7 @@ def answer(records: list[dict]) -> str:
             f"{_span(hand)} that of the fastest hand-written recipe that fits and keeps its per-layer "
             f"collectives inside NVLink; it reaches 95 % of it in {reach95} of {len(ratios)} cases and 90 % in "
             f"{reach90} (lowest: {low[0]}, {low[1]:.2f}×).")
-        banded = [r for r in regime if r.get("auto_vs_hand_p50") is not None]
-        if banded:
-            parts.append("Over the cost model's uncertainty (paired samples of its uncertain parameters), "
-                         + "; ".join(f"{r['case']['name']}: auto/hand {r['auto_vs_hand_p10']:.2f}–"
-                                     f"{r['auto_vs_hand_p90']:.2f}× (p10–p90, median {r['auto_vs_hand_p50']:.2f}×), "
-                                     f"auto faster in {r['p_auto_beats_hand']:.0%} of the samples" for r in banded)
-                         + ".")
+        parts.append(_noise(regime))
     breakers = [r for r in regime if r.get("best_hand_any") and r.get("best_hand_any") != r.get("best_hand")]
     if breakers:
         parts.append("Where the fastest recipe breaks the NVLink rule (" + "; ".join(
@@ -238,6 +232,48 @@ def answer(records: list[dict]) -> str:
                  "of the grid's kind, so the comparison is on equal terms, but the margin the automatic plans "
                  "gain from choices outside that validation is the least certain part of the answer.")
     return " ".join(parts)
+
+
+def _noise(regime: list[dict]) -> str:
+    """Each margin beside its band, the profile's residuals and the regimes it leans on; which are
+    inside the noise (``margin_verdict``)."""
+    banded = [r for r in regime if r.get("auto_vs_hand_p50") is not None]
+    if not banded:
+        return "No case has a band (the cost model ran without parameter samples)."
+    verdicts = {r["case"]["name"]: margin_verdict(r) for r in banded}
+    clear = [n for n, (inside, _) in verdicts.items() if not inside]
+    lines = [f"Is the margin more than the cost model's noise? In {len(clear)} of {len(banded)} cases the whole "
+             "p10–p90 band of auto/hand (paired samples of the uncertain parameters) stays above 1 and the "
+             "margin exceeds the GPU profile's largest residual on the public rows; the rest are inside the noise:"]
+    for r in banded:
+        res = r.get("profile_residuals")
+        spread = "—" if res is None else f"{res['low']:+.1%} … {res['high']:+.1%}"
+        ev = r.get("auto_evidence")
+        lines.append(f"\n- {r['case']['name']}: auto/hand {r['auto_vs_hand']:.2f}× (p10–p90 {r['auto_vs_hand_p10']:.2f}–"
+                     f"{r['auto_vs_hand_p90']:.2f}×, auto faster in {r['p_auto_beats_hand']:.0%} of the samples); "
+                     f"profile residuals on public rows {spread}; unvalidated regimes of the auto plan: "
+                     f"{'not recorded' if ev is None else ', '.join(ev) or 'none'} — "
+                     f"{verdicts[r['case']['name']][1]}.")
+    return "".join(lines) + "\n\n"
+
+
+def margin_verdict(record: dict) -> tuple[bool, str]:
+    """(inside the noise?, why) for one case: inside when the band's p10 of auto/hand is at most 1
+    (the hand plan is as fast under some plausible parameters) or the margin auto/hand − 1 is no
+    more than the profile's largest residual on the public rows; outside, it still says when the
+    margin rests on regimes no timed published run covers (the band there is only a prior's)."""
+    margin, p10 = record["auto_vs_hand"] - 1.0, record["auto_vs_hand_p10"]
+    res = record.get("profile_residuals")
+    error = max(-res["low"], res["high"]) if res else 0.0
+    if p10 <= 1.0:
+        return True, "inside the noise: the band reaches parity (p10 ≤ 1)"
+    if margin <= error:
+        return True, f"inside the noise: the margin ({margin:.1%}) is within the profile's residual ({error:.1%})"
+    leaning = [e for e in record.get("auto_evidence") or [] if e != "mfu"]
+    if leaning:
+        return False, (f"outside the band and the residual ({error:.1%}), but it rests on {', '.join(leaning)}, "
+                       "where no published run bounds the error: the band there is a prior's")
+    return False, f"outside the band and the residual ({error:.1%})"
 
 
 def _broken(record: dict) -> str:
