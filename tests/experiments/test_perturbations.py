@@ -42,12 +42,20 @@ def test_regret_is_against_the_perturbed_models_own_best(row):
     assert set(row["perturbed"]) == set(pert.PERTURBATIONS)
     for p in row["perturbed"].values():
         assert all(r >= -1e-9 for r in p["regret"].values())       # the perturbed search's best is the best
+        assert p["outside_ranges"] == [] and isinstance(p["best_in_pool"], bool)   # the multipliers are sampled
     a = row["acceptance"]
     assert a["objective"] == "regret"
     assert a["worst_regret"] == max(p["regret"]["regret"] for p in row["perturbed"].values())
     assert a["ok"] == (a["worst_regret"] <= 0.05 and a["p50_over_point_p50"] <= 1.03)
     text = pert.markdown([row], "")
     assert "Acceptance met in" in text and row["chosen"]["regret"]["plan"] in text
+
+
+def test_outside_ranges_names_multipliers_the_bands_never_sample():
+    from autoplan.cost.params import Params
+    pert = load()
+    assert pert.outside_ranges(Params(nic_efficiency=0.8, wpass=1.2), "h100") == []
+    assert pert.outside_ranges(Params(nic_efficiency=0.5, wpass=1.3), "h100") == ["nic_efficiency=0.5", "wpass=1.3"]
 
 
 def test_acceptance_fails_past_either_bound():
