@@ -209,6 +209,7 @@ def answer(records: list[dict]) -> str:
             f"collectives inside NVLink; it reaches 95 % of it in {reach95} of {len(ratios)} cases and 90 % in "
             f"{reach90} (lowest: {low[0]}, {low[1]:.2f}×).")
         parts.append(_noise(regime))
+    parts.append(_unfit_published(regime))
     breakers = [r for r in regime if r.get("best_hand_any") and r.get("best_hand_any") != r.get("best_hand")]
     if breakers:
         parts.append("Where the fastest recipe breaks the NVLink rule (" + "; ".join(
@@ -231,7 +232,7 @@ def answer(records: list[dict]) -> str:
                  "runs: it is validated against published Megatron runs (the section above), i.e. against plans "
                  "of the grid's kind, so the comparison is on equal terms, but the margin the automatic plans "
                  "gain from choices outside that validation is the least certain part of the answer.")
-    return " ".join(parts)
+    return " ".join(p for p in parts if p)
 
 
 def _noise(regime: list[dict]) -> str:
@@ -255,6 +256,20 @@ def _noise(regime: list[dict]) -> str:
                      f"{'not recorded' if ev is None else ', '.join(ev) or 'none'} — "
                      f"{verdicts[r['case']['name']][1]}.")
     return "".join(lines) + "\n\n"
+
+
+def _unfit_published(regime: list[dict]) -> str:
+    """Cases whose published layout (a run that happened) the memory model prices above HBM."""
+    unfit = [(r, _rows(r)["published"]) for r in regime
+             if _rows(r).get("published", {}).get("status") == "ok" and not _rows(r)["published"]["fits"]]
+    if not unfit:
+        return ""
+    return ("The published layout ran, yet the memory model prices it above HBM in " + "; ".join(
+        f"{r['case']['name']} ({row['memory_gib']:.1f} of {row['hbm_gib']:.0f} GiB)" for r, row in unfit)
+        + ": there the best hand plan is a slower recipe that fits, and auto against the published layout "
+        "as priced is " + ", ".join(f"{_rows(r)['auto']['tokens_per_s'] / row['tokens_per_s']:.2f}×"
+                                     for r, row in unfit if _rows(r).get("auto", {}).get("tokens_per_s"))
+        + " — a memory-model miss (the must-fit rows of the regime table), not a hand plan that cannot run.")
 
 
 def margin_verdict(record: dict) -> tuple[bool, str]:

@@ -162,6 +162,17 @@ def test_answer_says_which_margins_are_inside_the_noise():
     assert "unvalidated regimes of the auto plan: schedule, cp, mfu — outside the band" in text
 
 
+def test_answer_names_published_layouts_the_memory_model_prices_above_hbm():
+    r = _banded("big", 2.2, 2.1, ["schedule"])
+    r["contenders"] = [{"contender": "auto", "status": "ok", "tokens_per_s": 300.0, "fits": True},
+                       {"contender": "published", "status": "ok", "tokens_per_s": 200.0, "fits": False,
+                        "memory_gib": 91.5, "hbm_gib": 75.0}]
+    text = answer([r])
+    assert "memory model prices it above HBM in big (91.5 of 75 GiB)" in text and "is 1.50×" in text
+    r["contenders"][1]["fits"] = True
+    assert "above HBM" not in answer([r])
+
+
 def test_compact_plan():
     plan = ("tp=8,pp=16,dp=64,cp=1,ep=1,vpp=2,mbs=1,schedule=interleaved,recompute=selective,sp=on,zero=1,"
             "cp_algo=ring,order=tp-cp-ep-pp-dp")
