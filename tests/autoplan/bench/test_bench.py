@@ -162,6 +162,19 @@ def test_answer_says_which_margins_are_inside_the_noise():
     assert "unvalidated regimes of the auto plan: schedule, cp, mfu — outside the band" in text
 
 
+def test_band_against_the_fastest_credible_recipe_when_none_respects_nvlink():
+    from autoplan.bench.report import summary_table
+    r = _banded("moe", 1.2, 1.1, ["moe"])
+    r.update(best_hand=None, best_hand_any="deepseek", band_hand="deepseek", auto_vs_hand=None, auto_vs_hand_any=1.2,
+             gpus=2048)
+    assert "- moe: auto/hand (against deepseek, which breaks the NVLink rule) 1.20× (p10–p90 1.10–" in answer([r])
+    auto = {"contender": "auto", "status": "ok", "plan": "tp=8,pp=2,dp=64", "mfu": 0.3, "fits": True,
+            "respects_nvlink": True}
+    r["contenders"] = [auto] + [{"contender": c, "status": "n/a"} for c in ("grid", "megatron", "megascale", "llama3",
+                                                                          "fsdp", "deepseek", "published")]
+    assert "(vs deepseek†)" in summary_table([r])
+
+
 def test_answer_names_published_layouts_the_memory_model_prices_above_hbm():
     r = _banded("big", 2.2, 2.1, ["schedule"])
     r["contenders"] = [{"contender": "auto", "status": "ok", "tokens_per_s": 300.0, "fits": True},
