@@ -254,9 +254,11 @@ def _noise(regime: list[dict]) -> str:
         return "No case has a band (the cost model ran without parameter samples)."
     verdicts = {r["case"]["name"]: margin_verdict(r) for r in banded}
     clear = [n for n, (inside, _) in verdicts.items() if not inside]
+    rest = ("none is inside the noise" if len(clear) == len(banded) else
+            f"the other {len(banded) - len(clear)} are inside the noise")
     lines = [f"Is the margin more than the cost model's noise? In {len(clear)} of {len(banded)} cases the whole "
              "p10–p90 band of auto/hand (paired samples of the uncertain parameters) stays above 1 and the "
-             "margin exceeds the GPU profile's largest residual on the public rows; the rest are inside the noise:"]
+             f"margin exceeds the GPU profile's largest residual on the public rows; {rest}:"]
     for r in banded:
         res = r.get("profile_residuals")
         spread = "—" if res is None else f"{res['low']:+.1%} … {res['high']:+.1%}"
