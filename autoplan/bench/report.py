@@ -254,8 +254,12 @@ def _noise(regime: list[dict]) -> str:
         return "No case has a band (the cost model ran without parameter samples)."
     verdicts = {r["case"]["name"]: margin_verdict(r) for r in banded}
     clear = [n for n, (inside, _) in verdicts.items() if not inside]
-    rest = ("none is inside the noise" if len(clear) == len(banded) else
-            f"the other {len(banded) - len(clear)} are inside the noise")
+    inside = len(banded) - len(clear)
+    leaning = sum(1 for n in clear if "rests on" in verdicts[n][1])
+    rest = ("none is inside the noise" if not inside else
+            "the other one is inside the noise" if inside == 1 else f"the other {inside} are inside the noise")
+    rest += (f"; but in {leaning} of the {len(clear)} the margin rests on regimes no timed published run covers, "
+             "where the band is only a prior's" if leaning else "")
     lines = [f"Is the margin more than the cost model's noise? In {len(clear)} of {len(banded)} cases the whole "
              "p10–p90 band of auto/hand (paired samples of the uncertain parameters) stays above 1 and the "
              f"margin exceeds the GPU profile's largest residual on the public rows; {rest}:"]
