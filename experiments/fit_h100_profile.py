@@ -30,6 +30,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import published_regimes as pr  # noqa: E402
+from profile_ranges import gemm_range_block  # noqa: E402
 from autoplan.cost import EstimateOptions  # noqa: E402
 from costmodels.compute import PROFILE_DIR  # noqa: E402
 
@@ -101,16 +102,8 @@ def write_profile(point: dict, errs: list[float], rows: list) -> None:
 
 
 def uncertainty_block(errs: list[float], rows: list) -> str:
-    """The GEMM efficiency's range (``costmodels/uncertainty.yaml`` names it ``gemm_peak``) from
-    the fit's own residuals: a row priced e too slow (e = predicted / published − 1) is matched by
-    a compute rate (1 + e)× the fitted one, so the range spans 1 + min(e) … 1 + max(e), and 1."""
-    low, high = min(0.0, *errs), max(0.0, *errs)
-    names = ", ".join(f"{r.ident} {e:+.1%}" for r, e in zip(rows, errs))
-    return ("uncertainty:          # multipliers on the values above (costmodels/uncertainty.yaml has the priors)\n"
-            "  gemm_peak:\n"
-            f"    low: {1 + low:.3f}\n"
-            f"    high: {1 + high:.3f}\n"
-            f"    source: \"residuals of this fit on the public H100 rows: {names}\"\n")
+    """The GEMM efficiency's range from the fit's own residuals (``profile_ranges``)."""
+    return gemm_range_block(errs, [r.ident for r in rows], "the public H100 rows")
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,7 @@ import os
 from autoplan.bench.case import CONTENDERS
 
 COLORS = {"auto": "#1f6feb", "grid": "#6e7781", "megatron": "#d29922", "megascale": "#bf8700",
-          "llama3": "#2da44e", "fsdp": "#a475f9", "deepseek": "#cf222e"}
+          "llama3": "#2da44e", "fsdp": "#a475f9", "deepseek": "#cf222e", "published": "#0a3069"}
 FILES = {"MFU per case": "mfu.png", "auto/hand throughput vs GPUs": "ratio.png",
          "search time vs GPUs": "search_time.png"}
 

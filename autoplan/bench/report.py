@@ -113,7 +113,8 @@ def summary_table(records: list[dict]) -> str:
         if r.get("best_hand_any") and r.get("best_hand_any") != r.get("best_hand"):
             vs_hand += f" ({_ratio(r.get('auto_vs_hand_any'))}†)"
         band = "—" if r.get("auto_vs_hand_p50") is None else " / ".join(
-            _ratio(r.get(f"auto_vs_hand_p{q}")) for q in (10, 50, 90))
+            _ratio(r.get(f"auto_vs_hand_p{q}")) for q in (10, 50, 90)) + ("" if _band_hand(r) == r.get("best_hand")
+                                                                          else f" (vs {_band_hand(r)}†)")
         p_win = "—" if r.get("p_auto_beats_hand") is None else f"{r['p_auto_beats_hand']:.0%}"
         cells += [best, vs_hand, band, p_win, _ratio(r.get("auto_vs_grid")), search]
         lines.append("| " + " | ".join(cells) + " |")
@@ -208,13 +209,8 @@ def answer(records: list[dict]) -> str:
             f"{_span(hand)} that of the fastest hand-written recipe that fits and keeps its per-layer "
             f"collectives inside NVLink; it reaches 95 % of it in {reach95} of {len(ratios)} cases and 90 % in "
             f"{reach90} (lowest: {low[0]}, {low[1]:.2f}×).")
-        banded = [r for r in regime if r.get("auto_vs_hand_p50") is not None]
-        if banded:
-            parts.append("Over the cost model's uncertainty (paired samples of its uncertain parameters), "
-                         + "; ".join(f"{r['case']['name']}: auto/hand {r['auto_vs_hand_p10']:.2f}–"
-                                     f"{r['auto_vs_hand_p90']:.2f}× (p10–p90, median {r['auto_vs_hand_p50']:.2f}×), "
-                                     f"auto faster in {r['p_auto_beats_hand']:.0%} of the samples" for r in banded)
-                         + ".")
+    parts.append(_noise(regime))
+    parts.append(_unfit_published(regime))
     breakers = [r for r in regime if r.get("best_hand_any") and r.get("best_hand_any") != r.get("best_hand")]
     if breakers:
         parts.append("Where the fastest recipe breaks the NVLink rule (" + "; ".join(
@@ -237,7 +233,80 @@ def answer(records: list[dict]) -> str:
                  "runs: it is validated against published Megatron runs (the section above), i.e. against plans "
                  "of the grid's kind, so the comparison is on equal terms, but the margin the automatic plans "
                  "gain from choices outside that validation is the least certain part of the answer.")
-    return " ".join(parts)
+    return " ".join(p for p in parts if p)
+
+
+def _band_hand(record: dict) -> str | None:
+    """The recipe the band compares against (older records: the best hand plan)."""
+    return record.get("band_hand", record.get("best_hand"))
+
+
+def _margin(record: dict) -> float:
+    """auto/hand against the band's recipe: the rule-respecting best, else the fastest credible one."""
+    return record["auto_vs_hand"] if _band_hand(record) == record.get("best_hand") else record["auto_vs_hand_any"]
+
+
+def _noise(regime: list[dict]) -> str:
+    """Each margin beside its band, the profile's residuals and the regimes it leans on; which are
+    inside the noise (``margin_verdict``)."""
+    banded = [r for r in regime if r.get("auto_vs_hand_p50") is not None]
+    if not banded:
+        return "No case has a band (the cost model ran without parameter samples)."
+    verdicts = {r["case"]["name"]: margin_verdict(r) for r in banded}
+    clear = [n for n, (inside, _) in verdicts.items() if not inside]
+    inside = len(banded) - len(clear)
+    leaning = sum(1 for n in clear if "rests on" in verdicts[n][1])
+    rest = ("none is inside the noise" if not inside else
+            "the other one is inside the noise" if inside == 1 else f"the other {inside} are inside the noise")
+    rest += (f"; but in {leaning} of the {len(clear)} the margin rests on regimes no timed published run covers, "
+             "where the band is only a prior's" if leaning else "")
+    lines = [f"Is the margin more than the cost model's noise? In {len(clear)} of {len(banded)} cases the whole "
+             "p10–p90 band of auto/hand (paired samples of the uncertain parameters) stays above 1 and the "
+             f"margin exceeds the GPU profile's largest residual on the public rows; {rest}:"]
+    for r in banded:
+        res = r.get("profile_residuals")
+        spread = "—" if res is None else f"{res['low']:+.1%} … {res['high']:+.1%}"
+        ev = r.get("auto_evidence")
+        against = "" if _band_hand(r) == r.get("best_hand") else f" (against {_band_hand(r)}, which breaks the NVLink rule)"
+        lines.append(f"\n- {r['case']['name']}: auto/hand{against} {_margin(r):.2f}× (p10–p90 {r['auto_vs_hand_p10']:.2f}–"
+                     f"{r['auto_vs_hand_p90']:.2f}×, auto faster in {r['p_auto_beats_hand']:.0%} of the samples); "
+                     f"profile residuals on public rows {spread}; unvalidated regimes of the auto plan: "
+                     f"{'not recorded' if ev is None else ', '.join(ev) or 'none'} — "
+                     f"{verdicts[r['case']['name']][1]}.")
+    return "".join(lines) + "\n\n"
+
+
+def _unfit_published(regime: list[dict]) -> str:
+    """Cases whose published layout (a run that happened) the memory model prices above HBM."""
+    unfit = [(r, _rows(r)["published"]) for r in regime
+             if _rows(r).get("published", {}).get("status") == "ok" and not _rows(r)["published"]["fits"]]
+    if not unfit:
+        return ""
+    return ("The published layout ran, yet the memory model prices it above HBM in " + "; ".join(
+        f"{r['case']['name']} ({row['memory_gib']:.1f} of {row['hbm_gib']:.0f} GiB)" for r, row in unfit)
+        + ": there the best hand plan is a slower recipe that fits, and auto against the published layout "
+        "as priced is " + ", ".join(f"{_rows(r)['auto']['tokens_per_s'] / row['tokens_per_s']:.2f}×"
+                                     for r, row in unfit if _rows(r).get("auto", {}).get("tokens_per_s"))
+        + " — a memory-model miss (the must-fit rows of the regime table), not a hand plan that cannot run.")
+
+
+def margin_verdict(record: dict) -> tuple[bool, str]:
+    """(inside the noise?, why) for one case: inside when the band's p10 of auto/hand is at most 1
+    (the hand plan is as fast under some plausible parameters) or the margin auto/hand − 1 is no
+    more than the profile's largest residual on the public rows; outside, it still says when the
+    margin rests on regimes no timed published run covers (the band there is only a prior's)."""
+    margin, p10 = _margin(record) - 1.0, record["auto_vs_hand_p10"]
+    res = record.get("profile_residuals")
+    error = max(-res["low"], res["high"]) if res else 0.0
+    if p10 <= 1.0:
+        return True, "inside the noise: the band reaches parity (p10 ≤ 1)"
+    if margin <= error:
+        return True, f"inside the noise: the margin ({margin:.1%}) is within the profile's residual ({error:.1%})"
+    leaning = [e for e in record.get("auto_evidence") or [] if e != "mfu"]
+    if leaning:
+        return False, (f"outside the band and the residual ({error:.1%}), but it rests on {', '.join(leaning)}, "
+                       "where no published run bounds the error: the band there is a prior's")
+    return False, f"outside the band and the residual ({error:.1%})"
 
 
 def _broken(record: dict) -> str:

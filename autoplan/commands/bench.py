@@ -115,7 +115,8 @@ def _num(x) -> str:
 
 def _band(r: dict) -> str:
     lo, hi = r.get("auto_vs_hand_p10"), r.get("auto_vs_hand_p90")
-    return "—" if lo is None else f"{lo:.2f}–{hi:.2f}"
+    breaks = r.get("band_hand", r.get("best_hand")) != r.get("best_hand")      # against a rule-breaking recipe
+    return "—" if lo is None else f"{lo:.2f}–{hi:.2f}" + ("†" if breaks else "")
 
 
 def _share(x) -> str:

@@ -130,7 +130,9 @@ def _write_report(args, graph, cluster, result, options) -> None:
     from autoplan.explain.report import render_report
 
     estimator = Estimator(graph, cluster, options.estimate_options())   # priced as the search priced
-    html = render_report(graph.model.name, cluster, [(c.plan, c.estimate) for c in result.candidates], estimator)
+    cs = result.candidates
+    html = render_report(graph.model.name, cluster, [(c.plan, c.estimate) for c in cs], estimator,
+                         bands=[c.band for c in cs], robust=[c.robust for c in cs])
     from autoplan.atomic import write_text
 
     write_text(args.report, html, flag="--report")

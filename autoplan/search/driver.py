@@ -142,6 +142,9 @@ class SearchResult:
     candidates: tuple[Candidate, ...]
     stats: SearchStats
     max_ilp_gap: float = 0.0
+    # with bands: every plan the objective chose among, with its band (pool order, no robust
+    # record), so that another objective can be ranked over the same pool and samples
+    pool: tuple[Candidate, ...] = ()
 
 
 def search(model: BlockGraph, cluster: Cluster, *, global_batch: int,
@@ -175,13 +178,13 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
     if not results:
         raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
     ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
-    candidates = _choose(est, ranked, variants, global_batch, options)
+    candidates, pool = _choose(est, ranked, variants, global_batch, options)
     ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status, k[4], k[5])
                  for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (*kv[0][:3], str(kv[0][3]),
                                                                                      *kv[0][4:])))
     stats = SearchStats(space_stats, pruned_memory, pruned_bound, evaluated, priced,
                         time.perf_counter() - start, ilps)
-    return SearchResult(candidates, stats, max((i.gap for i in ilps), default=0.0))
+    return SearchResult(candidates, stats, max((i.gap for i in ilps), default=0.0), pool)
 
 
 # --- pieces ------------------------------------------------------------------------------------
@@ -190,11 +193,12 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
             options: SearchOptions):
     """The top-K candidates: by point step time, or (bands on) by the objective over the pool:
     every variant (ZeRO stage, SP, CP algorithm, order) searched of the ``pool_size`` best meshes,
-    up to ``POOL_VARIANTS`` per mesh, the fastest by point first, ``POOL_PLANS`` plans in all."""
+    up to ``POOL_VARIANTS`` per mesh, the fastest by point first, ``POOL_PLANS`` plans in all.
+    Returns (the candidates, the pool with its bands; empty without bands)."""
     moe = bool(est.info.experts)
     if options.samples == 0:
         return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), evidence=flags(r.plan, r.estimate, moe=moe))
-                     for r in ranked[:options.top_k])
+                     for r in ranked[:options.top_k]), ()
     pool = ranked[:options.top_k]
     if options.objective != "point":
         meshes = [r.mesh.key for r in ranked[:options.pool_size]]
@@ -203,11 +207,17 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
             by_mesh.setdefault(v.mesh.key, []).append(v)
         pool = [v for key in meshes for v in by_mesh[key][:POOL_VARIANTS]][:POOL_PLANS]
     sampler = Sampler(est, options.samples, options.seed)
-    bands = [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
-    picked = robust.rank([r.plan.to_string() for r in pool], bands, options.objective, options.top_k,
-                         groups=[r.mesh.key for r in pool])
-    return tuple(Candidate(pool[i].plan, pool[i].estimate, est.layout(pool[i].plan), bands[i], rob,
-                           flags(pool[i].plan, pool[i].estimate, moe=moe)) for i, rob in picked)
+    priced = tuple(Candidate(r.plan, r.estimate, band=sampler.band(r.plan, global_batch, r.estimate)) for r in pool)
+    picked = [(priced[i], rob) for i, rob in rank_pool(priced, options.objective, options.top_k)]
+    return tuple(Candidate(c.plan, c.estimate, est.layout(c.plan), c.band, rob, flags(c.plan, c.estimate, moe=moe))
+                 for c, rob in picked), priced
+
+
+def rank_pool(pool: tuple[Candidate, ...], objective: str, top_k: int) -> list[tuple[int, Robust]]:
+    """``robust.rank`` over banded candidates (a ``SearchResult.pool``): indices into ``pool``
+    of the ``top_k`` kept, one per mesh (tp, cp, ep, pp, dp), each with its Robust record."""
+    return robust.rank([c.plan.to_string() for c in pool], [c.band for c in pool], objective, top_k,
+                       groups=[(c.plan.tp, c.plan.cp, c.plan.ep, c.plan.pp, c.plan.dp) for c in pool])
 
 
 def _mesh_sort_key(mesh: MeshChoice):

@@ -9,7 +9,7 @@ import pytest
 from autoplan.bench import SUITES, select
 from autoplan.bench.case import _ratios
 from autoplan.bench.grid import grid_plans, search_grid, tp_degrees
-from autoplan.bench.report import answer, compact_plan, markdown, write_section
+from autoplan.bench.report import answer, compact_plan, margin_verdict, markdown, write_section
 from autoplan.bench.runner import load_cached
 from autoplan.bench.suite import Case
 from autoplan.errors import UserError
@@ -139,6 +139,55 @@ def test_answer_counts_only_big_models_on_big_clusters():
     assert "Not answered" in none and "failed: x" in none
 
 
+def _banded(name, vs_hand, p10, evidence):
+    r = _record(name, 175e9, 1024, vs_hand, 1.0)
+    r.update(auto_vs_hand_p10=p10, auto_vs_hand_p50=vs_hand, auto_vs_hand_p90=vs_hand + 0.05, p_auto_beats_hand=0.75,
+             auto_evidence=evidence, profile_residuals={"low": -0.063, "high": 0.017, "source": "public rows"})
+    return r
+
+
+def test_answer_says_which_margins_are_inside_the_noise():
+    records = [_banded("parity", 1.10, 0.98, []), _banded("small", 1.05, 1.02, []),
+               _banded("leaning", 1.30, 1.20, ["schedule", "cp", "mfu"]), _banded("clean", 1.30, 1.20, ["mfu"])]
+    assert margin_verdict(records[0]) == (True, "inside the noise: the band reaches parity (p10 ≤ 1)")
+    assert margin_verdict(records[1]) == (True, "inside the noise: the margin (5.0%) is within the profile's "
+                                                "residual (6.3%)")
+    inside, why = margin_verdict(records[2])
+    assert not inside and "rests on schedule, cp," in why and "mfu" not in why
+    assert margin_verdict(records[3]) == (False, "outside the band and the residual (6.3%)")
+    text = answer(records)
+    assert "In 2 of 4 cases the whole p10–p90 band" in text
+    assert ("the other 2 are inside the noise; but in 1 of the 2 the margin rests on regimes no timed published "
+            "run covers") in text
+    assert ("- small: auto/hand 1.05× (p10–p90 1.02–1.10×, auto faster in 75% of the samples); profile residuals "
+            "on public rows -6.3% … +1.7%; unvalidated regimes of the auto plan: none — inside the noise") in text
+    assert "unvalidated regimes of the auto plan: schedule, cp, mfu — outside the band" in text
+
+
+def test_band_against_the_fastest_credible_recipe_when_none_respects_nvlink():
+    from autoplan.bench.report import summary_table
+    r = _banded("moe", 1.2, 1.1, ["moe"])
+    r.update(best_hand=None, best_hand_any="deepseek", band_hand="deepseek", auto_vs_hand=None, auto_vs_hand_any=1.2,
+             gpus=2048)
+    assert "- moe: auto/hand (against deepseek, which breaks the NVLink rule) 1.20× (p10–p90 1.10–" in answer([r])
+    auto = {"contender": "auto", "status": "ok", "plan": "tp=8,pp=2,dp=64", "mfu": 0.3, "fits": True,
+            "respects_nvlink": True}
+    r["contenders"] = [auto] + [{"contender": c, "status": "n/a"} for c in ("grid", "megatron", "megascale", "llama3",
+                                                                          "fsdp", "deepseek", "published")]
+    assert "(vs deepseek†)" in summary_table([r])
+
+
+def test_answer_names_published_layouts_the_memory_model_prices_above_hbm():
+    r = _banded("big", 2.2, 2.1, ["schedule"])
+    r["contenders"] = [{"contender": "auto", "status": "ok", "tokens_per_s": 300.0, "fits": True},
+                       {"contender": "published", "status": "ok", "tokens_per_s": 200.0, "fits": False,
+                        "memory_gib": 91.5, "hbm_gib": 75.0}]
+    text = answer([r])
+    assert "memory model prices it above HBM in big (91.5 of 75 GiB)" in text and "is 1.50×" in text
+    r["contenders"][1]["fits"] = True
+    assert "above HBM" not in answer([r])
+
+
 def test_compact_plan():
     plan = ("tp=8,pp=16,dp=64,cp=1,ep=1,vpp=2,mbs=1,schedule=interleaved,recompute=selective,sp=on,zero=1,"
             "cp_algo=ring,order=tp-cp-ep-pp-dp")
@@ -224,3 +273,9 @@ def test_search_in_a_child_returns_the_same_plans_and_reraises_user_errors(small
     with pytest.raises(UserError, match="fits no plan") as err:
         search_with_limit(big, eight, global_batch=8, options=options, limit_s=120)
     assert err.value.fix       # problem and fix both came back
+
+
+def test_every_contender_has_a_plot_colour():
+    from autoplan.bench.case import CONTENDERS
+    from autoplan.bench.plots import COLORS
+    assert set(CONTENDERS) <= set(COLORS)          # a contender without one broke write_plots (KeyError)

@@ -82,6 +82,14 @@ def test_human_output_and_html_report(small_json, tmp_path):
     html = report.read_text()
     assert html.count("<svg") >= 3 and "http://" not in html.replace("http://www.w3.org", "")
     ranked = json.loads(small_json.stdout)
+    from autoplan.explain.units import seconds
+    top = html.split("<h2>Top plans</h2>")[1].split("<h2>")[0]           # the bands and the evidence in the report
+    for p in ranked:
+        e = p["estimate"]
+        assert " / ".join(seconds(e[f"step_time_s_p{q}"]) for q in (10, 50, 90)) in top
+        assert f"{p['robust']['worst_regret']:+.1%}" in top
+    assert "<h2>Evidence</h2>" in html
+    assert all(f["text"] in html.replace("&#x27;", "'") for f in ranked[0]["estimate"]["evidence"])
     assert _table_plans(out.stdout) == [Plan.parse(p["plan"]).to_compact() for p in ranked]   # whole, compact
     steps = [p["robust"]["score"] for p in ranked]           # what the default (robust) objective ranks by
     ranks = [rank for rank, _ in _table_rows(out.stdout)]

@@ -44,7 +44,7 @@ def test_report_has_every_section_and_chart(report):
     html, plan, est = report
     for chart in CHART_IDS:
         assert f'id="{chart}"' in html
-    for title in ("Summary", "Top plans", "Rule verdicts", "Primitive placement", "Pipeline schedule",
+    for title in ("Summary", "Top plans", "Evidence", "Rule verdicts", "Primitive placement", "Pipeline schedule",
                   "Mesh on the topology", "Step time breakdown", "Memory per GPU", "Attention, SP and CP"):
         assert f"<h2>{title}</h2>" in html
     gantt = html.split('id="gantt"')[1].split("</div>")[0]
@@ -52,6 +52,33 @@ def test_report_has_every_section_and_chart(report):
     for group in ("tp", "pp", "dp"):                                               # the axes of size > 1
         assert f'data-group="{group}"' in html
     assert "megascale" in html and plan.to_string() in html
+    evidence = html.split("<h2>Evidence</h2>")[1].split("<h2>")[0]
+    assert "schedule zbv: no timed published run" in evidence          # the chosen plan's flag, in words
+    assert "step p10 / p50 / p90" not in html                          # no bands given: none shown
+
+
+def test_report_shows_the_bands_and_robust_record_of_each_top_plan(setup, report):
+    from autoplan.cost.uncertainty import Sampler
+    from autoplan.explain.units import percent, seconds
+    from autoplan.search.robust import rank
+
+    _, plan, est = report
+    graph, cluster, estimator = setup("gpt3-175b", "h100x1024")
+    bplan = baseline("megascale", graph, cluster, seq=2048, global_batch=1024, estimator=estimator)
+    ranked = [(plan, est), (bplan, price(estimator, bplan, 1024))]
+    sampler = Sampler(estimator, 4, seed=0)
+    bands = [sampler.band(p, 1024, e) for p, e in ranked]
+    robust = [r for _, r in sorted(rank(["a", "b"], bands, "regret", 2), key=lambda t: t[0])]
+    html = render_report("gpt3-175b", cluster, ranked, estimator, bands=bands, robust=robust)
+    top = html.split("<h2>Top plans</h2>")[1].split("<h2>")[0]
+    assert "step p10 / p50 / p90" in top and "P(best)" in top and "worst regret" in top
+    for b, r in zip(bands, robust):
+        assert " / ".join(seconds(b.step(q)) for q in (0.1, 0.5, 0.9)) in top
+        assert f"{percent(b.mfu(0.1))} – {percent(b.mfu(0.9))}" in top
+        assert f"{r.p_best:.0%}" in top and f"{r.worst_regret:+.1%}" in top
+    assert "schedule" in top                                          # the unvalidated column names the regime
+    summary = html.split("<h2>Summary</h2>")[1].split("<h2>")[0]
+    assert f"{seconds(bands[0].step(0.1))} – {seconds(bands[0].step(0.9))}" in summary
 
 
 def test_gantt_is_binned_when_huge():

@@ -129,6 +129,9 @@ def test_search_point_objective_is_the_unbanded_ranking_and_default_reports_robu
     unbanded = json.loads(cli("search", *SMALL, "--json", "--top", "3", "--samples", "0",
                               "--objective", "point").stdout)
     assert [p["plan"] for p in point] == [p["plan"] for p in unbanded]
+    steps = [p["estimate"]["step_time_s"] for p in point]
+    assert steps == [p["estimate"]["step_time_s"] for p in unbanded] == sorted(steps)   # the point ranking
+    assert all(p["robust"]["objective"] == "point" and p["robust"]["folded"] == [] for p in point)
     assert all("robust" not in p for p in unbanded)
     first = cli("search", *SMALL, "--json", "--top", "3")
     assert first.stdout == cli("search", *SMALL, "--json", "--top", "3").stdout

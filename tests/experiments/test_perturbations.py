@@ -1,0 +1,70 @@
+"""experiments/perturbations.py (issue 13): every objective picks from one banded search's pool, as
+`search --objective` does; regret is measured against the perturbed model's own search; the
+acceptance (worst regret ≤ 5 %, p50 within 3 % of the point-optimal plan's) is computed per case."""
+import importlib.util
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = ("gpt:layers=4,hidden=512,heads=8,vocab=1000", "h100x16", 2048, 32)
+
+
+def load():
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    spec = importlib.util.spec_from_file_location("perturbations", os.path.join(REPO, "experiments", "perturbations.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def row():
+    return load().run_case(*SMALL)
+
+
+@pytest.mark.slow        # ~6 searches, > 10 s on 2 cores; CI runs the slow tier too
+def test_each_objective_picks_what_search_with_that_objective_returns(row, traced):
+    import topologies
+    from autoplan.search import SearchOptions, search
+
+    graph, cluster = traced(SMALL[0], seq=SMALL[2]), topologies.load(SMALL[1])
+    for objective in ("point", "regret"):
+        first = search(graph, cluster, global_batch=SMALL[3], options=SearchOptions(objective=objective)).candidates[0]
+        assert row["chosen"][objective]["plan"] == first.plan.to_string()
+        assert row["chosen"][objective]["p50_s"] == first.band.step(0.5)
+
+
+@pytest.mark.slow
+def test_regret_is_against_the_perturbed_models_own_best(row):
+    pert = load()
+    assert set(row["perturbed"]) == set(pert.PERTURBATIONS)
+    for p in row["perturbed"].values():
+        assert all(r >= -1e-9 for r in p["regret"].values())       # the perturbed search's best is the best
+        assert p["outside_ranges"] == [] and isinstance(p["best_in_pool"], bool)   # the issue's multipliers are sampled
+    a = row["acceptance"]
+    assert a["objective"] == "regret"
+    assert a["worst_regret"] == max(p["regret"]["regret"] for p in row["perturbed"].values())
+    assert a["ok"] == (a["worst_regret"] <= 0.05 and a["p50_over_point_p50"] <= 1.03)
+    text = pert.markdown([row], "")
+    assert "Acceptance met in" in text and row["chosen"]["regret"]["plan"] in text
+
+
+def test_outside_ranges_names_multipliers_the_bands_never_sample():
+    from autoplan.cost.params import Params
+    pert = load()
+    assert pert.outside_ranges(Params(nic_efficiency=0.8, wpass=1.2), "h100") == []
+    assert pert.outside_ranges(Params(nic_efficiency=0.5, wpass=1.3), "h100") == ["nic_efficiency=0.5", "wpass=1.3"]
+
+
+def test_acceptance_fails_past_either_bound():
+    pert = load()
+    base = {"chosen": {"point": {"p50_s": 1.0}, "regret": {"p50_s": 1.02}},
+            "perturbed": {"nic": {"regret": {"regret": 0.04}}, "all": {"regret": {"regret": 0.049}}}}
+    assert pert.acceptance(base)["ok"]
+    base["perturbed"]["all"]["regret"]["regret"] = 0.051
+    assert not pert.acceptance(base)["ok"]
+    base["perturbed"]["all"]["regret"]["regret"] = 0.0
+    base["chosen"]["regret"]["p50_s"] = 1.031
+    assert not pert.acceptance(base)["ok"]
