@@ -20,6 +20,8 @@ Blocks:
   (``check_activations``);
 * ``evidence-mfu``: the best published MFU per model kind the evidence flags compare against
   (``costmodels/evidence.yaml``);
+* ``robust-check``: the default objective's worst regret under the perturbations of
+  ``experiments/perturbations/`` and its p50 against the point optimum's (``perturbations``);
 * ``bench-quick``: the wall and CPU time of ``autoplan bench --suite quick`` on this machine.
 """
 from __future__ import annotations
@@ -197,6 +199,22 @@ def evidence_mfu(cores: int) -> str:
     return ", ".join(f"{pct(value)} {kind}" for kind, (value, _source) in best.items())
 
 
+def robust_check(cores: int) -> str:
+    import perturbations as pt
+
+    parts = []
+    for model, cluster, seq, batch in pt.CASES:
+        row = pt.run_case(model, cluster, seq, batch)
+        a = row["acceptance"]
+        worst = max(row["perturbed"], key=lambda p: row["perturbed"][p]["regret"][a["objective"]])
+        same = row["chosen"][a["objective"]]["plan"] == row["chosen"]["point"]["plan"]
+        parts.append(f"on {model} / {cluster} the {a['objective']} choice (`{row['chosen'][a['objective']]['plan']}`"
+                     f"{', also the point optimum' if same else ''}) has worst regret {pct(a['worst_regret'])} "
+                     f"(under `{worst}.yaml`) and a p50 {pct(a['p50_over_point_p50'] - 1)} "
+                     f"{'above' if a['p50_over_point_p50'] >= 1 else 'below'} the point optimum's")
+    return "; ".join(parts)
+
+
 def bench_quick(cores: int) -> str:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,7 +231,8 @@ def bench_quick(cores: int) -> str:
 BLOCKS: dict[str, Callable[[int], str]] = {"trace-speed": trace_speed, "validation": validation, "tour": tour,
                                            "run-check": run_check, "export-example": export_example,
                                            "deepseek-mla": deepseek_mla, "activations": activations,
-                                           "evidence-mfu": evidence_mfu, "bench-quick": bench_quick}
+                                           "evidence-mfu": evidence_mfu, "robust-check": robust_check,
+                                           "bench-quick": bench_quick}
 
 
 def replace_block(text: str, name: str, body: str) -> str:

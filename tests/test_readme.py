@@ -92,3 +92,28 @@ def test_readme_test_command_prints_the_passed_line():
     command = shlex.split(next(b for b in blocks if "pytest" in b).split("&&")[-1])
     quiet = sum(a.count("q") for a in addopts + command if re.fullmatch(r"-q+", a))
     assert quiet <= 1, (addopts, command)
+
+
+# Figures the README states outside generated blocks are definitions, defaults or hardware, never
+# measurements: each is listed here with what it is.  A measured figure belongs in a block.
+DEFINITIONS = {
+    "0.5 %": "fold/tie threshold (search/robust.py)", "2 ×": "cp=4 split as 2 × 2", "2,pp": "plan string",
+    "2.5×": "flash backward FLOP ratio (torch's flop counter)", "30 %": "explain's SP rule threshold",
+    "50 %": "explain's CP rule threshold", "55 %": "healthy dense MFU band", "45 %": "healthy MoE MFU band",
+    "4 GiB": "default --memory-margin", "4×": "GB200 NICs per tray", "80 %": "the nic.yaml perturbation",
+    "80GB": "A100 80GB model name", "8×": "rails per node",
+}
+
+
+def _figures_outside_blocks(text: str) -> set[str]:
+    text = re.sub(r"<!-- ([\w-]+):start -->.*?<!-- \1:end -->", "", text, flags=re.S)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return set(re.findall(r"(?<![\w.])(\d[\d,.]*\s?(?:%|s\b|GiB|GB\b|min\b|ms\b|×|x\b|pp\b))", text))
+
+
+def test_no_measured_figure_outside_generated_blocks():
+    assert _figures_outside_blocks(README) <= set(DEFINITIONS), _figures_outside_blocks(README) - set(DEFINITIONS)
+    assert _figures_outside_blocks("took 3.2 s, <!-- a:start -->4.1 s<!-- a:end -->") == {"3.2 s"}
+    from autoplan.cost.memory import DEFAULT_MARGIN_GIB
+
+    assert DEFAULT_MARGIN_GIB == 4 and "(default 4 GiB)" in README      # a stated default is the code's
