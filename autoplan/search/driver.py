@@ -203,11 +203,44 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
             by_mesh.setdefault(v.mesh.key, []).append(v)
         pool = [v for key in meshes for v in by_mesh[key][:POOL_VARIANTS]][:POOL_PLANS]
     sampler = Sampler(est, options.samples, options.seed)
-    bands = [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
+    bands = _bands(sampler, pool, global_batch, options.workers or os.cpu_count() or 1)
     picked = robust.rank([r.plan.to_string() for r in pool], bands, options.objective, options.top_k,
                          groups=[r.mesh.key for r in pool])
     return tuple(Candidate(pool[i].plan, pool[i].estimate, est.layout(pool[i].plan), bands[i], rob,
                            flags(pool[i].plan, pool[i].estimate, moe=moe)) for i, rob in picked)
+
+
+def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers: int) -> list[Band]:
+    """``sampler.band`` of every pooled plan, the samples split over ``workers`` forked processes
+    (sample i in worker i mod workers, so each sample's estimator and its caches live in one
+    process); a sample's step does not depend on which plans it priced before, so the bands are
+    the ones ``sampler.band`` gives one by one."""
+    n = len(sampler.params)
+    workers = min(workers, n)
+    global _WORKER_SAMPLER
+    _WORKER_SAMPLER = sampler
+    procs = _pool(sampler.base, workers) if workers > 1 and len(pool) > 1 else None
+    if procs is None:
+        return [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
+    plans = [r.plan for r in pool]
+    try:
+        parts = procs.map(_sample_steps, [(range(w, n, workers), plans, global_batch) for w in range(workers)])
+    finally:
+        procs.close()
+        procs.join()
+    steps = [[0.0] * n for _ in pool]
+    for w, part in enumerate(parts):
+        for i, row in zip(range(w, n, workers), part):
+            for k, step in enumerate(row):
+                steps[k][i] = step
+    return [Band(tuple(steps[k]), r.estimate.step_time_s, r.estimate.mfu) for k, r in enumerate(pool)]
+
+
+def _sample_steps(args) -> list[list[float]]:
+    """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``)."""
+    samples, plans, global_batch = args
+    estimators = _WORKER_SAMPLER.estimators()
+    return [[estimators[i].estimate(p, global_batch, detail=False).step_time_s for p in plans] for i in samples]
 
 
 def _mesh_sort_key(mesh: MeshChoice):
@@ -413,6 +446,7 @@ def _kth_best(results: dict, k: int) -> float:
 
 
 _WORKER_ESTIMATOR: Estimator | None = None
+_WORKER_SAMPLER: Sampler | None = None
 POOL_VARIANTS = 6          # searched variants per mesh the robust objectives choose among
 POOL_PLANS = 40            # plans in the robust pool (each priced once per sample)
 

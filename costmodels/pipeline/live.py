@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
+import numpy as np
+
 from costmodels.pipeline.schedules import BW, F, W, build_orders, get_spec
 from costmodels.pipeline.steady import reduced_sizes
 
@@ -48,27 +50,81 @@ def _events(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[tuple[in
     return tuple(out)
 
 
-def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float]) -> tuple[LivePeak, ...]:
-    """Per pipeline rank, the peak live activation bytes (see the module docstring);
-    ``stage_bytes[s]``: one micro-batch's saved bytes of virtual stage s (pp·chunks entries)."""
-    if p == 1:
-        return (_one_rank(stage_bytes),)
-    size = min([m, *reduced_sizes(schedule, p, m, v)])
-    peaks = []
-    for events in _events(schedule, p, size, v):
-        alive: dict[int, int] = {}
-        live = best = 0.0
-        best_alive: dict[int, int] = {}
+@dataclass(frozen=True)
+class _Walk:
+    """The walk of ``peak_live`` as arrays, for all ranks at once (rows padded).
+
+    ``code[r, k]``: the k-th byte change of rank r — stage s's forward adds (code s), its free
+    subtracts (code S + s), padding adds nothing (code 2S); ``checks[r, c]``: the position after
+    the last forward of rank r's c-th action that starts one (the only moments live can rise to
+    a new peak; padded with the row's first); ``alive[r, c]``: micro-batches alive per stage there."""
+
+    code: np.ndarray         # (ranks, changes) int
+    checks: np.ndarray       # (ranks, checkpoints) int
+    alive: np.ndarray        # (ranks, checkpoints, stages) int
+
+
+@lru_cache(maxsize=64)
+def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
+    stages = p * v
+    codes, checks, alive = [], [], []
+    for events in _events(schedule, p, m, v):
+        code, check, counts, now = [], [], [], [0] * stages
         for starts, ends in events:
             for s in starts:
-                alive[s] = alive.get(s, 0) + 1
-                live += stage_bytes[s]
-            if live > best:
-                best, best_alive = live, dict(alive)
+                code.append(s)
+                now[s] += 1
+            if starts:
+                check.append(len(code) - 1)
+                counts.append(list(now))
             for s in ends:
-                alive[s] -= 1
-                live -= stage_bytes[s]
-        peaks.append(LivePeak(best, {s: n for s, n in sorted(best_alive.items()) if n}))
+                code.append(stages + s)
+                now[s] -= 1
+        codes.append(code)
+        checks.append(check or [0])
+        alive.append(counts or [[0] * stages])
+    width, depth = max(map(len, codes)), max(map(len, checks))
+    code = np.full((p, max(width, 1)), 2 * stages, dtype=np.int64)
+    check = np.zeros((p, depth), dtype=np.int64)
+    counts = np.zeros((p, depth, stages), dtype=np.int64)
+    for r in range(p):
+        code[r, :len(codes[r])] = codes[r]
+        check[r, :] = checks[r][0]
+        check[r, :len(checks[r])] = checks[r]
+        counts[r, :len(alive[r])] = alive[r]
+    return _Walk(code, check, counts)
+
+
+def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float]) -> tuple[LivePeak, ...]:
+    """Per pipeline rank, the peak live activation bytes (see the module docstring);
+    ``stage_bytes[s]``: one micro-batch's saved bytes of virtual stage s (pp·chunks entries).
+
+    Live bytes are the running sum of each rank's changes in order (``np.cumsum`` adds in
+    sequence, so every partial sum is the one a walk adding and subtracting one change at a
+    time computes, bit for bit); the peak is the first maximum over the checkpoints, as the
+    walk's strict ``live > best`` keeps it, and nothing when no moment holds more than 0."""
+    if p == 1:
+        return (_one_rank(stage_bytes),)
+    return _peaks(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes))
+
+
+@lru_cache(maxsize=4096)
+def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
+    """``peak_live`` of the reduced step, remembered (plans differing only in ZeRO stage or
+    schedule knobs that keep the order ask with the same bytes)."""
+    walk = _walk(schedule, p, size, v)
+    b = np.asarray(stage_bytes, dtype=np.float64)
+    live = np.cumsum(np.concatenate([b, -b, [0.0]])[walk.code], axis=1)
+    at = np.take_along_axis(live, walk.checks, axis=1)
+    first = np.argmax(at, axis=1)
+    peaks = []
+    for r in range(p):
+        best = float(at[r, first[r]])
+        if best <= 0.0:
+            peaks.append(LivePeak(0.0, {}))
+            continue
+        counts = walk.alive[r, first[r]]
+        peaks.append(LivePeak(best, {int(s): int(counts[s]) for s in np.flatnonzero(counts)}))
     return tuple(peaks)
 
 
