@@ -260,22 +260,28 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
                 plan = mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",))
                 for key, kind in est.unsolved_layouts(plan):
                     jobs.setdefault(key, (kind, plan))
+    # one task per (kind, tp, sp, span): its micro-batch and cp variants are solved in one process,
+    # where those that meet on one problem share its solve (``sharding.solve.solve_problem``)
+    groups: dict[tuple, list[tuple]] = {}
+    for key in jobs:
+        groups.setdefault(key[:4], []).append(key)
+    tasks = [[jobs[key] for key in keys] for keys in groups.values()]
     global _WORKER_ESTIMATOR
     _WORKER_ESTIMATOR = est
-    pool = _pool(est, workers) if workers > 1 and len(jobs) > workers else None
+    pool = _pool(est, workers) if workers > 1 and len(tasks) > 1 and len(jobs) > workers else None
     try:
-        solved = (pool.map(_solve_layout_job, list(jobs.values()), chunksize=max(1, len(jobs) // (4 * workers)))
-                  if pool is not None else [_solve_layout_job(job) for job in jobs.values()])
+        solved = (pool.map(_solve_layout_jobs, tasks, chunksize=1) if pool is not None
+                  else [_solve_layout_jobs(task) for task in tasks])
     finally:
         if pool is not None:
             pool.close()
             pool.join()
-    est.layouts.assignments.update(zip(jobs, solved))
+    for keys, assignments in zip(groups.values(), solved):
+        est.layouts.assignments.update(zip(keys, assignments))
 
 
-def _solve_layout_job(job):
-    kind, plan = job
-    return _WORKER_ESTIMATOR.solve_layout(kind, plan)
+def _solve_layout_jobs(jobs):
+    return [_WORKER_ESTIMATOR.solve_layout(kind, plan) for kind, plan in jobs]
 
 
 def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> tuple[float, float]:
