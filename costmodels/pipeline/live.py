@@ -57,42 +57,33 @@ class _Walk:
     ``code[r, k]``: the k-th byte change of rank r — stage s's forward adds (code s), its free
     subtracts (code S + s), padding adds nothing (code 2S); ``checks[r, c]``: the position after
     the last forward of rank r's c-th action that starts one (the only moments live can rise to
-    a new peak; padded with the row's first); ``alive[r, c]``: micro-batches alive per stage there."""
+    a new peak; padded with the row's first)."""
 
     code: np.ndarray         # (ranks, changes) int
     checks: np.ndarray       # (ranks, checkpoints) int
-    alive: np.ndarray        # (ranks, checkpoints, stages) int
 
 
 @lru_cache(maxsize=64)
 def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     stages = p * v
-    codes, checks, alive = [], [], []
+    codes, checks = [], []
     for events in _events(schedule, p, m, v):
-        code, check, counts, now = [], [], [], [0] * stages
+        code, check = [], []
         for starts, ends in events:
-            for s in starts:
-                code.append(s)
-                now[s] += 1
+            code += starts
             if starts:
                 check.append(len(code) - 1)
-                counts.append(list(now))
-            for s in ends:
-                code.append(stages + s)
-                now[s] -= 1
+            code += [stages + s for s in ends]
         codes.append(code)
         checks.append(check or [0])
-        alive.append(counts or [[0] * stages])
     width, depth = max(map(len, codes)), max(map(len, checks))
     code = np.full((p, max(width, 1)), 2 * stages, dtype=np.int64)
     check = np.zeros((p, depth), dtype=np.int64)
-    counts = np.zeros((p, depth, stages), dtype=np.int64)
     for r in range(p):
         code[r, :len(codes[r])] = codes[r]
         check[r, :] = checks[r][0]
         check[r, :len(checks[r])] = checks[r]
-        counts[r, :len(alive[r])] = alive[r]
-    return _Walk(code, check, counts)
+    return _Walk(code, check)
 
 
 def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float]) -> tuple[LivePeak, ...]:
@@ -113,18 +104,26 @@ def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, .
     """``peak_live`` of the reduced step, remembered (plans differing only in ZeRO stage or
     schedule knobs that keep the order ask with the same bytes)."""
     walk = _walk(schedule, p, size, v)
+    stages = p * v
     b = np.asarray(stage_bytes, dtype=np.float64)
     live = np.cumsum(np.concatenate([b, -b, [0.0]])[walk.code], axis=1)
     at = np.take_along_axis(live, walk.checks, axis=1)
     first = np.argmax(at, axis=1)
+    best = at[np.arange(p), first]
+    # alive at each rank's peak: its forwards so far less its frees so far, per stage
+    upto = np.arange(walk.code.shape[1])[None, :] <= walk.checks[np.arange(p), first][:, None]
+    row = np.arange(p)[:, None] * stages
+    adds = (walk.code < stages) & upto
+    frees = (walk.code >= stages) & (walk.code < 2 * stages) & upto
+    alive = (np.bincount((row + walk.code)[adds], minlength=p * stages)
+             - np.bincount((row + walk.code - stages)[frees], minlength=p * stages)).reshape(p, stages)
     peaks = []
     for r in range(p):
-        best = float(at[r, first[r]])
-        if best <= 0.0:
+        if best[r] <= 0.0:
             peaks.append(LivePeak(0.0, {}))
             continue
-        counts = walk.alive[r, first[r]]
-        peaks.append(LivePeak(best, {int(s): int(counts[s]) for s in np.flatnonzero(counts)}))
+        counts = alive[r]
+        peaks.append(LivePeak(float(best[r]), {int(s): int(counts[s]) for s in np.flatnonzero(counts)}))
     return tuple(peaks)
 
 
