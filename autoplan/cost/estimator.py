@@ -163,8 +163,9 @@ class Estimator:
         ends = frozenset(id(self.part(k, plan, "none", mesh)) for k in ("@pre", "@post"))
         dense_dp, expert_dp = len(mesh.group(DENSE_DP)), len(mesh.group(EXPERT_DP))
         pol = pol or fsdp.policy(self.options, plan)
+        memo: dict = {}
         return [memory.rank_memory(plan, pipe, r, peaks[r], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss,
-                                   ends=ends, microbatches=m, pol=pol) for r in range(plan.pp)]
+                                   ends=ends, microbatches=m, pol=pol, memo=memo) for r in range(plan.pp)]
 
     @property
     def usable_bytes(self) -> float:
