@@ -95,7 +95,8 @@ from autoplan.workload import load_cluster
 from autoplan.cost import rounded
 from autoplan.search import search, SearchOptions
 from autoplan.search import stages
-from costmodels.pipeline import bounds, simulator, steady
+from autoplan.sharding import solve
+from costmodels.pipeline import bounds, live, simulator, steady
 model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
 g = trace(model, seq=seq)
@@ -110,9 +111,12 @@ def cpu():
 
 for name, on in (("old", False), ("new", True)):
     simulator.EXTRAPOLATE = stages.REUSE = on
-    for cache in (simulator._compile, steady.find_period, steady._graph, steady.short_size, stages.balanced_cuts,
-                  bounds.peak_activations):
+    # each path starts cold: no compiled order, period, live walk or ILP solution left by the other
+    for cache in (simulator._compile, steady.find_period, steady._graph, steady.short_size, steady._period_rows,
+                  stages.balanced_cuts, bounds.peak_activations, live._events, live._walk, live._peaks):
         cache.cache_clear()
+    solve._SOLVED.clear()
+    solve._LAYOUT_READS.clear()
     t1, c1 = time.perf_counter(), cpu()
     r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
     out[name] = {"search_s": time.perf_counter() - t1, "cpu_s": cpu() - c1, "priced": r.stats.plans_priced,
@@ -127,10 +131,12 @@ def worst(cases) -> list[dict]:
     rows = []
     env = dict(os.environ, PYTHONPATH=REPO)
     for model, cluster, seq, batch in cases:
+        load = os.getloadavg()[0]
         out = subprocess.run([sys.executable, "-c", _COMPARE, model, cluster, str(seq), str(batch)],
                              capture_output=True, text=True, env=env, check=True)
         r = json.loads(out.stdout)
         row = {"model": model, "cluster": cluster, "seq": seq, "batch": batch, "trace_s": r["trace_s"],
+               "load": (load, os.getloadavg()[0]),
                "old_s": r["old"]["search_s"], "new_s": r["new"]["search_s"],
                "old_cpu": r["old"]["cpu_s"], "new_cpu": r["new"]["cpu_s"],
                "old_priced": r["old"]["priced"], "new_priced": r["new"]["priced"], "best": r["new"]["best"],
@@ -140,7 +146,8 @@ def worst(cases) -> list[dict]:
         rows.append(row)
         print(f"{model} on {cluster}: search {row['old_s']:.1f} s -> {row['new_s']:.1f} s ({row['ratio']:.2f}x), "
               f"CPU {row['old_cpu']:.1f} s -> {row['new_cpu']:.1f} s ({row['cpu_ratio']:.2f}x), "
-              f"priced {row['old_priced']} -> {row['new_priced']}, same top-K JSON: {row['same_json']}", flush=True)
+              f"priced {row['old_priced']} -> {row['new_priced']}, same top-K JSON: {row['same_json']}; trace "
+              f"{row['trace_s']:.1f} s; load {row['load'][0]:.1f} -> {row['load'][1]:.1f}", flush=True)
     return rows
 
 
@@ -149,14 +156,19 @@ def worst_markdown(rows, cmd: str = "") -> str:
              "the machine is shared with other jobs, so wall seconds vary 1-3x run to run: CPU seconds (the search "
              "process and its workers) and the ratios, measured in one process, are the steadier figures): "
              "reference path (every pipeline step simulated event by event, every variant and recompute policy "
-             "priced) vs current; trace once, search seconds exclude it; target: search ≤ 10 s:", "",
+             "priced) vs current; trace once (its seconds: trace s), search seconds exclude it; load: the machine's "
+             "1-minute load average before and after the row (2 cores: above 2, other jobs share them); "
+             "target: search ≤ 10 s:", "",
              "| model | cluster | seq × batch | old search s | new search s | old / new | old CPU s | new CPU s | "
-             "CPU old / new | plans priced old → new | same top-K JSON | best plan |", "|" + "---|" * 12]
+             "CPU old / new | plans priced old → new | same top-K JSON | best plan | trace s | load |",
+             "|" + "---|" * 14]
     for r in rows:
+        load = r.get("load", (float("nan"),) * 2)
         lines.append(f"| {r['model']} | {r['cluster']} | {r['seq']} × {r['batch']} | {r['old_s']:.1f} | "
                      f"{r['new_s']:.1f} | {r['ratio']:.2f} | {r['old_cpu']:.1f} | {r['new_cpu']:.1f} | "
                      f"{r['cpu_ratio']:.2f} | {r['old_priced']} → {r['new_priced']} | "
-                     f"{'yes' if r['same_json'] else 'NO'} | `{r['best']}` |")
+                     f"{'yes' if r['same_json'] else 'NO'} | `{r['best']}` | {r['trace_s']:.1f} | "
+                     f"{load[0]:.1f} → {load[1]:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -293,12 +305,15 @@ def readme_summary(rows) -> str:
     worst = max(rows, key=lambda r: r["new_cpu"])      # CPU: the steadier figure on a shared machine
     same = sum(r["same_json"] for r in rows)
     head = "; ".join(fig(by[k]) for k in HEADLINE if k in by)
+    loads = [x for r in rows for x in r.get("load", ())]
+    load = f", load average {min(loads):.1f}–{max(loads):.1f} on its 2 cores" if loads else ""
     return (f"Cold search, tracing excluded (`python experiments/bench_search.py --worst --write`, {_machine()}, "
-            f"2 search workers, shared with other jobs): {head or 'no headline row run'}.  Worst of the "
-            f"{len(rows)} rows (memory-tight, hundreds of micro-batches per pipeline): {fig(worst)}, "
-            f"{worst['ratio']:.1f}x faster in wall time and {worst['cpu_ratio']:.1f}x in CPU time than the "
-            f"reference path in the same run.  Top-K JSON byte-identical to the reference path in {same} of "
-            f"{len(rows)} rows.  Every row: `experiments/RESULTS.md`.\n")
+            f"2 search workers, shared with other jobs{load}): {head or 'no headline row run'}.  Worst of the "
+            f"{len(rows)} rows (memory-tight, hundreds of micro-batches per pipeline): {fig(worst)} (its trace "
+            f"{worst['trace_s']:.1f} s more), {worst['ratio']:.1f}x faster in wall time and "
+            f"{worst['cpu_ratio']:.1f}x in CPU time than the reference path in the same run.  Top-K JSON "
+            f"byte-identical to the reference path in {same} of {len(rows)} rows.  Every row: "
+            f"`experiments/RESULTS.md`.\n")
 
 
 def write_readme(rows) -> None:

@@ -164,8 +164,10 @@ class Estimator:
         dense_dp, expert_dp = len(mesh.group(DENSE_DP)), len(mesh.group(EXPERT_DP))
         pol = pol or fsdp.policy(self.options, plan)
         prec = memory.state_precision(self.options.state_precision)
+        memo: dict = {}
         return [memory.rank_memory(plan, pipe, r, peaks[r], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss,
-                                   ends=ends, microbatches=m, pol=pol, precision=prec) for r in range(plan.pp)]
+                                   ends=ends, microbatches=m, pol=pol, precision=prec, memo=memo)
+                for r in range(plan.pp)]
 
     @property
     def usable_bytes(self) -> float:

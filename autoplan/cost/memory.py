@@ -121,16 +121,34 @@ def state_precision(name: str) -> StatePrecision:
 
 def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_dp: int, expert_dp: int,
                 loss: float, ends: frozenset[int], microbatches: int, pol: Policy,
-                precision: StatePrecision = StatePrecision()) -> RankMemory:
+                precision: StatePrecision = StatePrecision(), memo: dict | None = None) -> RankMemory:
     """Memory of pipeline rank ``rank``; ``live``: its activation peak; ``ends``: the ids of the
-    pre/post parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan."""
+    pre/post parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan.  ``memo``: one
+    dict shared by the ranks of one plan (same other arguments), where ranks holding the same
+    bag of parts share everything but their activation peak."""
     chunks = pipe.rank_chunks[rank]
     bag = [pn for c in chunks for pn in pipe.bags[c]]
+    key = (tuple((id(p), n) for p, n in bag), len(pipe.bags) - 1 in chunks)
+    held = memo.get(key) if memo is not None else None
+    if held is None:
+        held = _states(plan, bag, key[1], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss, ends=ends,
+                       microbatches=microbatches, pol=pol, precision=precision)
+        if memo is not None:
+            memo[key] = held
+    params, grads, optimizer, last, other, dense, expert = held
+    return RankMemory(params, grads, optimizer, live.bytes + last, max(0.0, other - last), dense, expert,
+                      tuple(sorted(live.alive.items())))
+
+
+def _states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: int, loss: float,
+            ends: frozenset[int], microbatches: int, pol: Policy,
+            precision: StatePrecision) -> tuple[float, ...]:
+    """(params, grads, optimizer, loss, other, dense numel, expert numel) of a rank holding ``bag``."""
     dense = sum(p.dense_numel * n for p, n in bag)
     expert = sum(p.expert_numel * n for p, n in bag)
     st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard, precision=precision)
     st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, reshard=pol.reshard, precision=precision)
-    last = loss if len(pipe.bags) - 1 in chunks else 0.0
+    last = loss if holds_last else 0.0
     blocks = [p for p, _ in bag if id(p) not in ends]
     root = sum(_numel(p) for p, _ in bag if id(p) in ends)
     other = max((p.recompute_transient_bytes for p in blocks), default=0.0)
@@ -138,9 +156,7 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_
     grads = 0.0 if plan.zero >= 2 and microbatches == 1 else st_dense.grads + st_exp.grads
     if plan.zero >= 2 and not pol.reduce_every_microbatch:
         grads += (dense + expert) * UNSHARDED_GRAD_BYTES
-    return RankMemory(st_dense.params + st_exp.params, grads,
-                      st_dense.optimizer + st_exp.optimizer, live.bytes + last, max(0.0, other - last), dense, expert,
-                      tuple(sorted(live.alive.items())))
+    return (st_dense.params + st_exp.params, grads, st_dense.optimizer + st_exp.optimizer, last, other, dense, expert)
 
 
 def chunk_saved_bytes(pipe: Pipeline) -> list[float]:

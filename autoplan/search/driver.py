@@ -207,7 +207,8 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
             by_mesh.setdefault(v.mesh.key, []).append(v)
         pool = [v for key in meshes for v in by_mesh[key][:POOL_VARIANTS]][:POOL_PLANS]
     sampler = Sampler(est, options.samples, options.seed)
-    priced = tuple(Candidate(r.plan, r.estimate, band=sampler.band(r.plan, global_batch, r.estimate)) for r in pool)
+    bands = _bands(sampler, pool, global_batch, options.workers or os.cpu_count() or 1)
+    priced = tuple(Candidate(r.plan, r.estimate, band=band) for r, band in zip(pool, bands))
     picked = [(priced[i], rob) for i, rob in rank_pool(priced, options.objective, options.top_k)]
     return tuple(Candidate(c.plan, c.estimate, est.layout(c.plan), c.band, rob, flags(c.plan, c.estimate, moe=moe))
                  for c, rob in picked), priced
@@ -218,6 +219,39 @@ def rank_pool(pool: tuple[Candidate, ...], objective: str, top_k: int) -> list[t
     of the ``top_k`` kept, one per mesh (tp, cp, ep, pp, dp), each with its Robust record."""
     return robust.rank([c.plan.to_string() for c in pool], [c.band for c in pool], objective, top_k,
                        groups=[(c.plan.tp, c.plan.cp, c.plan.ep, c.plan.pp, c.plan.dp) for c in pool])
+
+
+def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers: int) -> list[Band]:
+    """``sampler.band`` of every pooled plan, the samples split over ``workers`` forked processes
+    (sample i in worker i mod workers, so each sample's estimator and its caches live in one
+    process); a sample's step does not depend on which plans it priced before, so the bands are
+    the ones ``sampler.band`` gives one by one."""
+    n = len(sampler.params)
+    workers = min(workers, n)
+    global _WORKER_SAMPLER
+    _WORKER_SAMPLER = sampler
+    procs = _pool(sampler.base, workers) if workers > 1 and len(pool) > 1 else None
+    if procs is None:
+        return [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
+    plans = [r.plan for r in pool]
+    try:
+        parts = procs.map(_sample_steps, [(range(w, n, workers), plans, global_batch) for w in range(workers)])
+    finally:
+        procs.close()
+        procs.join()
+    steps = [[0.0] * n for _ in pool]
+    for w, part in enumerate(parts):
+        for i, row in zip(range(w, n, workers), part):
+            for k, step in enumerate(row):
+                steps[k][i] = step
+    return [Band(tuple(steps[k]), r.estimate.step_time_s, r.estimate.mfu) for k, r in enumerate(pool)]
+
+
+def _sample_steps(args) -> list[list[float]]:
+    """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``)."""
+    samples, plans, global_batch = args
+    estimators = _WORKER_SAMPLER.estimators()
+    return [[estimators[i].estimate(p, global_batch, detail=False).step_time_s for p in plans] for i in samples]
 
 
 def _mesh_sort_key(mesh: MeshChoice):
@@ -237,22 +271,28 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
                 plan = mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",))
                 for key, kind in est.unsolved_layouts(plan):
                     jobs.setdefault(key, (kind, plan))
+    # one task per (kind, tp, sp, span): its micro-batch and cp variants are solved in one process,
+    # where those that meet on one problem share its solve (``sharding.solve.solve_problem``)
+    groups: dict[tuple, list[tuple]] = {}
+    for key in jobs:
+        groups.setdefault(key[:4], []).append(key)
+    tasks = [[jobs[key] for key in keys] for keys in groups.values()]
     global _WORKER_ESTIMATOR
     _WORKER_ESTIMATOR = est
-    pool = _pool(est, workers) if workers > 1 and len(jobs) > workers else None
+    pool = _pool(est, workers) if workers > 1 and len(tasks) > 1 and len(jobs) > workers else None
     try:
-        solved = (pool.map(_solve_layout_job, list(jobs.values()), chunksize=max(1, len(jobs) // (4 * workers)))
-                  if pool is not None else [_solve_layout_job(job) for job in jobs.values()])
+        solved = (pool.map(_solve_layout_jobs, tasks, chunksize=1) if pool is not None
+                  else [_solve_layout_jobs(task) for task in tasks])
     finally:
         if pool is not None:
             pool.close()
             pool.join()
-    est.layouts.assignments.update(zip(jobs, solved))
+    for keys, assignments in zip(groups.values(), solved):
+        est.layouts.assignments.update(zip(keys, assignments))
 
 
-def _solve_layout_job(job):
-    kind, plan = job
-    return _WORKER_ESTIMATOR.solve_layout(kind, plan)
+def _solve_layout_jobs(jobs):
+    return [_WORKER_ESTIMATOR.solve_layout(kind, plan) for kind, plan in jobs]
 
 
 def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> tuple[float, float]:
@@ -423,6 +463,7 @@ def _kth_best(results: dict, k: int) -> float:
 
 
 _WORKER_ESTIMATOR: Estimator | None = None
+_WORKER_SAMPLER: Sampler | None = None
 POOL_VARIANTS = 6          # searched variants per mesh the robust objectives choose among
 POOL_PLANS = 40            # plans in the robust pool (each priced once per sample)
 

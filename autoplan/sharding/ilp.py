@@ -224,27 +224,30 @@ def _build(problem: IlpProblem, api):
     return x, objective
 
 
-def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
+def _cpsat_model(problem: IlpProblem):
+    """The CP-SAT model of ``problem`` and its x variables (per node, per strategy), with the
+    greedy start as a hint.  Written through CP-SAT's direct calls (no operator-overloaded
+    sums): the model is the one the overloaded form builds, proto for proto (tested)."""
     from ortools.sat.python import cp_model
 
-    start = time.perf_counter()
     m = cp_model.CpModel()
+    total = cp_model.LinearExpr.sum
 
     class Api:
-        boolvar = staticmethod(m.NewBoolVar)
-        exactly_one = staticmethod(m.AddExactlyOne)
+        boolvar = staticmethod(m.new_bool_var)
+        exactly_one = staticmethod(m.add_exactly_one)
 
         @staticmethod
         def add_eq(lhs, rhs):
-            m.Add(sum(lhs) == sum(rhs))
+            m.add(total(lhs) == total(rhs))
 
         @staticmethod
         def add_ge(a, b):
-            m.AddImplication(b, a)
+            m.add_implication(b, a)
 
         @staticmethod
         def fix0(v):
-            m.Add(v == 0)
+            m.add(v == 0)
 
     x, objective = _build(problem, Api)
     if problem.memory_budget is not None:
@@ -253,11 +256,20 @@ def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
         terms = [int(round(mem / unit)) * x[n][s]
                  for n, node in enumerate(problem.nodes) for s, mem in enumerate(node.memory) if mem]
         m.Add(sum(terms) <= 1_000_000)
-    m.Minimize(sum(int(round(c * _SCALE)) * v for c, v in objective))
+    m.minimize(cp_model.LinearExpr.weighted_sum([v for _, v in objective],
+                                                 [int(round(c * _SCALE)) for c, _ in objective]))
     hint = _greedy_choice(problem)
     for n, best in enumerate(hint):            # a feasible start: each node's cheapest allowed strategy
         for s, var in enumerate(x[n]):
-            m.AddHint(var, s == best)
+            m.add_hint(var, s == best)
+    return m, x, hint
+
+
+def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
+    from ortools.sat.python import cp_model
+
+    start = time.perf_counter()
+    m, x, hint = _cpsat_model(problem)
     solver = cp_model.CpSolver()
     # deterministic time (CP-SAT's work units, about a second each) keeps a timed-out solve
     # reproducible; the wall-clock cap is a safety net
@@ -280,7 +292,8 @@ def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
                            "cpsat")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise IlpInfeasible(f"CP-SAT status {solver.StatusName(status)}")
-    choice = tuple(next(s for s, v in enumerate(row) if solver.Value(v)) for row in x)
+    values = solver.response_proto.solution
+    choice = tuple(next(s for s, v in enumerate(row) if values[v.index]) for row in x)
     obj = evaluate(problem, choice)
     bound = obj if status == cp_model.OPTIMAL else min(obj, solver.BestObjectiveBound() / _SCALE)
     return IlpSolution(choice, obj, bound, "optimal" if status == cp_model.OPTIMAL else "feasible",

@@ -88,13 +88,35 @@ def solve_assignment(graph: OpGraph, ctx: ShardingContext) -> BlockAssignment:
         return BlockAssignment(choice, 0.0, 0.0, 0.0, "optimal", dict(_EMPTY_SIZE))
     prep = prepare(graph, ctx)
     problem = build_problem(prep, ctx)
-    sol = ilp.solve(problem, ctx.backend, ctx.time_limit_s)
+    sol = solve_problem(problem, ctx.backend, ctx.time_limit_s)
     choice: dict[str, Strategy] = {}
     for ui, u in enumerate(prep.units):
         choice.update(u.strategies[sol.choice[ui]])
     for dup, kept in prep.alias.items():
         choice[dup] = choice[kept]
     return BlockAssignment(choice, sol.objective, sol.gap, sol.solve_seconds, sol.status, problem.size)
+
+
+_SOLVED: dict[tuple, ilp.IlpSolution] = {}
+_SOLVED_LIMIT = 4096
+
+
+def solve_problem(problem: ilp.IlpProblem, backend: str, time_limit_s: float) -> ilp.IlpSolution:
+    """``ilp.solve``, remembered by exactly what its answer depends on: the problem itself (every
+    cost, placement, read and forbidden choice, the memory row) and the solver settings.  The
+    backends are deterministic for one model (CP-SAT: one worker, a fixed seed and a
+    deterministic time limit), so an equal problem gets the equal answer without solving
+    again.  Contexts meet on one problem where nothing they differ in reaches the ILP: e.g.
+    a head without attention (``@post``) prices tokens per GPU, ``mbs / cp``, alone, so
+    (mbs 2, cp 2) is (mbs 1, cp 1) there whenever the local dims divide alike."""
+    key = (problem, backend, time_limit_s)
+    hit = _SOLVED.get(key)
+    if hit is None:
+        hit = ilp.solve(problem, backend, time_limit_s)
+        if len(_SOLVED) >= _SOLVED_LIMIT:
+            _SOLVED.clear()
+        _SOLVED[key] = hit
+    return hit
 
 
 def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext) -> BlockSharding:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
+import numpy as np
+
 from costmodels.pipeline.schedules import BW, F, W, build_orders, get_spec
 from costmodels.pipeline.steady import reduced_sizes
 
@@ -48,27 +50,80 @@ def _events(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[tuple[in
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class _Walk:
+    """The walk of ``peak_live`` as arrays, for all ranks at once (rows padded).
+
+    ``code[r, k]``: the k-th byte change of rank r — stage s's forward adds (code s), its free
+    subtracts (code S + s), padding adds nothing (code 2S); ``checks[r, c]``: the position after
+    the last forward of rank r's c-th action that starts one (the only moments live can rise to
+    a new peak; padded with the row's first)."""
+
+    code: np.ndarray         # (ranks, changes) int
+    checks: np.ndarray       # (ranks, checkpoints) int
+
+
+@lru_cache(maxsize=64)
+def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
+    stages = p * v
+    codes, checks = [], []
+    for events in _events(schedule, p, m, v):
+        code, check = [], []
+        for starts, ends in events:
+            code += starts
+            if starts:
+                check.append(len(code) - 1)
+            code += [stages + s for s in ends]
+        codes.append(code)
+        checks.append(check or [0])
+    width, depth = max(map(len, codes)), max(map(len, checks))
+    code = np.full((p, max(width, 1)), 2 * stages, dtype=np.int64)
+    check = np.zeros((p, depth), dtype=np.int64)
+    for r in range(p):
+        code[r, :len(codes[r])] = codes[r]
+        check[r, :] = checks[r][0]
+        check[r, :len(checks[r])] = checks[r]
+    return _Walk(code, check)
+
+
 def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float]) -> tuple[LivePeak, ...]:
     """Per pipeline rank, the peak live activation bytes (see the module docstring);
-    ``stage_bytes[s]``: one micro-batch's saved bytes of virtual stage s (pp·chunks entries)."""
+    ``stage_bytes[s]``: one micro-batch's saved bytes of virtual stage s (pp·chunks entries).
+
+    Live bytes are the running sum of each rank's changes in order (``np.cumsum`` adds in
+    sequence, so every partial sum is the one a walk adding and subtracting one change at a
+    time computes, bit for bit); the peak is the first maximum over the checkpoints, as the
+    walk's strict ``live > best`` keeps it, and nothing when no moment holds more than 0."""
     if p == 1:
         return (_one_rank(stage_bytes),)
-    size = min([m, *reduced_sizes(schedule, p, m, v)])
+    return _peaks(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes))
+
+
+@lru_cache(maxsize=4096)
+def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
+    """``peak_live`` of the reduced step, remembered (plans differing only in ZeRO stage or
+    schedule knobs that keep the order ask with the same bytes)."""
+    walk = _walk(schedule, p, size, v)
+    stages = p * v
+    b = np.asarray(stage_bytes, dtype=np.float64)
+    live = np.cumsum(np.concatenate([b, -b, [0.0]])[walk.code], axis=1)
+    at = np.take_along_axis(live, walk.checks, axis=1)
+    first = np.argmax(at, axis=1)
+    best = at[np.arange(p), first]
+    # alive at each rank's peak: its forwards so far less its frees so far, per stage
+    upto = np.arange(walk.code.shape[1])[None, :] <= walk.checks[np.arange(p), first][:, None]
+    row = np.arange(p)[:, None] * stages
+    adds = (walk.code < stages) & upto
+    frees = (walk.code >= stages) & (walk.code < 2 * stages) & upto
+    alive = (np.bincount((row + walk.code)[adds], minlength=p * stages)
+             - np.bincount((row + walk.code - stages)[frees], minlength=p * stages)).reshape(p, stages)
     peaks = []
-    for events in _events(schedule, p, size, v):
-        alive: dict[int, int] = {}
-        live = best = 0.0
-        best_alive: dict[int, int] = {}
-        for starts, ends in events:
-            for s in starts:
-                alive[s] = alive.get(s, 0) + 1
-                live += stage_bytes[s]
-            if live > best:
-                best, best_alive = live, dict(alive)
-            for s in ends:
-                alive[s] -= 1
-                live -= stage_bytes[s]
-        peaks.append(LivePeak(best, {s: n for s, n in sorted(best_alive.items()) if n}))
+    for r in range(p):
+        if best[r] <= 0.0:
+            peaks.append(LivePeak(0.0, {}))
+            continue
+        counts = alive[r]
+        peaks.append(LivePeak(float(best[r]), {int(s): int(counts[s]) for s in np.flatnonzero(counts)}))
     return tuple(peaks)
 
 

@@ -259,7 +259,10 @@ def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: Stag
     """A with end(σ F_S[i]) = max_j (A[i, j] + end(F_S[j])): each action of one period as a
     max-plus form in the frontier's end times (one row each, after the frontier's unit rows
     and an all −inf row for a missing input), in topological order; None if an input lies
-    outside F_S and the period (the structure check missed something)."""
+    outside F_S and the period (the structure check missed something).
+
+    The forms are built a level at a time (``_period_rows``: the actions whose inputs all
+    lie in earlier levels), each row by the same max and sums as one at a time."""
     rows = _period_rows(comp, per)
     if rows is None:
         return None
@@ -267,17 +270,20 @@ def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: Stag
     forms = np.full((n + k + 1, n), -np.inf)
     forms[np.arange(n), np.arange(n)] = 0.0
     q = per.period
-    lat1 = times.p2p[comp.bnd1[q]].tolist()
-    lat2 = times.p2p[comp.bnd2[q]].tolist()
-    for i, (r0, r1, r2), l1, l2, du in zip(range(n, n + k), rows[0], lat1, lat2, dur_arr[q].tolist()):
-        forms[i] = np.maximum(np.maximum(forms[r0], forms[r1] + l1), forms[r2] + l2) + du
+    lat1 = times.p2p[comp.bnd1[q]][:, None]
+    lat2 = times.p2p[comp.bnd2[q]][:, None]
+    du = dur_arr[q][:, None]
+    for at, r0, r1, r2 in rows[2]:
+        forms[at + n] = np.maximum(np.maximum(forms[r0], forms[r1] + lat1[at]), forms[r2] + lat2[at]) + du[at]
     return forms[rows[1]]
 
 
 @lru_cache(maxsize=256)
 def _period_rows(comp: Compiled, per: Period):
     """For ``_period_matrix``: per period action the rows of its rank predecessor and remote
-    inputs (−1: the −inf row), and the rows of σ F_S; None if an input is out of reach."""
+    inputs (−1: the −inf row), the rows of σ F_S, and the period's levels — (positions in the
+    period, their three input rows) — where an action's level is one more than its inputs'
+    highest (frontier rows: 0); None if an input is out of reach."""
     n = len(per.frontier)
     row = {int(x): j for j, x in enumerate(per.frontier)}
     row.update({int(q): n + i for i, q in enumerate(per.period)})
@@ -290,27 +296,54 @@ def _period_rows(comp: Compiled, per: Period):
             got.append(row[x] if x >= 0 else -1)
         inputs.append(tuple(got))
     image = [row.get(int(y)) for y in per.image]
-    return None if None in image else (inputs, image)
+    if None in image:
+        return None
+    level = [0] * n
+    for got in inputs:
+        level.append(1 + max(level[r] if r >= n else 0 for r in got))
+    by_level: dict[int, list[int]] = {}
+    for i in range(len(inputs)):
+        by_level.setdefault(level[n + i], []).append(i)
+    table = np.array(inputs, dtype=np.int64).reshape(-1, 3)
+    levels = tuple((np.array(at), table[at, 0], table[at, 1], table[at, 2])
+                   for _, at in sorted(by_level.items()))
+    return inputs, image, levels
 
 
 def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> np.ndarray:
     """A^periods ⊗ x.  Once an iterate equals one of the last 2·len(x) + 2 plus one constant
-    (to REL_TOL of ``scale``), the iterates repeat with that cycle: jump to the end."""
+    (to REL_TOL of ``scale``), the iterates repeat with that cycle: jump to the end.
+
+    An earlier iterate is compared in full only where a few probe coordinates already differ
+    by one constant to that tolerance (necessary: the spread over all coordinates is at
+    least the spread over the probes), so the same iterate matches as comparing all."""
     hist = np.empty((periods + 1, len(x)))
     hist[0] = x
+    probe = np.unique(np.linspace(0, len(x) - 1, PROBES).astype(np.int64))
+    seen = np.empty((periods + 1, len(probe)))
+    seen[0] = x[probe]
     depth = 2 * len(x) + 2
     tol = REL_TOL * max(scale, 1e-300)
+    buf = np.empty_like(matrix)
     for j in range(1, periods + 1):
-        x = (matrix + x[None, :]).max(axis=1)
+        x = np.add(matrix, x[None, :], out=buf).max(axis=1)
         hist[j] = x
+        seen[j] = x[probe]
         lo = max(0, j - depth)
-        gaps = x[None, :] - hist[lo:j]
+        near = seen[j][None, :] - seen[lo:j]
+        cand = lo + np.flatnonzero(near.max(axis=1) - near.min(axis=1) <= tol)
+        if not cand.size:
+            continue
+        gaps = x[None, :] - hist[cand]
         same = np.flatnonzero(gaps.max(axis=1) - gaps.min(axis=1) <= tol)
         if same.size:
-            i = lo + int(same[-1])          # the latest match: the shortest cycle k = j − i
+            i = int(cand[same[-1]])          # the latest match: the shortest cycle k = j − i
             q, r = divmod(periods - i, j - i)
             return hist[i + r] + q * float(gaps[same[-1]].max())
     return x
+
+
+PROBES = 4          # coordinates every earlier iterate is screened on before a full comparison
 
 
 def _tail(comp: Compiled, per: Period, dur_arr: np.ndarray, end: np.ndarray,

@@ -91,3 +91,68 @@ def test_time_limit_returns_best_solution_with_its_gap():
         assert sol.bound <= sol.objective
     longer = solve(p, "cpsat", time_limit_s=1.0)
     assert longer.objective <= sol.objective + 1e-9
+
+
+def _reference_cpsat_model(problem: IlpProblem):
+    """The CP-SAT model written with operator-overloaded sums, as ``_cpsat_model`` was before
+    it called CP-SAT directly: the reference its proto must equal."""
+    from ortools.sat.python import cp_model
+
+    from autoplan.sharding.ilp import _SCALE, _build, _greedy_choice
+
+    m = cp_model.CpModel()
+
+    class Api:
+        boolvar = staticmethod(m.NewBoolVar)
+        exactly_one = staticmethod(m.AddExactlyOne)
+
+        @staticmethod
+        def add_eq(lhs, rhs):
+            m.Add(sum(lhs) == sum(rhs))
+
+        @staticmethod
+        def add_ge(a, b):
+            m.AddImplication(b, a)
+
+        @staticmethod
+        def fix0(v):
+            m.Add(v == 0)
+
+    x, objective = _build(problem, Api)
+    if problem.memory_budget is not None:
+        unit = max(problem.memory_budget, 1e-30) / 1e6
+        m.Add(sum(int(round(mem / unit)) * x[n][s] for n, node in enumerate(problem.nodes)
+                  for s, mem in enumerate(node.memory) if mem) <= 1_000_000)
+    m.Minimize(sum(int(round(c * _SCALE)) * v for c, v in objective))
+    for n, best in enumerate(_greedy_choice(problem)):
+        for s, var in enumerate(x[n]):
+            m.AddHint(var, s == best)
+    return m
+
+
+def _with_forbidden(p: IlpProblem) -> IlpProblem:
+    import dataclasses
+    nodes = tuple(dataclasses.replace(n, forbidden=(1,)) if i % 2 else n for i, n in enumerate(p.nodes))
+    tensors = tuple(dataclasses.replace(t, forbidden_redist=((0, 1), (2, 0))) for t in p.tensors)
+    return dataclasses.replace(p, nodes=nodes, tensors=tensors)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cpsat_model_is_the_overloaded_one_proto_for_proto(seed):
+    from autoplan.sharding.ilp import _cpsat_model
+    p = random_problem(seed, nodes=7, strategies=4, memory=seed % 2 == 1)
+    for problem in (p, _with_forbidden(p)):
+        assert str(_cpsat_model(problem)[0].Proto()) == str(_reference_cpsat_model(problem).Proto())
+
+
+def test_cpsat_model_of_a_traced_block_is_the_overloaded_one(gpt_block, llama_block, h100):
+    """The real block ILPs (SP on and off, tp 2 and 8, mbs 1 and 4): the same model proto."""
+    from autoplan.sharding.ilp import _cpsat_model
+    from autoplan.sharding.prepare import prepare
+    from autoplan.sharding.solve import build_problem
+    make = h100
+    for graph in (gpt_block, llama_block):
+        for tp, sp, mbs in ((2, True, 1), (8, False, 4), (8, True, 4)):
+            ctx = make(tp, sp, mbs=mbs)
+            problem = build_problem(prepare(graph, ctx), ctx)
+            assert str(_cpsat_model(problem)[0].Proto()) == str(_reference_cpsat_model(problem).Proto())

@@ -1,0 +1,29 @@
+"""The robust pool's bands priced in forked workers (``driver._bands``) are the bands the
+sampler gives plan by plan in one process: same steps, same ranking, same JSON."""
+import json
+
+from autoplan.cost.uncertainty import Sampler
+from autoplan.frontend import trace
+from autoplan.search import SearchOptions, search
+from autoplan.search import driver
+from autoplan.workload import load_cluster
+
+MODEL = "gpt:layers=4,hidden=1024,heads=16,vocab=32000"
+
+
+def test_bands_in_two_workers_are_the_bands_of_one_process():
+    model, cluster = trace(MODEL, seq=1024), load_cluster("h100x64")
+    runs = [search(model, cluster, global_batch=64, options=SearchOptions(samples=6, workers=w)) for w in (1, 2)]
+    one, two = ([json.dumps(c.to_dict(), sort_keys=True) for c in r.candidates] for r in runs)
+    assert one == two and len(one) == 5
+    assert all(c.band is not None and len(set(c.band.step_s)) > 1 for c in runs[1].candidates)
+
+
+def test_bands_split_samples_across_workers_and_put_them_back_in_order():
+    model, cluster = trace(MODEL, seq=1024), load_cluster("h100x64")
+    result = search(model, cluster, global_batch=64, options=SearchOptions(samples=5, workers=1, top_k=2))
+    pool = list(result.candidates)                      # what _bands reads: .plan and .estimate
+    sampler = Sampler(driver.Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True), 5, 0)
+    forked = driver._bands(sampler, pool, 64, workers=3)        # 5 samples over 3 workers: 0,3 | 1,4 | 2
+    alone = [sampler.band(r.plan, 64, r.estimate) for r in pool]
+    assert forked == alone

@@ -1,0 +1,61 @@
+"""The steady-state extrapolation's fast paths give the numbers of their one-at-a-time forms
+bit for bit: the period matrix built a level at a time, and the cycle search screening on
+probe coordinates."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodels.pipeline import steady
+from costmodels.pipeline.events import StageTimes
+from costmodels.pipeline.steady import REL_TOL, _period_matrix, _period_rows
+
+
+def _rows_one_at_a_time(comp, per, dur_arr, times):
+    inputs, image, _ = _period_rows(comp, per)
+    n, k = len(per.frontier), len(per.period)
+    forms = np.full((n + k + 1, n), -np.inf)
+    forms[np.arange(n), np.arange(n)] = 0.0
+    q = per.period
+    lat1, lat2 = times.p2p[comp.bnd1[q]].tolist(), times.p2p[comp.bnd2[q]].tolist()
+    for i, (r0, r1, r2), l1, l2, du in zip(range(n, n + k), inputs, lat1, lat2, dur_arr[q].tolist()):
+        forms[i] = np.maximum(np.maximum(forms[r0], forms[r1] + l1), forms[r2] + l2) + du
+    return forms[image]
+
+
+def _advance_comparing_all(matrix, x, periods, scale):
+    hist = np.empty((periods + 1, len(x)))
+    hist[0] = x
+    depth = 2 * len(x) + 2
+    tol = REL_TOL * max(scale, 1e-300)
+    for j in range(1, periods + 1):
+        x = (matrix + x[None, :]).max(axis=1)
+        hist[j] = x
+        lo = max(0, j - depth)
+        gaps = x[None, :] - hist[lo:j]
+        same = np.flatnonzero(gaps.max(axis=1) - gaps.min(axis=1) <= tol)
+        if same.size:
+            i = lo + int(same[-1])
+            q, r = divmod(periods - i, j - i)
+            return hist[i + r] + q * float(gaps[same[-1]].max())
+    return x
+
+
+@pytest.mark.parametrize("schedule,p,v,c", [("1f1b", 8, 1, 1), ("zbv", 8, 2, 1), ("dualpipev", 6, 2, 1),
+                                             ("zb-h2", 4, 1, 1), ("interleaved", 4, 2, 4), ("interleaved", 8, 3, 8)])
+def test_fast_paths_are_the_one_at_a_time_forms_bit_for_bit(schedule, p, v, c):
+    rng = np.random.default_rng(p * 10 + v)
+    m_s = steady.short_size(schedule, p, v, c, 0)
+    per = steady.find_period(schedule, p, m_s, v, c)
+    n = p * v
+    for trial in range(4):
+        f = rng.uniform(0.5, 1.5, n) if trial else np.ones(n)
+        times = StageTimes(f, 2 * f, 0.5 * f, np.zeros(n) if schedule != "dualpipev" else 0.3 * f,
+                           np.zeros(n) if schedule != "dualpipev" else 0.4 * f, rng.uniform(0, 0.05, max(n - 1, 1)))
+        comp, dur_arr, end = steady._simulate(schedule, p, m_s, v, times)
+        matrix = _period_matrix(comp, per, dur_arr, times)
+        assert np.array_equal(matrix, _rows_one_at_a_time(comp, per, dur_arr, times))
+        x = end[per.image]
+        for periods in (1, 7, 300):
+            got = steady._advance(matrix, x, periods, float(end.max()))
+            assert np.array_equal(got, _advance_comparing_all(matrix, x, periods, float(end.max())))
