@@ -88,15 +88,21 @@ def _ep_share_exposed(plan: Plan, pipe: Pipeline, m: int, rank: int) -> float:
     return max(0.0, 1.0 - hidden / ep_total) if ep_total > 0 else 1.0
 
 
+BUBBLE_NOISE = 1e-9     # relative: costmodels.pipeline's extrapolation is exact to this (tests/costmodels)
+
+
 def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: int, dp_exposed: float,
               embed_s: float, optimizer_s: float) -> dict[str, float]:
-    """The step's seconds by cause on the busiest rank; pp_bubble is idle time no rank can avoid."""
+    """The step's seconds by cause on the busiest rank; pp_bubble is idle time no rank can avoid
+    (zero below ``BUBBLE_NOISE`` of the step: an extrapolated step equals the full simulation to
+    that relative precision, so a smaller difference is rounding, not idle time)."""
+    bubble = pipe.step_s - pipe.sim.busy[rank] - pipe.p2p_exposed_s
     return {
         "compute": compute,
         "tp_comm": sum(p.time_s for p in prims if p.traffic in ("tp", "sp")),
         "cp_comm_exposed": sum(p.exposed_s for p in prims if p.axis == "cp"),
         "ep_comm_exposed": sum(p.exposed_s for p in prims if p.axis == "ep"),
-        "pp_bubble": max(0.0, pipe.step_s - pipe.sim.busy[rank] - pipe.p2p_exposed_s),
+        "pp_bubble": bubble if bubble > BUBBLE_NOISE * pipe.step_s else 0.0,
         "pp_p2p_exposed": pipe.p2p_exposed_s,
         "dp_exposed": dp_exposed,
         "embed_sync": embed_s,
