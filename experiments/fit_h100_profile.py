@@ -63,7 +63,7 @@ def errors(point: dict, rows: list) -> list[float]:
         yaml.safe_dump(profile_data(point), f)
         path = f.name
     try:
-        priced = [pr.price_row(r, EstimateOptions(profile=path)) for r in rows]
+        priced = [pr.price_row(r, pr.run_options(r.ident, EstimateOptions(profile=path))) for r in rows]
     finally:
         os.unlink(path)
     return [p.error for p in priced if p is not None]

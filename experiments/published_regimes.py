@@ -101,6 +101,28 @@ def engine_plan(plan: str, note: str, model: str) -> str:
     return plan
 
 
+# Per row id: (plan fields replaced, EstimateOptions fields) from the run's own published config,
+# where the JSON's plan string does not say it.  ngc-nemotron4-340b-128: NVIDIA's
+# dgxc-benchmarking nemotron4-340b config runs NeMo's distributed_fused_adam with bf16 parameters,
+# gradients and Adam state (``state_precision=apex-dfa-bf16``: 4 + 6/d bytes per parameter) and
+# ``activations_checkpoint_granularity: selective`` (Megatron's attention-core recompute).
+RUN_SETTINGS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "ngc-nemotron4-340b-128": ({"recompute": "selective"}, {"state_precision": "apex-dfa-bf16"}),
+}
+
+
+def with_fields(plan: str, fields: dict[str, str]) -> str:
+    """``plan`` with the ``key=value`` fields of ``fields`` replaced (or added)."""
+    items = dict(kv.split("=", 1) for kv in plan.split(","))
+    items.update(fields)
+    return ",".join(f"{k}={v}" for k, v in items.items())
+
+
+def run_options(ident: str, base: EstimateOptions) -> EstimateOptions:
+    """``base`` with the row's published engine settings (``RUN_SETTINGS``)."""
+    return dataclasses.replace(base, **RUN_SETTINGS.get(ident, ({}, {}))[1])
+
+
 def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
     """The rows of ``regime_runs.json`` (regime = the note's ``group=``)."""
     path = path or os.path.join(REFERENCE, "regime_runs.json")
@@ -115,8 +137,9 @@ def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
             cluster = os.path.join(os.path.dirname(path), cluster)
         elif cluster == "a100x64" and r["src"].lower().startswith("torchtitan"):
             cluster = TORCHTITAN_A100
-        out.append(RegimeRow(note["group"], note["id"], r["model"], cluster, r["seq"], r["global_batch"],
-                             engine_plan(r["plan"], r["note"], r["model"]), r["iter_s"]))
+        plan = with_fields(engine_plan(r["plan"], r["note"], r["model"]), RUN_SETTINGS.get(note["id"], ({}, {}))[0])
+        out.append(RegimeRow(note["group"], note["id"], r["model"], cluster, r["seq"], r["global_batch"], plan,
+                             r["iter_s"]))
     return out
 
 
@@ -199,7 +222,7 @@ def price_all(rows: list[RegimeRow]) -> list[Priced]:
     """Every row priced (vTrain rows with the vTrain options, the others with FSDP's overlap)."""
     out = []
     for row in rows:
-        options = VTRAIN_OPTIONS if row.regime == "single-node" else EstimateOptions()
+        options = VTRAIN_OPTIONS if row.regime == "single-node" else run_options(row.ident, EstimateOptions())
         p = price_row(row, options)
         if p is not None:
             out.append(p)

@@ -11,7 +11,8 @@ it); everything else as written.  The prediction is the peak *allocated* memory 
 monitor's peak *reserved* memory (``torch.cuda.max_memory_reserved``), which adds the caching
 allocator's cached blocks; a must-fit row must fit HBM less the whole margin.
 
-A row whose run published its configuration is priced with it (``RUN_SETTINGS``):
+A row whose run published its configuration is priced with it (``published_regimes.RUN_SETTINGS``,
+shared with the step-time regime table):
 
 * ``ngc-nemotron4-340b-128``: NVIDIA's DGXC benchmark config (``NVIDIA/dgxc-benchmarking``
   ``nemotron/nemotron4-340b-synth.yaml`` @8f5cbb37, the 25.01 set on NeMo 24.09) runs
@@ -37,19 +38,6 @@ import published_regimes as pr  # noqa: E402
 from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
 from autoplan.plan import Plan  # noqa: E402
 
-# Per row id: (plan fields replaced, EstimateOptions fields) from the run's published config (docstring).
-RUN_SETTINGS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-    "ngc-nemotron4-340b-128": ({"recompute": "selective"}, {"state_precision": "apex-dfa-bf16"}),
-}
-
-
-def _with_fields(plan: str, fields: dict[str, str]) -> str:
-    """``plan`` with the ``key=value`` fields of ``fields`` replaced (or added)."""
-    items = dict(kv.split("=", 1) for kv in plan.split(","))
-    items.update(fields)
-    return ",".join(f"{k}={v}" for k, v in items.items())
-
-
 def memory_rows(path: str | None = None) -> list[dict]:
     """The rows with a published peak or a must-fit outcome, with their plan mapped."""
     path = path or os.path.join(pr.REFERENCE, "regime_runs.json")
@@ -61,8 +49,8 @@ def memory_rows(path: str | None = None) -> list[dict]:
         if "mem_gib" not in r and not must_fit:
             continue
         ident = r["note"].split(";")[0].split("=", 1)[1]
-        fields, options = RUN_SETTINGS.get(ident, ({}, {}))
-        plan = _with_fields(pr.engine_plan(r["plan"], r["note"], r["model"]), fields)
+        fields, options = pr.RUN_SETTINGS.get(ident, ({}, {}))
+        plan = pr.with_fields(pr.engine_plan(r["plan"], r["note"], r["model"]), fields)
         cluster = r["cluster"]
         if cluster.endswith(".yaml"):
             cluster = os.path.join(os.path.dirname(path), cluster)
