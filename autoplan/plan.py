@@ -17,7 +17,8 @@ Canonical string (every key, fixed order)::
   element-wise ops between them recomputed), ``full:N`` full recomputation of the first N
   layers of every virtual stage (Megatron ``--recompute-method block --recompute-num-layers N``).
 * ``layers``: optional layers per virtual stage, in pipeline order, joined by
-  ``-`` (``layers=10-11-11-10``); omitted means an even split.
+  ``-`` (``layers=10-11-11-10``); ``NxK`` repeats N layers for K stages in a row
+  (``layers=4x16-2x16`` = sixteen stages of 4 then sixteen of 2); omitted means an even split.
 * ``sp``: sequence parallelism on the tp axis (on|off).
 * ``zero``: 0 (plain DP), 1 (optimizer state sharded = distributed optimizer),
   2 (+ gradients), 3 (+ parameters = FSDP).
@@ -72,6 +73,16 @@ def _rank_stages(pp: int, vpp: int, placement: str) -> tuple[tuple[int, ...], ..
 
 
 @lru_cache(maxsize=1024)
+def expand_layers(text: str) -> tuple[int, ...]:
+    """``"4x2-3"`` → (4, 4, 3): items joined by ``-``, each ``N`` or ``NxK`` (N layers, K stages).
+    Raises ValueError on anything else."""
+    out: list[int] = []
+    for item in text.split("-"):
+        n, _, k = item.partition("x")
+        out += [int(n)] * (int(k) if k else 1)
+    return tuple(out)
+
+
 def _even_layers(num_layers: int, chunks: int) -> tuple[int, ...]:
     """The even split: ``num_layers // chunks`` each, the remainder one each to the middle
     chunks (the first and last stages carry the embedding and the head)."""
@@ -239,9 +250,10 @@ class Plan:
         if "layers" in raw:
             lv = raw["layers"]
             try:
-                kw["layers"] = tuple(int(x) for x in (lv if isinstance(lv, (list, tuple)) else str(lv).split("-")))
+                kw["layers"] = tuple(lv) if isinstance(lv, (list, tuple)) else expand_layers(str(lv))
             except ValueError:
-                raise UserError(f"bad plan string: layers={lv!r}", "give layers per stage joined by '-', e.g. layers=10-11-11-10") from None
+                raise UserError(f"bad plan string: layers={lv!r}", "give layers per stage joined by '-', e.g. "
+                                "layers=10-11-11-10, or NxK for N layers in K stages, e.g. layers=4x16-2x16") from None
         # defaults that depend on other keys
         tp, cp, pp = kw.get("tp", 1), kw.get("cp", 1), kw.get("pp", 1)
         if "dp" not in kw:

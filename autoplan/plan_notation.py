@@ -10,7 +10,8 @@ reads it back to the same Plan (the canonical ``key=value,…`` string is in ``-
 * the schedule when pp > 1 (or it is not 1f1b), ``vpp<n>`` when it is not the schedule's own
   (2 for zbv/dualpipev, else 1);
 * ``ulysses`` / ``usp`` when cp_algo is not ring;
-* ``key=value`` for the rest, only when not the default: ``rc=`` (recompute), ``layers=``,
+* ``key=value`` for the rest, only when not the default: ``rc=`` (recompute), ``layers=`` (runs
+  of equal stages as ``NxK``: ``layers=4x16-2x16``),
   ``sp=off`` (tp > 1), ``order=`` (only the axes of degree > 1 unless the degree-1 axes sit
   elsewhere than their default place; see ``complete_order``).
 """
@@ -78,13 +79,24 @@ def compact_tokens(plan: Any) -> tuple[str, ...]:
     if plan.recompute != ("none",):
         tokens.append("rc=" + "-".join(plan.recompute))
     if plan.layers:
-        tokens.append("layers=" + "-".join(map(str, plan.layers)))
+        tokens.append("layers=" + run_length(plan.layers))
     if plan.tp > 1 and not plan.sp:
         tokens.append("sp=off")
     order = short_order(plan.order, degrees)
     if order != short_order(DEFAULT_ORDER, degrees):
         tokens.append("order=" + "-".join(order))
     return tuple(tokens)
+
+
+def run_length(layers: tuple[int, ...]) -> str:
+    """Layers per stage with runs of two or more as ``NxK``: (4, 4, 4, 2) → ``4x3-2``."""
+    runs: list[list[int]] = []
+    for n in layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "-".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
 
 
 def parse_compact(text: str, error) -> dict[str, str]:

@@ -201,6 +201,7 @@ def evidence_mfu(cores: int) -> str:
 
 def robust_check(cores: int) -> str:
     import perturbations as pt
+    from autoplan.plan import Plan
 
     parts = []
     for model, cluster, seq, batch in pt.CASES:
@@ -208,7 +209,8 @@ def robust_check(cores: int) -> str:
         a = row["acceptance"]
         worst = max(row["perturbed"], key=lambda p: row["perturbed"][p]["regret"][a["objective"]])
         same = row["chosen"][a["objective"]]["plan"] == row["chosen"]["point"]["plan"]
-        parts.append(f"on {model} / {cluster} the {a['objective']} choice (`{row['chosen'][a['objective']]['plan']}`"
+        plan = Plan.parse(row["chosen"][a["objective"]]["plan"]).to_compact()
+        parts.append(f"on {model} / {cluster} the {a['objective']} choice (`{plan}`"
                      f"{', also the point optimum' if same else ''}) has worst regret {pct(a['worst_regret'])} "
                      f"(under `{worst}.yaml`) and a p50 {pct(a['p50_over_point_p50'] - 1)} "
                      f"{'above' if a['p50_over_point_p50'] >= 1 else 'below'} the point optimum's")

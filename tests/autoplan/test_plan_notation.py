@@ -23,7 +23,8 @@ def plans(draw):
     schedule = draw(st.sampled_from(SCHEDULES if pp > 1 else ("1f1b", "gpipe")))
     vpp = 2 if schedule in ("zbv", "dualpipev") else (draw(st.sampled_from((2, 3))) if schedule == "interleaved" else 1)
     recompute = draw(st.sampled_from([(r,) for r in RECOMPUTE] + [tuple(draw(st.sampled_from(RECOMPUTE)) for _ in range(pp))]))
-    layers = draw(st.sampled_from([(), tuple(range(1, pp * vpp + 1))]))
+    layers = draw(st.sampled_from([(), tuple(range(1, pp * vpp + 1))])
+                  | st.lists(st.integers(1, 3), min_size=pp * vpp, max_size=pp * vpp).map(tuple))
     return Plan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=draw(st.sampled_from((1, 2, 4))), schedule=schedule,
                 recompute=recompute, layers=layers, sp=draw(st.booleans()), zero=draw(st.integers(0, 3)),
                 cp_algo=draw(st.sampled_from(CP_ALGOS)), order=draw(st.permutations(AXES)))
@@ -37,6 +38,17 @@ def test_compact_notation_round_trips(plan):
     assert Plan.parse(text) == plan
     assert Plan.parse(text, num_gpus=plan.num_gpus) == plan
     assert Plan.parse(plan.to_string()) == plan
+
+
+def test_uneven_layers_print_as_runs_and_read_back():
+    layers = (4,) * 16 + (2,) * 16
+    plan = Plan(tp=2, pp=16, dp=32, vpp=2, schedule="zbv", layers=layers)
+    assert plan.to_compact() == "tp2·pp16·dp32 zero1 mbs1 zbv layers=4x16-2x16"
+    assert Plan.parse("tp=2,pp=16,dp=32,schedule=zbv,layers=4x16-2x16").layers == layers
+    assert Plan.parse("pp=4,layers=1-3x2-1").layers == (1, 3, 3, 1)
+    assert plan.to_string().count("layers=4-4-") == 1           # the canonical string keeps every stage
+    with pytest.raises(UserError, match="NxK"):
+        Plan.parse("pp=2,layers=4y2")
 
 
 def test_compact_notation_says_only_what_is_not_a_default():
