@@ -74,7 +74,7 @@ class GQAStandIn:
         return self.gqa_params / self.mla_params - 1
 
 
-def gqa_stand_in(cfg: "LlamaConfig", mla: MLA = MLA()) -> GQAStandIn:
+def gqa_stand_in(cfg: LlamaConfig, mla: MLA = MLA()) -> GQAStandIn:
     """The stand-in's attention parameters (q, k, v, o projections, bias-free) and core FLOPs
     (q·kᵀ and p·v contract 2·head_dim per head) against MLA's."""
     gqa = 2 * cfg.hidden * cfg.heads * cfg.d_head + 2 * cfg.hidden * cfg.n_kv_heads * cfg.d_head

@@ -1,6 +1,9 @@
 """Zoo parameter counts against published sizes (models built on the meta device: no memory)."""
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -62,7 +65,11 @@ def test_deepseek_v3_shape_and_note():
 def test_mla_dims_match_transformers_deepseek_v3():
     """The MLA dims the note compares against are HF DeepSeek-V3's attention, parameter for parameter."""
     transformers = pytest.importorskip("transformers")
-    from tests.autoplan.frontend.models.real.deepseek_v3 import config
+    path = Path(__file__).parents[1] / "frontend" / "models" / "real" / "deepseek_v3.py"
+    spec = importlib.util.spec_from_file_location("real_deepseek_v3", path)   # by path: no package import
+    real = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real)
+    config = real.config
 
     with torch.device("meta"):
         model = transformers.DeepseekV3ForCausalLM(config(1))
