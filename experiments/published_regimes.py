@@ -118,9 +118,14 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in items.items())
 
 
+def run_settings(ident: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The row's (plan fields, EstimateOptions fields) from ``RUN_SETTINGS``; empty when none."""
+    return RUN_SETTINGS.get(ident, ({}, {}))
+
+
 def run_options(ident: str, base: EstimateOptions) -> EstimateOptions:
     """``base`` with the row's published engine settings (``RUN_SETTINGS``)."""
-    return dataclasses.replace(base, **RUN_SETTINGS.get(ident, ({}, {}))[1])
+    return dataclasses.replace(base, **run_settings(ident)[1])
 
 
 def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
@@ -137,7 +142,7 @@ def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
             cluster = os.path.join(os.path.dirname(path), cluster)
         elif cluster == "a100x64" and r["src"].lower().startswith("torchtitan"):
             cluster = TORCHTITAN_A100
-        plan = with_fields(engine_plan(r["plan"], r["note"], r["model"]), RUN_SETTINGS.get(note["id"], ({}, {}))[0])
+        plan = with_fields(engine_plan(r["plan"], r["note"], r["model"]), run_settings(note["id"])[0])
         out.append(RegimeRow(note["group"], note["id"], r["model"], cluster, r["seq"], r["global_batch"], plan,
                              r["iter_s"]))
     return out

@@ -49,7 +49,7 @@ def memory_rows(path: str | None = None) -> list[dict]:
         if "mem_gib" not in r and not must_fit:
             continue
         ident = r["note"].split(";")[0].split("=", 1)[1]
-        fields, options = pr.RUN_SETTINGS.get(ident, ({}, {}))
+        fields, options = pr.run_settings(ident)
         plan = pr.with_fields(pr.engine_plan(r["plan"], r["note"], r["model"]), fields)
         cluster = r["cluster"]
         if cluster.endswith(".yaml"):
