@@ -1,17 +1,7 @@
 """experiments/bench_search.py --worst: the RESULTS table and the README paragraph it writes."""
-import importlib.util
 import os
-import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    spec = importlib.util.spec_from_file_location("bench_search", os.path.join(REPO, "experiments", "bench_search.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _row(model, cluster, new_s, same=True):
@@ -20,8 +10,8 @@ def _row(model, cluster, new_s, same=True):
             "best": "tp=8", "same_best": True, "same_json": same, "ratio": 4.0, "cpu_ratio": 4.0, "load": (2.5, 3.5)}
 
 
-def test_readme_paragraph_names_the_headline_and_the_slowest_row():
-    bench = load()
+def test_readme_paragraph_names_the_headline_and_the_slowest_row(experiment):
+    bench = experiment("bench_search")
     rows = [_row("gpt3-175b", "h100x1024", 3.0), _row("gpt-1t", "h100x1024", 8.5, same=False),
             _row("llama3-405b", "h100x16384", 5.0)]
     text = bench.readme_summary(rows)
@@ -33,8 +23,8 @@ def test_readme_paragraph_names_the_headline_and_the_slowest_row():
     assert "| gpt-1t | h100x1024 | 2048 × 1536 | 34.0 | 8.5 | 4.00 | 51.0 | 12.8 | 4.00 | 900 → 100 | NO | `tp=8` | 1.0 | 2.5 → 3.5 |" in table
 
 
-def test_readme_section_is_written_between_its_markers(tmp_path):
-    bench = load()
+def test_readme_section_is_written_between_its_markers(tmp_path, experiment):
+    bench = experiment("bench_search")
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\n<!-- search_speed:start -->\nold\n<!-- search_speed:end -->\n\n## After\n")
     bench.write_section("search_speed", "Search speed", "new text\n", path=str(readme))

@@ -1,28 +1,16 @@
 """experiments/fuzz_api.py: its invariants catch what they claim to, and a short run is clean."""
 import copy
-import importlib.util
 import json
-import os
 import random
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = "llama:layers=4,hidden=96,heads=6,kv_heads=6,ffn=128,vocab=96"
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("fuzz_api", os.path.join(REPO, "experiments", "fuzz_api.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_api"] = module                 # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def fuzz():
-    return load()
+def fuzz(experiment):
+    return experiment("fuzz_api")
 
 
 def _estimate(fuzz, plan: str, cluster: str = "h100x16") -> dict:

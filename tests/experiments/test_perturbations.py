@@ -1,27 +1,15 @@
 """experiments/perturbations.py (issue 13): every objective picks from one banded search's pool, as
 `search --objective` does; regret is measured against the perturbed model's own search; the
 acceptance (worst regret ≤ 5 %, p50 within 3 % of the point-optimal plan's) is computed per case."""
-import importlib.util
-import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ("gpt:layers=4,hidden=512,heads=8,vocab=1000", "h100x16", 2048, 32)
 
 
-def load():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    spec = importlib.util.spec_from_file_location("perturbations", os.path.join(REPO, "experiments", "perturbations.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def row():
-    return load().run_case(*SMALL)
+def row(experiment):
+    return experiment("perturbations").run_case(*SMALL)
 
 
 @pytest.mark.slow        # ~6 searches, > 10 s on 2 cores; CI runs the slow tier too
@@ -37,8 +25,8 @@ def test_each_objective_picks_what_search_with_that_objective_returns(row, trace
 
 
 @pytest.mark.slow
-def test_regret_is_against_the_perturbed_models_own_best(row):
-    pert = load()
+def test_regret_is_against_the_perturbed_models_own_best(row, experiment):
+    pert = experiment("perturbations")
     assert set(row["perturbed"]) == set(pert.PERTURBATIONS)
     for p in row["perturbed"].values():
         assert all(r >= -1e-9 for r in p["regret"].values())       # the perturbed search's best is the best
@@ -51,15 +39,15 @@ def test_regret_is_against_the_perturbed_models_own_best(row):
     assert "Acceptance met in" in text and row["chosen"]["regret"]["plan"] in text
 
 
-def test_outside_ranges_names_multipliers_the_bands_never_sample():
+def test_outside_ranges_names_multipliers_the_bands_never_sample(experiment):
     from autoplan.cost.params import Params
-    pert = load()
+    pert = experiment("perturbations")
     assert pert.outside_ranges(Params(nic_efficiency=0.8, wpass=1.2), "h100") == []
     assert pert.outside_ranges(Params(nic_efficiency=0.5, wpass=1.3), "h100") == ["nic_efficiency=0.5", "wpass=1.3"]
 
 
-def test_acceptance_fails_past_either_bound():
-    pert = load()
+def test_acceptance_fails_past_either_bound(experiment):
+    pert = experiment("perturbations")
     base = {"chosen": {"point": {"p50_s": 1.0}, "regret": {"p50_s": 1.02}},
             "perturbed": {"nic": {"regret": {"regret": 0.04}}, "all": {"regret": {"regret": 0.049}}}}
     assert pert.acceptance(base)["ok"]

@@ -1,29 +1,17 @@
 """The cost model on the public rows outside Megatron's tables (``experiments/published_regimes.py``):
 torchtitan FSDP on A100 and H100, the Megatron-stack H100 rows, vTrain's single-node runs."""
-import importlib.util
 import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
-
-
-def _regimes():
-    spec = importlib.util.spec_from_file_location("published_regimes",
-                                                  os.path.join(REPO, "experiments", "published_regimes.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    if not os.path.isdir(module.REFERENCE):
-        pytest.skip(f"public reference rows not on this machine ({module.REFERENCE})")
-    return module
 
 
 @pytest.fixture(scope="module")
-def pr():
-    return _regimes()
+def pr(experiment):
+    module = experiment("published_regimes")
+    if not os.path.isdir(module.REFERENCE):
+        pytest.skip(f"public reference rows not on this machine ({module.REFERENCE})")
+    return module
 
 
 def test_grand_teton_rows_get_their_gpus_hbm_and_power_limited_peak(pr):

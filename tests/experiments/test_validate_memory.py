@@ -1,27 +1,14 @@
 """The public memory rows (issue 12): experiments/validate_memory.py through its CLI."""
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GIB = 1024 ** 3
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("validate_memory",
-                                                  os.path.join(REPO, "experiments", "validate_memory.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def rows():
-    vm = load()
+def rows(experiment):
+    vm = experiment("validate_memory")
     return {r["id"]: r for r in (vm.price(row) for row in vm.memory_rows())}
 
 
@@ -42,8 +29,8 @@ def test_torchtitan_rows_are_priced_allocated_and_compared(rows):
         assert "recompute=op" in r["plan"] and r["fits"]
 
 
-def test_cli_prints_every_row(capsys):
-    vm = load()
+def test_cli_prints_every_row(capsys, experiment):
+    vm = experiment("validate_memory")
     assert vm.main(["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {r["id"] for r in out} == {"tt-h100-T1-8b-fsdp8", "tt-h100-T3-8b-fsdp128",

@@ -3,28 +3,15 @@
 Prices all 19 rows of experiments/validate_published.py (SC21 Table 1, Korthikanti Table 5 and
 the 2,240-GPU row) with the physical parameters in the repository and checks MAPE ≤ 8 % on
 iteration time (the experiment reports the exact figures; target MAPE ≤ 5 %, max ≤ 12 %)."""
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("validate_published",
-                                                  os.path.join(REPO, "experiments", "validate_published.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
-def test_published_runs_within_issue_18s_megatron_target(capsys):
-    vp = load()
+def test_published_runs_within_issue_18s_megatron_target(capsys, experiment):
+    vp = experiment("validate_published")
     assert vp.main(["--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["rows"]) == 19
