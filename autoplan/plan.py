@@ -329,9 +329,11 @@ class Plan:
         if sorted(self.order) != sorted(AXES):
             raise UserError(f"bad plan: order={'-'.join(self.order)} must list each of {', '.join(AXES)} once",
                             "e.g. order=tp-cp-ep-dp-pp (innermost first)")
-        if any(not isinstance(n, int) or n < 1 for n in self.layers):
+        inner = self.layers[1:-1]
+        if any(not isinstance(n, int) or n < 0 for n in self.layers) or any(n < 1 for n in inner):
             raise UserError(f"bad plan: layers={'-'.join(map(str, self.layers))} gives a virtual stage no layer",
-                            "every virtual stage needs at least one layer")
+                            "every virtual stage but the first (embedding) and the last (head and loss) "
+                            "needs at least one layer")
 
     def check_batch(self, global_batch: int) -> None:
         """The global batch splits into dp · mbs-sequence micro-batches; UserError if not."""
@@ -343,7 +345,7 @@ class Plan:
     def check_layers(self, num_layers: int) -> None:
         """Every virtual stage gets a layer and explicit cuts add up; UserError if not."""
         chunks = self.pp * self.vpp
-        if chunks > num_layers:
+        if chunks - (self.layers[:1] == (0,)) - (self.layers[-1:] == (0,)) > num_layers:
             raise UserError(f"bad plan: pp·vpp = {chunks} stages for only {num_layers} layers",
                             "reduce pp or vpp")
         if self.layers and sum(self.layers) != num_layers:

@@ -42,6 +42,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="ZeRO-3: FSDP units gathered ahead of the one computing (default 1, FSDP2's implicit prefetch)")
     p.add_argument("--fsdp-reshard", choices=("on", "off"), default=None,
                    help="ZeRO-3: reshard parameters after forward (default: on at pp=1, off under PP, as torchtitan)")
+    p.add_argument("--fsdp-grad-sync", choices=("microbatch", "step"), default=None,
+                   help="ZeRO-2/3: reduce-scatter gradients every micro-batch (sharded fp32 accumulation) or once "
+                        "per step (unsharded fp32 accumulation under no-sync); default: microbatch at pp=1, "
+                        "step under PP, as FSDP2 under torch pipelining")
     add_margin_arg(p)
     add_band_args(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
@@ -74,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     estimator = w.estimator(EstimateOptions(
         overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile, fsdp_prefetch=args.fsdp_prefetch,
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
+        fsdp_grad_sync=args.fsdp_grad_sync,
         memory_margin_gib=margin, params=params))
     sampler = Sampler(estimator, args.samples, args.seed) if args.samples else None
 

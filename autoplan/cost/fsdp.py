@@ -23,7 +23,11 @@ How often, per step (m micro-batches): gathers every micro-batch with reshard on
 forward) with it off; reduce-scatters every micro-batch at pp = 1 (FSDP2 without ``no_sync``, as
 torchtitan accumulates gradients) and once, at the last backward of each chunk, at pp > 1
 (``torch.distributed.pipelining`` disables gradient sync and resharding until then; torchtitan
-turns reshard-after-forward off under PP).
+turns reshard-after-forward off under PP).  ``EstimateOptions.fsdp_grad_sync`` overrides that
+default ("microbatch" | "step"): a runtime that keeps gradient sync on under PP (FSDP2's
+``set_requires_gradient_sync(True)``) reduce-scatters after every micro-batch's backward and
+accumulates the fp32 shard; one under no-sync accumulates the unsharded gradient until the step's
+last backward (``autoplan.cost.memory`` prices both).
 
 ZeRO-2 is the same simulation with reshard off and gradients reduced every micro-batch (FSDP2's
 SHARD_GRAD_OP, DeepSpeed ZeRO-2 with ``overlap_comm``): each micro-batch's backward ends with its
@@ -38,11 +42,13 @@ from dataclasses import dataclass, replace
 
 from autoplan.cost.comms import Comms
 from autoplan.cost.types import EstimateOptions, Part
+from autoplan.errors import UserError
 from autoplan.plan import Plan
 
 PARAM_GATHER_BYTES = 2.0           # parameters gathered in bf16
 GRAD_REDUCE_BYTES = 4.0            # gradients reduce-scattered in fp32 (FSDP2 reduce_dtype, torchtitan's default)
 DEFAULT_PREFETCH = 1               # FSDP2's implicit one-unit-ahead prefetch
+GRAD_SYNCS = ("microbatch", "step")   # when gradients are reduce-scattered (EstimateOptions.fsdp_grad_sync)
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,10 @@ def policy(options: EstimateOptions, plan: Plan) -> Policy:
     reshard = False if plan.zero == 2 else options.fsdp_reshard_after_forward
     if reshard is None:
         reshard = plan.pp == 1
-    return Policy(max(1, options.fsdp_prefetch), reshard, plan.pp == 1)
+    sync = options.fsdp_grad_sync or ("microbatch" if plan.pp == 1 else "step")
+    if sync not in GRAD_SYNCS:
+        raise UserError(f"unknown FSDP gradient sync {sync!r}", f"use one of: {', '.join(GRAD_SYNCS)}")
+    return Policy(max(1, options.fsdp_prefetch), reshard, sync == "microbatch")
 
 
 @dataclass(frozen=True)

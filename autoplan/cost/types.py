@@ -18,6 +18,10 @@ class EstimateOptions:
     time_limit_s: float = 30.0
     fsdp_prefetch: int = 1                # ZeRO-3: units gathered ahead (FSDP2's implicit prefetch is 1)
     fsdp_reshard_after_forward: bool | None = None   # ZeRO-3: None = the runtime's default (on at pp = 1, off under PP)
+    fsdp_grad_sync: str | None = None     # ZeRO-2/3 gradient reduce-scatter: "microbatch" (every micro-batch, sharded
+                                          # fp32 accumulation) or "step" (once, unsharded fp32 accumulation under
+                                          # no-sync); None = the runtime's default (FSDP2: "microbatch" at pp = 1,
+                                          # "step" under PP)
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
     grad_reduce_bytes: float = 4.0        # bytes per gradient element reduced over dp: fp32 (Megatron's main grads,
                                           # FSDP2's reduce_dtype); 2 where the stack reduces the fp16 grads (DeepSpeed fp16)

@@ -40,6 +40,18 @@ def test_stage_layers_even_and_explicit():
     assert Plan.parse("pp=2,layers=3-5", num_gpus=2).stage_layers(8) == (3, 5)
 
 
+def test_end_chunks_may_hold_only_the_embedding_and_the_head():
+    """Llama 3 §3.3.2: the first chunk of the first stage has only the embedding, the last chunk of
+    the last stage only the output projection and loss; an inner chunk still needs a layer."""
+    plan = Plan.parse("pp=2,vpp=2,schedule=interleaved,layers=0-1x2-0", num_gpus=2)
+    assert plan.stage_layers(2) == (0, 1, 1, 0)
+    _validate("pp=2,vpp=2,dp=32,schedule=interleaved,layers=0-16x2-0")   # 4 chunks, 32 layers: no "only" error
+    with pytest.raises(UserError, match="no layer"):
+        Plan.parse("pp=2,vpp=2,schedule=interleaved,layers=1-0-1-1", num_gpus=2)
+    with pytest.raises(UserError, match="for only 2 layers"):
+        _validate("pp=2,vpp=2,dp=32,schedule=interleaved", num_layers=2)
+
+
 @pytest.mark.parametrize("text, needle", [
     ("tp=8,foo=1", "unknown key 'foo'"),
     ("tp=eight", "not an integer"),

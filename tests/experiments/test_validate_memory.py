@@ -22,6 +22,18 @@ def test_nemotron_priced_with_its_published_config_fits(rows):
     assert r["fits"] and r["predicted_gib"] <= r["limit_gib"]
 
 
+def test_llama3_405b_priced_with_the_papers_one_layer_chunks(rows):
+    """Llama 3 §3.3.2: one layer per model chunk (16 ranks x 8 chunks), the first only the
+    embedding, the last only the head and loss.  The worst rank is rank 1, holding Megatron's
+    interleaved warm-up 2(p − r − 1) + (v − 1)·p + 1 = 28 + 112 + 1 = 141 one-layer chunk-micro-batches:
+    29 of its first chunk and p = 16 of each other."""
+    r = rows["llama3-405b-8k-8192"]
+    assert "vpp=8" in r["plan"] and "layers=0-" + "1-" * 126 + "0" in r["plan"]
+    alive = dict(map(tuple, r["alive"]))
+    assert alive == {1: 29, **{1 + 16 * c: 16 for c in range(1, 8)}}
+    assert sum(alive.values()) == 2 * (16 - 1 - 1) + 7 * 16 + 1
+
+
 def test_torchtitan_rows_are_priced_allocated_and_compared(rows):
     for ident in ("tt-h100-T1-8b-fsdp8", "tt-h100-T3-8b-fsdp128"):
         r = rows[ident]

@@ -125,6 +125,13 @@ def test_fsdp_policy_flags_change_zero3_pricing(cli):
     # two more prefetched units held (at the peak they sit under the last stage's loss buffers
     # on this small model, so the peak itself need not grow)
     assert deep["memory_gib"] >= base["memory_gib"] and deep["step_time_s"] <= base["step_time_s"]
+    step = estimate(cli, "pp=2,dp=8,mbs=1,zero=2", "h100x16")
+    every = estimate(cli, "pp=2,dp=8,mbs=1,zero=2", "h100x16", "--fsdp-grad-sync", "microbatch")
+    reduces = [sum(p["calls_per_step"] for p in e["primitives"] if p["axis"] == "dp" and p["kind"] == "reduce_scatter")
+               for e in (step, every)]
+    assert reduces[1] == 4 * reduces[0]            # 4 micro-batches per data-parallel rank, reduced each time
+    # the unsharded fp32 accumulator (4 B per parameter) gives way to the fp32 shard (4/8)
+    assert every["memory_breakdown_gib"]["grads"] == pytest.approx(step["memory_breakdown_gib"]["grads"] / 9, rel=1e-3)
     bad = cli("estimate", MODEL, "--cluster", "h100x16", "--plan", "zero=3", "--fsdp-prefetch", "0")
     assert bad.returncode == 2 and "--fsdp-prefetch 0 is out of range" in bad.stderr
 def test_memory_margin_sets_the_limit_fits_reads(cli):

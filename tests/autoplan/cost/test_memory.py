@@ -186,3 +186,27 @@ def test_fsdp_under_pp_accumulates_fp32_unsharded_grads(setup):
     numel = b["optimizer"] / (8 / 4)                  # Adam m, v: 8/d bytes per parameter of the rank
     assert b["grads"] == pytest.approx(numel * (4 + 4 / 4), rel=1e-6)
     assert b["params"] == pytest.approx(numel * (2 + 4 / 4), rel=1e-6)   # kept gathered under pp
+
+
+
+@pytest.mark.parametrize("sync", ["step", "microbatch"])
+def test_fsdp_grad_sync_under_pp_sets_where_gradients_accumulate(setup, sync):
+    """pp = 2, zero = 2 over d = 4, 4 micro-batches: FSDP2's no-sync (``step``, the default under
+    PP) accumulates the rank's unsharded gradients in fp32 (4 B per parameter, beside the 4/d
+    shard); reduce-scattering every micro-batch (``microbatch``) keeps only the fp32 shard (4/d)."""
+    from autoplan.cost import EstimateOptions, Estimator
+    graph, cluster, _ = setup(LLAMA, "h100x8", seq=SEQ)
+    options = EstimateOptions() if sync == "step" else EstimateOptions(fsdp_grad_sync=sync)
+    e = Estimator(graph, cluster, options).estimate(Plan.parse("pp=2,dp=4,zero=2,mbs=1"), 16)
+    b = {k: v * GIB for k, v in e.memory_breakdown_gib.items()}
+    numel = b["optimizer"] * 4 / 8                   # Adam m + v: 8 B per parameter over d = 4
+    assert b["grads"] == pytest.approx(numel * (4 / 4 + (4 if sync == "step" else 0)), rel=1e-6)
+
+
+def test_unknown_fsdp_grad_sync_is_a_user_error(setup):
+    from autoplan.cost import EstimateOptions, Estimator
+    from autoplan.errors import UserError
+    graph, cluster, _ = setup(LLAMA, "h100x8", seq=SEQ)
+    with pytest.raises(UserError, match="gradient sync 'often'"):
+        Estimator(graph, cluster, EstimateOptions(fsdp_grad_sync="often")).estimate(
+            Plan.parse("pp=2,dp=4,zero=2,mbs=1"), 16)
