@@ -105,7 +105,9 @@ def engine_plan(plan: str, note: str, model: str) -> str:
 # where the JSON's plan string does not say it.  ngc-nemotron4-340b-128: NVIDIA's
 # dgxc-benchmarking nemotron4-340b config runs NeMo's distributed_fused_adam with bf16 parameters,
 # gradients and Adam state (``state_precision=apex-dfa-bf16``: 4 + 6/d bytes per parameter) and
-# ``activations_checkpoint_granularity: selective`` (Megatron's attention-core recompute).
+# ``activations_checkpoint_granularity: selective`` (Megatron's attention-core recompute); NeMo
+# 24.09 trains on Megatron-Core (``kernels=megatron-core``; its squared-ReLU MLP has no SwiGLU, so
+# the saved bytes are the trace's).
 #
 # llama3-405b-8k-8192: the Llama 3 paper, §3.3.2 "Pipeline parallelism improvements": "we reduce one
 # Transformer layer each from the first and the last stages, respectively. This means that the first
@@ -114,8 +116,10 @@ def engine_plan(plan: str, note: str, model: str) -> str:
 # model chunk held one layer: 16 ranks x 8 chunks = 128 layer slots, the first holding only the
 # embedding and the last only the head and loss, 126 layers in between (``vpp=8``,
 # ``layers=0-1x126-0``).  N (micro-batches per round) is not published: Megatron's N = pp (DFS).
+# Its kernels (Meta's own framework) are not published either: priced as the trace's eager ops.
 RUN_SETTINGS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-    "ngc-nemotron4-340b-128": ({"recompute": "selective"}, {"state_precision": "apex-dfa-bf16"}),
+    "ngc-nemotron4-340b-128": ({"recompute": "selective"},
+                               {"state_precision": "apex-dfa-bf16", "kernels": "megatron-core"}),
     "llama3-405b-8k-8192": ({"vpp": "8", "layers": "0-1x126-0"}, {}),
 }
 

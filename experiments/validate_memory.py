@@ -18,7 +18,13 @@ shared with the step-time regime table):
   ``nemotron/nemotron4-340b-synth.yaml`` @8f5cbb37, the 25.01 set on NeMo 24.09) runs
   ``optim.name: distributed_fused_adam`` with ``dtype: bf16, grad_sync_dtype: bf16,
   contiguous_grad_buffer: True`` -> ``state_precision=apex-dfa-bf16`` (4 + 6/d bytes per
-  parameter), and ``activations_checkpoint_granularity: selective`` -> ``recompute=selective``.
+  parameter), and ``activations_checkpoint_granularity: selective`` -> ``recompute=selective``;
+  NeMo runs Megatron-Core -> ``kernels=megatron-core`` (no SwiGLU here: nothing changes).
+* ``llama3-405b-8k-8192``: the Llama 3 paper §3.3.2 -- "the first model chunk on the first stage
+  has only the embedding, and the last model chunk on the last stage has only output projection
+  and loss calculation" after removing one layer from each: one layer per chunk, ``vpp=8``,
+  ``layers=0-1x126-0``.  Its framework's kernels and its N (micro-batches per round) are not
+  published: eager kernels, N = pp.
 
 Error = predicted / published − 1.
 """

@@ -46,6 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="ZeRO-2/3: reduce-scatter gradients every micro-batch (sharded fp32 accumulation) or once "
                         "per step (unsharded fp32 accumulation under no-sync); default: microbatch at pp=1, "
                         "step under PP, as FSDP2 under torch pipelining")
+    p.add_argument("--kernels", choices=("eager", "megatron-core"), default="eager",
+                   help="the engine's kernels where they keep other activations than the traced eager ops: "
+                        "megatron-core's fused SwiGLU keeps only its input (default: eager)")
     add_margin_arg(p)
     add_band_args(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile, fsdp_prefetch=args.fsdp_prefetch,
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync,
+        kernels=args.kernels,
         memory_margin_gib=margin, params=params))
     sampler = Sampler(estimator, args.samples, args.seed) if args.samples else None
 

@@ -58,7 +58,7 @@ class Estimator:
         hit = self._parts.get(key)
         if hit is None:
             hit = self._parts[key] = price_part(self.comms, self.layouts, self.info, self.model.sample_positions, self.hidden,
-                                                kind, self.graph(kind), plan, recompute, mesh)
+                                                kind, self.graph(kind), plan, recompute, mesh, self.options.kernels)
         return hit
 
     def graph_kinds(self) -> list[tuple[str, int]]:

@@ -7,15 +7,17 @@ FLOPs of the forward ops it reruns (``sharding.price.recomputed``, the predicate
 times and saved bytes read too): all under ``full``, the attention core under ``selective``,
 all but every other matmul and the attention kernel under ``op``.
 
-Memory: ``saved_bytes`` (kept from forward to backward) and ``recompute_transient_bytes``, what
-recomputing the layer re-materialises during its backward: the saved bytes without
-recomputation less those kept under the policy.
+Memory: ``saved_bytes`` (kept from forward to backward; less what the engine's fused kernels do
+not keep, ``cost.kernels``) and ``recompute_transient_bytes``, what recomputing the layer
+re-materialises during its backward: the saved bytes without recomputation less those kept
+under the policy.
 """
 from __future__ import annotations
 
 from autoplan.cost.comms import Comms
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.ep import ep_cost
+from autoplan.cost.kernels import kernel_saving_bytes
 from autoplan.cost.tp import BlockLayouts, tp_cost
 from autoplan.cost.types import AxisCost, Part
 from autoplan.ir import ModelInfo, OpGraph
@@ -27,14 +29,19 @@ from autoplan.sharding.price import recomputed
 
 
 def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: int, hidden: int,
-               graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> Part:
+               graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh,
+               kernels: str = "eager") -> Part:
     bs = layouts.sharding(graph_key, graph, plan, recompute, mesh)
     tp = tp_cost(bs, plan)
     attention = attention_seconds(comms, graph, plan)
     cp = cp_cost(comms, info, seq_len, hidden, graph, plan, mesh, attention)
     ep = ep_cost(comms, info, seq_len, hidden, graph, plan, mesh)
     dense, expert = _param_split(graph, bs, plan)
-    unsaved = layouts.sharding(graph_key, graph, plan, "none", mesh).saved_bytes if recompute != "none" else 0.0
+    saved = bs.saved_bytes - kernel_saving_bytes(kernels, graph, bs, plan, recompute)
+    unsaved = saved
+    if recompute != "none":
+        kept = layouts.sharding(graph_key, graph, plan, "none", mesh)
+        unsaved = kept.saved_bytes - kernel_saving_bytes(kernels, graph, kept, plan, "none")
     backward_s = bs.backward_s + (comms.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
     forward_s, backward_s, wgrad_s = host_bound(comms.profile.host_floor_s, bs, tp, backward_s)
     return Part(
@@ -42,7 +49,7 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
         exposed_fwd_s=tp.exposed_fwd_s + cp.exposed_fwd_s + ep.exposed_fwd_s,
         exposed_bwd_s=tp.exposed_bwd_s + cp.exposed_bwd_s + ep.exposed_bwd_s,
         ep_fwd_s=ep.exposed_fwd_s, ep_bwd_s=ep.exposed_bwd_s,
-        saved_bytes=bs.saved_bytes, recompute_transient_bytes=max(0.0, unsaved - bs.saved_bytes),
+        saved_bytes=saved, recompute_transient_bytes=max(0.0, unsaved - saved),
         dense_numel=dense, expert_numel=expert,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,

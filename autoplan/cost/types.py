@@ -26,6 +26,7 @@ class EstimateOptions:
     grad_reduce_bytes: float = 4.0        # bytes per gradient element reduced over dp: fp32 (Megatron's main grads,
                                           # FSDP2's reduce_dtype); 2 where the stack reduces the fp16 grads (DeepSpeed fp16)
     state_precision: str = "megatron"     # zero 0/1 engine's state dtypes (costmodels.memory.STATE_PRECISIONS)
+    kernels: str = "eager"                # the engine's kernels where they save other activations (cost.kernels)
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
 
 

@@ -151,3 +151,14 @@ def test_bad_memory_margin_is_one_message(cli):
     out = cli("estimate", MODEL, "--cluster", "h100x16", "--plan", "tp=8", "--memory-margin", "-1")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--memory-margin -1 GiB" in out.stderr and "fix:" in out.stderr
+
+
+def test_kernels_flag_prices_megatron_cores_fused_swiglu(cli):
+    llama = "llama:layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2816,vocab=32000"
+    args = ("estimate", llama, "--cluster", "h100x16", "--plan", "tp=2,dp=8,mbs=1,sp=on", "--seq", "2048",
+            "--global-batch", "32", "--json")
+    eager, fused = (json.loads(cli(*args, *extra).stdout) for extra in ((), ("--kernels", "megatron-core")))
+    act = [e["memory_breakdown_gib"]["activations"] for e in (eager, fused)]
+    # one micro-batch of 4 layers in flight: 4 SiLU(gate) of s·ffn/tp bf16 elements fewer
+    assert act[0] - act[1] == pytest.approx(4 * 2048 * 2816 / 2 * 2 / 1024 ** 3, rel=0.02)
+    assert fused["step_time_s"] == eager["step_time_s"]
