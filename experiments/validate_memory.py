@@ -1,6 +1,6 @@
 """Price the public memory rows of ../shared/reference/regime_runs.json and compare.
 
-    python experiments/validate_memory.py [--json]
+    python experiments/validate_memory.py [--json] [--write]
 
 Rows: every row with a published peak (``mem_gib``: torchtitan's Dec 2024 H100 T1/T3 runs) and
 every ``group=memory-must-fit`` row (layouts that ran on 80 GB: they must fit).  Mapping, the same
@@ -26,7 +26,7 @@ shared with the step-time regime table):
   ``layers=0-1x126-0``.  Its framework's kernels and its N (micro-batches per round) are not
   published: eager kernels, N = pp.
 
-Error = predicted / published − 1.
+Error = predicted / published − 1.  ``--write`` puts the table into experiments/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import published_regimes as pr  # noqa: E402
+from results_md import write_section  # noqa: E402
 from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
 from autoplan.plan import Plan  # noqa: E402
 
@@ -80,11 +81,46 @@ def price(row: dict, options: EstimateOptions = EstimateOptions()) -> dict:
     return out
 
 
+def markdown(results: list[dict]) -> str:
+    """The rows as a RESULTS.md table (GiB; limit = HBM less the margin)."""
+    lines = ["| row | published | predicted | error | limit | fits | params / grads / optimizer / activations / "
+             "other | priced plan (run settings) |", "|" + "---|" * 8]
+    for r in results:
+        pub = f"{r['published_gib']:.1f} (reserved)" if r["published_gib"] else "ran: must fit"
+        err = f"{r['error']:+.1%}" if "error" in r else ""
+        b = " / ".join(f"{r['breakdown_gib'][k]:.1f}" for k in ("params", "grads", "optimizer", "activations", "other"))
+        opts = ", ".join(f"{k}={v}" for k, v in sorted(r["options"].items()))
+        lines.append(f"| {r['id']} | {pub} | {r['predicted_gib']:.1f} | {err} | {r['limit_gib']:.1f} | "
+                     f"{'yes' if r['fits'] else '**no**'} | {b} | `{_short(r['plan'])}`{' (' + opts + ')' if opts else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def _short(plan: str) -> str:
+    """``plan`` with a long ``layers=`` list folded into runs (``1x126``)."""
+    items = []
+    for kv in plan.split(","):
+        key, value = kv.split("=", 1)
+        if key == "layers":
+            runs: list[list[str]] = []
+            for n in value.split("-"):
+                if runs and runs[-1][0] == n:
+                    runs[-1].append(n)
+                else:
+                    runs.append([n])
+            value = "-".join(r[0] if len(r) == 1 else f"{r[0]}x{len(r)}" for r in runs)
+        items.append(f"{key}={value}")
+    return ",".join(items)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="write the table into experiments/RESULTS.md")
     args = ap.parse_args(argv)
     results = [price(r) for r in memory_rows()]
+    if args.write:
+        write_section("validate_memory", "Public memory rows (`python experiments/validate_memory.py --write`)",
+                      markdown(results))
     if args.json:
         print(json.dumps(results, sort_keys=True, indent=1))
         return 0

@@ -47,3 +47,12 @@ def test_cli_prints_every_row(capsys, experiment):
     out = json.loads(capsys.readouterr().out)
     assert {r["id"] for r in out} == {"tt-h100-T1-8b-fsdp8", "tt-h100-T3-8b-fsdp128",
                                       "llama3-405b-8k-8192", "ngc-nemotron4-340b-128"}
+
+
+def test_markdown_table_folds_the_layer_list_and_marks_misses(rows, experiment):
+    vm = experiment("validate_memory")
+    text = vm.markdown(list(rows.values()))
+    line = next(l for l in text.splitlines() if l.startswith("| llama3-405b-8k-8192 "))
+    assert "layers=0-1x126-0" in line and "**no**" in line and "ran: must fit" in line
+    t1 = next(l for l in text.splitlines() if l.startswith("| tt-h100-T1-8b-fsdp8 "))
+    assert f"{rows['tt-h100-T1-8b-fsdp8']['error']:+.1%}" in t1

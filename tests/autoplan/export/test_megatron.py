@@ -41,6 +41,12 @@ def test_uneven_cuts_use_the_pipeline_layout():
     assert "--num-layers-per-virtual-pipeline-stage" not in args
 
 
+def test_embedding_only_and_head_only_chunks_export_as_megatrons_layout():
+    """Llama 3's layout: the first chunk only the embedding, the last only the head and loss."""
+    args, _ = _args("pp=2,vpp=2,schedule=interleaved,layers=0-1-1-0", num_layers=2)
+    assert _flag(args, "--pipeline-model-parallel-layout") == "E|t|t|L"
+
+
 def test_virtual_stages_without_a_layer_count():
     args, _ = _args("pp=4,vpp=2,schedule=interleaved")
     assert _flag(args, "--num-virtual-stages-per-pipeline-rank") == "2"
