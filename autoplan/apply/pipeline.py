@@ -119,7 +119,32 @@ def cut_stage(model: nn.Module, layout: ModelLayout, first: int, end: int, owns_
         module = stage.get_submodule(owner)
         value = module._parameters.pop(attr)
         setattr(module, attr, value)
+    own = stage.get_submodule(layout.blocks_path)
+    if first == 0 and not owns_pre and end > first:
+        inject = _inject_before(own[0])
+    if end == len(own) and not owns_post and end > first:
+        own[end - 1].register_forward_hook(_exit_after)
     return stage, inject
+
+
+def _inject_before(block: nn.Module) -> _Inject:
+    """A stage whose first block is the model's first without owning the embedding (the
+    embedding alone is the stage before, as Llama 3 cuts it): no block precedes it to stand in
+    for, so a pre-hook hands the block the received stream instead of the (stub) embedding's
+    output."""
+    inject = _Inject()
+
+    def hook(module, args, kwargs):
+        return (inject.value, *args[1:]), kwargs
+
+    block.register_forward_pre_hook(hook, with_kwargs=True)
+    return inject
+
+
+def _exit_after(module: nn.Module, args, output) -> None:
+    """The stage's last block is the model's last but the head is the next stage's (Llama 3's
+    cut): no block follows to stand in for, so the stream leaves after this block."""
+    raise StageExit(output[0] if isinstance(output, tuple) else output)
 
 
 class StageModule(nn.Module):
