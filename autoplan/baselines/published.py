@@ -12,9 +12,12 @@ model                layout (source)
 GPT-3 175B           TP 8, PP 8, interleaved vpp 6, SP, ZeRO-1, DP outermost, selective
                      recompute (MegaScale, arXiv 2402.15627 §6.1: 175B on 12,288 GPUs;
                      recompute not given: Megatron-LM's selective default)
-Llama 3 405B         TP 8, CP 1, PP 16 interleaved (vpp 2), SP, FSDP with ZeRO-2, no
-                     recompute, DP outermost (Llama 3 report, arXiv 2407.21783 §3.3.2 and
-                     Table 4, 8K-sequence stage)
+Llama 3 405B         TP 8, CP 1, PP 16 interleaved with one layer per chunk (vpp 8), the
+                     first chunk only the embedding and the last only the head and loss
+                     (layers 0-1x126-0), SP, FSDP with ZeRO-2, no recompute, DP outermost
+                     (Llama 3 report, arXiv 2407.21783 §3.3.2: "we reduce one Transformer
+                     layer each from the first and the last stages … the first model chunk
+                     on the first stage has only the embedding"; Table 4, 8K stage)
 DeepSeek-V3          TP 1, PP 16 DualPipe(V), EP 64, ZeRO-1, selective recompute (RMSNorm
                      and MLA up-projections) (DeepSeek-V3 report, arXiv 2412.19437 §3.2)
 Nemotron-4 340B      TP 8, PP 12 interleaved, SP, ZeRO-1 (distributed optimizer), no
@@ -59,8 +62,8 @@ LAYOUTS = (
               "tp=8,pp=8,cp=1,ep=1,vpp=6,mbs=1,schedule=interleaved,recompute=selective,sp=on,zero=1,"
               "order=tp-cp-ep-pp-dp", "MegaScale (arXiv 2402.15627) §6.1"),
     Published("Llama 3 405B", (126, 16384, 128, 0),
-              "tp=8,pp=16,cp=1,ep=1,vpp=2,mbs=1,schedule=interleaved,recompute=none,sp=on,zero=2,"
-              "order=tp-cp-ep-pp-dp", "Llama 3 report (arXiv 2407.21783) §3.3.2, Table 4"),
+              "tp=8,pp=16,cp=1,ep=1,vpp=8,mbs=1,schedule=interleaved,recompute=none,layers=0-1x126-0,sp=on,"
+              "zero=2,order=tp-cp-ep-pp-dp", "Llama 3 report (arXiv 2407.21783) §3.3.2, Table 4"),
     Published("DeepSeek-V3", (61, 7168, 128, 256),
               "tp=1,pp=16,cp=1,ep=64,vpp=2,mbs=1,schedule=dualpipev,recompute=selective,sp=off,zero=1,"
               "order=tp-cp-ep-dp-pp", "DeepSeek-V3 report (arXiv 2412.19437) §3.2"),

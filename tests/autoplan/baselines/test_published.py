@@ -15,6 +15,16 @@ def test_published_gpt3_layout_is_megascales_with_its_source(cli):
     assert d["estimate"]["step_time_s"] > 0 and d["estimate"]["fits"]
 
 
+def test_published_llama3_layout_has_the_reports_one_layer_chunks(cli):
+    out = cli("baseline", "llama3-405b", "--cluster", "h100x8192", "--recipe", "published", "--global-batch", "2048",
+              "--seq", "8192", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    plan = d["plan"]
+    assert (plan["tp"], plan["pp"], plan["vpp"], plan["dp"], plan["zero"]) == (8, 16, 8, 64, 2)
+    assert plan["layers"] == [0] + [1] * 126 + [0] and "Llama 3" in d["source"]
+
+
 def test_models_without_a_published_layout_get_one_clear_message(cli):
     out = cli("baseline", "gpt:layers=4,hidden=512,heads=8,vocab=1000", "--cluster", "h100x16", "--recipe",
               "published")
