@@ -58,6 +58,9 @@ class ComputeProfile:
     fusion: float                    # fraction of unfused elementwise traffic that remains
     overhead_s: float                # per-kernel launch + tail, seconds
     host_floor_s: float = 0.0        # CPU seconds to issue one op (eager dispatch + launch)
+    softmax_kernel: str = ""         # "megatron": the stack runs Megatron's fused scale-mask-softmax
+                                     # and its fp32 fallback where the kernel lacks the shape
+                                     # (autoplan.cost.softmax); "": the traced graph's softmax
     source: str = ""                 # where the numbers come from
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
