@@ -61,6 +61,8 @@ class ComputeProfile:
     softmax_kernel: str = ""         # "megatron": the stack runs Megatron's fused scale-mask-softmax
                                      # and its fp32 fallback where the kernel lacks the shape
                                      # (autoplan.cost.softmax); "": the traced graph's softmax
+    p2p_host_s: float = 0.0          # host seconds per pipeline send/receive instruction of the stack's
+                                     # pipeline engine (DeepSpeed's PipelineEngine; autoplan.cost.pp)
     source: str = ""                 # where the numbers come from
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
