@@ -26,6 +26,12 @@ For an op with ``flops`` FLOPs that moves ``nbytes`` bytes through HBM::
   Megatron-DeepSpeed A100 runs, whatever its micro-batch or tp (fitted there:
   ``experiments/fit_host_floor.py``).
 
+A profile also names what its software stack runs beyond the traced graph (defaults: nothing):
+``softmax_kernel: megatron`` (Megatron's fused scale-mask-softmax and its fp32 fallback,
+``autoplan.cost.softmax``) and ``p2p_host_s``, the host seconds of one pipeline send or
+receive instruction of the stack's pipeline engine (DeepSpeed's PipelineEngine,
+``autoplan.cost.pp.engine_instructions``).
+
 Profiles are YAML data files in ``costmodels/profiles/<gpu>.yaml`` (or any path
 given with ``--profile``); ``autoplan calibrate`` writes new ones from measurements.
 All times are seconds, FLOPs are FLOPs (multiply-add = 2), bytes are bytes.
@@ -58,6 +64,11 @@ class ComputeProfile:
     fusion: float                    # fraction of unfused elementwise traffic that remains
     overhead_s: float                # per-kernel launch + tail, seconds
     host_floor_s: float = 0.0        # CPU seconds to issue one op (eager dispatch + launch)
+    softmax_kernel: str = ""         # "megatron": the stack runs Megatron's fused scale-mask-softmax
+                                     # and its fp32 fallback where the kernel lacks the shape
+                                     # (autoplan.cost.softmax); "": the traced graph's softmax
+    p2p_host_s: float = 0.0          # host seconds per pipeline send/receive instruction of the stack's
+                                     # pipeline engine (DeepSpeed's PipelineEngine; autoplan.cost.pp)
     source: str = ""                 # where the numbers come from
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:

@@ -13,7 +13,8 @@ Read by ``experiments/validate_published.py --regimes``.  Two sources in ``../sh
   overlapped: DeepSpeed's pipeline engine reduces at the end of the step) of the fp16 gradients
   (DeepSpeed's fp16 engine reduces them in fp16 unless ``fp32_allreduce``), priced with the
   profile of that software stack (``costmodels/profiles/a100-megatron-deepspeed.yaml``: the A100
-  efficiencies plus its fitted per-op host floor).  The cluster is
+  efficiencies plus its fitted per-op host floor, DeepSpeed's PipelineEngine host time per
+  send/receive instruction and Megatron's fused softmax with its fp32 fallback).  The cluster is
   ``vtrain/cluster_a100.yaml`` with ``num_gpus`` set to the run's; runs of 2 or 4 GPUs use
   a node of that many GPUs (their NVLink ring has 2 or 4 members).
 
@@ -275,6 +276,33 @@ def ranking_misses(priced: list[Priced]) -> list[tuple[str, Priced, Priced]]:
         if chosen.row.published_s > best.row.published_s * (1.0 + RANK_TOLERANCE):
             out.append((group, chosen, best))
     return out
+
+
+def knob(plan: str, key: str) -> int:
+    """The integer ``key=`` field of a plan string."""
+    return int(dict(kv.split("=", 1) for kv in plan.split(","))[key])
+
+
+def inversions(priced: list[Priced]) -> tuple[list[tuple[Priced, Priced]], int]:
+    """(pairs, comparable pairs): every (row, its twin at twice the micro-batch) of one vTrain group
+    and plan (same tp, pp, dp) with the same number of micro-batches — twice the work per
+    micro-batch — and the twin's measured time below the row's; and how many such twins exist.
+    A cost model whose time grows with the work prices the twin at least as slow, so it ranks
+    each inverted pair the wrong way round unless the smaller micro-batch runs more kernels
+    (Megatron's softmax fallback at attn_batches % 4 != 0, ``autoplan.cost.softmax``)."""
+    def key(p: Priced) -> tuple:
+        tp, pp, dp, mbs = (knob(p.row.plan, k) for k in ("tp", "pp", "dp", "mbs"))
+        return (p.row.model, p.row.cluster, tp, pp, dp, p.row.global_batch // (dp * mbs), mbs)
+    index = {key(p): p for p in priced if p.row.group}
+    pairs, total = [], 0
+    for k, p in sorted(index.items(), key=lambda kv: kv[1].row.ident):
+        twin = index.get(k[:6] + (2 * k[6],))
+        if twin is None:
+            continue
+        total += 1
+        if twin.row.published_s < p.row.published_s:
+            pairs.append((p, twin))
+    return pairs, total
 
 
 def summary(priced: list[Priced]) -> dict:

@@ -332,8 +332,11 @@ def regime_report(megatron_errors: list[float]) -> tuple[str, dict]:
             good, groups = pr.group_ranking(members)
             s["ranked_right"], s["groups"] = good, groups
             skipped = sum(r.regime == regime for r in rows) - len(members)
+            inverted, twins = pr.inversions(members)
+            s["inverted_twins"], s["twins"] = len(inverted), twins
             note = (f"predicted-best plan within 5 % of measured best in {good}/{groups} groups; "
-                    f"{skipped} rows refused by the estimator")
+                    f"{skipped} rows refused by the estimator; {len(inverted)} of {twins} plans measure "
+                    f"faster at twice the micro-batch (same micro-batch count: `--misses`)")
         if regime == "memory-must-fit":
             note = "fits in HBM: " + ", ".join(f"{p.row.ident} {'yes' if p.fits else 'no'} "
                                                 f"({p.memory_gib:.0f} GiB)" for p in members)
@@ -354,7 +357,18 @@ def misses_report(priced: list) -> str:
         lines.append(f"| {group} | {_knobs(chosen.row.plan)} | {chosen.row.published_s:.3f} | {chosen.predicted_s:.3f} | "
                      f"{_knobs(best.row.plan)} | {best.row.published_s:.3f} | {best.predicted_s:.3f} |")
     good, groups = pr.group_ranking(priced)
-    return "\n".join(lines) + f"\n\n{len(misses)} of {groups} groups missed ({good} ranked right)\n"
+    inverted, twins = pr.inversions(priced)
+    cells: dict[str, int] = {}
+    for p, _ in inverted:
+        cell = f"{p.row.group.split()[0]} tp={pr.knob(p.row.plan, 'tp')} mbs={pr.knob(p.row.plan, 'mbs')}"
+        cells[cell] = cells.get(cell, 0) + 1
+    priced_too = sum(twin.predicted_s < p.predicted_s for p, twin in inverted)
+    return ("\n".join(lines) + f"\n\n{len(misses)} of {groups} groups missed ({good} ranked right)\n\n"
+            f"Measured inversions: {len(inverted)} of {twins} plans run faster at twice the micro-batch with the "
+            f"same number of micro-batches (twice the work per micro-batch); the model prices {priced_too} of "
+            f"them faster too (where the smaller micro-batch runs more kernels: Megatron's softmax fallback), "
+            f"the rest the wrong way round; by (hidden, tp, micro-batch): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(cells.items())) + "\n")
 
 
 def _knobs(plan: str) -> str:

@@ -18,6 +18,7 @@ from autoplan.cost.comms import Comms
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.kernels import kernel_saving_bytes
+from autoplan.cost.softmax import with_fallback
 from autoplan.cost.tp import BlockLayouts, tp_cost
 from autoplan.cost.types import AxisCost, Part
 from autoplan.ir import ModelInfo, OpGraph
@@ -31,7 +32,8 @@ from autoplan.sharding.price import recomputed
 def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: int, hidden: int,
                graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh,
                kernels: str = "eager") -> Part:
-    bs = layouts.sharding(graph_key, graph, plan, recompute, mesh)
+    bs = with_fallback(layouts.sharding(graph_key, graph, plan, recompute, mesh), graph, plan, recompute,
+                       comms.profile, comms.cluster.gpu.hbm_bw)
     tp = tp_cost(bs, plan)
     attention = attention_seconds(comms, graph, plan)
     cp = cp_cost(comms, info, seq_len, hidden, graph, plan, mesh, attention)

@@ -107,6 +107,22 @@ def stage_times(bags: list[Bag], wpass: float = 1.0) -> tuple[list[float], list[
     return f, b, w
 
 
+def engine_instructions(f: list[float], b: list[float], host_s: float) -> tuple[list[float], list[float]]:
+    """F and B per virtual stage with the pipeline engine's host seconds per send or receive
+    instruction (``ComputeProfile.p2p_host_s``).  DeepSpeed's PipelineEngine runs each
+    micro-batch as instructions (RecvActivation, ForwardPass, SendActivation; RecvGrad,
+    BackwardPass, SendGrad), each send or receive costing the stage's host ``host_s`` of Python
+    and bookkeeping (buffers, tensor meta, partitioned activations, the c10d call) on the
+    critical path of a host-bound stage: a stage with k boundaries (1 at the ends, 2 inside)
+    adds k · host_s to its F and to its B, once per micro-batch.  Lower bounds
+    (``cost.bounds``) leave it out and stay bounds."""
+    n = len(f)
+    if host_s <= 0.0 or n < 2:
+        return f, b
+    k = [(c > 0) + (c < n - 1) for c in range(n)]
+    return [x + kc * host_s for x, kc in zip(f, k)], [x + kc * host_s for x, kc in zip(b, k)]
+
+
 def wpass_factor(comms: Comms, schedule: str) -> float:
     """The uncertain cost multiplier of a split W pass (zero-bubble schedules; 1 at the point)."""
     return comms.params.wpass if SCHEDULE_SPECS[schedule].split_backward else 1.0
@@ -121,6 +137,7 @@ def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int
                    *, detail: bool) -> Pipeline:
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = stage_times(bags, wpass_factor(comms, schedule))
+    f, b = engine_instructions(f, b, comms.profile.p2p_host_s)
     act_bytes, p2p, hop, gather = boundary(comms, plan, mesh, seq_len, hidden, schedule)
     f_comm = b_comm = None
     if schedule == "dualpipev":

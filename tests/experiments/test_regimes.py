@@ -56,7 +56,7 @@ def test_vtrain_rows_all_priced_under_12_percent(pr):
     rows = pr.vtrain_rows()[::4]
     priced = pr.price_all(rows)
     assert len(priced) == len(rows)          # m < pp 1F1B rows included
-    # issue 18's target is 12 %; guarded at today's level (every row: 6.8 %, 100/144 groups ranked right)
+    # issue 18's target is 12 %; guarded at today's level (every row: 6.4 %, 101/144 groups ranked right)
     assert pr.summary(priced)["mean_abs"] <= 0.08
 
 
@@ -69,3 +69,25 @@ def test_ranking_misses_name_the_group_its_pick_and_its_measured_best(pr):
     (miss,) = pr.ranking_misses(rows)
     assert (miss[0], miss[1].row.ident, miss[2].row.ident) == ("b", "b2", "b1")
     assert pr.group_ranking(rows) == (1, 2)
+
+
+def test_inversions_are_plans_measured_faster_at_twice_the_micro_batch(pr):
+    def priced(ident, batch, mbs, measured):
+        row = pr.RegimeRow("single-node", ident, "m", "c", 1024, batch, f"tp=2,pp=1,dp=2,mbs={mbs}", measured, "g")
+        return pr.Priced(row, 1.0, 0.0, True)
+    rows = [priced("x1", 8, 2, 0.10), priced("x2", 16, 4, 0.09),     # 2 micro-batches each: mbs 4 faster
+            priced("y1", 16, 2, 0.20), priced("y2", 32, 4, 0.30),    # 4 each: mbs 4 slower, as the work says
+            priced("z1", 16, 8, 0.10)]                               # 1 micro-batch: no twin
+    pairs, twins = pr.inversions(rows)
+    assert twins == 2
+    assert [(a.row.ident, b.row.ident) for a, b in pairs] == [("x1", "x2")]
+
+
+def test_vtrain_measurements_hold_inversions_no_monotone_model_ranks(pr):
+    """A fact of the data, not of the model: >= 120 plans of vTrain's set run faster with twice the
+    work per micro-batch (h1024 tp2 mbs 2 -> 4, tp4 mbs 1 -> 2 at either hidden size, tp8 mbs 1 -> 2),
+    which is why the ranking target is out of reach of a model whose time grows with the work."""
+    rows = [pr.Priced(r, 1.0, 0.0, True) for r in pr.vtrain_rows()]
+    pairs, twins = pr.inversions(rows)
+    assert twins == 864
+    assert len(pairs) == 146
