@@ -64,17 +64,21 @@ STEPS = 2
 _BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 
 
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")   # forwards and full backwards only (memcheck_pipeline)
+
+
 def unsupported(plan: Plan) -> str | None:
     """Why memcheck cannot measure ``plan`` (see the module docstring), or None."""
     if plan.zero < 2 and plan.dp > 1:
         return (f"zero={plan.zero}: Megatron's fp32 gradient buffer and distributed optimizer are not what "
                 "the torch path runs (its gradients and optimizer state follow the parameter dtype)")
     for key, why in (("cp", "context parallelism's exchange reads token positions"),
-                     ("ep", "expert parallelism routes by token values"),
-                     ("pp", "torch's PipelineStage learns the shapes it receives from its peer "
-                            "(recv_object_list of metadata the fake process group never sends)")):
+                     ("ep", "expert parallelism routes by token values")):
         if getattr(plan, key) > 1:
             return f"{key}={getattr(plan, key)}: {why}"
+    if plan.pp > 1 and plan.schedule not in PIPELINE_SCHEDULES:
+        return (f"schedule={plan.schedule}: memcheck runs a pipeline rank's forwards and full backwards "
+                f"({', '.join(PIPELINE_SCHEDULES)}), not split input/weight backwards")
     return None
 
 
@@ -83,6 +87,13 @@ def rank_kinds(plan: Plan) -> list[int]:
     mesh = Mesh.of(plan)
     return [next(g for g in range(plan.num_gpus) if mesh.coords(g)["pp"] == r
                  and all(c == 0 for a, c in mesh.coords(g).items() if a != "pp")) for r in range(plan.pp)]
+
+
+def measured_pp_ranks(pp: int, highest: int) -> list[int]:
+    """The pipeline ranks memcheck runs by default: all of them up to pp = 4, else the first,
+    the second, the one the estimate puts highest (``highest``), the middle one and the last
+    (each pipeline rank takes minutes at full scale)."""
+    return list(range(pp)) if pp <= 4 else sorted({0, 1, highest, pp // 2, pp - 1})
 
 
 def layer_counts(model: str, seq: int = 0) -> tuple[int, int, int] | None:
@@ -108,11 +119,13 @@ def _config(model: str, seq: int, layers: int | None = None):
 
 def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, timeout_s: float = 1800) -> dict:
     """Peak bytes by category of ``rank``, extrapolated from two cut models when the model's
-    layers allow (``layer_counts``; see the module docstring)."""
+    layers allow (``layer_counts``; see the module docstring).  Under pp > 1 the rank's stages
+    run whole (a rank holds L/pp layers; the step is one rank's, ``memcheck_pipeline``), and the
+    answer also carries ``in_flight``: the chunk-micro-batches torch's order holds at most."""
     counts = layer_counts(model, seq)
-    if counts is None:
-        return _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None,
-                        timeout_s=timeout_s)["peak"]
+    if counts is None or plan.pp > 1:
+        out = _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None, timeout_s=timeout_s)
+        return {**out["peak"], "in_flight": out["in_flight"]} if plan.pp > 1 else out["peak"]
     k, k1, total = counts
     a, b = (_measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=n, timeout_s=timeout_s)
             for n in (k, k1))
@@ -201,7 +214,6 @@ def _child(spec: dict) -> dict:
     """Build, apply and run two steps on fake tensors for one rank; the peak by category."""
     import torch
     import torch.distributed as dist
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from autoplan.apply.device_mesh import device_mesh
@@ -221,11 +233,16 @@ def _child(spec: dict) -> dict:
     model = fuse_rms_norms(build_on_meta(source))
     mode = new_fake_mode()
     fakeify_module(model, mode, torch.float32)
+    hidden = _hidden(model)
     pm = apply(model, plan, device_mesh(plan, "cpu"), global_batch=spec["global_batch"], seq=spec["seq"],
                mixed_precision=True)
+    del model
     opt = pm.optimizer("adamw", 1e-3)
+    if plan.pp > 1:
+        return _pipeline_child(pm, opt, mode, seq=spec["seq"], hidden=hidden)
     with mode:
         ids = torch.zeros(spec["global_batch"] // plan.dp, spec["seq"], dtype=torch.long)
+    from torch.distributed._tools.mem_tracker import MemTracker
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
     tracker.track_external(*pm.stages, opt)
     with tracker:
@@ -234,6 +251,42 @@ def _child(spec: dict) -> dict:
             opt.step()
             opt.zero_grad()
     return moments(tracker)
+
+
+def _hidden(model) -> int:
+    """The residual stream's width: the token embedding's row size (``nn.Embedding``)."""
+    from torch import nn
+
+    return next(m.embedding_dim for m in model.modules() if isinstance(m, nn.Embedding))
+
+
+def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
+    """pp > 1: the optimizer state made by an untracked step on zero gradients (what a first step
+    leaves), then one step of this pipeline rank in torch's order (``memcheck_pipeline``) under
+    the tracker, entered inside the fake mode so that FSDP's all-gather buffers are fake too
+    (outside it they are real CPU tensors: 0.8 GB per llama3-405b layer at tp=8).  Returns the
+    peak by category and the chunk-micro-batches torch's order holds at most."""
+    import torch
+
+    from autoplan.apply import memcheck_pipeline as mp
+
+    plan = pm.plan
+    with mode:
+        for p in pm.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad()
+        ids = torch.zeros(plan.mbs, seq, dtype=torch.long)
+        tracker = mp.step_tracker()
+        tracker.track_external(*pm.stages, opt)
+        stream = (plan.mbs, seq // plan.tp if plan.sp and plan.tp > 1 else seq, hidden)
+        dtype = torch.bfloat16 if plan.dp > 1 and plan.zero >= 2 else next(iter(pm.parameters())).dtype
+        with tracker:
+            mp.run_step(pm, pm.coords["pp"], ids, stream, dtype)
+            opt.step()
+            opt.zero_grad()
+    peak = categorize(max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d.get("Total", 0)))
+    return {"peak": peak, "in_flight": mp.peak_in_flight(mp.torch_order(pm.schedule, pm.coords["pp"]))}
 
 
 def _block_role(index: int, depth: int) -> str:

@@ -1,0 +1,102 @@
+"""One pipeline rank's training step run locally, in the order torch's schedule runs it, for
+``autoplan memcheck`` at pp > 1 (no point-to-point traffic).
+
+torch's pipelining runtime cannot run under the fake process group (``autoplan.apply.memcheck``
+says why), and needs no peer to decide what one rank holds: its memory is set by its own
+stages, its own order of forwards and backwards and what each keeps.  So the step of one
+pipeline rank is run from the schedule ``apply`` built (torch's class for the plan's
+schedule) as follows:
+
+* the order is the schedule's own per-rank action list (``schedule.pipeline_order[r]``:
+  ``F`` forward, ``B`` full backward of (stage, micro-batch); ``torch_order``);
+* ``F`` of a stage that receives its input: a fresh tensor of the residual stream's local shape
+  (``[mbs, s/tp, h]`` under sp, else ``[mbs, s, h]``) in the compute dtype, requiring grad —
+  what the receive buffer holds; the first stage reads token ids.  The last stage's output goes
+  through the plan's loss (``loss_fn(logits, targets)``), as the schedule's ``_compute_loss``;
+* ``B``: ``PipelineStage.backward_maybe_with_nosync`` (torch's own: FSDP's no-sync, no
+  reshard) with the loss, or with a fresh output gradient shaped as the stage's output (what
+  the next rank sends); the stage input and its gradient are dropped afterwards (sent);
+* after the last backward, ``PipelineStage.perform_reduce_grad(m)`` of every stage: FSDP's
+  reduce-scatter and the gradient scaling by 1/m, as the schedule's ``REDUCE_GRAD``.
+
+What torch's runtime holds besides and this run does not: the per-micro-batch receive buffers it
+allocates up front for the whole step (``_prepare_forward_infra``: m activation and m gradient
+buffers per stage, kept with their ``.grad`` until the next step's ``clear_runtime_states``).
+Megatron-Core allocates a receive buffer per communication and frees it with its micro-batch,
+which is what this run does.
+"""
+from __future__ import annotations
+
+import torch
+
+FORWARD, BACKWARD = "F", "B"
+
+
+def step_tracker():
+    """torch's ``MemTracker`` for a step in which a module's forward runs again before its
+    earlier backward (micro-batches in flight): a later forward of a module already seen keeps
+    the stats of its first (``MemTracker._pre_fw_hook`` refuses a root module's second call, and
+    ``reset_mod_stats`` between micro-batches loses the stats the pending backwards' hooks read).
+    Peaks and categories are unchanged: those come from its dispatch mode, not its module hooks."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs):
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                return
+            super()._pre_fw_hook(module, inputs)
+
+    return StepTracker()
+
+
+def torch_order(schedule, pp_rank: int) -> list[tuple[str, int, int]]:
+    """(F | B, virtual stage, micro-batch) of pipeline rank ``pp_rank``, in the order of
+    ``schedule.pipeline_order`` (torch's per-rank compute actions; bubbles dropped)."""
+    out = []
+    for action in schedule.pipeline_order[pp_rank]:
+        if action is None:
+            continue
+        kind = action.computation_type.value
+        if kind not in (FORWARD, BACKWARD):
+            raise ValueError(f"memcheck runs F and full B actions, not {kind} ({type(schedule).__name__})")
+        out.append((kind, action.stage_index, action.microbatch_index))
+    return out
+
+
+def peak_in_flight(order: list[tuple[str, int, int]]) -> int:
+    """The most (stage, micro-batch) forwards whose backward has not run, over ``order``."""
+    alive = best = 0
+    for kind, _, _ in order:
+        alive += 1 if kind == FORWARD else -1
+        best = max(best, alive)
+    return best
+
+
+def run_step(pm, pp_rank: int, ids: torch.Tensor, stream: tuple, dtype: torch.dtype) -> None:
+    """One training step of pipeline rank ``pp_rank`` of ``pm`` (see the module docstring);
+    ``ids``: one micro-batch of token ids [mbs, s] (also the targets); ``stream``: the local
+    shape of the residual stream between stages; ``dtype``: its dtype."""
+    m = pm.microbatches
+    pipe_stages = {s.stage_index: s for s in pm.schedule._stages}
+    modules = {s.index: s for s in pm.stages}
+    alive: dict[tuple[int, int], tuple] = {}
+    with pm._context():
+        for kind, sid, mb in torch_order(pm.schedule, pp_rank):
+            stage = modules[sid]
+            if kind == FORWARD:
+                x = ids if stage.first else ids.new_empty(stream, dtype=dtype).requires_grad_()
+                out = stage(x)
+                if stage.last:
+                    out = pm.loss_fn(out, ids)
+                alive[(sid, mb)] = (x, out)
+                continue
+            x, out = alive.pop((sid, mb))
+            grad = None if stage.last else torch.empty_like(out)
+            # the loss bare, as torch's backward_one_chunk passes it (a tuple with no gradients is skipped)
+            kwargs = {"stage_output": out if grad is None else (out,), "output_grads": None if grad is None else (grad,),
+                      "input_values": () if stage.first else (x,)}
+            pipe_stages[sid].backward_maybe_with_nosync("full", kwargs)
+            del x, out, grad, kwargs
+        for sid in sorted(pipe_stages):
+            pipe_stages[sid].perform_reduce_grad(m)
+        pm._finish_gradients()
