@@ -281,7 +281,7 @@ def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
         tracker.track_external(*pm.stages, opt)
         stream = (plan.mbs, seq // plan.tp if plan.sp and plan.tp > 1 else seq, hidden)
         dtype = torch.bfloat16 if plan.dp > 1 and plan.zero >= 2 else next(iter(pm.parameters())).dtype
-        with tracker:
+        with mp.dtensor_metadata_outside(mode), tracker:
             mp.run_step(pm, pm.coords["pp"], ids, stream, dtype)
             opt.step()
             opt.zero_grad()

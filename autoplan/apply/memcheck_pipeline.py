@@ -16,8 +16,10 @@ schedule) as follows:
 * ``B``: ``PipelineStage.backward_maybe_with_nosync`` (torch's own: FSDP's no-sync, no
   reshard) with the loss, or with a fresh output gradient shaped as the stage's output (what
   the next rank sends); the stage input and its gradient are dropped afterwards (sent);
-* after the last backward, ``PipelineStage.perform_reduce_grad(m)`` of every stage: FSDP's
-  reduce-scatter and the gradient scaling by 1/m, as the schedule's ``REDUCE_GRAD``.
+* ``REDUCE_GRAD`` (listed by single-stage schedules), and after the last backward for every
+  stage without one (multi-stage schedules add it when lowered, after the stage's last
+  backward): ``PipelineStage.perform_reduce_grad(m)``, FSDP's reduce-scatter and the gradient
+  scaling by 1/m.
 
 What torch's runtime holds besides and this run does not: the per-micro-batch receive buffers it
 allocates up front for the whole step (``_prepare_forward_infra``: m activation and m gradient
@@ -27,9 +29,35 @@ which is what this run does.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-FORWARD, BACKWARD = "F", "B"
+FORWARD, BACKWARD, REDUCE = "F", "B", "REDUCE_GRAD"
+
+
+@contextlib.contextmanager
+def dtensor_metadata_outside(mode):
+    """DTensor's sharding propagation runs each op once on fake tensors of the *global* shapes to
+    learn its output metadata, under ``detect_fake_mode()`` when one is active (torch 2.13
+    ``distributed/tensor/_sharding_prop.py``, ``_propagate_tensor_meta_non_cached``), else a fresh
+    ``FakeTensorMode``.  Inside memcheck's own fake mode (``mode``, the one the tracker was entered
+    in) those global tensors would count as this rank's memory: 16 × the local logits at a tp=8
+    vocab-parallel loss.  In an eager run they are metadata; here they get a fresh mode, which the
+    tracker skips as it skips every other propagation mode."""
+    from torch.distributed.tensor import _sharding_prop
+
+    detect = _sharding_prop.detect_fake_mode
+
+    def other_than_mode(*args, **kwargs):
+        found = detect(*args, **kwargs)
+        return None if found is mode else found
+
+    _sharding_prop.detect_fake_mode = other_than_mode
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = detect
 
 
 def step_tracker():
@@ -49,16 +77,18 @@ def step_tracker():
     return StepTracker()
 
 
-def torch_order(schedule, pp_rank: int) -> list[tuple[str, int, int]]:
-    """(F | B, virtual stage, micro-batch) of pipeline rank ``pp_rank``, in the order of
-    ``schedule.pipeline_order`` (torch's per-rank compute actions; bubbles dropped)."""
+def torch_order(schedule, pp_rank: int) -> list[tuple[str, int, int | None]]:
+    """(F | B | REDUCE_GRAD, virtual stage, micro-batch) of pipeline rank ``pp_rank``, in the
+    order of ``schedule.pipeline_order`` (torch's per-rank compute actions, bubbles dropped;
+    single-stage schedules list their gradient reduction, multi-stage ones add it when lowered)."""
     out = []
     for action in schedule.pipeline_order[pp_rank]:
         if action is None:
             continue
         kind = action.computation_type.value
-        if kind not in (FORWARD, BACKWARD):
-            raise ValueError(f"memcheck runs F and full B actions, not {kind} ({type(schedule).__name__})")
+        if kind not in (FORWARD, BACKWARD, REDUCE):
+            raise ValueError(f"memcheck runs F, full B and REDUCE_GRAD actions, not {kind} "
+                             f"({type(schedule).__name__})")
         out.append((kind, action.stage_index, action.microbatch_index))
     return out
 
@@ -67,7 +97,7 @@ def peak_in_flight(order: list[tuple[str, int, int]]) -> int:
     """The most (stage, micro-batch) forwards whose backward has not run, over ``order``."""
     alive = best = 0
     for kind, _, _ in order:
-        alive += 1 if kind == FORWARD else -1
+        alive += {FORWARD: 1, BACKWARD: -1}.get(kind, 0)
         best = max(best, alive)
     return best
 
@@ -81,8 +111,13 @@ def run_step(pm, pp_rank: int, ids: torch.Tensor, stream: tuple, dtype: torch.dt
     modules = {s.index: s for s in pm.stages}
     alive: dict[tuple[int, int], tuple] = {}
     with pm._context():
+        reduced = set()
         for kind, sid, mb in torch_order(pm.schedule, pp_rank):
             stage = modules[sid]
+            if kind == REDUCE:
+                pipe_stages[sid].perform_reduce_grad(m)
+                reduced.add(sid)
+                continue
             if kind == FORWARD:
                 x = ids if stage.first else ids.new_empty(stream, dtype=dtype).requires_grad_()
                 out = stage(x)
@@ -97,6 +132,6 @@ def run_step(pm, pp_rank: int, ids: torch.Tensor, stream: tuple, dtype: torch.dt
                       "input_values": () if stage.first else (x,)}
             pipe_stages[sid].backward_maybe_with_nosync("full", kwargs)
             del x, out, grad, kwargs
-        for sid in sorted(pipe_stages):
+        for sid in sorted(set(pipe_stages) - reduced):
             pipe_stages[sid].perform_reduce_grad(m)
         pm._finish_gradients()
