@@ -2,7 +2,7 @@
 tensors at its full world size, two training steps under torch's memory tracker.
 
 For one rank of every *rank kind* (each pipeline rank; every other coordinate gives the same
-bytes), in a fresh process: torch's fake process group (``FakeStore``) at the plan's world
+bytes; ``measured_pp_ranks`` picks five of a deep pipeline), in a fresh process: torch's fake process group (``FakeStore``) at the plan's world
 size and that rank; the model built on the meta device and re-dressed as fake fp32 CPU tensors
 (``frontend.fakes``), so nothing is allocated; ``apply`` with ``mixed_precision`` (FSDP2 with
 torchtitan's policy: fp32 sharded parameters, bf16 compute, fp32 reduction); then two steps
@@ -30,15 +30,24 @@ configs say the layer count); a ``model.py`` runs whole.  Profiling the whole-mo
 FSDP2's ``split_with_sizes_copy`` copy-out, which move real bytes (FSDP's all-gather buffers are
 ordinary CPU tensors; only the parameters are fake), per layer per micro-batch per step.
 
+Pipeline parallelism (gpipe, 1f1b, interleaved) runs one pipeline rank's own step, with no
+point-to-point traffic: its stages built by ``apply`` (the plan's stage split, DTensor TP/SP,
+FSDP2, recompute), then its forwards and full backwards in the order of torch's schedule for the
+plan (``schedule.pipeline_order``), stage inputs and output gradients fresh fake tensors
+(``memcheck_pipeline``).  torch's runtime itself cannot run under the fake process group:
+``PipelineStage`` without static ``input_args``/``output_args`` learns the shapes it receives by
+``recv_object_list`` from its peer, which the fake process group never sends; with static
+shapes the schedule still votes STATIC vs DYNAMIC over P2P (its private ``_warmup_p2p``), reading
+zeros; and ``MemTracker`` refuses a module run more than once (``experiments/RESULTS.md``).  A
+rank's stages run whole (L/pp layers; no layer extrapolation), the optimizer state comes from an
+untracked optimizer step on zero gradients and one step is tracked, inside the fake mode (FSDP's
+all-gather buffers, ordinary CPU tensors outside it, are then fake: 0.8 GB per llama3-405b layer
+at tp=8, per rank kind, in RAM otherwise).
+
 What it does not run: zero 0/1 (Megatron's fp32 gradient buffer and distributed optimizer,
 which the torch path does not reproduce: its gradients and optimizer state follow the
 parameter dtype), context and expert parallelism (their exchanges read token values), and
-pipeline parallelism: ``PipelineStage`` without static ``input_args``/``output_args`` learns
-the shapes it receives by ``recv_object_list`` from its peer, which the fake process group never
-sends; with static shapes the schedule still votes STATIC vs DYNAMIC over P2P (its private
-``_warmup_p2p``), reading zeros; and ``MemTracker`` refuses a module run more than once, while
-resetting its module stats between interleaved micro-batches breaks its backward hooks
-(``experiments/RESULTS.md`` says how each was found).  ``unsupported`` names the
+schedules that split the backward (zb-h1, zbv, dualpipev, zb-h2).  ``unsupported`` names the
 first of these a plan uses.
 """
 from __future__ import annotations

@@ -3,13 +3,17 @@
     autoplan memcheck dp=8,zero=3,mbs=2,recompute=op --model llama3-8b --cluster h100x8 \\
         --seq 8192 --global-batch 16
 
-For one rank of every rank kind (each pipeline rank), ``autoplan.apply.memcheck`` applies the
-plan with autoplan's own apply path on fake tensors under torch's fake process group at the
-plan's full world size and runs two training steps under ``MemTracker``; nothing is allocated.
+For one rank of every rank kind (each pipeline rank; ``--pp-ranks``, by default all up to pp=4,
+else the first, second, middle, last and the estimate's highest), ``autoplan.apply.memcheck``
+applies the plan with autoplan's own apply path on fake tensors under torch's fake process group
+at the plan's full world size and runs two training steps under ``MemTracker`` (pp > 1: that
+pipeline rank's own step in the order of torch's schedule, after an untracked optimizer step);
+nothing is allocated.
 Printed per rank kind and category (params, grads, optimizer, activations, other): the
 tracker's peak, the estimator's prediction and the difference.  A plan apply cannot run on fake
 tensors (see ``autoplan.apply.memcheck.unsupported``) gets its prediction and the reason.
-``--json``: {plan, skipped, rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error}]}.
+``--json``: {plan, skipped, rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error,
+in_flight: {estimate, torch} (pp > 1: the most chunk-micro-batches alive)}]}.
 """
 from __future__ import annotations
 
