@@ -55,7 +55,7 @@ def test_each_pipeline_rank_is_run_in_torchs_interleaved_order_beside_its_estima
         assert row["in_flight"] == {"estimate": in_flight, "torch": in_flight}
         for k in ("params", "optimizer"):
             assert predicted[k] == pytest.approx(measured[k], rel=0.02)
-        assert measured["activations"] > 0.3 and abs(row["error"]) < 0.12
+        assert measured["activations"] > 0.3 and abs(row["error"]) < 0.05
 
 
 def test_pp_ranks_must_name_pipeline_ranks(cli):
