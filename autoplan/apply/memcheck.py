@@ -307,14 +307,22 @@ def moments(tracker) -> dict[str, dict[str, float]]:
     """The peak by category at each moment ``measure`` aligns across cut depths: ``"peak"``
     (the step's peak, wherever it falls) and every module's forward and backward peak of the
     last micro-batch, keyed by its name with a block's index replaced by its role
-    (``layers.first``, ``layers.last``: the same moment in both cuts; middle blocks are dropped)."""
+    (``layers.first``, ``layers.last``: the same moment in both cuts; middle blocks are dropped).
+    Modules that enclose the block stack (the stage, the model) are dropped too: their peak is
+    the highest of their blocks', at a block that moves with the depth (llama3-70b tp=8: the
+    second layer's backward of the 3-layer cut, holding two layers' unsharded gradients, against
+    the first's of the 2-layer cut), so it is not one moment."""
     def one(snap: dict) -> dict[str, float]:
         return categorize(max(snap.values(), key=lambda d: d.get("Total", 0)))
 
     out = {"peak": one(tracker.get_tracker_snapshot("peak"))}
     stats = list(tracker.memory_tracking.values())
     depth = 1 + max((int(m.group(1)) for st in stats for m in [_BLOCK.search(st.mod_fqn)] if m), default=-1)
+    enclosing = {st.mod_fqn[:m.start()].rsplit(".", k)[0] for st in stats for m in [_BLOCK.search(st.mod_fqn)] if m
+                 for k in range(st.mod_fqn[:m.start()].count(".") + 1)}
     for st in stats:
+        if st.mod_fqn in enclosing:
+            continue
         name = _BLOCK.sub(lambda m: ".layers." + _block_role(int(m.group(1)), depth), st.mod_fqn)
         for state, snaps in st.snapshots.items():
             if snaps and getattr(state, "name", "").startswith("PEAK"):
