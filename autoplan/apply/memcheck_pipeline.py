@@ -13,7 +13,10 @@ schedule) as follows:
   (``[mbs, s/tp, h]`` under sp, else ``[mbs, s, h]``) in the compute dtype, requiring grad —
   what the receive buffer holds; the first stage reads token ids.  The last stage's output goes
   through the plan's loss (``loss_fn(logits, targets)``), as the schedule's ``_compute_loss``;
-* ``B``: ``PipelineStage.backward_maybe_with_nosync`` (torch's own: FSDP's no-sync, no
+* ``B`` of the stage's oldest forward not yet backwarded (every schedule run here takes a stage's
+  backwards in its forwards' order; torch 2.13's ``Schedule1F1B.pipeline_order`` numbers the last
+  rank's forwards one ahead, ``1F1, 1B0, 1F2, 1B1, …``, so its micro-batch indices are not used):
+  ``PipelineStage.backward_maybe_with_nosync`` (torch's own: FSDP's no-sync, no
   reshard) with the loss, or with a fresh output gradient shaped as the stage's output (what
   the next rank sends); the stage input and its gradient are dropped afterwards (sent);
 * ``REDUCE_GRAD`` (listed by single-stage schedules), and after the last backward for every
@@ -29,6 +32,7 @@ which is what this run does.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import torch
@@ -93,6 +97,13 @@ def torch_order(schedule, pp_rank: int) -> list[tuple[str, int, int | None]]:
     return out
 
 
+def torch_stages(schedule) -> dict:
+    """Virtual stage index → the ``PipelineStage`` of this rank the schedule runs (private in
+    torch 2.13: ``_stages`` of multi-stage schedules, ``_stage`` of single-stage ones)."""
+    stages = schedule._stages if hasattr(schedule, "_stages") else [schedule._stage]
+    return {s.stage_index: s for s in stages}
+
+
 def peak_in_flight(order: list[tuple[str, int, int]]) -> int:
     """The most (stage, micro-batch) forwards whose backward has not run, over ``order``."""
     alive = best = 0
@@ -107,12 +118,12 @@ def run_step(pm, pp_rank: int, ids: torch.Tensor, stream: tuple, dtype: torch.dt
     ``ids``: one micro-batch of token ids [mbs, s] (also the targets); ``stream``: the local
     shape of the residual stream between stages; ``dtype``: its dtype."""
     m = pm.microbatches
-    pipe_stages = {s.stage_index: s for s in pm.schedule._stages}
+    pipe_stages = torch_stages(pm.schedule)
     modules = {s.index: s for s in pm.stages}
-    alive: dict[tuple[int, int], tuple] = {}
+    alive: dict[int, collections.deque] = collections.defaultdict(collections.deque)   # stage -> (input, output)
     with pm._context():
         reduced = set()
-        for kind, sid, mb in torch_order(pm.schedule, pp_rank):
+        for kind, sid, _ in torch_order(pm.schedule, pp_rank):
             stage = modules[sid]
             if kind == REDUCE:
                 pipe_stages[sid].perform_reduce_grad(m)
@@ -123,9 +134,9 @@ def run_step(pm, pp_rank: int, ids: torch.Tensor, stream: tuple, dtype: torch.dt
                 out = stage(x)
                 if stage.last:
                     out = pm.loss_fn(out, ids)
-                alive[(sid, mb)] = (x, out)
+                alive[sid].append((x, out))
                 continue
-            x, out = alive.pop((sid, mb))
+            x, out = alive[sid].popleft()     # a stage's backwards run in its forwards' order
             grad = None if stage.last else torch.empty_like(out)
             # the loss bare, as torch's backward_one_chunk passes it (a tuple with no gradients is skipped)
             kwargs = {"stage_output": out if grad is None else (out,), "output_grads": None if grad is None else (grad,),

@@ -42,20 +42,21 @@ PP_MODEL = "llama:layers=8,hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=8192"
 
 
 @pytest.mark.slow        # two fake-world pipeline ranks, ~25 s on 2 cores
-def test_each_pipeline_rank_is_run_in_torchs_interleaved_order_beside_its_estimate(cli):
-    """pp=2 interleaved on 8 fake ranks: both pipeline ranks measured; torch's order holds the
-    chunk-micro-batches the simulator prices; model states exact; totals close."""
-    out = cli("memcheck", "tp=2,pp=2,dp=2,vpp=2,mbs=1,schedule=interleaved,recompute=none,sp=on,zero=2",
+@pytest.mark.parametrize("schedule, in_flights", [("vpp=2,schedule=interleaved", (5, 3)), ("schedule=1f1b", (2, 1))])
+def test_each_pipeline_rank_is_run_in_torchs_order_beside_its_estimate(cli, schedule, in_flights):
+    """pp=2 on 8 fake ranks: both pipeline ranks measured; torch's order holds the
+    chunk-micro-batches the simulator prices; model states exact; totals within 5 %."""
+    out = cli("memcheck", f"tp=2,pp=2,dp=2,{schedule},mbs=1,recompute=none,sp=on,zero=2",
               "--model", PP_MODEL, "--cluster", "h100x8", "--seq", "2048", "--global-batch", "8", "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["skipped"] is None and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
-    for row, in_flight in zip(d["rank_kinds"], (5, 3)):
+    for row, in_flight in zip(d["rank_kinds"], in_flights):
         measured, predicted = row["measured_gib"], row["predicted_gib"]
         assert row["in_flight"] == {"estimate": in_flight, "torch": in_flight}
         for k in ("params", "optimizer"):
             assert predicted[k] == pytest.approx(measured[k], rel=0.02)
-        assert measured["activations"] > 0.3 and abs(row["error"]) < 0.05
+        assert measured["activations"] > 0.2 and abs(row["error"]) < 0.05
 
 
 def test_pp_ranks_must_name_pipeline_ranks(cli):
