@@ -2,7 +2,7 @@
 tensors at its full world size, two training steps under torch's memory tracker.
 
 For one rank of every *rank kind* (each pipeline rank; every other coordinate gives the same
-bytes), in a fresh process: torch's fake process group (``FakeStore``) at the plan's world
+bytes; ``measured_pp_ranks`` picks five of a deep pipeline), in a fresh process: torch's fake process group (``FakeStore``) at the plan's world
 size and that rank; the model built on the meta device and re-dressed as fake fp32 CPU tensors
 (``frontend.fakes``), so nothing is allocated; ``apply`` with ``mixed_precision`` (FSDP2 with
 torchtitan's policy: fp32 sharded parameters, bf16 compute, fp32 reduction); then two steps
@@ -30,15 +30,24 @@ configs say the layer count); a ``model.py`` runs whole.  Profiling the whole-mo
 FSDP2's ``split_with_sizes_copy`` copy-out, which move real bytes (FSDP's all-gather buffers are
 ordinary CPU tensors; only the parameters are fake), per layer per micro-batch per step.
 
+Pipeline parallelism (gpipe, 1f1b, interleaved) runs one pipeline rank's own step, with no
+point-to-point traffic: its stages built by ``apply`` (the plan's stage split, DTensor TP/SP,
+FSDP2, recompute), then its forwards and full backwards in the order of torch's schedule for the
+plan (``schedule.pipeline_order``), stage inputs and output gradients fresh fake tensors
+(``memcheck_pipeline``).  torch's runtime itself cannot run under the fake process group:
+``PipelineStage`` without static ``input_args``/``output_args`` learns the shapes it receives by
+``recv_object_list`` from its peer, which the fake process group never sends; with static
+shapes the schedule still votes STATIC vs DYNAMIC over P2P (its private ``_warmup_p2p``), reading
+zeros; and ``MemTracker`` refuses a module run more than once (``experiments/RESULTS.md``).  A
+rank's stages run whole (L/pp layers; no layer extrapolation), the optimizer state comes from an
+untracked optimizer step on zero gradients and one step is tracked, inside the fake mode (FSDP's
+all-gather buffers, ordinary CPU tensors outside it, are then fake: 0.8 GB per llama3-405b layer
+at tp=8, per rank kind, in RAM otherwise).
+
 What it does not run: zero 0/1 (Megatron's fp32 gradient buffer and distributed optimizer,
 which the torch path does not reproduce: its gradients and optimizer state follow the
 parameter dtype), context and expert parallelism (their exchanges read token values), and
-pipeline parallelism: ``PipelineStage`` without static ``input_args``/``output_args`` learns
-the shapes it receives by ``recv_object_list`` from its peer, which the fake process group never
-sends; with static shapes the schedule still votes STATIC vs DYNAMIC over P2P (its private
-``_warmup_p2p``), reading zeros; and ``MemTracker`` refuses a module run more than once, while
-resetting its module stats between interleaved micro-batches breaks its backward hooks
-(``experiments/RESULTS.md`` says how each was found).  ``unsupported`` names the
+schedules that split the backward (zb-h1, zbv, dualpipev, zb-h2).  ``unsupported`` names the
 first of these a plan uses.
 """
 from __future__ import annotations
@@ -64,17 +73,21 @@ STEPS = 2
 _BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 
 
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")   # forwards and full backwards only (memcheck_pipeline)
+
+
 def unsupported(plan: Plan) -> str | None:
     """Why memcheck cannot measure ``plan`` (see the module docstring), or None."""
     if plan.zero < 2 and plan.dp > 1:
         return (f"zero={plan.zero}: Megatron's fp32 gradient buffer and distributed optimizer are not what "
                 "the torch path runs (its gradients and optimizer state follow the parameter dtype)")
     for key, why in (("cp", "context parallelism's exchange reads token positions"),
-                     ("ep", "expert parallelism routes by token values"),
-                     ("pp", "torch's PipelineStage learns the shapes it receives from its peer "
-                            "(recv_object_list of metadata the fake process group never sends)")):
+                     ("ep", "expert parallelism routes by token values")):
         if getattr(plan, key) > 1:
             return f"{key}={getattr(plan, key)}: {why}"
+    if plan.pp > 1 and plan.schedule not in PIPELINE_SCHEDULES:
+        return (f"schedule={plan.schedule}: memcheck runs a pipeline rank's forwards and full backwards "
+                f"({', '.join(PIPELINE_SCHEDULES)}), not split input/weight backwards")
     return None
 
 
@@ -83,6 +96,13 @@ def rank_kinds(plan: Plan) -> list[int]:
     mesh = Mesh.of(plan)
     return [next(g for g in range(plan.num_gpus) if mesh.coords(g)["pp"] == r
                  and all(c == 0 for a, c in mesh.coords(g).items() if a != "pp")) for r in range(plan.pp)]
+
+
+def measured_pp_ranks(pp: int, highest: int) -> list[int]:
+    """The pipeline ranks memcheck runs by default: all of them up to pp = 4, else the first,
+    the second, the one the estimate puts highest (``highest``), the middle one and the last
+    (each pipeline rank takes minutes at full scale)."""
+    return list(range(pp)) if pp <= 4 else sorted({0, 1, highest, pp // 2, pp - 1})
 
 
 def layer_counts(model: str, seq: int = 0) -> tuple[int, int, int] | None:
@@ -108,11 +128,13 @@ def _config(model: str, seq: int, layers: int | None = None):
 
 def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, timeout_s: float = 1800) -> dict:
     """Peak bytes by category of ``rank``, extrapolated from two cut models when the model's
-    layers allow (``layer_counts``; see the module docstring)."""
+    layers allow (``layer_counts``; see the module docstring).  Under pp > 1 the rank's stages
+    run whole (a rank holds L/pp layers; the step is one rank's, ``memcheck_pipeline``), and the
+    answer also carries ``in_flight``: the chunk-micro-batches torch's order holds at most."""
     counts = layer_counts(model, seq)
-    if counts is None:
-        return _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None,
-                        timeout_s=timeout_s)["peak"]
+    if counts is None or plan.pp > 1:
+        out = _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None, timeout_s=timeout_s)
+        return {**out["peak"], "in_flight": out["in_flight"]} if plan.pp > 1 else out["peak"]
     k, k1, total = counts
     a, b = (_measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=n, timeout_s=timeout_s)
             for n in (k, k1))
@@ -201,7 +223,6 @@ def _child(spec: dict) -> dict:
     """Build, apply and run two steps on fake tensors for one rank; the peak by category."""
     import torch
     import torch.distributed as dist
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from autoplan.apply.device_mesh import device_mesh
@@ -221,11 +242,16 @@ def _child(spec: dict) -> dict:
     model = fuse_rms_norms(build_on_meta(source))
     mode = new_fake_mode()
     fakeify_module(model, mode, torch.float32)
+    hidden = _hidden(model)
     pm = apply(model, plan, device_mesh(plan, "cpu"), global_batch=spec["global_batch"], seq=spec["seq"],
                mixed_precision=True)
+    del model
     opt = pm.optimizer("adamw", 1e-3)
+    if plan.pp > 1:
+        return _pipeline_child(pm, opt, mode, seq=spec["seq"], hidden=hidden)
     with mode:
         ids = torch.zeros(spec["global_batch"] // plan.dp, spec["seq"], dtype=torch.long)
+    from torch.distributed._tools.mem_tracker import MemTracker
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
     tracker.track_external(*pm.stages, opt)
     with tracker:
@@ -234,6 +260,42 @@ def _child(spec: dict) -> dict:
             opt.step()
             opt.zero_grad()
     return moments(tracker)
+
+
+def _hidden(model) -> int:
+    """The residual stream's width: the token embedding's row size (``nn.Embedding``)."""
+    from torch import nn
+
+    return next(m.embedding_dim for m in model.modules() if isinstance(m, nn.Embedding))
+
+
+def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
+    """pp > 1: the optimizer state made by an untracked step on zero gradients (what a first step
+    leaves), then one step of this pipeline rank in torch's order (``memcheck_pipeline``) under
+    the tracker, entered inside the fake mode so that FSDP's all-gather buffers are fake too
+    (outside it they are real CPU tensors: 0.8 GB per llama3-405b layer at tp=8).  Returns the
+    peak by category and the chunk-micro-batches torch's order holds at most."""
+    import torch
+
+    from autoplan.apply import memcheck_pipeline as mp
+
+    plan = pm.plan
+    with mode:
+        for p in pm.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad()
+        ids = torch.zeros(plan.mbs, seq, dtype=torch.long)
+        tracker = mp.step_tracker()
+        tracker.track_external(*pm.stages, opt)
+        stream = (plan.mbs, seq // plan.tp if plan.sp and plan.tp > 1 else seq, hidden)
+        dtype = torch.bfloat16 if plan.dp > 1 and plan.zero >= 2 else next(iter(pm.parameters())).dtype
+        with mp.dtensor_metadata_outside(mode), tracker:
+            mp.run_step(pm, pm.coords["pp"], ids, stream, dtype)
+            opt.step()
+            opt.zero_grad()
+    peak = categorize(max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d.get("Total", 0)))
+    return {"peak": peak, "in_flight": mp.peak_in_flight(mp.torch_order(pm.schedule, pm.coords["pp"]))}
 
 
 def _block_role(index: int, depth: int) -> str:
@@ -245,14 +307,22 @@ def moments(tracker) -> dict[str, dict[str, float]]:
     """The peak by category at each moment ``measure`` aligns across cut depths: ``"peak"``
     (the step's peak, wherever it falls) and every module's forward and backward peak of the
     last micro-batch, keyed by its name with a block's index replaced by its role
-    (``layers.first``, ``layers.last``: the same moment in both cuts; middle blocks are dropped)."""
+    (``layers.first``, ``layers.last``: the same moment in both cuts; middle blocks are dropped).
+    Modules that enclose the block stack (the stage, the model) are dropped too: their peak is
+    the highest of their blocks', at a block that moves with the depth (llama3-70b tp=8: the
+    second layer's backward of the 3-layer cut, holding two layers' unsharded gradients, against
+    the first's of the 2-layer cut), so it is not one moment."""
     def one(snap: dict) -> dict[str, float]:
         return categorize(max(snap.values(), key=lambda d: d.get("Total", 0)))
 
     out = {"peak": one(tracker.get_tracker_snapshot("peak"))}
     stats = list(tracker.memory_tracking.values())
     depth = 1 + max((int(m.group(1)) for st in stats for m in [_BLOCK.search(st.mod_fqn)] if m), default=-1)
+    enclosing = {st.mod_fqn[:m.start()].rsplit(".", k)[0] for st in stats for m in [_BLOCK.search(st.mod_fqn)] if m
+                 for k in range(st.mod_fqn[:m.start()].count(".") + 1)}
     for st in stats:
+        if st.mod_fqn in enclosing:
+            continue
         name = _BLOCK.sub(lambda m: ".layers." + _block_role(int(m.group(1)), depth), st.mod_fqn)
         for state, snaps in st.snapshots.items():
             if snaps and getattr(state, "name", "").startswith("PEAK"):

@@ -3,13 +3,17 @@
     autoplan memcheck dp=8,zero=3,mbs=2,recompute=op --model llama3-8b --cluster h100x8 \\
         --seq 8192 --global-batch 16
 
-For one rank of every rank kind (each pipeline rank), ``autoplan.apply.memcheck`` applies the
-plan with autoplan's own apply path on fake tensors under torch's fake process group at the
-plan's full world size and runs two training steps under ``MemTracker``; nothing is allocated.
+For one rank of every rank kind (each pipeline rank; ``--pp-ranks``, by default all up to pp=4,
+else the first, second, middle, last and the estimate's highest), ``autoplan.apply.memcheck``
+applies the plan with autoplan's own apply path on fake tensors under torch's fake process group
+at the plan's full world size and runs two training steps under ``MemTracker`` (pp > 1: that
+pipeline rank's own step in the order of torch's schedule, after an untracked optimizer step);
+nothing is allocated.
 Printed per rank kind and category (params, grads, optimizer, activations, other): the
 tracker's peak, the estimator's prediction and the difference.  A plan apply cannot run on fake
 tensors (see ``autoplan.apply.memcheck.unsupported``) gets its prediction and the reason.
-``--json``: {plan, skipped, rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error}]}.
+``--json``: {plan, skipped, rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error,
+in_flight: {estimate, torch} (pp > 1: the most chunk-micro-batches alive)}]}.
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
     p.add_argument("--global-batch", type=int, default=DEFAULT_GLOBAL_BATCH,
                    help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH})")
+    p.add_argument("--pp-ranks", metavar="LIST", default=None,
+                   help="pipeline ranks to run, comma-separated (default: all up to pp=4, else the first, second, "
+                        "middle, last and the one the estimate puts highest)")
     add_margin_arg(p)
     p.add_argument("--json", action="store_true", help="print the comparison as JSON (sorted keys)")
     p.set_defaults(func=run)
@@ -49,15 +56,21 @@ def run(args: argparse.Namespace) -> int:
     margin = memory_margin(args, cluster.gpu.hbm_bytes)
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
-    est = w.estimator(EstimateOptions(memory_margin_gib=margin)).estimate(plan, args.global_batch, detail=False)
+    estimator = w.estimator(EstimateOptions(memory_margin_gib=margin))
+    est = estimator.estimate(plan, args.global_batch, detail=False)
+    by_rank = estimator.memory_by_rank(plan, args.global_batch)
     skipped = unsupported(plan)
+    chosen = _pp_ranks(args.pp_ranks, plan.pp, max(range(plan.pp), key=lambda r: by_rank[r].total))
     kinds = []
     for pp_rank, rank in enumerate(rank_kinds(plan)):
-        predicted = dict(est.memory_breakdown_gib) if plan.pp == 1 else {}
-        predicted["total"] = est.memory_per_stage_gib[pp_rank]
-        row = {"pp_rank": pp_rank, "rank": rank, "predicted_gib": predicted, "measured_gib": None, "error": None}
-        if skipped is None:
+        mem = by_rank[pp_rank]
+        predicted = {**{k: v / GIB for k, v in mem.breakdown().items()}, "total": mem.total / GIB}
+        row = {"pp_rank": pp_rank, "rank": rank, "predicted_gib": predicted, "measured_gib": None, "error": None,
+               "in_flight": {"estimate": sum(n for _, n in mem.alive), "torch": None} if plan.pp > 1 else None}
+        if skipped is None and pp_rank in chosen:
             got = measure(args.model, plan, seq=args.seq, global_batch=args.global_batch, rank=rank)
+            if plan.pp > 1:
+                row["in_flight"]["torch"] = got.pop("in_flight")
             row["measured_gib"] = {k: v / GIB for k, v in got.items()}
             row["error"] = predicted["total"] / row["measured_gib"]["total"] - 1.0
         kinds.append(row)
@@ -70,10 +83,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(w, cluster, args, result: dict) -> None:
-    from rich import box
-    from rich.table import Table
+def _pp_ranks(text: str | None, pp: int, highest: int) -> set[int]:
+    """The pipeline ranks to measure: ``--pp-ranks`` or ``measured_pp_ranks``."""
+    from autoplan.apply.memcheck import measured_pp_ranks
+    from autoplan.errors import UserError
 
+    if text is None:
+        return set(measured_pp_ranks(pp, highest))
+    try:
+        ranks = {int(x) for x in text.split(",")}
+    except ValueError:
+        ranks = {-1}
+    if not ranks or min(ranks) < 0 or max(ranks) >= pp:
+        raise UserError(f"--pp-ranks {text!r} is not a comma-separated list of pipeline ranks 0..{pp - 1}",
+                        f"e.g. --pp-ranks 0,{pp - 1}")
+    return ranks
+
+
+def _print(w, cluster, args, result: dict) -> None:
     from autoplan.commands.common import wide_console
 
     console = wide_console()
@@ -81,20 +108,39 @@ def _print(w, cluster, args, result: dict) -> None:
                   f"[bold cyan]{result['plan']}[/bold cyan]")
     if result["skipped"]:
         console.print(f"[yellow]not measured[/yellow]: apply cannot run this plan on fake tensors: {result['skipped']}")
-    for row in result["rank_kinds"]:
-        table = Table(box=box.SIMPLE_HEAD, title=f"pipeline rank {row['pp_rank']} (global rank {row['rank']}), GiB")
-        for col in ("category", "tracker peak", "estimate", "difference"):
-            table.add_column(col, justify="left" if col == "category" else "right")
-        measured, predicted = row["measured_gib"], row["predicted_gib"]
-        for cat in (*CATEGORIES, "total"):
-            if cat not in predicted and not measured:
-                continue
-            got = measured.get(cat) if measured else None
-            want = predicted.get(cat)
-            diff = f"{want - got:+.2f}" if got is not None and want is not None else ""
-            table.add_row(cat, f"{got:.2f}" if got is not None else "-", f"{want:.2f}" if want is not None else "-",
-                          diff)
-        console.print(table)
+    rows = result["rank_kinds"]
+    for row in rows:
+        if row["measured_gib"] is None and len(rows) > 1 and not result["skipped"]:
+            continue
+        console.print(_rank_table(row))
         if row["error"] is not None:
+            steps = "one step after an optimizer step" if len(rows) > 1 else "two steps"
             console.print(f"estimate / tracker − 1 = {row['error']:+.1%} (tracker: allocations of one rank on fake "
-                          f"tensors, two steps; limit {result['memory_limit_gib']:.1f} GiB)")
+                          f"tensors, {steps}; limit {result['memory_limit_gib']:.1f} GiB)")
+        if row["in_flight"] and row["in_flight"]["torch"] is not None:
+            console.print(f"chunk-micro-batches in flight at most: torch's order {row['in_flight']['torch']}, "
+                          f"the estimate's peak {row['in_flight']['estimate']}")
+    rest = [r for r in rows if r["measured_gib"] is None]
+    if rest and len(rest) < len(rows):
+        console.print("estimate only (not run; --pp-ranks): " + ", ".join(
+            f"rank {r['pp_rank']} {r['predicted_gib']['total']:.1f}" for r in rest) + " GiB")
+    if len(rows) > 1 and len(rest) < len(rows):
+        console.print("pp > 1: each pipeline rank's own step in the order of torch's schedule (pipeline_order), "
+                      "stages whole (no layer extrapolation), stage inputs and output gradients fresh fake tensors")
+
+
+def _rank_table(row: dict):
+    """One pipeline rank's tracker peak beside the estimate, by category."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, title=f"pipeline rank {row['pp_rank']} (global rank {row['rank']}), GiB")
+    for col in ("category", "tracker peak", "estimate", "difference"):
+        table.add_column(col, justify="left" if col == "category" else "right")
+    measured, predicted = row["measured_gib"], row["predicted_gib"]
+    for cat in (*CATEGORIES, "total"):
+        got = measured.get(cat) if measured else None
+        want = predicted.get(cat)
+        diff = f"{want - got:+.2f}" if got is not None and want is not None else ""
+        table.add_row(cat, f"{got:.2f}" if got is not None else "-", f"{want:.2f}" if want is not None else "-", diff)
+    return table

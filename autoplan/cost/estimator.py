@@ -115,12 +115,7 @@ class Estimator:
     def estimate(self, plan: Plan, global_batch: int, *, detail: bool = True) -> Estimate:
         """Price ``plan``.  ``detail=False`` (the search's inner loop) skips what only the report
         needs: the exposed share of stage-to-stage P2P (a second simulation) and the primitives."""
-        self.check(plan, global_batch)
-        mesh = Mesh.of(plan)
-        m = plan.microbatches(global_batch)
-        bags = pp.stage_bags(plan, self.model.order, self.model.num_layers,
-                             lambda kind, rc: self.part(kind, plan, rc, mesh))
-        pipe = pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.sample_positions, self.hidden, detail=detail)
+        mesh, m, pipe = self._pipeline(plan, global_batch, detail)
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
         pol = fsdp.policy(self.options, plan)
         mems = self.rank_memories(plan, mesh, pipe, m, pol)
@@ -140,6 +135,22 @@ class Estimator:
                                   embed_bytes, embed_s) if detail else []
         return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step, max(dp_exposed), embed_s,
                               optimizer_s)
+
+    def _pipeline(self, plan: Plan, global_batch: int, detail: bool) -> tuple[Mesh, int, pp.Pipeline]:
+        """(mesh, micro-batches, priced pipeline) of a checked ``plan``."""
+        self.check(plan, global_batch)
+        mesh = Mesh.of(plan)
+        m = plan.microbatches(global_batch)
+        bags = pp.stage_bags(plan, self.model.order, self.model.num_layers,
+                             lambda kind, rc: self.part(kind, plan, rc, mesh))
+        return mesh, m, pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.sample_positions, self.hidden,
+                                          detail=detail)
+
+    def memory_by_rank(self, plan: Plan, global_batch: int) -> list[memory.RankMemory]:
+        """The memory of every pipeline rank as ``estimate`` prices it (``autoplan memcheck``
+        compares each rank's ``breakdown()`` and ``alive`` with torch's)."""
+        mesh, m, pipe = self._pipeline(plan, global_batch, detail=False)
+        return self.rank_memories(plan, mesh, pipe, m)
 
     def _zero3_exposed(self, plan: Plan, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
                        dp_ranks, edp_ranks) -> float | None:

@@ -55,6 +55,11 @@ from costmodels.pipeline.live import LivePeak
 # The loss backward's extra buffers per logit element beyond the saved fp32 log-softmax output:
 # the NLL gradient and the log-softmax gradient, both fp32 (F.cross_entropy on fp32 logits).
 LOSS_GRAD_BYTES = 4 * 2
+# The same under tp > 1, vocabulary-parallel through DTensor's ``loss_parallel`` (apply's
+# ``vocab_parallel_cross_entropy``): its NLL backward builds the gradient as a zeroed fp32 shard
+# plus the masked update, one fp32 [b·s, V/tp] buffer more (MemTracker, torch 2.13: 3·4 bytes per
+# local logit at tp = 2 and 8, against 2·4 for plain F.cross_entropy at tp = 1).
+VOCAB_PARALLEL_LOSS_GRAD_BYTES = 4 * 3
 # FSDP staging per parameter of one unit: its bf16 unsharded gradient and the fp32 copy the
 # reduce-scatter reads (FSDP2 reduce_dtype fp32).
 GRAD_STAGING_BYTES = PARAM_BYTES + MASTER_BYTES
@@ -87,8 +92,10 @@ def usable_bytes(hbm_bytes: float, margin_gib: float) -> float:
 
 
 def loss_bytes(plan: Plan, seq_len: int, vocab: int) -> float:
-    """The last stage's loss buffers beyond its saved bytes: ``b·(s/cp)·V/tp·LOSS_GRAD_BYTES``."""
-    return plan.mbs * seq_len / plan.cp * vocab / plan.tp * LOSS_GRAD_BYTES
+    """The last stage's loss buffers beyond its saved bytes: ``b·(s/cp)·V/tp·LOSS_GRAD_BYTES``
+    (``VOCAB_PARALLEL_LOSS_GRAD_BYTES`` when tp > 1)."""
+    per_logit = VOCAB_PARALLEL_LOSS_GRAD_BYTES if plan.tp > 1 else LOSS_GRAD_BYTES
+    return plan.mbs * seq_len / plan.cp * vocab / plan.tp * per_logit
 
 
 def fsdp_staging_bytes(plan: Plan, block: float, root: float, pol: Policy) -> float:

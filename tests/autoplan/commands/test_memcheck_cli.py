@@ -33,9 +33,42 @@ def test_fsdp_estimate_within_5_percent_of_the_tracker(cli, plan):
 def test_a_plan_apply_cannot_run_on_fake_tensors_is_reported_not_measured(cli):
     out = memcheck(cli, "tp=2,pp=2,dp=2,zero=1")
     assert "not measured" in out.stdout and "zero=1" in out.stdout
-    d = json.loads(memcheck(cli, "tp=2,pp=2,dp=2,zero=2", "--json").stdout)
-    assert d["skipped"].startswith("pp=2") and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
+    d = json.loads(memcheck(cli, "tp=2,pp=2,dp=2,zero=2,schedule=zbv", "--json").stdout)
+    assert d["skipped"].startswith("schedule=zbv") and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
     assert all(r["measured_gib"] is None and r["predicted_gib"]["total"] > 0 for r in d["rank_kinds"])
+
+
+PP_MODEL = "llama:layers=8,hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=8192"
+
+
+@pytest.mark.slow        # two fake-world pipeline ranks, ~25 s on 2 cores
+@pytest.mark.parametrize("schedule, in_flights", [("vpp=2,schedule=interleaved", (5, 3)), ("schedule=1f1b", (2, 1))])
+def test_each_pipeline_rank_is_run_in_torchs_order_beside_its_estimate(cli, schedule, in_flights):
+    """pp=2 on 8 fake ranks: both pipeline ranks measured; torch's order holds the
+    chunk-micro-batches the simulator prices; model states exact; totals within 5 %."""
+    out = cli("memcheck", f"tp=2,pp=2,dp=2,{schedule},mbs=1,recompute=none,sp=on,zero=2",
+              "--model", PP_MODEL, "--cluster", "h100x8", "--seq", "2048", "--global-batch", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["skipped"] is None and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
+    for row, in_flight in zip(d["rank_kinds"], in_flights):
+        measured, predicted = row["measured_gib"], row["predicted_gib"]
+        assert row["in_flight"] == {"estimate": in_flight, "torch": in_flight}
+        for k in ("params", "optimizer"):
+            assert predicted[k] == pytest.approx(measured[k], rel=0.02)
+        assert measured["activations"] > 0.2 and abs(row["error"]) < 0.05
+
+
+def test_pp_ranks_must_name_pipeline_ranks(cli):
+    out = cli("memcheck", "tp=2,pp=2,dp=2,zero=2", "--model", MODEL, "--cluster", "h100x8", "--pp-ranks", "0,2")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "--pp-ranks" in out.stderr
+
+
+def test_the_pipeline_ranks_measured_by_default():
+    from autoplan.apply.memcheck import measured_pp_ranks
+    assert measured_pp_ranks(2, 1) == [0, 1]
+    assert measured_pp_ranks(16, 1) == [0, 1, 8, 15]
+    assert measured_pp_ranks(16, 3) == [0, 1, 3, 8, 15]
 
 
 def test_bad_plan_is_one_message(cli):

@@ -132,6 +132,8 @@ def test_loss_buffers_on_the_last_stage_only(setup):
     _, _, est = setup(LLAMA, "h100x8", seq=SEQ)
     plan = Plan.parse("pp=2,dp=4,mbs=1,zero=1")
     assert memory.loss_bytes(plan, SEQ, V) == SEQ * V * 8
+    # vocabulary-parallel (DTensor loss_parallel): one fp32 buffer more per local logit
+    assert memory.loss_bytes(Plan.parse("tp=2,pp=2,dp=2,mbs=1,zero=1"), SEQ, V) == SEQ * V / 2 * 12
     e = est.estimate(plan, 8)
     assert len(e.memory_per_stage_gib) == 2
 

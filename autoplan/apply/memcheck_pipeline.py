@@ -1,0 +1,148 @@
+"""One pipeline rank's training step run locally, in the order torch's schedule runs it, for
+``autoplan memcheck`` at pp > 1 (no point-to-point traffic).
+
+torch's pipelining runtime cannot run under the fake process group (``autoplan.apply.memcheck``
+says why), and needs no peer to decide what one rank holds: its memory is set by its own
+stages, its own order of forwards and backwards and what each keeps.  So the step of one
+pipeline rank is run from the schedule ``apply`` built (torch's class for the plan's
+schedule) as follows:
+
+* the order is the schedule's own per-rank action list (``schedule.pipeline_order[r]``:
+  ``F`` forward, ``B`` full backward of (stage, micro-batch); ``torch_order``);
+* ``F`` of a stage that receives its input: a fresh tensor of the residual stream's local shape
+  (``[mbs, s/tp, h]`` under sp, else ``[mbs, s, h]``) in the compute dtype, requiring grad —
+  what the receive buffer holds; the first stage reads token ids.  The last stage's output goes
+  through the plan's loss (``loss_fn(logits, targets)``), as the schedule's ``_compute_loss``;
+* ``B`` of the stage's oldest forward not yet backwarded (every schedule run here takes a stage's
+  backwards in its forwards' order; torch 2.13's ``Schedule1F1B.pipeline_order`` numbers the last
+  rank's forwards one ahead, ``1F1, 1B0, 1F2, 1B1, …``, so its micro-batch indices are not used):
+  ``PipelineStage.backward_maybe_with_nosync`` (torch's own: FSDP's no-sync, no
+  reshard) with the loss, or with a fresh output gradient shaped as the stage's output (what
+  the next rank sends); the stage input and its gradient are dropped afterwards (sent);
+* ``REDUCE_GRAD`` (listed by single-stage schedules), and after the last backward for every
+  stage without one (multi-stage schedules add it when lowered, after the stage's last
+  backward): ``PipelineStage.perform_reduce_grad(m)``, FSDP's reduce-scatter and the gradient
+  scaling by 1/m.
+
+What torch's runtime holds besides and this run does not: the per-micro-batch receive buffers it
+allocates up front for the whole step (``_prepare_forward_infra``: m activation and m gradient
+buffers per stage, kept with their ``.grad`` until the next step's ``clear_runtime_states``).
+Megatron-Core allocates a receive buffer per communication and frees it with its micro-batch,
+which is what this run does.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+
+import torch
+
+FORWARD, BACKWARD, REDUCE = "F", "B", "REDUCE_GRAD"
+
+
+@contextlib.contextmanager
+def dtensor_metadata_outside(mode):
+    """DTensor's sharding propagation runs each op once on fake tensors of the *global* shapes to
+    learn its output metadata, under ``detect_fake_mode()`` when one is active (torch 2.13
+    ``distributed/tensor/_sharding_prop.py``, ``_propagate_tensor_meta_non_cached``), else a fresh
+    ``FakeTensorMode``.  Inside memcheck's own fake mode (``mode``, the one the tracker was entered
+    in) those global tensors would count as this rank's memory: 16 × the local logits at a tp=8
+    vocab-parallel loss.  In an eager run they are metadata; here they get a fresh mode, which the
+    tracker skips as it skips every other propagation mode."""
+    from torch.distributed.tensor import _sharding_prop
+
+    detect = _sharding_prop.detect_fake_mode
+
+    def other_than_mode(*args, **kwargs):
+        found = detect(*args, **kwargs)
+        return None if found is mode else found
+
+    _sharding_prop.detect_fake_mode = other_than_mode
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = detect
+
+
+def step_tracker():
+    """torch's ``MemTracker`` for a step in which a module's forward runs again before its
+    earlier backward (micro-batches in flight): a later forward of a module already seen keeps
+    the stats of its first (``MemTracker._pre_fw_hook`` refuses a root module's second call, and
+    ``reset_mod_stats`` between micro-batches loses the stats the pending backwards' hooks read).
+    Peaks and categories are unchanged: those come from its dispatch mode, not its module hooks."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs):
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                return
+            super()._pre_fw_hook(module, inputs)
+
+    return StepTracker()
+
+
+def torch_order(schedule, pp_rank: int) -> list[tuple[str, int, int | None]]:
+    """(F | B | REDUCE_GRAD, virtual stage, micro-batch) of pipeline rank ``pp_rank``, in the
+    order of ``schedule.pipeline_order`` (torch's per-rank compute actions, bubbles dropped;
+    single-stage schedules list their gradient reduction, multi-stage ones add it when lowered)."""
+    out = []
+    for action in schedule.pipeline_order[pp_rank]:
+        if action is None:
+            continue
+        kind = action.computation_type.value
+        if kind not in (FORWARD, BACKWARD, REDUCE):
+            raise ValueError(f"memcheck runs F, full B and REDUCE_GRAD actions, not {kind} "
+                             f"({type(schedule).__name__})")
+        out.append((kind, action.stage_index, action.microbatch_index))
+    return out
+
+
+def torch_stages(schedule) -> dict:
+    """Virtual stage index → the ``PipelineStage`` of this rank the schedule runs (private in
+    torch 2.13: ``_stages`` of multi-stage schedules, ``_stage`` of single-stage ones)."""
+    stages = schedule._stages if hasattr(schedule, "_stages") else [schedule._stage]
+    return {s.stage_index: s for s in stages}
+
+
+def peak_in_flight(order: list[tuple[str, int, int]]) -> int:
+    """The most (stage, micro-batch) forwards whose backward has not run, over ``order``."""
+    alive = best = 0
+    for kind, _, _ in order:
+        alive += {FORWARD: 1, BACKWARD: -1}.get(kind, 0)
+        best = max(best, alive)
+    return best
+
+
+def run_step(pm, pp_rank: int, ids: torch.Tensor, stream: tuple, dtype: torch.dtype) -> None:
+    """One training step of pipeline rank ``pp_rank`` of ``pm`` (see the module docstring);
+    ``ids``: one micro-batch of token ids [mbs, s] (also the targets); ``stream``: the local
+    shape of the residual stream between stages; ``dtype``: its dtype."""
+    m = pm.microbatches
+    pipe_stages = torch_stages(pm.schedule)
+    modules = {s.index: s for s in pm.stages}
+    alive: dict[int, collections.deque] = collections.defaultdict(collections.deque)   # stage -> (input, output)
+    with pm._context():
+        reduced = set()
+        for kind, sid, _ in torch_order(pm.schedule, pp_rank):
+            stage = modules[sid]
+            if kind == REDUCE:
+                pipe_stages[sid].perform_reduce_grad(m)
+                reduced.add(sid)
+                continue
+            if kind == FORWARD:
+                x = ids if stage.first else ids.new_empty(stream, dtype=dtype).requires_grad_()
+                out = stage(x)
+                if stage.last:
+                    out = pm.loss_fn(out, ids)
+                alive[sid].append((x, out))
+                continue
+            x, out = alive[sid].popleft()     # a stage's backwards run in its forwards' order
+            grad = None if stage.last else torch.empty_like(out)
+            # the loss bare, as torch's backward_one_chunk passes it (a tuple with no gradients is skipped)
+            kwargs = {"stage_output": out if grad is None else (out,), "output_grads": None if grad is None else (grad,),
+                      "input_values": () if stage.first else (x,)}
+            pipe_stages[sid].backward_maybe_with_nosync("full", kwargs)
+            del x, out, grad, kwargs
+        for sid in sorted(set(pipe_stages) - reduced):
+            pipe_stages[sid].perform_reduce_grad(m)
+        pm._finish_gradients()
