@@ -34,6 +34,8 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
 from autoplan.cost.bounds import Floor, plan_floor, step_lower_bound
@@ -95,7 +97,10 @@ def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float,
     that carries the embedding or the head sheds at most that many layers to balance it, and
     no other chunk moves further from even than the layers shed.  Measured with ``layer_work``:
     a 256K-vocabulary head on a hidden-2304 model (Gemma-2-2B's shape) is 6.7 layers, Llama 3
-    8B's 2.3, Llama 3 405B's 0.6, GPT-3 175B's 0.3."""
+    8B's 2.3, Llama 3 405B's 0.6, GPT-3 175B's 0.3.
+
+    Per layers-used count the DP keeps the least (max rank load, cuts), lexicographic; one
+    numpy pass per chunk over every (state, chunk size)."""
     n, chunks = len(layer_work), len(rank_of_chunk)
     if slack is None:
         lightest = min(layer_work) if layer_work else 0.0
@@ -103,31 +108,42 @@ def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float,
     prefix = [0.0]
     for w in layer_work:
         prefix.append(prefix[-1] + w)
+    prefix = np.array(prefix)
     even = n / chunks
     lo, hi = max(1, int(even) - slack), int(even) + 1 + slack
-    ranks = max(rank_of_chunk) + 1
-    # state: layers used -> (max rank load, cuts, rank loads); keep the best by (max load, cuts)
-    # for each count (the max is kept incrementally: a chunk only adds work to one rank)
-    states: dict[int, tuple[float, tuple[int, ...], tuple[float, ...]]] = {0: (0.0, (), (0.0,) * ranks)}
+    ks = np.arange(lo, hi + 1)
+    # states (one per layers used so far, ascending): the best (max rank load, cuts) reaching it,
+    # its rank loads, and ``order``, the rank of its cuts among the states' (lexicographic)
+    used, peak, order = np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64)
+    loads = np.zeros((1, max(rank_of_chunk) + 1))
+    back = []                          # per chunk: each state's parent state and its layers
     for c in range(chunks):
-        nxt: dict[int, tuple[float, tuple[int, ...], tuple[float, ...]]] = {}
-        remaining = chunks - c - 1
-        rank = rank_of_chunk[c]
+        remaining, rank = chunks - c - 1, rank_of_chunk[c]
         first, last = (pre if c == 0 else 0.0), (post if c == chunks - 1 else 0.0)
-        for used, (peak, cuts, loads) in states.items():
-            for k in range(lo, hi + 1):
-                end = used + k
-                if end > n or (remaining and n - end < remaining) or (not remaining and end != n):
-                    continue
-                load = loads[rank] + (prefix[end] - prefix[used] + first + last)
-                key = (max(peak, load), cuts + (k,))
-                held = nxt.get(end)
-                if held is None or key < held[:2]:
-                    nxt[end] = (key[0], key[1], loads[:rank] + (load,) + loads[rank + 1:])
-        states = nxt
-    if n not in states:
+        ends = used[:, None] + ks[None, :]
+        si, ki = np.nonzero(ends <= n - remaining if remaining else ends == n)
+        e = ends[si, ki]
+        load = loads[si, rank] + (prefix[e] - prefix[used[si]] + first + last)
+        p = np.maximum(peak[si], load)
+        # per end the least (peak, cuts): cuts of distinct parents differ before the new chunk,
+        # so their order is the parents' order
+        idx = np.lexsort((order[si], p, e))
+        keep = idx[np.r_[True, e[idx][1:] != e[idx][:-1]]] if len(idx) else idx
+        parent, k = si[keep], ks[ki[keep]]
+        used, peak, loads = e[keep], p[keep], loads[parent]
+        loads[:, rank] = load[keep]
+        by_cuts = np.lexsort((k, order[parent]))
+        order = np.empty_like(by_cuts)
+        order[by_cuts] = np.arange(len(by_cuts))
+        back.append((parent, k))
+    at = np.flatnonzero(used == n)
+    if not len(at):
         raise ValueError(f"no cut of {n} layers into {chunks} stages within ±{slack} of even")
-    return states[n][1]
+    i, cuts = int(at[0]), []
+    for parent, k in reversed(back):
+        cuts.append(int(k[i]))
+        i = int(parent[i])
+    return tuple(reversed(cuts))
 
 
 SCREEN_SCHEDULES = ("1f1b", "zb-h1", "zbv", "interleaved")
@@ -247,21 +263,22 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     estimate are ``_best_recompute_priced``'s (the reference path, ``REUSE`` off)."""
     if not REUSE:
         return _best_recompute_priced(est, plan, global_batch, to_beat)
-    floors = {}
-    for policy in RECOMPUTE:
+    floors: dict[str, Floor] = {}
+    choice: list[str | None] = [None] * plan.pp
+    hbm = est.usable_bytes / GIB
+    for policy in RECOMPUTE:           # weakest first; a policy no rank still needs is not floored
         try:
             floors[policy] = _floor(est, plan.replace(recompute=(policy,)), global_batch)
-        except UserError:
+        except UserError:              # the plan's validity does not depend on its uniform policy
             return None, float("inf"), 0
         if policy == "none" and floors[policy].fits:
             return (_estimate(est, plan, global_batch), plan), 0.0, 1
-    hbm = est.usable_bytes / GIB
-    choice = []
-    for rank in range(plan.pp):
-        fitting = [p for p in RECOMPUTE if floors[p].memory_per_stage_gib[rank] <= hbm]
-        if not fitting:
-            return None, floors["full"].memory_per_stage_gib[rank] - hbm, 0
-        choice.append(fitting[0])
+        per_stage = floors[policy].memory_per_stage_gib
+        choice = [c if c is not None or per_stage[r] > hbm else policy for r, c in enumerate(choice)]
+        if None not in choice:
+            break
+    if None in choice:
+        return None, floors["full"].memory_per_stage_gib[choice.index(None)] - hbm, 0
     mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
     floor = floors[choice[0]] if len(set(choice)) == 1 else _floor(est, mixed, global_batch)
     if not floor.fits:

@@ -64,12 +64,16 @@ def build_problem(prep: Prepared, ctx: ShardingContext) -> ilp.IlpProblem:
 
 
 def _unit_costs(g: OpGraph, strategies: list[dict[str, Strategy]], ctx: ShardingContext, price: float):
-    """(objective seconds, memory bytes) of each strategy of one unit."""
+    """(objective seconds, memory bytes) of each strategy of one unit.  Unit strategies that
+    share a member's strategy (followers of leaders with one output layout) price it once."""
     costs, mems = [], []
+    priced: dict[tuple[str, Strategy], object] = {}
     for us in strategies:
         sec = mem = state = 0.0
         for name, s in us.items():
-            c = node_cost(g, g.node(name), s, ctx)
+            c = priced.get((name, s))
+            if c is None:
+                c = priced[(name, s)] = node_cost(g, g.node(name), s, ctx)
             sec += c.seconds * c.runs
             sec += sum(x.seconds for x in c.intrinsic)
             mem += c.saved_bytes

@@ -1,6 +1,7 @@
 """The stage search's shortcuts (the plan floor, estimate memo) and the pipeline's steady-state
 extrapolation change no result: the same top-K JSON as the reference path, with fewer plans priced."""
 import json
+import math
 
 import pytest
 
@@ -68,3 +69,76 @@ def test_bounds_are_below_every_recompute_policy():
             assert bound >= (0.99 if tight else 0.75) * none.step_time_s, (plan, bound)
             checked += 1
     assert checked >= 30
+
+
+def _dict_dp_cuts(layer_work, pre, post, rank_of_chunk, slack):
+    """``balanced_cuts``'s DP written plainly (a dict of states per chunk, as it was before it
+    was vectorised): the reference the numpy pass must reproduce cut for cut."""
+    n, chunks = len(layer_work), len(rank_of_chunk)
+    prefix = [0.0]
+    for w in layer_work:
+        prefix.append(prefix[-1] + w)
+    even = n / chunks
+    lo, hi = max(1, int(even) - slack), int(even) + 1 + slack
+    states = {0: (0.0, (), (0.0,) * (max(rank_of_chunk) + 1))}
+    for c in range(chunks):
+        nxt = {}
+        remaining, rank = chunks - c - 1, rank_of_chunk[c]
+        first, last = (pre if c == 0 else 0.0), (post if c == chunks - 1 else 0.0)
+        for used, (peak, cuts, loads) in states.items():
+            for k in range(lo, hi + 1):
+                end = used + k
+                if end > n or (remaining and n - end < remaining) or (not remaining and end != n):
+                    continue
+                load = loads[rank] + (prefix[end] - prefix[used] + first + last)
+                key = (max(peak, load), cuts + (k,))
+                if end not in nxt or key < nxt[end][:2]:
+                    nxt[end] = (key[0], key[1], loads[:rank] + (load,) + loads[rank + 1:])
+        states = nxt
+    return states[n][1] if n in states else None
+
+
+def test_balanced_cuts_is_the_dict_dp():
+    """Random layer works (some all equal: ties everywhere), one or several chunks per rank,
+    default and tight slacks: the same cuts as the plain DP, or both find none."""
+    import random
+    rng = random.Random(3)
+    checked = 0
+    for trial in range(300):
+        layers, pp = rng.randint(2, 40), rng.randint(1, 8)
+        vpp = rng.choice((1, 1, 2, 3))
+        if pp * vpp > layers:
+            continue
+        work = [1.0] * layers if trial % 3 == 0 else [rng.uniform(0.5, 1.5) for _ in range(layers)]
+        pre, post = rng.uniform(0, 3), rng.uniform(0, 5)
+        ranks = tuple((c % pp) if trial % 2 else min(c, 2 * pp - 1 - c) % pp for c in range(pp * vpp))
+        slack = rng.choice((None, 0, 1, 2))
+        want = _dict_dp_cuts(work, pre, post, ranks,
+                             slack if slack is not None else 1 + math.ceil(max(pre, post) / min(work)))
+        try:
+            got = stages.balanced_cuts.__wrapped__(tuple(work), pre, post, ranks, slack)
+        except ValueError:
+            got = None
+        assert got == want, (work, pre, post, ranks, slack)
+        checked += got is not None
+    assert checked > 150
+
+
+def test_least_recompute_is_the_priced_choice():
+    """``_best_recompute`` floors a policy only while some rank still needs it: on meshes where
+    memory binds it picks the plan, per-stage policies and shortfall that pricing every uniform
+    policy picks (``_best_recompute_priced``, the reference path)."""
+    spec, seq, cluster_name, batch, _ = CASES["long-32k-32xh100"]
+    model, cluster = trace(spec, seq=seq), topologies.load(cluster_name)
+    est = Estimator(model, cluster)
+    meshes, _ = enumerate_meshes(model.model, model.num_layers, cluster, seq=seq, global_batch=batch)
+    outcomes = set()
+    for mesh in [x for x in meshes if x.zero == 1 and (batch // x.dp) % 8 == 0]:
+        plan = mesh.plan(mbs=8, schedule="1f1b", vpp=1, recompute=("none",))
+        new, new_short, _ = stages._best_recompute(est, plan, batch)
+        old, old_short, _ = stages._best_recompute_priced(est, plan, batch)
+        assert (new is None) == (old is None) and new_short == pytest.approx(old_short, rel=1e-12)
+        if new is not None:
+            assert new[1] == old[1] and new[0].step_time_s == old[0].step_time_s
+        outcomes.add("no fit" if new is None else "mixed" if len(set(new[1].recompute)) > 1 else new[1].recompute[0])
+    assert {"no fit", "mixed", "none"} <= outcomes, outcomes      # memory binds on some stages, not on others
