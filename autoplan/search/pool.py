@@ -35,11 +35,12 @@ pool byte for byte.
 from __future__ import annotations
 
 from autoplan.cost import Estimator
-from autoplan.cost.bounds import plan_floor
+from autoplan.cost.bounds import step_lower_bound
 from autoplan.errors import UserError
 from autoplan.plan import Plan
 from autoplan.search.space import MeshChoice
 from autoplan.search.stages import MeshResult, best_plan, schedule_variants
+from autoplan.search.stages import _floor as stage_floor
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
 POOL_VARIANTS = 6          # searched variants per mesh the robust objectives choose among
@@ -68,7 +69,7 @@ def hedge(est: Estimator, plan: Plan, global_batch: int, options, reach: float) 
     found: MeshResult | None = None
     for tier in tiers:
         to_beat = reach if found is None else min(reach, found.estimate.step_time_s)
-        if _floor(est, mesh, plan.mbs, global_batch, tier, options.max_vpp) > to_beat:
+        if not _could_beat(est, mesh, plan.mbs, global_batch, tier, options.max_vpp, to_beat):
             continue
         out = best_plan(est, mesh, global_batch, mbs_choices=(plan.mbs,), schedules=tier,
                         max_vpp=options.max_vpp, threshold=to_beat)
@@ -78,19 +79,24 @@ def hedge(est: Estimator, plan: Plan, global_batch: int, options, reach: float) 
     return found
 
 
-def _floor(est: Estimator, mesh: MeshChoice, mbs: int, global_batch: int, schedules: tuple[str, ...],
-           max_vpp: int) -> float:
-    """The least step floor of ``mesh`` over ``schedules`` at micro-batch size ``mbs`` (inf where
-    none runs)."""
+def _could_beat(est: Estimator, mesh: MeshChoice, mbs: int, global_batch: int, schedules: tuple[str, ...],
+                max_vpp: int, to_beat: float) -> bool:
+    """Whether a plan of ``mesh`` under ``schedules`` at micro-batch size ``mbs`` may take at most
+    ``to_beat`` seconds: some plan runs, the mesh's bound without bubble (``step_lower_bound``)
+    allows it, and so does some plan's step floor (``stages``' memoised ``plan_floor``, which
+    ``best_plan`` reads again)."""
     m = global_batch // mesh.dp // mbs
-    floors = [float("inf")]
-    for schedule, vpp in schedule_variants(mesh.pp, m, est.model.num_layers, schedules=schedules, max_vpp=max_vpp):
+    variants = schedule_variants(mesh.pp, m, est.model.num_layers, schedules=schedules, max_vpp=max_vpp)
+    base = mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",))
+    if not variants or step_lower_bound(est, base, global_batch) > to_beat:
+        return False
+    for schedule, vpp in variants:
         try:
-            floors.append(plan_floor(est, mesh.plan(mbs=mbs, schedule=schedule, vpp=vpp, recompute=("none",)),
-                                     global_batch).step_s)
+            if stage_floor(est, base.replace(schedule=schedule, vpp=vpp), global_batch).step_s <= to_beat:
+                return True
         except UserError:
             continue
-    return min(floors)
+    return False
 
 
 def robust_pool(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshResult], global_batch: int,
