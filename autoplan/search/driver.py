@@ -18,9 +18,10 @@ Three nested searches, each exact for the cost model it is given:
    caches are shared) in bound order, a batch at a time.
 
 Top-K returns distinct meshes (tp, cp, ep, pp, dp): the best plan of each.  With bands on
-(``samples`` > 0) the best ``pool_size`` meshes by point step time are priced on the run's
-paired samples of the uncertain parameters and ranked by ``objective`` (``robust``); ties are
-broken by the plan string, so the same inputs give the same output byte for byte.
+(``samples`` > 0) the robust pool (``pool``: the best ``pool_size`` meshes' variants and schedule
+hedges) is priced on the run's paired samples of the uncertain parameters and ranked by
+``objective`` (``robust``); ties are broken by the plan string, so the same inputs give the same
+output byte for byte.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from autoplan.layout import Layout
 from costmodels.memory import GIB
 from autoplan.plan import SCHEDULES, Plan
 from autoplan.search import robust
+from autoplan.search.pool import robust_pool
 from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
 from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
 from autoplan.search.stages import MeshResult, best_plan
@@ -191,21 +193,15 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
 
 def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshResult], global_batch: int,
             options: SearchOptions):
-    """The top-K candidates: by point step time, or (bands on) by the objective over the pool:
-    every variant (ZeRO stage, SP, CP algorithm, order) searched of the ``pool_size`` best meshes,
-    up to ``POOL_VARIANTS`` per mesh, the fastest by point first, ``POOL_PLANS`` plans in all.
+    """The top-K candidates: by point step time, or (bands on) by the objective over the pool
+    (``pool.robust_pool``: the best meshes' searched variants and schedule hedges).
     Returns (the candidates, the pool with its bands; empty without bands)."""
     moe = bool(est.info.experts)
     if options.samples == 0:
         return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), evidence=flags(r.plan, r.estimate, moe=moe))
                      for r in ranked[:options.top_k]), ()
-    pool = ranked[:options.top_k]
-    if options.objective != "point":
-        meshes = [r.mesh.key for r in ranked[:options.pool_size]]
-        by_mesh: dict[tuple, list[MeshResult]] = {}
-        for v in sorted(variants.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string())):
-            by_mesh.setdefault(v.mesh.key, []).append(v)
-        pool = [v for key in meshes for v in by_mesh[key][:POOL_VARIANTS]][:POOL_PLANS]
+    pool = ranked[:options.top_k] if options.objective == "point" else \
+        robust_pool(est, ranked, variants, global_batch, options)
     sampler = Sampler(est, options.samples, options.seed)
     bands = _bands(sampler, pool, global_batch, options.workers or os.cpu_count() or 1)
     priced = tuple(Candidate(r.plan, r.estimate, band=band) for r, band in zip(pool, bands))
@@ -222,26 +218,33 @@ def rank_pool(pool: tuple[Candidate, ...], objective: str, top_k: int) -> list[t
 
 
 def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers: int) -> list[Band]:
-    """``sampler.band`` of every pooled plan, the samples split over ``workers`` forked processes
-    (sample i in worker i mod workers, so each sample's estimator and its caches live in one
-    process); a sample's step does not depend on which plans it priced before, so the bands are
-    the ones ``sampler.band`` gives one by one."""
+    """``sampler.band`` of every pooled plan.  The parent prices sample 0 of every plan, then the
+    other samples are split over ``workers`` forked processes (sample i in worker (i − 1) mod
+    workers, so each sample's estimator and its caches live in one process): what sample 0
+    builds once — the sample estimators, the layouts' symbolic prices, each schedule's compiled
+    structure — the workers inherit instead of each building it again.  A sample's step does not
+    depend on which plans it priced before, so the bands are the ones ``sampler.band`` gives one
+    by one."""
     n = len(sampler.params)
-    workers = min(workers, n)
+    workers = min(workers, n - 1)
     global _WORKER_SAMPLER
     _WORKER_SAMPLER = sampler
-    procs = _pool(sampler.base, workers) if workers > 1 and len(pool) > 1 else None
-    if procs is None:
+    if workers < 2 or len(pool) < 2:
         return [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
     plans = [r.plan for r in pool]
+    shares = [range(1 + w, n, workers) for w in range(workers)]
+    first = _sample_steps((range(1), plans, global_batch))
+    procs = _pool(sampler.base, workers)
+    if procs is None:
+        return [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
     try:
-        parts = procs.map(_sample_steps, [(range(w, n, workers), plans, global_batch) for w in range(workers)])
+        parts = procs.map(_sample_steps, [(share, plans, global_batch) for share in shares])
     finally:
         procs.close()
         procs.join()
     steps = [[0.0] * n for _ in pool]
-    for w, part in enumerate(parts):
-        for i, row in zip(range(w, n, workers), part):
+    for share, part in zip([range(1)] + shares, [first] + parts):
+        for i, row in zip(share, part):
             for k, step in enumerate(row):
                 steps[k][i] = step
     return [Band(tuple(steps[k]), r.estimate.step_time_s, r.estimate.mfu) for k, r in enumerate(pool)]
@@ -464,8 +467,6 @@ def _kth_best(results: dict, k: int) -> float:
 
 _WORKER_ESTIMATOR: Estimator | None = None
 _WORKER_SAMPLER: Sampler | None = None
-POOL_VARIANTS = 6          # searched variants per mesh the robust objectives choose among
-POOL_PLANS = 40            # plans in the robust pool (each priced once per sample)
 
 
 def _evaluate(args) -> list[MeshResult]:

@@ -24,6 +24,6 @@ def test_bands_split_samples_across_workers_and_put_them_back_in_order():
     result = search(model, cluster, global_batch=64, options=SearchOptions(samples=5, workers=1, top_k=2))
     pool = list(result.candidates)                      # what _bands reads: .plan and .estimate
     sampler = Sampler(driver.Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True), 5, 0)
-    forked = driver._bands(sampler, pool, 64, workers=3)        # 5 samples over 3 workers: 0,3 | 1,4 | 2
+    forked = driver._bands(sampler, pool, 64, workers=3)        # 0 in the parent, then 1,4 | 2 | 3
     alone = [sampler.band(r.plan, 64, r.estimate) for r in pool]
     assert forked == alone
