@@ -1,7 +1,6 @@
 """The host's launch floor per phase (``cost.parts.host_bound``): the host issues one launch per
 ``host_floor_s`` while the GPU runs the queue, so a phase lasts max(GPU + exposed tp, N · floor)."""
 import pytest
-import yaml
 
 from autoplan.cost import EstimateOptions, Estimator
 from autoplan.cost.parts import host_bound
@@ -38,15 +37,10 @@ def test_gpu_bound_phase_keeps_its_gpu_seconds():
     assert host_bound(0.0, _sharding(), _tp(), 2e-3) == (1e-3, 2e-3, 1e-3)
 
 
-def test_a_host_bound_micro_batch_costs_the_same_whatever_its_size(traced, tmp_path):
+def test_a_host_bound_micro_batch_costs_the_same_whatever_its_size(traced, profile_with):
     import topologies
-    from costmodels.compute import PROFILE_DIR
-    with open(f"{PROFILE_DIR}/a100.yaml") as f:
-        data = yaml.safe_load(f)
-    data.update(host_floor_s=1e-3, name="slow-host")           # 1 ms per launch: host-bound
-    path = tmp_path / "slow-host.yaml"
-    path.write_text(yaml.safe_dump(data))
-    est = Estimator(traced(MODEL, seq=256), topologies.load("a100x8"), EstimateOptions(profile=str(path)))
+    path, _ = profile_with("a100", host_floor_s=1e-3, name="slow-host")     # 1 ms per launch: host-bound
+    est = Estimator(traced(MODEL, seq=256), topologies.load("a100x8"), EstimateOptions(profile=path))
     one = est.estimate(Plan.parse("tp=1,dp=8,mbs=1", num_gpus=8), 32)    # 4 micro-batches of 1
     two = est.estimate(Plan.parse("tp=1,dp=8,mbs=2", num_gpus=8), 64)    # 4 micro-batches of 2
     assert one.time_breakdown_s["compute"] == pytest.approx(two.time_breakdown_s["compute"])

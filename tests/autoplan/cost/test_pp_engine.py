@@ -1,12 +1,10 @@
 """The pipeline engine's host time per send/receive instruction (``cost.pp.engine_instructions``,
 profile ``p2p_host_s``: DeepSpeed's PipelineEngine)."""
 import pytest
-import yaml
 
 from autoplan.cost import EstimateOptions, Estimator
 from autoplan.cost.pp import engine_instructions
 from autoplan.plan import Plan
-from costmodels.compute import PROFILE_DIR
 
 MODEL = "gpt:layers=4,hidden=512,heads=16,vocab=1024,max_seq=512,attention=eager"
 
@@ -19,19 +17,15 @@ def test_each_stage_pays_once_per_boundary_in_forward_and_in_backward():
     assert engine_instructions([1.0, 1.0], [2.0, 2.0], 0.0) == ([1.0, 1.0], [2.0, 2.0])
 
 
-def _estimator(traced, tmp_path, host_s: float):
+def _estimator(traced, profile_with, host_s: float):
     import topologies
-    with open(f"{PROFILE_DIR}/a100-megatron-deepspeed.yaml") as f:
-        data = yaml.safe_load(f)
-    data["p2p_host_s"] = host_s
-    path = tmp_path / f"engine-{host_s}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return Estimator(traced(MODEL, seq=512), topologies.load("a100x8"), EstimateOptions(profile=str(path)))
+    path, _ = profile_with("a100-megatron-deepspeed", p2p_host_s=host_s)
+    return Estimator(traced(MODEL, seq=512), topologies.load("a100x8"), EstimateOptions(profile=path))
 
 
-def test_a_two_stage_pipeline_pays_it_on_every_micro_batch(traced, tmp_path):
+def test_a_two_stage_pipeline_pays_it_on_every_micro_batch(traced, profile_with):
     host_s = 1e-3
-    with_engine, without = _estimator(traced, tmp_path, host_s), _estimator(traced, tmp_path, 0.0)
+    with_engine, without = _estimator(traced, profile_with, host_s), _estimator(traced, profile_with, 0.0)
     pipe = Plan.parse("tp=1,pp=2,dp=4,mbs=1", num_gpus=8)
     m = 8                                        # global batch 32 over dp 4 at mbs 1
     extra = with_engine.estimate(pipe, 32).step_time_s - without.estimate(pipe, 32).step_time_s

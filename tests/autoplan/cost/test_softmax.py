@@ -1,12 +1,10 @@
 """Megatron's fused scale-mask-softmax and its fp32 fallback (``cost.softmax``), on a stack whose
 profile says it runs Megatron's kernel (``softmax_kernel: megatron``)."""
 import pytest
-import yaml
 
 from autoplan.cost import EstimateOptions, Estimator
 from autoplan.cost.softmax import FALLBACK_KERNELS, fused_kernel_available
 from autoplan.plan import Plan
-from costmodels.compute import PROFILE_DIR
 
 MODEL = "gpt:layers=2,hidden=512,heads=16,vocab=1024,max_seq=1024,attention=eager"
 
@@ -23,19 +21,15 @@ def test_the_fused_kernel_exists_for_megatrons_shapes_only():
     assert fused_kernel_available(8, 128, 128)
 
 
-def _estimator(traced, tmp_path, kernel: str):
-    with open(f"{PROFILE_DIR}/a100-megatron-deepspeed.yaml") as f:
-        data = yaml.safe_load(f)
-    data["softmax_kernel"] = kernel
-    path = tmp_path / f"stack-{kernel or 'none'}.yaml"
-    path.write_text(yaml.safe_dump(data))
+def _estimator(traced, profile_with, kernel: str):
     import topologies
-    return Estimator(traced(MODEL, seq=1024), topologies.load("a100x8"), EstimateOptions(profile=str(path))), data
+    path, data = profile_with("a100-megatron-deepspeed", softmax_kernel=kernel)
+    return Estimator(traced(MODEL, seq=1024), topologies.load("a100x8"), EstimateOptions(profile=path)), data
 
 
-def test_the_fallback_costs_three_host_launches_each_way_per_layer(traced, tmp_path):
-    megatron, data = _estimator(traced, tmp_path, "megatron")
-    plain, _ = _estimator(traced, tmp_path, "")
+def test_the_fallback_costs_three_host_launches_each_way_per_layer(traced, profile_with):
+    megatron, data = _estimator(traced, profile_with, "megatron")
+    plain, _ = _estimator(traced, profile_with, "")
     # tp 8, mbs 1: 16 heads / 8 x 1 = 2 attention batches -> the fp32 fallback; the layer is
     # host-bound on this stack, so each of its two phases grows by 3 launches x the host floor
     fallback = Plan.parse("tp=8,mbs=1", num_gpus=8)
