@@ -40,7 +40,7 @@ from autoplan.errors import UserError
 from autoplan.plan import Plan
 from autoplan.search.space import MeshChoice
 from autoplan.search.stages import MeshResult, best_plan, schedule_variants
-from autoplan.search.stages import _floor as stage_floor
+from autoplan.search.stages import memoised_floor as stage_floor
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
 POOL_VARIANTS = 6          # searched variants per mesh the robust objectives choose among

@@ -205,7 +205,7 @@ def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tup
     return out
 
 
-def _floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
+def memoised_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
     recompute policies ask for the same plans); a UserError is remembered and raised again."""
     return _memoised(est, ("floor", plan, global_batch), lambda: plan_floor(est, plan, global_batch))
@@ -217,7 +217,7 @@ def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tu
     out = []
     for i, plan in enumerate(plans):
         try:
-            floor = _floor(est, plan, global_batch)
+            floor = memoised_floor(est, plan, global_batch)
             out.append((floor.step_s, i, floor.fits, plan))
         except UserError:
             out.append((float("inf"), i, False, plan))
@@ -268,7 +268,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     hbm = est.usable_bytes / GIB
     for policy in RECOMPUTE:           # weakest first; a policy no rank still needs is not floored
         try:
-            floors[policy] = _floor(est, plan.replace(recompute=(policy,)), global_batch)
+            floors[policy] = memoised_floor(est, plan.replace(recompute=(policy,)), global_batch)
         except UserError:              # the plan's validity does not depend on its uniform policy
             return None, float("inf"), 0
         if policy == "none" and floors[policy].fits:
@@ -280,7 +280,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     if None in choice:
         return None, floors["full"].memory_per_stage_gib[choice.index(None)] - hbm, 0
     mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
-    floor = floors[choice[0]] if len(set(choice)) == 1 else _floor(est, mixed, global_batch)
+    floor = floors[choice[0]] if len(set(choice)) == 1 else memoised_floor(est, mixed, global_batch)
     if not floor.fits:
         return None, floor.memory_gib - hbm, 0
     if floor.step_s > to_beat:
