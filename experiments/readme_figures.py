@@ -136,8 +136,8 @@ def validation(cores: int) -> str:
 
     errors = [abs(err) for _, e, err, _ in vp.price_rows() if e is not None]
     _, h100_mean = vp.held_out_h100()
-    nemotron = [(n, e.step_time_s / published - 1)
-                for (_, n, _, _, _, published, _), (e, _) in zip(vp.NEMOTRON_RUNS, vp.nemotron_estimates())]
+    nemotron = [(run.gpus, e.step_time_s / run.published_s - 1)
+                for run, (e, _) in zip(vp.NEMOTRON_RUNS, vp.nemotron_estimates())]
     held = " and ".join(f"{pct(err)} ({n:,} H100)" for n, err in nemotron)
     return _fill(
         f"The cost model reproduces {len(errors)} published Megatron runs (SC21 Table 1, Korthikanti Table 5) with "

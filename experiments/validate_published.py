@@ -159,11 +159,25 @@ def held_out_h100() -> tuple[str, float]:
 
 
 NEMOTRON_340B = "llama:layers=96,hidden=18432,heads=96,kv_heads=8,ffn=73728,vocab=256000,mlp=relu2,norm=layernorm"
-NEMOTRON_RUNS = [  # source, GPUs, global batch, plan (published knobs), vpp choices when unpublished, published s,
-    # the public regime row of the same run, whose published engine settings (RUN_SETTINGS) it is priced with
-    ("NGC DGXC benchmark 24.11 (BF16, TP8 PP8 VP12 MBS1)", 128, 32, "tp=8,pp=8,mbs=1", (12,), 4.77,
-     "ngc-nemotron4-340b-128"),
-    ("Nemotron-4 340B report, Table 2 (TP8 PP12 DP64)", 6144, 2304, "tp=8,pp=12,mbs=1", (1, 2, 4, 8), 8.0, None),
+@dataclass(frozen=True)
+class NemotronRun:
+    """A published Nemotron-4 340B run: ``knobs`` the published plan fields, ``vpps`` the vpp
+    choices when unpublished, ``ident`` the public regime row of the same run (its published
+    engine settings, RUN_SETTINGS, price it) or None."""
+    source: str
+    gpus: int
+    global_batch: int
+    knobs: str
+    vpps: tuple[int, ...]
+    published_s: float
+    ident: str | None
+
+
+NEMOTRON_RUNS = [
+    NemotronRun("NGC DGXC benchmark 24.11 (BF16, TP8 PP8 VP12 MBS1)", 128, 32, "tp=8,pp=8,mbs=1", (12,), 4.77,
+                "ngc-nemotron4-340b-128"),
+    NemotronRun("Nemotron-4 340B report, Table 2 (TP8 PP12 DP64)", 6144, 2304, "tp=8,pp=12,mbs=1", (1, 2, 4, 8),
+                8.0, None),
 ]
 
 
@@ -174,7 +188,8 @@ def held_out_nemotron() -> str:
     required, because the memory model is what is being checked too."""
     lines = ["| source | GPUs | batch | published s | predicted s | error | predicted MFU | memory GiB (fits?) | plan |",
              "|" + "---|" * 9]
-    for (source, n, b, _, _, published, _), (e, plan) in zip(NEMOTRON_RUNS, nemotron_estimates()):
+    for run, (e, plan) in zip(NEMOTRON_RUNS, nemotron_estimates()):
+        source, n, b, published = run.source, run.gpus, run.global_batch, run.published_s
         lines.append(f"| {source} | {n} | {b} | {published:.2f} | {e.step_time_s:.2f} | "
                      f"{e.step_time_s / published - 1:+.1%} | {e.mfu:.1%} | {e.memory_gib:.1f} "
                      f"({'yes' if e.fits else 'no'}) | vpp={plan.vpp}, {plan.recompute[0]} |")
@@ -186,15 +201,16 @@ def nemotron_estimates() -> list:
     """(Estimate, Plan) of each of ``NEMOTRON_RUNS``: the fastest of the unpublished knobs."""
     model = trace(NEMOTRON_340B, seq=4096)
     out = []
-    for source, n, b, knobs, vpps, published, ident in NEMOTRON_RUNS:
-        options = pr.run_options(ident, EstimateOptions()) if ident else EstimateOptions()
-        est = Estimator(model, topologies.load(f"h100x{n}"), options)
+    for run in NEMOTRON_RUNS:
+        options = pr.run_options(run.ident, EstimateOptions()) if run.ident else EstimateOptions()
+        est = Estimator(model, topologies.load(f"h100x{run.gpus}"), options)
         best = None
-        for vpp in vpps:
+        for vpp in run.vpps:
             for rc in ("none", "selective"):
                 schedule = "interleaved" if vpp > 1 else "1f1b"
-                plan = Plan.parse(f"{knobs},vpp={vpp},schedule={schedule},recompute={rc},zero=1", num_gpus=n)
-                e = est.estimate(plan, b, detail=False)
+                plan = Plan.parse(f"{run.knobs},vpp={vpp},schedule={schedule},recompute={rc},zero=1",
+                                  num_gpus=run.gpus)
+                e = est.estimate(plan, run.global_batch, detail=False)
                 if best is None or e.step_time_s < best[0].step_time_s:
                     best = (e, plan)
         out.append(best)
