@@ -16,6 +16,8 @@ forward + backward (Korthikanti/Megatron: no recompute, full s² attention); HFU
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
 from autoplan.cost import dp, fsdp, memory, pp, report
 from autoplan.cost.comms import Comms
@@ -116,25 +118,43 @@ class Estimator:
         """Price ``plan``.  ``detail=False`` (the search's inner loop) skips what only the report
         needs: the exposed share of stage-to-stage P2P (a second simulation) and the primitives."""
         mesh, m, pipe = self._pipeline(plan, global_batch, detail)
-        dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
         pol = fsdp.policy(self.options, plan)
         mems = self.rank_memories(plan, mesh, pipe, m, pol)
-        dp_colls = [dp.dp_comms(self.comms, plan, mem.dense_numel, mem.expert_numel, dp_ranks, edp_ranks, m, pol,
-                                self.options.grad_reduce_bytes) for mem in mems]
+        step = self._step(plan, mesh, m, pipe, pol, [(x.dense_numel, x.expert_numel) for x in mems])
+        busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
+        prims = report.primitives(self.comms, plan, mesh, m, pipe, busy, step.dp_colls[busy], step.dp_exposed[busy],
+                                  step.embed_bytes, step.embed_s) if detail else []
+        return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step.step_s,
+                              max(step.dp_exposed), step.embed_s, step.optimizer_s)
+
+    def step_time_s(self, plan: Plan, global_batch: int) -> float:
+        """``estimate(plan, global_batch, detail=False).step_time_s`` without what the step does not
+        read (the activation peaks, MFU, the report): what a band prices once per sample.  Equal to
+        the estimate's step to the bit (the same ``_step`` on the same per-rank parameter counts)."""
+        mesh, m, pipe = self._pipeline(plan, global_batch, detail=False)
+        pol = fsdp.policy(self.options, plan)
+        return self._step(plan, mesh, m, pipe, pol, [memory.rank_numels(pipe, r) for r in range(plan.pp)]).step_s
+
+    def _step(self, plan: Plan, mesh: Mesh, m: int, pipe: pp.Pipeline, pol: fsdp.Policy,
+              numels: list[tuple[float, float]]) -> "_Step":
+        """Step = makespan + the slowest rank's exposed DP traffic + tied-embedding sync + optimizer,
+        from each pipeline rank's (dense, expert) parameter count."""
+        dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
+        by_numels = {n: dp.dp_comms(self.comms, plan, n[0], n[1], dp_ranks, edp_ranks, m, pol,
+                                    self.options.grad_reduce_bytes) for n in dict.fromkeys(numels)}
+        dp_colls = [by_numels[n] for n in numels]
+        zero3: dict = {}
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
                                     first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
-                                    zero3_exposed=self._zero3_exposed(plan, pipe, r, pol, m, dp_ranks, edp_ranks),
+                                    zero3_exposed=self._zero3_exposed(plan, pipe, r, pol, m, dp_ranks, edp_ranks,
+                                                                      zero3),
                                     hide=self.options.params.dp_overlap)
                       for r, c in enumerate(dp_colls)]
         embed_bytes, embed_s = self.embedding_sync(plan, mesh)
-        optimizer_s = self.optimizer_seconds(plan, mesh, mems)
+        optimizer_s = dp.optimizer_seconds(self.comms, max(d + e for d, e in numels), plan, len(mesh.group(DENSE_DP)))
         step = pipe.step_s + max(dp_exposed) + embed_s + optimizer_s
-        busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
-        prims = report.primitives(self.comms, plan, mesh, m, pipe, busy, dp_colls[busy], dp_exposed[busy],
-                                  embed_bytes, embed_s) if detail else []
-        return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step, max(dp_exposed), embed_s,
-                              optimizer_s)
+        return _Step(step, dp_colls, dp_exposed, embed_bytes, embed_s, optimizer_s)
 
     def _pipeline(self, plan: Plan, global_batch: int, detail: bool) -> tuple[Mesh, int, pp.Pipeline]:
         """(mesh, micro-batches, priced pipeline) of a checked ``plan``."""
@@ -153,16 +173,23 @@ class Estimator:
         return self.rank_memories(plan, mesh, pipe, m)
 
     def _zero3_exposed(self, plan: Plan, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
-                       dp_ranks, edp_ranks) -> float | None:
+                       dp_ranks, edp_ranks, memo: dict | None = None) -> float | None:
         """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-2/3 (``fsdp``), None otherwise.
-        Per-layer collectives share the links when the dense dp group lies inside one NVLink domain."""
+        Per-layer collectives share the links when the dense dp group lies inside one NVLink domain.
+        ``memo`` (one dict per plan): ranks whose chunks hold the same parts at the same ends share it."""
         if plan.zero < 2:
             return None
-        shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
         last = len(pipe.bags) - 1
+        key = tuple((tuple((id(p), n) for p, n in pipe.bags[c]), c == 0, c == last) for c in pipe.rank_chunks[rank])
+        if memo is not None and key in memo:
+            return memo[key]
+        shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
         chunks = [fsdp.chunk_units(self.comms, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared,
                                    self.options.grad_reduce_bytes) for c in pipe.rank_chunks[rank]]
-        return fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
+        out = fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
+        if memo is not None:
+            memo[key] = out
+        return out
 
     def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int,
                       pol: fsdp.Policy | None = None) -> list[memory.RankMemory]:
@@ -234,6 +261,18 @@ class Estimator:
             attention_time_share=attention / block_compute if block_compute else 0.0,
             attention_flops_share=self._attention_flops_per_sample * plan.mbs / all_flops if all_flops else 0.0,
             microbatches=m, stage_times_s=tuple(zip(pipe.f, pipe.b, pipe.w)), ilp_gap=self.layouts.max_gap)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A step's time and the per-rank DP pieces the report reads (``Estimator._step``)."""
+
+    step_s: float
+    dp_colls: list
+    dp_exposed: list[float]
+    embed_bytes: float
+    embed_s: float
+    optimizer_s: float
 
 
 def estimate(model: BlockGraph, cluster: Cluster, plan: Plan, *, global_batch: int,

@@ -109,7 +109,7 @@ class Sampler:
 
     def band(self, plan: Plan, global_batch: int, point: Estimate) -> Band:
         """``plan`` on every sample; ``point`` is its point estimate."""
-        steps = tuple(e.estimate(plan, global_batch, detail=False).step_time_s for e in self.estimators())
+        steps = tuple(e.step_time_s(plan, global_batch) for e in self.estimators())
         return Band(steps, point.step_time_s, point.mfu)
 
 

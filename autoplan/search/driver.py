@@ -254,7 +254,7 @@ def _sample_steps(args) -> list[list[float]]:
     """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``)."""
     samples, plans, global_batch = args
     estimators = _WORKER_SAMPLER.estimators()
-    return [[estimators[i].estimate(p, global_batch, detail=False).step_time_s for p in plans] for i in samples]
+    return [[estimators[i].step_time_s(p, global_batch) for p in plans] for i in samples]
 
 
 def _mesh_sort_key(mesh: MeshChoice):

@@ -162,3 +162,26 @@ def test_1f1b_with_fewer_microbatches_than_stages_prices_as_gpipe(setup):
     assert one_f.microbatches == 2
     assert one_f.step_time_s == pytest.approx(gpipe.step_time_s, rel=1e-9)
     assert one_f.bubble_fraction > 0.5
+
+
+MOE = "moe:layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2048,vocab=32000,experts=8,topk=2,moe_ffn=1024"
+
+
+@pytest.mark.parametrize("model,plan", [
+    (MODEL, "tp=2,pp=4,dp=2,vpp=2,schedule=interleaved,zero=1"),
+    (MODEL, "tp=1,pp=2,dp=8,vpp=2,schedule=zbv,zero=2"),
+    (MODEL, "tp=2,pp=2,dp=4,schedule=1f1b,zero=3,recompute=full"),
+    (MODEL, "tp=1,pp=1,dp=16,zero=3"),
+    (MOE, "tp=2,pp=2,dp=4,ep=2,schedule=1f1b,zero=2"),
+])
+def test_step_only_pricing_equals_the_estimates_step_to_the_bit_on_every_sample(setup, model, plan):
+    """A band prices each sample with ``step_time_s``, which skips the activation peaks and the
+    report; it must give the very float ``estimate`` gives, at the point and on every sample
+    (each sample moves the overlap, efficiency and network parameters the step reads)."""
+    from autoplan.cost.uncertainty import Sampler
+
+    _, _, estimator = setup(model, "h100x16")
+    p = Plan.parse(plan)
+    for e in [estimator] + Sampler(estimator, 6, seed=1).estimators():
+        assert e.step_time_s(p, 64) == e.estimate(p, 64, detail=False).step_time_s
+    assert estimator.step_time_s(p, 64) == estimator.estimate(p, 64).step_time_s
