@@ -26,6 +26,18 @@ def add_margin_arg(p: argparse.ArgumentParser) -> None:
                         f"allocator fragmentation (default {DEFAULT_MARGIN_GIB:g}); fits = peak ≤ HBM − margin")
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """How the engine runs what the cost model cannot see in the trace (``EstimateOptions``'
+    ``fsdp_grad_sync`` and ``kernels``): shared by estimate and search."""
+    p.add_argument("--fsdp-grad-sync", choices=("microbatch", "step"), default=None,
+                   help="ZeRO-2/3: reduce-scatter gradients every micro-batch (sharded fp32 accumulation) or once "
+                        "per step (unsharded fp32 accumulation under no-sync); default: microbatch at pp=1, "
+                        "step under PP, as FSDP2 under torch pipelining")
+    p.add_argument("--kernels", choices=("eager", "megatron-core"), default="eager",
+                   help="the engine's kernels where they keep other activations than the traced eager ops: "
+                        "megatron-core's fused SwiGLU keeps only its input (default: eager)")
+
+
 def memory_margin(args: argparse.Namespace, hbm_bytes: float) -> float:
     """The --memory-margin value, checked: 0 ≤ margin < HBM (UserError otherwise)."""
     from autoplan.errors import UserError

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoplan.commands.common import add_band_args, add_margin_arg, add_workload_args
+from autoplan.commands.common import add_band_args, add_engine_args, add_margin_arg, add_workload_args
 
 MAX_FSDP_PREFETCH = 64
 
@@ -42,13 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="ZeRO-3: FSDP units gathered ahead of the one computing (default 1, FSDP2's implicit prefetch)")
     p.add_argument("--fsdp-reshard", choices=("on", "off"), default=None,
                    help="ZeRO-3: reshard parameters after forward (default: on at pp=1, off under PP, as torchtitan)")
-    p.add_argument("--fsdp-grad-sync", choices=("microbatch", "step"), default=None,
-                   help="ZeRO-2/3: reduce-scatter gradients every micro-batch (sharded fp32 accumulation) or once "
-                        "per step (unsharded fp32 accumulation under no-sync); default: microbatch at pp=1, "
-                        "step under PP, as FSDP2 under torch pipelining")
-    p.add_argument("--kernels", choices=("eager", "megatron-core"), default="eager",
-                   help="the engine's kernels where they keep other activations than the traced eager ops: "
-                        "megatron-core's fused SwiGLU keeps only its input (default: eager)")
+    add_engine_args(p)
     add_margin_arg(p)
     add_band_args(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from autoplan.commands.common import add_band_args, add_margin_arg, add_workload_args
+from autoplan.commands.common import add_band_args, add_engine_args, add_margin_arg, add_workload_args
 from autoplan.bands import DEFAULT_OBJECTIVE, OBJECTIVES
 from autoplan.errors import UserError
 
@@ -40,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         f"against the best plan of each sample (default {DEFAULT_OBJECTIVE}; README 'Bands')")
     add_band_args(p)
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
+    add_engine_args(p)
     add_margin_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
     p.add_argument("--wide", action="store_true",
@@ -70,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
                             allow_cross_domain=args.allow_cross_domain, workers=args.workers,
                             profile=args.profile, progress=sys.stderr.isatty(),   # stderr: stdout stays the same bytes
-                            memory_margin_gib=margin, objective=args.objective, samples=args.samples,
+                            memory_margin_gib=margin, kernels=args.kernels, fsdp_grad_sync=args.fsdp_grad_sync,
+                            objective=args.objective, samples=args.samples,
                             seed=args.seed, params=load_override(args.params) if args.params else NOMINAL)
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
