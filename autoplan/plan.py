@@ -38,7 +38,7 @@ from typing import Any
 
 from autoplan.errors import UserError
 from autoplan.plan_notation import DEFAULT_ORDER as NOTATION_ORDER
-from autoplan.plan_notation import NOTATION_GRAMMAR, compact_tokens, complete_order, is_compact, parse_compact
+from autoplan.plan_notation import NOTATION_GRAMMAR, compact_tokens, complete_order, is_compact, parse_compact, run_length
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline import stage_rank
 
@@ -177,12 +177,14 @@ class Plan:
     def __str__(self) -> str:
         return self.to_string()
 
-    def to_string(self) -> str:
+    def to_string(self, *, runs: bool = False) -> str:
+        """The canonical plan string (JSON, caches); ``runs``: equal stages of ``layers=`` as runs
+        (``0-1x126-0``, what a person reads; ``Plan.parse`` reads both)."""
         parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"cp={self.cp}", f"ep={self.ep}",
                  f"vpp={self.vpp}", f"mbs={self.mbs}", f"schedule={self.schedule}",
                  f"recompute={'-'.join(self.recompute)}"]
         if self.layers:
-            parts.append("layers=" + "-".join(str(n) for n in self.layers))
+            parts.append("layers=" + (run_length(self.layers) if runs else "-".join(str(n) for n in self.layers)))
         parts += [f"sp={'on' if self.sp else 'off'}", f"zero={self.zero}", f"cp_algo={self.cp_algo}",
                   "order=" + "-".join(self.order)]
         return ",".join(parts)

@@ -107,7 +107,7 @@ def print_estimate(console, plan, est, title: str = "", band: dict | None = None
     from autoplan.explain.audit import shown
     from autoplan.explain.units import AXIS_NAMES, KIND_NAMES, count, percent, seconds, size
 
-    console.print(f"{title + ': ' if title else ''}[bold cyan]{plan.to_string()}[/bold cyan]")
+    console.print(f"{title + ': ' if title else ''}[bold cyan]{plan.to_string(runs=True)}[/bold cyan]")
     head = Table(box=box.SIMPLE_HEAD, show_header=True)
     banded = ("step p10/p50/p90", "MFU p90/p50/p10") if band else ()
     for col in ("step", *banded, f"{est.throughput_unit}/s", "MFU", "HFU", "memory GiB", "fits", "bubble", "comm",

@@ -113,3 +113,10 @@ def test_1f1b_accepts_fewer_microbatches_than_stages_as_megatron_and_deepspeed_r
     """Megatron-LM's and DeepSpeed's 1F1B run m < pp (warm-up min(pp - rank - 1, m)); vTrain measured such runs."""
     _validate("tp=8,pp=8,dp=1,schedule=1f1b", global_batch=4)
     _validate("tp=8,pp=8,dp=1,schedule=gpipe", global_batch=4)
+
+
+def test_runs_notation_of_the_canonical_string_reads_back_to_the_same_plan():
+    plan = Plan.parse("tp=8,pp=16,dp=64,vpp=8,schedule=interleaved,layers=0-1x126-0")
+    assert plan.to_string(runs=True).count("layers=0-1x126-0,") == 1
+    assert Plan.parse(plan.to_string(runs=True)) == plan
+    assert "1x" not in plan.to_string() and len(plan.layers) == 128
