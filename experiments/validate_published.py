@@ -6,7 +6,9 @@
 FSDP (torchtitan), single-node small-kernel (vTrain), published layouts that must fit, and
 says which regimes (CP / long context, MoE) have no public row.  ``--misses`` lists the vTrain
 groups whose predicted-best plan measures more than 5 % above the group's measured best (both
-plans, measured and predicted seconds): the rows that decide the ranking.
+plans, measured and predicted seconds): the rows that decide the ranking; then, per (hidden, tp,
+micro-batch), one layer's seconds and the rest of a micro-batch, measured and predicted, and the
+groups ranked right when that configuration takes its measured layer time (``vtrain_layers.py``).
 
 Rows (all A100 80GB, Selene-like DGX-A100 nodes with 8x HDR 200G, s = 2048, V = 51,200):
 
