@@ -6,7 +6,9 @@
 FSDP (torchtitan), single-node small-kernel (vTrain), published layouts that must fit, and
 says which regimes (CP / long context, MoE) have no public row.  ``--misses`` lists the vTrain
 groups whose predicted-best plan measures more than 5 % above the group's measured best (both
-plans, measured and predicted seconds): the rows that decide the ranking.
+plans, measured and predicted seconds): the rows that decide the ranking; then, per (hidden, tp,
+micro-batch), one layer's seconds and the rest of a micro-batch, measured and predicted, and the
+groups ranked right when that configuration takes its measured layer time (``vtrain_layers.py``).
 
 Rows (all A100 80GB, Selene-like DGX-A100 nodes with 8x HDR 200G, s = 2048, V = 51,200):
 
@@ -46,6 +48,7 @@ from autoplan.errors import UserError  # noqa: E402
 import topologies  # noqa: E402
 from results_md import write_section  # noqa: E402
 import published_regimes as pr  # noqa: E402
+import vtrain_layers  # noqa: E402
 
 SEQ = 2048
 VOCAB = 51200
@@ -387,7 +390,11 @@ def misses_report(priced: list) -> str:
             f"same number of micro-batches (twice the work per micro-batch); the model prices {priced_too} of "
             f"them faster too (where the smaller micro-batch runs more kernels: Megatron's softmax fallback), "
             f"the rest the wrong way round; by (hidden, tp, micro-batch): "
-            + ", ".join(f"{k} {v}" for k, v in sorted(cells.items())) + "\n")
+            + ", ".join(f"{k} {v}" for k, v in sorted(cells.items())) + "\n\n"
+            "Per configuration (pp = 1 rows; `vtrain_layers.py`): one layer's seconds per micro-batch and the "
+            "rest of the micro-batch, measured and predicted, and the groups ranked right when that one "
+            f"configuration's rows take its measured per-layer time ({good} as priced):\n\n"
+            + vtrain_layers.report(priced))
 
 
 def _knobs(plan: str) -> str:
