@@ -81,7 +81,7 @@ def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     est.check(plan, global_batch)
     mesh = Mesh.of(plan)
     m = plan.microbatches(global_batch)
-    bags = pp.stage_bags(plan, est.model.order, est.model.num_layers, lambda kind, rc: est.part(kind, plan, rc, mesh))
+    bags = est.stage_bags(plan, mesh)
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = pp.stage_times(bags, pp.wpass_factor(est.comms, schedule))
     act_bytes, p2p, hop, gather = pp.boundary(est.comms, plan, mesh, est.model.sample_positions, est.hidden, schedule)

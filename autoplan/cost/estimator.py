@@ -30,8 +30,11 @@ from autoplan.mesh import Mesh
 from autoplan.opkinds import attention_flops
 from autoplan.plan import Plan
 from costmodels.memory import GIB
+from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline.live import peak_live
 from topologies.cluster import Cluster
+
+BAGS_KEPT = 20_000       # stage bags remembered per Estimator; cleared past it
 
 
 class Estimator:
@@ -47,6 +50,7 @@ class Estimator:
         self.info = model.model
         self.hidden = self.info.hidden or _hidden_of(model)
         self._parts: dict[tuple, Part] = {}
+        self._bags: dict[tuple, list[pp.Bag]] = {}
         self._attention_flops_per_sample = sum(attention_flops(b.graph) * b.count for b in model.blocks)
 
     def graph(self, kind: str) -> OpGraph:
@@ -61,6 +65,21 @@ class Estimator:
         if hit is None:
             hit = self._parts[key] = price_part(self.comms, self.layouts, self.info, self.model.sample_positions, self.hidden,
                                                 kind, self.graph(kind), plan, recompute, mesh, self.options.kernels)
+        return hit
+
+    def stage_bags(self, plan: Plan, mesh: Mesh) -> list[pp.Bag]:
+        """``pp.stage_bags`` of ``plan`` (read-only), remembered on all it reads: the parts' key
+        (``part``), the cuts, the stage placement and the recompute policies — a mesh's
+        schedules, ZeRO stages and floors ask for the same bags again."""
+        key = (plan.tp, plan.sp, plan.cp, plan.cp_algo, plan.ep, plan.mbs, mesh.group("tp"), mesh.group("cp"),
+               mesh.group("ep"), plan.pp, plan.vpp, plan.stage_layers(self.model.num_layers),
+               SCHEDULE_SPECS[plan.schedule].placement, plan.recompute)
+        hit = self._bags.get(key)
+        if hit is None:
+            if len(self._bags) >= BAGS_KEPT:
+                self._bags.clear()
+            hit = self._bags[key] = pp.stage_bags(plan, self.model.order, self.model.num_layers,
+                                                  lambda kind, rc: self.part(kind, plan, rc, mesh))
         return hit
 
     def graph_kinds(self) -> list[tuple[str, int]]:
@@ -161,8 +180,7 @@ class Estimator:
         self.check(plan, global_batch)
         mesh = Mesh.of(plan)
         m = plan.microbatches(global_batch)
-        bags = pp.stage_bags(plan, self.model.order, self.model.num_layers,
-                             lambda kind, rc: self.part(kind, plan, rc, mesh))
+        bags = self.stage_bags(plan, mesh)
         return mesh, m, pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.sample_positions, self.hidden,
                                           detail=detail)
 

@@ -55,8 +55,8 @@ def makespan_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[floa
     if spec.overlapped_pairs:
         return 0.0
     n = p * v
-    rank = [stage_rank(s, p, spec.placement) for s in range(n)]
-    lat = [p2p if s + 1 < n and rank[s] != rank[s + 1] else 0.0 for s in range(n)]
+    crosses, stages_of = _placement(schedule, p, v)
+    lat = [p2p if x else 0.0 for x in crosses]
     head = [0.0]                                   # head[s] = Σ_{s'<s} (f + lat)
     tail = [0.0]                                   # tail[s] = Σ_{s'<s} (b + w + lat)
     for s in range(n):
@@ -67,9 +67,6 @@ def makespan_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[floa
     for s in range(n - 2, -1, -1):
         earliest[s] = earliest[s + 1] + b[s + 1] + lat[s]
     peaks = peak_activations(schedule, p, m, v)
-    stages_of: list[list[int]] = [[] for _ in range(p)]
-    for s in range(n):
-        stages_of[rank[s]].append(s)
     best = 0.0
     for r, own in enumerate(stages_of):
         first = own[0]
@@ -80,3 +77,15 @@ def makespan_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[floa
             bound += tail[first]
         best = max(best, bound)
     return best
+
+
+@lru_cache(maxsize=1024)
+def _placement(schedule: str, p: int, v: int) -> tuple[tuple[bool, ...], tuple[tuple[int, ...], ...]]:
+    """(whether boundary s → s+1 joins two ranks, per virtual stage; each rank's stages)."""
+    n = p * v
+    rank = [stage_rank(s, p, get_spec(schedule).placement) for s in range(n)]
+    stages_of: list[list[int]] = [[] for _ in range(p)]
+    for s in range(n):
+        stages_of[rank[s]].append(s)
+    return (tuple(s + 1 < n and rank[s] != rank[s + 1] for s in range(n)),
+            tuple(tuple(own) for own in stages_of))

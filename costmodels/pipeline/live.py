@@ -117,14 +117,11 @@ def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, .
     frees = (walk.code >= stages) & (walk.code < 2 * stages) & upto
     alive = (np.bincount((row + walk.code)[adds], minlength=p * stages)
              - np.bincount((row + walk.code - stages)[frees], minlength=p * stages)).reshape(p, stages)
-    peaks = []
-    for r in range(p):
-        if best[r] <= 0.0:
-            peaks.append(LivePeak(0.0, {}))
-            continue
-        counts = alive[r]
-        peaks.append(LivePeak(float(best[r]), {int(s): int(counts[s]) for s in np.flatnonzero(counts)}))
-    return tuple(peaks)
+    held: list[dict[int, int]] = [{} for _ in range(p)]
+    rows, cols = np.nonzero(alive)
+    for r, s, n in zip(rows.tolist(), cols.tolist(), alive[rows, cols].tolist()):
+        held[r][s] = n
+    return tuple(LivePeak(x, held[r]) if x > 0.0 else LivePeak(0.0, {}) for r, x in enumerate(best.tolist()))
 
 
 def _one_rank(stage_bytes: Sequence[float]) -> LivePeak:

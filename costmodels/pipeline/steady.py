@@ -208,21 +208,24 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
     The frontier's end times after J = (m − m_s) / c more periods are A^J ⊗ (its times in
     the short step), A the max-plus matrix of one period (``_period_matrix``); applied J
     times, or fewer once the iterates repeat (``_advance``).  The tail is then re-run
-    from that frontier (``_tail``)."""
+    from that frontier (``_run_part``)."""
     c = period_microbatches(schedule, p, m)
     for m_s in reduced_sizes(schedule, p, m, v):
         per = find_period(schedule, p, m_s, v, c)
         if per is None or not (always or _pays_off(per, m, m_s, c)):
             return None
-        comp, dur_arr, end = _simulate(schedule, p, m_s, v, times)
+        comp = compile_schedule(schedule, p, m_s, v)
+        dur_arr = durations(comp, times)
         matrix = _period_matrix(comp, per, dur_arr, times)
         if matrix is None:
             return None
         periods = (m - m_s) // c
-        end = end.copy()
+        head, tail, rank = _parts(comp, per)
+        end = np.zeros(len(dur_arr))
+        _run_part(head, dur_arr, end, times)            # the short step: its past C_T, its tail
+        _run_part(tail, dur_arr, end, times)
         end[per.image] = _advance(matrix, end[per.image], periods, float(end.max()))
-        _tail(comp, per, dur_arr, end, times)
-        rank = np.asarray(comp.rank)
+        _run_part(tail, dur_arr, end, times)
         busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
             rank[per.period], weights=dur_arr[per.period], minlength=p)
         starts = [end[q] - dur_arr[q] for q in comp.first_pos]
@@ -314,50 +317,98 @@ def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> n
     """A^periods ⊗ x.  Once an iterate equals one of the last 2·len(x) + 2 plus one constant
     (to REL_TOL of ``scale``), the iterates repeat with that cycle: jump to the end.
 
-    An earlier iterate is compared in full only where a few probe coordinates already differ
-    by one constant to that tolerance (necessary: the spread over all coordinates is at
-    least the spread over the probes), so the same iterate matches as comparing all."""
-    hist = np.empty((periods + 1, len(x)))
+    The iterates are computed a batch at a time (4, 8, … up to ``BATCH``), then searched for
+    the first that matches (``_first_cycle``), so the answer is the one checking after every
+    product gives; a product reduces A's transpose over its rows (the same sums and maxima as
+    max over each row of A + x)."""
+    n = len(x)
+    hist = np.empty((periods + 1, n))
     hist[0] = x
-    probe = np.unique(np.linspace(0, len(x) - 1, PROBES).astype(np.int64))
-    seen = np.empty((periods + 1, len(probe)))
-    seen[0] = x[probe]
-    depth = 2 * len(x) + 2
+    probe = np.unique(np.linspace(0, n - 1, PROBES).astype(np.int64))
     tol = REL_TOL * max(scale, 1e-300)
-    buf = np.empty_like(matrix)
-    for j in range(1, periods + 1):
-        x = np.add(matrix, x[None, :], out=buf).max(axis=1)
-        hist[j] = x
-        seen[j] = x[probe]
-        lo = max(0, j - depth)
-        near = seen[j][None, :] - seen[lo:j]
-        cand = lo + np.flatnonzero(near.max(axis=1) - near.min(axis=1) <= tol)
-        if not cand.size:
-            continue
-        gaps = x[None, :] - hist[cand]
+    columns = np.ascontiguousarray(matrix.T)
+    buf = np.empty_like(columns)
+    done, batch = 0, 4
+    while done < periods:
+        stop = min(periods, done + batch)
+        for j in range(done + 1, stop + 1):
+            hist[j] = np.add(columns, hist[j - 1][:, None], out=buf).max(axis=0)
+        hit = _first_cycle(hist, probe, done + 1, stop, 2 * n + 2, tol)
+        if hit is not None:
+            i, j, gap = hit
+            q, r = divmod(periods - i, j - i)
+            return hist[i + r] + q * gap
+        done, batch = stop, min(2 * batch, BATCH)
+    return hist[periods].copy()
+
+
+BATCH = 64          # most iterates computed before they are searched for a cycle
+
+
+def _first_cycle(hist: np.ndarray, probe: np.ndarray, first: int, last: int, depth: int,
+                 tol: float) -> tuple[int, int, float] | None:
+    """(i, j, constant) of the first j in first..last whose iterate equals iterate i (the
+    latest such among the ``depth`` before j) plus one constant to ``tol``, or None.
+
+    An earlier iterate is compared in full only where the ``probe`` coordinates already differ
+    by one constant to that tolerance (necessary: the spread over all coordinates is at least
+    the spread over the probes), so the same iterate matches as comparing all."""
+    lo = max(0, first - depth)
+    seen = hist[lo:last + 1][:, probe]
+    js, earlier = np.arange(first, last + 1), np.arange(lo, last)
+    near = seen[js - lo][:, None, :] - seen[:last - lo][None, :, :]
+    ok = (near.max(axis=2) - near.min(axis=2) <= tol) & (earlier[None, :] < js[:, None]) \
+        & (earlier[None, :] >= js[:, None] - depth)
+    for row in np.flatnonzero(ok.any(axis=1)):
+        j, cand = int(js[row]), earlier[ok[row]]
+        gaps = hist[j][None, :] - hist[cand]
         same = np.flatnonzero(gaps.max(axis=1) - gaps.min(axis=1) <= tol)
         if same.size:
-            i = int(cand[same[-1]])          # the latest match: the shortest cycle k = j − i
-            q, r = divmod(periods - i, j - i)
-            return hist[i + r] + q * float(gaps[same[-1]].max())
-    return x
+            return int(cand[same[-1]]), j, float(gaps[same[-1]].max())
+    return None
 
 
 PROBES = 4          # coordinates every earlier iterate is screened on before a full comparison
 
 
-def _tail(comp: Compiled, per: Period, dur_arr: np.ndarray, end: np.ndarray,
-          times: StageTimes) -> None:
-    """Re-run the tail (actions outside C_T, topological order) from the frontier in ``end``:
-    the hot loop of events._run on the tail's own arrays."""
-    tail = np.flatnonzero(per.reach >= per.split)
-    prev = np.asarray(per.prev)[tail].tolist()
-    d1 = np.asarray(comp.dep1)[tail].tolist()
-    d2 = np.asarray(comp.dep2)[tail].tolist()
-    l1 = times.p2p[comp.bnd1[tail]].tolist()
-    l2 = times.p2p[comp.bnd2[tail]].tolist()
+@dataclass(frozen=True)
+class _Part:
+    """Some actions of a compiled step (ascending positions: topological order), with their
+    rank predecessor, remote inputs and p2p boundaries as lists, for ``_run_part``."""
+
+    at: np.ndarray
+    positions: list[int]
+    prev: list[int]
+    dep1: list[int]
+    dep2: list[int]
+    bnd1: np.ndarray
+    bnd2: np.ndarray
+
+
+@lru_cache(maxsize=256)
+def _parts(comp: Compiled, per: Period) -> tuple[_Part, _Part, np.ndarray]:
+    """(the past C_T: actions with reach < T, the tail: the others, every action's rank).
+    C_T is down-closed, so its actions wait only on its own; the tail waits on its own and on
+    F_T = σ F_S."""
+    prev, dep1, dep2 = np.asarray(per.prev), np.asarray(comp.dep1), np.asarray(comp.dep2)
+
+    def part(at: np.ndarray) -> _Part:
+        return _Part(at, at.tolist(), prev[at].tolist(), dep1[at].tolist(), dep2[at].tolist(),
+                     comp.bnd1[at], comp.bnd2[at])
+
+    return (part(np.flatnonzero(per.reach < per.split)), part(np.flatnonzero(per.reach >= per.split)),
+            np.asarray(comp.rank))
+
+
+def _run_part(part: _Part, dur_arr: np.ndarray, end: np.ndarray, times: StageTimes) -> None:
+    """End times of ``part``'s actions into ``end``, from the ends already there of what they
+    wait on: the hot loop of events._run (a rank is free when its predecessor ended, the
+    same max and sums in the same order), on the part's own arrays."""
+    l1 = times.p2p[part.bnd1].tolist()
+    l2 = times.p2p[part.bnd2].tolist()
     ends = end.tolist()
-    for q, pq, a, la, b2, lb, du in zip(tail.tolist(), prev, d1, l1, d2, l2, dur_arr[tail].tolist()):
+    for q, pq, a, la, b2, lb, du in zip(part.positions, part.prev, part.dep1, l1, part.dep2, l2,
+                                        dur_arr[part.at].tolist()):
         t = ends[pq] if pq >= 0 else 0.0
         if a >= 0:
             x = ends[a] + la
