@@ -228,6 +228,7 @@ def _child(spec: dict) -> dict:
     from autoplan.apply.device_mesh import device_mesh
     from autoplan.apply.parallel import apply
     from autoplan.frontend.fakes import fakeify_module, new_fake_mode
+    from autoplan.frontend.gpu_kernels import GpuKernels
     from autoplan.frontend.source import build_on_meta, load_source
     from dataclasses import replace
 
@@ -247,11 +248,19 @@ def _child(spec: dict) -> dict:
                mixed_precision=True)
     del model
     opt = pm.optimizer("adamw", 1e-3)
-    if plan.pp > 1:
-        return _pipeline_child(pm, opt, mode, seq=spec["seq"], hidden=hidden)
-    with mode:
-        ids = torch.zeros(spec["global_batch"] // plan.dp, spec["seq"], dtype=torch.long)
+    with GpuKernels():
+        if plan.pp > 1:
+            return _pipeline_child(pm, opt, mode, seq=spec["seq"], hidden=hidden)
+        return _flat_child(pm, opt, mode, batch=spec["global_batch"] // plan.dp, seq=spec["seq"])
+
+
+def _flat_child(pm, opt, mode, *, batch: int, seq: int) -> dict:
+    """pp = 1: two steps of ``batch`` sequences under the tracker; its aligned moments."""
+    import torch
     from torch.distributed._tools.mem_tracker import MemTracker
+
+    with mode:
+        ids = torch.zeros(batch, seq, dtype=torch.long)
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
     tracker.track_external(*pm.stages, opt)
     with tracker:
