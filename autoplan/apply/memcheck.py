@@ -18,6 +18,9 @@ activations activations and inputs
 other       temporaries, all-gather and reduce-scatter buffers, the rest
 ==========  ================================================================
 
+The model's attention and dropout run as the GPU kernels the tracer records (``gpu_functionals``:
+FlashAttention with in-kernel dropout, ``native_dropout``), its RMSNorms as the fused kernel.
+
 Layers of one kind are identical, so a rank's peak is affine in its layer count (the states of
 each layer, its saved activations and its transients repeat; the peak moment, the loss backward
 of the last micro-batch, is the same place).  ``measure`` therefore runs the model cut to
