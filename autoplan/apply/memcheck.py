@@ -18,6 +18,9 @@ activations activations and inputs
 other       temporaries, all-gather and reduce-scatter buffers, the rest
 ==========  ================================================================
 
+The model's attention and dropout run as the GPU kernels the tracer records (``gpu_functionals``:
+FlashAttention with in-kernel dropout, ``native_dropout``), its RMSNorms as the fused kernel.
+
 Layers of one kind are identical, so a rank's peak is affine in its layer count (the states of
 each layer, its saved activations and its transients repeat; the peak moment, the loss backward
 of the last micro-batch, is the same place).  ``measure`` therefore runs the model cut to
@@ -52,6 +55,7 @@ first of these a plan uses.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -200,6 +204,35 @@ def _fused_rms_norm_class():
     return FusedRMSNorm
 
 
+@contextlib.contextmanager
+def gpu_functionals():
+    """``F.scaled_dot_product_attention`` and ``F.dropout`` run as the kernels a GPU run uses and
+    the tracer records (``frontend.gpu_kernels``: FlashAttention-2 / memory-efficient attention,
+    ``native_dropout``).  On CPU, SDPA with dropout (GPT's 0.1) falls back to the math path: fp32
+    copies of q, k, v and the s×s scores, probabilities and dropout mask saved per layer (a GPU's
+    flash kernel drops in-kernel and saves the output and the log-sum-exp); ``F.dropout`` saves a
+    mask in the input's dtype (bf16: 2 B per element, GPU's ``native_dropout`` 1 B).  A swap of
+    the module attributes, not ``GpuKernels``' TorchFunctionMode: the recomputation of a
+    checkpointed layer in backward runs outside that mode and would replay the CPU kernels."""
+    import torch.nn.functional as F
+
+    from autoplan.frontend import gpu_kernels as gk
+
+    def attention(*args, **kwargs):
+        q, k, v, mask, p, causal, scale, _ = gk._sdpa_args(*args, **kwargs)
+        return gk.gpu_attention(q, k, v, mask, p, causal, scale)
+
+    def dropout(*args, **kwargs):
+        return gk.gpu_dropout(*gk._dropout_args(*args, **kwargs))
+
+    saved = F.scaled_dot_product_attention, F.dropout
+    F.scaled_dot_product_attention, F.dropout = attention, dropout
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.dropout = saved
+
+
 def register_fused_rms_norm_sharding() -> None:
     """DTensor sharding of ``autoplan::fused_rms_norm`` (the fused RMSNorm ``GpuKernels`` runs):
     replicated, or sharded on any dim but the normalized ones with the weight replicated — the
@@ -247,11 +280,19 @@ def _child(spec: dict) -> dict:
                mixed_precision=True)
     del model
     opt = pm.optimizer("adamw", 1e-3)
-    if plan.pp > 1:
-        return _pipeline_child(pm, opt, mode, seq=spec["seq"], hidden=hidden)
-    with mode:
-        ids = torch.zeros(spec["global_batch"] // plan.dp, spec["seq"], dtype=torch.long)
+    with gpu_functionals():
+        if plan.pp > 1:
+            return _pipeline_child(pm, opt, mode, seq=spec["seq"], hidden=hidden)
+        return _flat_child(pm, opt, mode, batch=spec["global_batch"] // plan.dp, seq=spec["seq"])
+
+
+def _flat_child(pm, opt, mode, *, batch: int, seq: int) -> dict:
+    """pp = 1: two steps of ``batch`` sequences under the tracker; its aligned moments."""
+    import torch
     from torch.distributed._tools.mem_tracker import MemTracker
+
+    with mode:
+        ids = torch.zeros(batch, seq, dtype=torch.long)
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
     tracker.track_external(*pm.stages, opt)
     with tracker:

@@ -46,9 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from autoplan.apply.memcheck import GIB, measure, rank_kinds, unsupported
     from autoplan.commands.common import memory_margin
-    from autoplan.cost import EstimateOptions, rounded
+    from autoplan.cost import rounded
     from autoplan.export.load import load_plan
     from autoplan.workload import Workload, load_cluster
 
@@ -56,11 +55,28 @@ def run(args: argparse.Namespace) -> int:
     margin = memory_margin(args, cluster.gpu.hbm_bytes)
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
-    estimator = w.estimator(EstimateOptions(memory_margin_gib=margin))
-    est = estimator.estimate(plan, args.global_batch, detail=False)
-    by_rank = estimator.memory_by_rank(plan, args.global_batch)
+    result = compare(w, args.model, plan, seq=args.seq, global_batch=args.global_batch, margin_gib=margin,
+                     pp_ranks=args.pp_ranks)
+    if args.json:
+        print(json.dumps(rounded(result), sort_keys=True))
+        return 0
+    _print(w, cluster, args, result)
+    return 0
+
+
+def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: float,
+            pp_ranks: str | None = None) -> dict:
+    """The memcheck of ``plan`` on workload ``w`` (``model``: its zoo name, family spec or file):
+    {plan, skipped, memory_limit_gib, rank_kinds} as ``--json`` prints it (GiB; the limit is HBM
+    less ``margin_gib``); ``pp_ranks`` as ``--pp-ranks``."""
+    from autoplan.apply.memcheck import GIB, measure, rank_kinds, unsupported
+    from autoplan.cost import EstimateOptions
+
+    estimator = w.estimator(EstimateOptions(memory_margin_gib=margin_gib))
+    est = estimator.estimate(plan, global_batch, detail=False)
+    by_rank = estimator.memory_by_rank(plan, global_batch)
     skipped = unsupported(plan)
-    chosen = _pp_ranks(args.pp_ranks, plan.pp, max(range(plan.pp), key=lambda r: by_rank[r].total))
+    chosen = _pp_ranks(pp_ranks, plan.pp, max(range(plan.pp), key=lambda r: by_rank[r].total))
     kinds = []
     for pp_rank, rank in enumerate(rank_kinds(plan)):
         mem = by_rank[pp_rank]
@@ -68,19 +84,14 @@ def run(args: argparse.Namespace) -> int:
         row = {"pp_rank": pp_rank, "rank": rank, "predicted_gib": predicted, "measured_gib": None, "error": None,
                "in_flight": {"estimate": sum(n for _, n in mem.alive), "torch": None} if plan.pp > 1 else None}
         if skipped is None and pp_rank in chosen:
-            got = measure(args.model, plan, seq=args.seq, global_batch=args.global_batch, rank=rank)
+            got = measure(model, plan, seq=seq, global_batch=global_batch, rank=rank)
             if plan.pp > 1:
                 row["in_flight"]["torch"] = got.pop("in_flight")
             row["measured_gib"] = {k: v / GIB for k, v in got.items()}
             row["error"] = predicted["total"] / row["measured_gib"]["total"] - 1.0
         kinds.append(row)
-    result = {"plan": plan.to_string(), "skipped": skipped, "rank_kinds": kinds,
-              "memory_limit_gib": est.memory_limit_gib}
-    if args.json:
-        print(json.dumps(rounded(result), sort_keys=True))
-        return 0
-    _print(w, cluster, args, result)
-    return 0
+    return {"plan": plan.to_string(), "skipped": skipped, "rank_kinds": kinds,
+            "memory_limit_gib": est.memory_limit_gib}
 
 
 def _pp_ranks(text: str | None, pp: int, highest: int) -> set[int]:
