@@ -193,17 +193,21 @@ def test_search_results_fit_with_the_memory_margin(cli):
 
 def test_search_prices_with_the_engine_flags_estimate_takes(cli):
     """``--kernels`` and ``--fsdp-grad-sync`` reach the search's cost model: its best plan's memory
-    and step are what ``estimate`` gives that plan under the same flags, and megatron-core's fused
-    SwiGLU leaves fewer activations than the eager ops would."""
-    llama = "llama:layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2816,vocab=32000"
-    common = (llama, "--cluster", "h100x16", "--seq", "2048", "--global-batch", "32", "--json")
-    flags = ("--kernels", "megatron-core", "--fsdp-grad-sync", "step")
-    out = cli("search", *common, *flags, "--objective", "point", "--samples", "0", "--top", "1")
+    and step are what the estimator gives that plan under the same options, and megatron-core's
+    fused SwiGLU leaves fewer activations than the eager ops would."""
+    from autoplan.cost import EstimateOptions
+    from autoplan.workload import Workload
+
+    llama = "llama:layers=2,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=1000"
+    out = cli("search", llama, "--cluster", "h100x8", "--seq", "1024", "--global-batch", "16", "--json",
+              "--kernels", "megatron-core", "--fsdp-grad-sync", "step", "--objective", "point", "--samples", "0",
+              "--top", "1")
     assert out.returncode == 0, out.stderr
     best = json.loads(out.stdout)[0]
-    same, eager = (json.loads(cli("estimate", *common, "--plan", best["plan"], *extra).stdout)
-                   for extra in (flags, ()))
-    assert best["estimate"]["memory_gib"] == same["memory_gib"]
-    assert best["estimate"]["step_time_s"] == same["step_time_s"]
-    acts = best["estimate"]["memory_breakdown_gib"]["activations"], eager["memory_breakdown_gib"]["activations"]
-    assert acts[0] < acts[1]
+    w = Workload.load(llama, "h100x8", seq=1024, global_batch=16)
+    plan = Plan.parse(best["plan"])
+    same = w.estimator(EstimateOptions(kernels="megatron-core", fsdp_grad_sync="step")).estimate(plan, 16)
+    eager = w.estimator(EstimateOptions()).estimate(plan, 16)
+    assert best["estimate"]["memory_gib"] == pytest.approx(same.memory_gib, rel=1e-5)
+    assert best["estimate"]["step_time_s"] == pytest.approx(same.step_time_s, rel=1e-5)
+    assert best["estimate"]["memory_breakdown_gib"]["activations"] < eager.memory_breakdown_gib["activations"]
