@@ -31,9 +31,12 @@ The structure — σ well defined on F_S and the period, its images' inputs the 
 inputs, σ F_S = F_{S+c}, every rank's last action in the tail — is checked on the compiled
 m_s order; that the m order is the m_s order with inserted periods is a property of the
 generators in schedules.py, tested against the full simulation for every schedule, pp,
-chunks and m (tests/costmodels/test_pipeline.py).  Cost: one pass over the m_s step (the
-shortest with a split: ~pp micro-batches for 1F1B, up to 4·pp for interleaved), the
-period's matrix and the tail, independent of m.
+chunks and m (tests/costmodels/test_pipeline.py).  Cost: one pass over the m_s step's past
+C_T (the m_s step is the shortest with a split: ~pp micro-batches for 1F1B, up to 4·pp for
+interleaved), the period's matrix and one pass over the tail, independent of m.  The cycle
+tolerance's scale, the m_s step's largest end, is bracketed by C_T's largest end and a
+level-wise bound on the tail's (``_tail_bound``); the m_s step's tail is simulated for it
+only where some comparison falls between the two tolerances (``_advance``).
 """
 from __future__ import annotations
 
@@ -257,6 +260,7 @@ RUNS_PER_SHAPE = 4       # simulations per compiled shape in a search (gpt-1t on
 
 
 def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):
+    """(compiled order, durations, end times) of the whole m step (tests compare against it)."""
     comp = compile_schedule(schedule, p, m, v)
     dur_arr = durations(comp, times)
     return comp, dur_arr, np.asarray(run_compiled(comp, dur_arr.tolist(), times))
