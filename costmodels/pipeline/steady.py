@@ -31,9 +31,12 @@ The structure — σ well defined on F_S and the period, its images' inputs the 
 inputs, σ F_S = F_{S+c}, every rank's last action in the tail — is checked on the compiled
 m_s order; that the m order is the m_s order with inserted periods is a property of the
 generators in schedules.py, tested against the full simulation for every schedule, pp,
-chunks and m (tests/costmodels/test_pipeline.py).  Cost: one pass over the m_s step (the
-shortest with a split: ~pp micro-batches for 1F1B, up to 4·pp for interleaved), the
-period's matrix and the tail, independent of m.
+chunks and m (tests/costmodels/test_pipeline.py).  Cost: one pass over the m_s step's past
+C_T (the m_s step is the shortest with a split: ~pp micro-batches for 1F1B, up to 4·pp for
+interleaved), the period's matrix and one pass over the tail, independent of m.  The cycle
+tolerance's scale, the m_s step's largest end, is bracketed by C_T's largest end and a
+level-wise bound on the tail's (``_tail_bound``); the m_s step's tail is simulated for it
+only where some comparison falls between the two tolerances (``_advance``).
 """
 from __future__ import annotations
 
@@ -222,9 +225,13 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
         periods = (m - m_s) // c
         head, tail, rank = _parts(comp, per)
         end = np.zeros(len(dur_arr))
-        _run_part(head, dur_arr, end, times)            # the short step: its past C_T, its tail
-        _run_part(tail, dur_arr, end, times)
-        end[per.image] = _advance(matrix, end[per.image], periods, float(end.max()))
+        _run_part(head, dur_arr, end, times)            # the short step's past C_T
+        known = float(end.max())                        # ≤ the short step's largest end ≤ ``upper``
+        x = _advance(matrix, end[per.image], periods, known, upper=_tail_bound(tail, dur_arr, times, known))
+        if x is None:                                   # the exact scale decides: the short step's tail
+            _run_part(tail, dur_arr, end, times)
+            x = _advance(matrix, end[per.image], periods, float(end.max()))
+        end[per.image] = x
         _run_part(tail, dur_arr, end, times)
         busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
             rank[per.period], weights=dur_arr[per.period], minlength=p)
@@ -253,6 +260,7 @@ RUNS_PER_SHAPE = 4       # simulations per compiled shape in a search (gpt-1t on
 
 
 def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):
+    """(compiled order, durations, end times) of the whole m step (tests compare against it)."""
     comp = compile_schedule(schedule, p, m, v)
     dur_arr = durations(comp, times)
     return comp, dur_arr, np.asarray(run_compiled(comp, dur_arr.tolist(), times))
@@ -313,9 +321,14 @@ def _period_rows(comp: Compiled, per: Period):
     return inputs, image, levels
 
 
-def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> np.ndarray:
+def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float,
+             upper: float | None = None) -> np.ndarray | None:
     """A^periods ⊗ x.  Once an iterate equals one of the last 2·len(x) + 2 plus one constant
     (to REL_TOL of ``scale``), the iterates repeat with that cycle: jump to the end.
+
+    With ``upper``, the scale is only known to lie in [scale, upper]: the answer is the one
+    every scale in that range gives, or None where some comparison on the way falls between
+    the two tolerances (then the caller needs the exact scale).
 
     The iterates are computed a batch at a time (4, 8, … up to ``BATCH``), then searched for
     the first that matches (``_first_cycle``), so the answer is the one checking after every
@@ -326,6 +339,7 @@ def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> n
     hist[0] = x
     probe = np.unique(np.linspace(0, n - 1, PROBES).astype(np.int64))
     tol = REL_TOL * max(scale, 1e-300)
+    high = tol if upper is None else REL_TOL * max(upper, scale, 1e-300)
     columns = np.ascontiguousarray(matrix.T)
     buf = np.empty_like(columns)
     done, batch = 0, 4
@@ -333,8 +347,10 @@ def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> n
         stop = min(periods, done + batch)
         for j in range(done + 1, stop + 1):
             hist[j] = np.add(columns, hist[j - 1][:, None], out=buf).max(axis=0)
-        hit = _first_cycle(hist, probe, done + 1, stop, 2 * n + 2, tol)
+        hit = _first_cycle(hist, probe, done + 1, stop, 2 * n + 2, tol, high)
         if hit is not None:
+            if hit == _UNDECIDED:
+                return None
             i, j, gap = hit
             q, r = divmod(periods - i, j - i)
             return hist[i + r] + q * gap
@@ -345,10 +361,15 @@ def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float) -> n
 BATCH = 64          # most iterates computed before they are searched for a cycle
 
 
+_UNDECIDED = (-1, -1, 0.0)
+
+
 def _first_cycle(hist: np.ndarray, probe: np.ndarray, first: int, last: int, depth: int,
-                 tol: float) -> tuple[int, int, float] | None:
+                 tol: float, high: float) -> tuple[int, int, float] | None:
     """(i, j, constant) of the first j in first..last whose iterate equals iterate i (the
-    latest such among the ``depth`` before j) plus one constant to ``tol``, or None.
+    latest such among the ``depth`` before j) plus one constant to ``tol``, or None; the
+    same for every tolerance in [tol, high], else ``_UNDECIDED`` (a spread on the way lies
+    above ``tol`` and at most ``high``).
 
     An earlier iterate is compared in full only where the ``probe`` coordinates already differ
     by one constant to that tolerance (necessary: the spread over all coordinates is at least
@@ -357,12 +378,15 @@ def _first_cycle(hist: np.ndarray, probe: np.ndarray, first: int, last: int, dep
     seen = hist[lo:last + 1][:, probe]
     js, earlier = np.arange(first, last + 1), np.arange(lo, last)
     near = seen[js - lo][:, None, :] - seen[:last - lo][None, :, :]
-    ok = (near.max(axis=2) - near.min(axis=2) <= tol) & (earlier[None, :] < js[:, None]) \
+    ok = (near.max(axis=2) - near.min(axis=2) <= high) & (earlier[None, :] < js[:, None]) \
         & (earlier[None, :] >= js[:, None] - depth)
     for row in np.flatnonzero(ok.any(axis=1)):
         j, cand = int(js[row]), earlier[ok[row]]
         gaps = hist[j][None, :] - hist[cand]
-        same = np.flatnonzero(gaps.max(axis=1) - gaps.min(axis=1) <= tol)
+        spread = gaps.max(axis=1) - gaps.min(axis=1)
+        if ((spread > tol) & (spread <= high)).any():
+            return _UNDECIDED
+        same = np.flatnonzero(spread <= tol)
         if same.size:
             return int(cand[same[-1]]), j, float(gaps[same[-1]].max())
     return None
@@ -383,6 +407,8 @@ class _Part:
     dep2: list[int]
     bnd1: np.ndarray
     bnd2: np.ndarray
+    by_level: np.ndarray         # indices into ``at`` by level (``_levels``), and where each level starts
+    level_starts: np.ndarray
 
 
 @lru_cache(maxsize=256)
@@ -393,11 +419,36 @@ def _parts(comp: Compiled, per: Period) -> tuple[_Part, _Part, np.ndarray]:
     prev, dep1, dep2 = np.asarray(per.prev), np.asarray(comp.dep1), np.asarray(comp.dep2)
 
     def part(at: np.ndarray) -> _Part:
-        return _Part(at, at.tolist(), prev[at].tolist(), dep1[at].tolist(), dep2[at].tolist(),
-                     comp.bnd1[at], comp.bnd2[at])
+        positions, p, d1, d2 = at.tolist(), prev[at].tolist(), dep1[at].tolist(), dep2[at].tolist()
+        level = _levels(positions, p, d1, d2)
+        by_level = np.argsort(level, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(level[by_level]) > 0]) if len(at) else np.zeros(0, np.int64)
+        return _Part(at, positions, p, d1, d2, comp.bnd1[at], comp.bnd2[at], by_level, starts)
 
     return (part(np.flatnonzero(per.reach < per.split)), part(np.flatnonzero(per.reach >= per.split)),
             np.asarray(comp.rank))
+
+
+def _levels(positions: list[int], prev: list[int], dep1: list[int], dep2: list[int]) -> np.ndarray:
+    """Per action of a part, 1 + the highest level among its inputs in the part (0: none)."""
+    level: dict[int, int] = {}
+    out = []
+    for q, inputs in zip(positions, zip(prev, dep1, dep2)):
+        lv = 1 + max((level[x] for x in inputs if x in level), default=-1)
+        level[q] = lv
+        out.append(lv)
+    return np.array(out, dtype=np.int64)
+
+
+def _tail_bound(tail: _Part, dur_arr: np.ndarray, times: StageTimes, known: float) -> float:
+    """An upper bound on the short step's largest end, from ``known`` ≥ every end outside the
+    tail: an action ends at most max(its inputs' ends) + max(its p2p) + its duration, so an
+    action of level ℓ at most ``known`` + Σ_{ℓ' ≤ ℓ} max over level ℓ' of (duration + p2p);
+    plus a relative 1e-9 for the sums' rounding."""
+    if not len(tail.at):
+        return known
+    cost = dur_arr[tail.at] + np.maximum(times.p2p[tail.bnd1], times.p2p[tail.bnd2])
+    return (known + float(np.maximum.reduceat(cost[tail.by_level], tail.level_starts).sum())) * (1 + 1e-9)
 
 
 def _run_part(part: _Part, dur_arr: np.ndarray, end: np.ndarray, times: StageTimes) -> None:
