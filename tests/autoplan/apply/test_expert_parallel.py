@@ -77,6 +77,7 @@ def checks_4():
     return verify(_configs(FOUR), nproc=4, timeout=600)
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 @pytest.mark.parametrize("index", range(len(FOUR)), ids=_ids(FOUR))
 def test_four_rank_ep_plans_match_one_process(checks_4, index):
     check = checks_4[index]

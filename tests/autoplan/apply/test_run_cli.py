@@ -28,6 +28,7 @@ def test_four_rank_run_prints_decreasing_loss(cli):
     assert "on 4 processes (gloo)" in r.stdout
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_readme_check_example_reports_a_match(cli):
     """The README's `autoplan run gpt:... --plan tp=2,pp=2 --nproc 4 --check` (GPT: dropout 0.1 by default)."""
     r = cli("run", "gpt:layers=4,hidden=64,heads=4,vocab=256", "--plan", "tp=2,pp=2", "--nproc", "4",

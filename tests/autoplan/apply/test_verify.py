@@ -93,6 +93,7 @@ def test_four_rank_plans_match_one_process(checks_4, index):
     assert len(check.losses) == 3 and check.tensors > 0
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 @pytest.mark.parametrize("index", range(len(plans_for_verification(8))),
                          ids=[p for _, p, _ in plans_for_verification(8)])
 def test_eight_rank_plans_match_one_process(checks_8, index):

@@ -114,6 +114,7 @@ def test_bad_plans_files_name_the_entry(cli, tmp_path, content, needle):
     assert needle in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_fsdp_policy_flags_change_zero3_pricing(cli):
     base = estimate(cli, "dp=16,mbs=1,zero=3")
     off = estimate(cli, "dp=16,mbs=1,zero=3", "h100x16", "--fsdp-reshard", "off")
@@ -134,6 +135,7 @@ def test_fsdp_policy_flags_change_zero3_pricing(cli):
     assert every["memory_breakdown_gib"]["grads"] == pytest.approx(step["memory_breakdown_gib"]["grads"] / 9, rel=1e-3)
     bad = cli("estimate", MODEL, "--cluster", "h100x16", "--plan", "zero=3", "--fsdp-prefetch", "0")
     assert bad.returncode == 2 and "--fsdp-prefetch 0 is out of range" in bad.stderr
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_memory_margin_sets_the_limit_fits_reads(cli):
     e = estimate(cli, "tp=8,pp=2,mbs=1,recompute=selective")
     assert e["memory_margin_gib"] == 4.0                         # the default

@@ -14,6 +14,7 @@ def memcheck(cli, plan, *extra):
     return out
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 @pytest.mark.parametrize("plan", ["dp=8,zero=3,mbs=2,recompute=op", "dp=8,zero=2,mbs=1,recompute=full"])
 def test_fsdp_estimate_within_5_percent_of_the_tracker(cli, plan):
     d = json.loads(memcheck(cli, plan, "--json").stdout)

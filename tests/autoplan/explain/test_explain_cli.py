@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 BAD = "tp=16,pp=4,vpp=2,schedule=interleaved,recompute=selective"
 GPT3 = ("--model", "gpt3-175b", "--cluster", "h100x1024")
 
@@ -14,6 +16,7 @@ def test_markdown_names_the_broken_group(cli):
     assert "## Primitive placement: plan" in r.stdout
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_json_is_byte_identical_across_runs(cli):
     runs = [cli("explain", "tp=8,pp=8,vpp=2,schedule=zbv", *GPT3, "--format", "json", "--baseline", "tp=8,pp=8,vpp=3")
             for _ in range(2)]

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autoplan.frontend import cache
 from autoplan.frontend.tracing import trace_with_status
 
@@ -40,6 +42,7 @@ def test_key_covers_local_imports(tmp_path):
     assert cache.cache_key("fp", 16, 1, "bf16") != cache.cache_key("fp", 16, 1, "fp32")
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_two_searches_sharing_a_cache_agree_with_one_alone(tmp_path):
     argv = [sys.executable, "-m", "autoplan", "search", "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=128",
             "--cluster", "h100x16", "--seq", "64", "--global-batch", "32", "--top", "2", "--json", "--workers", "1"]

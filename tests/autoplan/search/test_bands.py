@@ -52,6 +52,7 @@ def test_each_sample_is_the_point_estimate_under_that_samples_parameters(setup):
     assert len(set(band.step_s)) == 6                        # the parameters reach the step time
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_estimate_cli_band_fields_ordered_paired_and_byte_identical(cli):
     args = ("estimate", MODEL, "--cluster", "h100x16", "--plan", PLAN, "--global-batch", "32", "--json")
     first, second = cli(*args), cli(*args)
@@ -69,6 +70,7 @@ def test_estimate_cli_band_fields_ordered_paired_and_byte_identical(cli):
     assert "step p10/p50/p90" in table.stdout and f"{e['step_time_s_p50']:.3f}" in table.stdout
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_params_override_slows_the_network_and_bad_files_exit_2(cli, tmp_path):
     slow = tmp_path / "nic.yaml"
     slow.write_text("nic_efficiency: 0.5\n")
@@ -124,6 +126,7 @@ def test_quantile_interpolates_order_statistics():
     assert quantile([1.0, 2.0], 0.1) == pytest.approx(1.1)
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_search_point_objective_is_the_unbanded_ranking_and_default_reports_robust_fields(cli):
     point = json.loads(cli("search", *SMALL, "--json", "--top", "3", "--objective", "point").stdout)
     unbanded = json.loads(cli("search", *SMALL, "--json", "--top", "3", "--samples", "0",
