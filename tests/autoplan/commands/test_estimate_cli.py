@@ -155,6 +155,7 @@ def test_bad_memory_margin_is_one_message(cli):
     assert "--memory-margin -1 GiB" in out.stderr and "fix:" in out.stderr
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_kernels_flag_prices_megatron_cores_fused_swiglu(cli):
     llama = "llama:layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2816,vocab=32000"
     args = ("estimate", llama, "--cluster", "h100x16", "--plan", "tp=2,dp=8,mbs=1,sp=on", "--seq", "2048",

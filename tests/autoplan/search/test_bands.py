@@ -165,6 +165,7 @@ def test_search_objectives_share_paired_samples(traced):
     assert Params().nominal
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_evidence_flags_in_estimate_json_and_explain(cli):
     e = json.loads(cli("estimate", MODEL, "--cluster", "h100x16", "--plan", PLAN, "--global-batch", "32", "--json",
                        "--samples", "0").stdout)
