@@ -29,15 +29,6 @@ from costmodels.pipeline.bounds import makespan_lower_bound
 SUMMATION_MARGIN = 1e-9          # relative: bounds sum in another order than the estimate
 
 
-def _numels(parts) -> tuple[float, float]:
-    """(dense, expert) parameters per GPU of every graph, before pipeline cuts."""
-    dense = expert = 0.0
-    for p, count in parts:
-        dense += p.dense_numel * count
-        expert += p.expert_numel * count
-    return dense, expert
-
-
 def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
     mesh = Mesh.of(plan)
     m = plan.microbatches(global_batch)
@@ -46,7 +37,7 @@ def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
     for p, count in parts:
         work += count * p.work_s
         hideable += count * (p.ep_fwd_s + p.ep_bwd_s)
-    dense, expert = _numels(parts)
+    dense, expert = memory.bag_numels(parts)
     if plan.pp > 1 and hideable:
         work -= hideable
     per_rank_mb = work / plan.pp
@@ -60,7 +51,7 @@ def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
 
 def states_lower_bound(est: Estimator, plan: Plan) -> float:
     mesh = Mesh.of(plan)
-    dense, expert = _numels(est.counted_parts(plan, mesh))
+    dense, expert = memory.bag_numels(est.counted_parts(plan, mesh))
     return memory.states_lower_bound(plan, dense, expert, dense_dp=len(mesh.group(DENSE_DP)),
                                      expert_dp=len(mesh.group(EXPERT_DP)))
 
@@ -90,6 +81,6 @@ def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     mems = est.rank_memories(plan, mesh, pipe, m)
     totals = [x.total for x in mems]
     makespan = makespan_lower_bound(schedule, plan.pp, m, plan.vpp, f, b, w, p2p)
-    fixed = est.embedding_sync(plan, mesh)[1] + est.optimizer_seconds(plan, mesh, mems)
+    fixed = est.embedding_sync(plan, mesh)[1] + est.optimizer_seconds(plan, mesh, [(x.dense_numel, x.expert_numel) for x in mems])
     return Floor((makespan + fixed) * (1 - SUMMATION_MARGIN), max(totals) <= est.usable_bytes,
                  max(totals) / GIB, tuple(t / GIB for t in totals))

@@ -171,7 +171,7 @@ class Estimator:
                                     hide=self.options.params.dp_overlap)
                       for r, c in enumerate(dp_colls)]
         embed_bytes, embed_s = self.embedding_sync(plan, mesh)
-        optimizer_s = dp.optimizer_seconds(self.comms, max(d + e for d, e in numels), plan, len(mesh.group(DENSE_DP)))
+        optimizer_s = self.optimizer_seconds(plan, mesh, numels)
         step = pipe.step_s + max(dp_exposed) + embed_s + optimizer_s
         return _Step(step, dp_colls, dp_exposed, embed_bytes, embed_s, optimizer_s)
 
@@ -191,7 +191,7 @@ class Estimator:
         return self.rank_memories(plan, mesh, pipe, m)
 
     def _zero3_exposed(self, plan: Plan, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
-                       dp_ranks, edp_ranks, memo: dict | None = None) -> float | None:
+                       dp_ranks, edp_ranks, memo: dict) -> float | None:
         """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-2/3 (``fsdp``), None otherwise.
         Per-layer collectives share the links when the dense dp group lies inside one NVLink domain.
         ``memo`` (one dict per plan): ranks whose chunks hold the same parts at the same ends share it."""
@@ -199,14 +199,12 @@ class Estimator:
             return None
         last = len(pipe.bags) - 1
         key = tuple((tuple((id(p), n) for p, n in pipe.bags[c]), c == 0, c == last) for c in pipe.rank_chunks[rank])
-        if memo is not None and key in memo:
+        if key in memo:
             return memo[key]
         shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
         chunks = [fsdp.chunk_units(self.comms, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared,
                                    self.options.grad_reduce_bytes) for c in pipe.rank_chunks[rank]]
-        out = fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
-        if memo is not None:
-            memo[key] = out
+        out = memo[key] = fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
         return out
 
     def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int,
@@ -230,10 +228,10 @@ class Estimator:
         """HBM per GPU less the memory margin: what a plan that fits may use."""
         return memory.usable_bytes(self.cluster.gpu.hbm_bytes, self.options.memory_margin_gib)
 
-    def optimizer_seconds(self, plan: Plan, mesh: Mesh, mems: list[memory.RankMemory]) -> float:
-        """The optimizer step of the rank holding the most parameters."""
-        return dp.optimizer_seconds(self.comms, max(x.dense_numel + x.expert_numel for x in mems), plan,
-                                    len(mesh.group(DENSE_DP)))
+    def optimizer_seconds(self, plan: Plan, mesh: Mesh, numels: list[tuple[float, float]]) -> float:
+        """The optimizer step of the rank holding the most parameters (``numels``: each pipeline
+        rank's (dense, expert) count)."""
+        return dp.optimizer_seconds(self.comms, max(d + e for d, e in numels), plan, len(mesh.group(DENSE_DP)))
 
     def embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
         """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""

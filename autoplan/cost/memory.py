@@ -149,10 +149,11 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_
 
 def rank_numels(pipe: Pipeline, rank: int) -> tuple[float, float]:
     """(dense, expert) parameters held by pipeline rank ``rank``, summed as ``_states`` sums them."""
-    return _bag_numels([pn for c in pipe.rank_chunks[rank] for pn in pipe.bags[c]])
+    return bag_numels([pn for c in pipe.rank_chunks[rank] for pn in pipe.bags[c]])
 
 
-def _bag_numels(bag) -> tuple[float, float]:
+def bag_numels(bag) -> tuple[float, float]:
+    """(dense, expert) parameters of (part, count) pairs."""
     return sum(p.dense_numel * n for p, n in bag), sum(p.expert_numel * n for p, n in bag)
 
 
@@ -160,7 +161,7 @@ def _states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: int,
             ends: frozenset[int], microbatches: int, pol: Policy,
             precision: StatePrecision) -> tuple[float, ...]:
     """(params, grads, optimizer, loss, other, dense numel, expert numel) of a rank holding ``bag``."""
-    dense, expert = _bag_numels(bag)
+    dense, expert = bag_numels(bag)
     st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard, precision=precision)
     st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, reshard=pol.reshard, precision=precision)
     last = loss if holds_last else 0.0
