@@ -47,9 +47,12 @@ untracked optimizer step on zero gradients and one step is tracked, inside the f
 all-gather buffers, ordinary CPU tensors outside it, are then fake: 0.8 GB per llama3-405b layer
 at tp=8, per rank kind, in RAM otherwise).
 
-What it does not run: zero 0/1 (Megatron's fp32 gradient buffer and distributed optimizer,
-which the torch path does not reproduce: its gradients and optimizer state follow the
-parameter dtype), context and expert parallelism (their exchanges read token values), and
+Zero 0/1 runs Megatron-Core's engine (``apply.distributed_optimizer``: bf16 parameters, a
+persistent fp32 gradient buffer, fp32 master weights and Adam moments of the rank's 1/d range
+under the distributed optimizer), whose buffers and masters ``track_model_states`` registers as
+gradients and optimizer state.
+
+What it does not run: context and expert parallelism (their exchanges read token values), and
 schedules that split the backward (zb-h1, zbv, dualpipev, zb-h2).  ``unsupported`` names the
 first of these a plan uses.
 """
@@ -82,9 +85,6 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")   # forwards and full back
 
 def unsupported(plan: Plan) -> str | None:
     """Why memcheck cannot measure ``plan`` (see the module docstring), or None."""
-    if plan.zero < 2 and plan.dp > 1:
-        return (f"zero={plan.zero}: Megatron's fp32 gradient buffer and distributed optimizer are not what "
-                "the torch path runs (its gradients and optimizer state follow the parameter dtype)")
     for key, why in (("cp", "context parallelism's exchange reads token positions"),
                      ("ep", "expert parallelism routes by token values")):
         if getattr(plan, key) > 1:
@@ -294,13 +294,32 @@ def _flat_child(pm, opt, mode, *, batch: int, seq: int) -> dict:
     with mode:
         ids = torch.zeros(batch, seq, dtype=torch.long)
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
-    tracker.track_external(*pm.stages, opt)
+    track_model_states(tracker, pm, opt)
     with tracker:
         for _ in range(STEPS):
             pm.forward_backward(ids, ids, read_loss=False, before_microbatch=tracker.reset_mod_stats)
             opt.step()
             opt.zero_grad()
     return moments(tracker)
+
+
+def track_model_states(tracker, pm, opt) -> None:
+    """What ``tracker`` must know before the tracked steps: the stages' parameters and buffers and
+    the optimizers' states (``track_external``); under Megatron's engine for zero 0/1
+    (``apply.distributed_optimizer``) also its fp32 gradient buffers as gradients and its fp32
+    master weights as optimizer state — ``track_external`` would count a bare tensor as "Other",
+    so they get their category through the tracker's own ``_update_and_maybe_create_winfos``
+    (private in torch 2.13), as its module hooks categorise parameters and gradients."""
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    parts = getattr(opt, "parts", [opt])
+    inner = [getattr(o, "inner", o) for o in parts]
+    tracker.track_external(*pm.stages, *[o for o in inner if o is not None])
+    for grads in pm._main_grads:
+        for g in grads.tensors if grads is not None else ():
+            tracker._update_and_maybe_create_winfos(g, _MemRefType.GRAD)
+    for master in (m for o in parts for m in getattr(o, "masters", ())):
+        tracker._update_and_maybe_create_winfos(master, _MemRefType.OPT)
 
 
 def _hidden(model) -> int:
@@ -328,7 +347,7 @@ def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
         opt.zero_grad()
         ids = torch.zeros(plan.mbs, seq, dtype=torch.long)
         tracker = mp.step_tracker()
-        tracker.track_external(*pm.stages, opt)
+        track_model_states(tracker, pm, opt)
         stream = (plan.mbs, seq // plan.tp if plan.sp and plan.tp > 1 else seq, hidden)
         dtype = torch.bfloat16 if plan.dp > 1 and plan.zero >= 2 else next(iter(pm.parameters())).dtype
         with mp.dtensor_metadata_outside(mode), tracker:
