@@ -332,28 +332,33 @@ def _hidden(model) -> int:
 def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
     """pp > 1: the optimizer state made by an untracked step on zero gradients (what a first step
     leaves), then one step of this pipeline rank in torch's order (``memcheck_pipeline``) under
-    the tracker, entered inside the fake mode so that FSDP's all-gather buffers are fake too
-    (outside it they are real CPU tensors: 0.8 GB per llama3-405b layer at tp=8).  Returns the
-    peak by category and the chunk-micro-batches torch's order holds at most."""
+    the tracker.  Under FSDP (zero ≥ 2 at dp > 1) the tracker is entered inside the fake mode, so
+    that FSDP's all-gather buffers are fake too (outside it they are real CPU tensors: 0.8 GB per
+    llama3-405b layer at tp=8); without FSDP outside it, as at pp = 1: entered inside, every
+    view of a parameter made during the step (``to_local``, ``t()`` of a weight) reaches the
+    tracker as a new storage (torch 2.13: 2 B per parameter of phantom activations on
+    llama zero=1, pp=2, tp=2).  Returns the peak by category and the chunk-micro-batches
+    torch's order holds at most."""
     import torch
 
     from autoplan.apply import memcheck_pipeline as mp
 
     plan = pm.plan
+    fsdp = plan.dp > 1 and plan.zero >= 2
     with mode:
         for p in pm.parameters():
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad()
         ids = torch.zeros(plan.mbs, seq, dtype=torch.long)
-        tracker = mp.step_tracker()
-        track_model_states(tracker, pm, opt)
-        stream = (plan.mbs, seq // plan.tp if plan.sp and plan.tp > 1 else seq, hidden)
-        dtype = torch.bfloat16 if plan.dp > 1 and plan.zero >= 2 else next(iter(pm.parameters())).dtype
-        with mp.dtensor_metadata_outside(mode), tracker:
-            mp.run_step(pm, pm.coords["pp"], ids, stream, dtype)
-            opt.step()
-            opt.zero_grad()
+    tracker = mp.step_tracker()
+    track_model_states(tracker, pm, opt)
+    stream = (plan.mbs, seq // plan.tp if plan.sp and plan.tp > 1 else seq, hidden)
+    dtype = torch.bfloat16 if fsdp else next(iter(pm.parameters())).dtype
+    with mode if fsdp else contextlib.nullcontext(), mp.dtensor_metadata_outside(mode), tracker:
+        mp.run_step(pm, pm.coords["pp"], ids, stream, dtype)
+        opt.step()
+        opt.zero_grad()
     peak = categorize(max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d.get("Total", 0)))
     return {"peak": peak, "in_flight": mp.peak_in_flight(mp.torch_order(pm.schedule, pm.coords["pp"]))}
 

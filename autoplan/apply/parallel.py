@@ -356,13 +356,15 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         context_parallel.check_model(model)
         cp_groups = context_parallel.build_groups(plan, rank)
         positions = context_parallel.local_positions(seq, plan.cp, coords["cp"], device)
+    megatron = mixed_precision and plan.zero <= 1        # Megatron's engine: bf16 stages (distributed_optimizer)
+    bf16_stage = torch.bfloat16 if megatron else None
     bounds = pipeline.stage_bounds(plan, layout.num_blocks)
     num_stages = len(bounds)
     stages = []
     for sid in plan.stages_of_rank(coords["pp"]):
         first, end = bounds[sid]
         copy, inject = pipeline.cut_stage(model, layout, first, end, owns_pre=sid == 0,
-                                          owns_post=sid == num_stages - 1)
+                                          owns_post=sid == num_stages - 1, stub_dtype=bf16_stage)
         if cp_groups is not None:
             context_parallel.route_whole_sequence(copy, plan.cp, coords["cp"], mesh["cp"].get_group(), seq)
         if ep_group is not None:
@@ -376,7 +378,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         recompute.recompute_blocks(blocks, plan.recompute_of_stage(coords["pp"]))
         if plan.dp > 1 and plan.zero >= 2:
             data_parallel.shard_fsdp(stage, blocks, mesh["dp"], plan.zero, mixed_precision)
-        elif mixed_precision and plan.zero <= 1:
+        elif megatron:
             distributed_optimizer.to_bf16(stage)
         stages.append(stage)
 
@@ -393,7 +395,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
                          _tied_group=tied_group, _dp_group=dp_group, _dp_ranks=dp_ranks,
                          _expert_dp=groups.named(EXPERT_DP), _ep_group=ep_group,
                          _reductions=gradient_reductions(plan, groups, fsdp=plan.dp > 1 and plan.zero >= 2))
-    if mixed_precision and plan.zero <= 1:
+    if megatron:
         pm._main_grads = tuple(distributed_optimizer.MainGrads(ps) if ps else None for ps in pm._split())
     return pm
 
