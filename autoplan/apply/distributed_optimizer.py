@@ -75,6 +75,13 @@ class MainGrads:
     def tensors(self) -> list[torch.Tensor]:
         return [p.main_grad for p in self.params]
 
+    def fold(self) -> None:
+        """Add every gradient left in ``.grad`` into ``main_grad`` and free it: a weight gradient
+        assigned without accumulation (torch's split backward, ``stage_backward_weight``)."""
+        for p in self.params:
+            if p.grad is not None:
+                _accumulate(p)
+
     def pieces(self, lo: int, hi: int):
         """(parameter, flat start, flat end, offset in [lo, hi)) of every parameter overlapping [lo, hi)."""
         for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):

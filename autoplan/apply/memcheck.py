@@ -80,7 +80,7 @@ STEPS = 2
 _BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")   # forwards and full backwards only (memcheck_pipeline)
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "zb-h2")   # F, B, I, W (memcheck_pipeline)
 
 
 def unsupported(plan: Plan) -> str | None:
@@ -90,8 +90,8 @@ def unsupported(plan: Plan) -> str | None:
         if getattr(plan, key) > 1:
             return f"{key}={getattr(plan, key)}: {why}"
     if plan.pp > 1 and plan.schedule not in PIPELINE_SCHEDULES:
-        return (f"schedule={plan.schedule}: memcheck runs a pipeline rank's forwards and full backwards "
-                f"({', '.join(PIPELINE_SCHEDULES)}), not split input/weight backwards")
+        return (f"schedule={plan.schedule}: memcheck runs a pipeline rank's forwards and (split) backwards "
+                f"({', '.join(PIPELINE_SCHEDULES)}), not DualPipeV's overlapped forward-backward pairs")
     return None
 
 

@@ -231,6 +231,7 @@ class ParallelModel:
             extra = self.microbatches if self.schedule is not None else 1
             for grads, reduction in zip(self._main_grads, self._reductions):
                 if grads is not None:
+                    grads.fold()               # split backwards assign .grad without the hook
                     grads.average(reduction.group, reduction.divisor * extra)
         elif self._reductions is not None:
             for params, reduction in zip(self._split(), self._reductions):

@@ -34,8 +34,8 @@ def test_fsdp_estimate_within_5_percent_of_the_tracker(cli, plan):
 def test_a_plan_apply_cannot_run_on_fake_tensors_is_reported_not_measured(cli):
     out = memcheck(cli, "tp=2,cp=2,dp=2,zero=1")
     assert "not measured" in out.stdout and "cp=2" in out.stdout
-    d = json.loads(memcheck(cli, "tp=2,pp=2,dp=2,zero=2,schedule=zbv", "--json").stdout)
-    assert d["skipped"].startswith("schedule=zbv") and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
+    d = json.loads(memcheck(cli, "tp=2,pp=2,dp=2,zero=2,schedule=dualpipev", "--json").stdout)
+    assert d["skipped"].startswith("schedule=dualpipev") and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
     assert all(r["measured_gib"] is None and r["predicted_gib"]["total"] > 0 for r in d["rank_kinds"])
 
 
@@ -97,6 +97,24 @@ def test_a_pipeline_under_megatrons_distributed_optimizer_is_measured_per_rank(c
         for k in ("params", "grads", "optimizer"):
             assert predicted[k] == pytest.approx(measured[k], rel=0.02)
         assert abs(row["error"]) < 0.05
+
+
+@pytest.mark.slow        # two fake-world pipeline ranks, ~30 s on 2 cores
+def test_split_backward_schedules_run_in_torchs_order(cli):
+    """zbv (torch's ScheduleZBVZeroBubble: F, I, W actions) on both pipeline ranks: the
+    chunk-micro-batches alive from F to W are the simulator's, the model states exact.  The
+    totals are not asserted: torch keeps each chunk's whole graph and the gradients flowing into
+    its weight ops from I to W, which the estimate does not price (RESULTS.md)."""
+    out = cli("memcheck", "tp=2,pp=2,dp=2,vpp=2,schedule=zbv,mbs=1,recompute=none,sp=on,zero=1",
+              "--model", PP_MODEL, "--cluster", "h100x8", "--seq", "2048", "--global-batch", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["skipped"] is None and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
+    for row in d["rank_kinds"]:
+        assert row["in_flight"] == {"estimate": 4, "torch": 4}
+        for k in ("params", "grads", "optimizer"):
+            assert row["predicted_gib"][k] == pytest.approx(row["measured_gib"][k], rel=0.02)
+        assert row["measured_gib"]["total"] >= row["predicted_gib"]["total"]
 
 
 def test_pp_ranks_must_name_pipeline_ranks(cli):
