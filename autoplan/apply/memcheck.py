@@ -33,19 +33,19 @@ configs say the layer count); a ``model.py`` runs whole.  Profiling the whole-mo
 FSDP2's ``split_with_sizes_copy`` copy-out, which move real bytes (FSDP's all-gather buffers are
 ordinary CPU tensors; only the parameters are fake), per layer per micro-batch per step.
 
-Pipeline parallelism (gpipe, 1f1b, interleaved) runs one pipeline rank's own step, with no
-point-to-point traffic: its stages built by ``apply`` (the plan's stage split, DTensor TP/SP,
-FSDP2, recompute), then its forwards and full backwards in the order of torch's schedule for the
-plan (``schedule.pipeline_order``), stage inputs and output gradients fresh fake tensors
+Pipeline parallelism (gpipe, 1f1b, interleaved, and the split-backward zb-h1, zbv, zb-h2) runs
+one pipeline rank's own step, with no point-to-point traffic: its stages built by ``apply`` (the
+plan's stage split, DTensor TP/SP, FSDP2, recompute), then its forwards and (full, or input and
+weight) backwards in the order of torch's schedule for the plan (``schedule.pipeline_order``), stage inputs and output gradients fresh fake tensors
 (``memcheck_pipeline``).  torch's runtime itself cannot run under the fake process group:
 ``PipelineStage`` without static ``input_args``/``output_args`` learns the shapes it receives by
 ``recv_object_list`` from its peer, which the fake process group never sends; with static
 shapes the schedule still votes STATIC vs DYNAMIC over P2P (its private ``_warmup_p2p``), reading
 zeros; and ``MemTracker`` refuses a module run more than once (``experiments/RESULTS.md``).  A
 rank's stages run whole (L/pp layers; no layer extrapolation), the optimizer state comes from an
-untracked optimizer step on zero gradients and one step is tracked, inside the fake mode (FSDP's
-all-gather buffers, ordinary CPU tensors outside it, are then fake: 0.8 GB per llama3-405b layer
-at tp=8, per rank kind, in RAM otherwise).
+untracked optimizer step on zero gradients and one step is tracked; under FSDP inside the fake
+mode (FSDP's all-gather buffers, ordinary CPU tensors outside it, are then fake: 0.8 GB per
+llama3-405b layer at tp=8, per rank kind, in RAM otherwise), else outside it (``_pipeline_child``).
 
 Zero 0/1 runs Megatron-Core's engine (``apply.distributed_optimizer``: bf16 parameters, a
 persistent fp32 gradient buffer, fp32 master weights and Adam moments of the rank's 1/d range
@@ -53,8 +53,8 @@ under the distributed optimizer), whose buffers and masters ``track_model_states
 gradients and optimizer state.
 
 What it does not run: context and expert parallelism (their exchanges read token values), and
-schedules that split the backward (zb-h1, zbv, dualpipev, zb-h2).  ``unsupported`` names the
-first of these a plan uses.
+DualPipeV (its overlapped forward-backward pairs).  ``unsupported`` names the first of these a
+plan uses.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ pipeline rank is run from the schedule ``apply`` built (torch's class for the pl
 schedule) as follows:
 
 * the order is the schedule's own per-rank action list (``schedule.pipeline_order[r]``:
-  ``F`` forward, ``B`` full backward of (stage, micro-batch); ``torch_order``);
+  ``F`` forward, ``B`` full backward, ``I`` / ``W`` the input / weight half of a split one, of
+  (stage, micro-batch); ``torch_order``);
 * ``F`` of a stage that receives its input: a fresh tensor of the residual stream's local shape
   (``[mbs, s/tp, h]`` under sp, else ``[mbs, s, h]``) in the compute dtype, requiring grad —
   what the receive buffer holds; the first stage reads token ids.  The last stage's output goes
@@ -19,6 +20,10 @@ schedule) as follows:
   ``PipelineStage.backward_maybe_with_nosync`` (torch's own: FSDP's no-sync, no
   reshard) with the loss, or with a fresh output gradient shaped as the stage's output (what
   the next rank sends); the stage input and its gradient are dropped afterwards (sent);
+* ``I`` and ``W`` as torch's ``backward_one_chunk(full_backward=False)`` and
+  ``backward_weight_one_chunk``: ``backward_maybe_with_nosync("input")`` keeps the graph and the
+  gradients flowing into the weight ops (``param_groups``) for ``"weight"``; the first stage's
+  ``I`` does nothing and its ``W`` is the full backward (``_backward``, ``_weight_backward``);
 * ``REDUCE_GRAD`` (listed by single-stage schedules), and after the last backward for every
   stage without one (multi-stage schedules add it when lowered, after the stage's last
   backward): ``PipelineStage.perform_reduce_grad(m)``, FSDP's reduce-scatter and the gradient
