@@ -8,7 +8,7 @@ default options (``SearchOptions()``: the 4 GiB margin, the robust objective) an
 fake process group at its full world size, two steps under ``MemTracker``) on every plan memcheck
 can run.  One row per plan and measured rank kind: the estimate, the tracker's peak, HBM, the margin,
 HBM − margin and whether the tracker's peak is at most HBM − margin.  A plan memcheck cannot run
-(``apply.memcheck.unsupported``: cp, ep, dualpipev) is a row
+(``apply.memcheck.unsupported``: cp under FSDP, ep, dualpipev) is a row
 with the reason.  When none of a case's top-K can run, the case is searched again restricted to
 what memcheck runs — ``SearchOptions(schedules=apply.memcheck.PIPELINE_SCHEDULES)``
 (cp and ep have no search option; a plan using them stays a skipped row) — and those plans are

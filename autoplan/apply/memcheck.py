@@ -52,8 +52,12 @@ persistent fp32 gradient buffer, fp32 master weights and Adam moments of the ran
 under the distributed optimizer), whose buffers and masters ``track_model_states`` registers as
 gradients and optimizer state.
 
-What it does not run: context and expert parallelism (their exchanges read token values), and
-DualPipeV (its overlapped forward-backward pairs).  ``unsupported`` names the first of these a
+Context parallelism runs on the rank's two sequence chunks (s/cp tokens; ring and Ulysses
+exchanges move fake tensors like any collective), except under FSDP (zero 2/3 at dp > 1): apply
+shards FSDP over the dp axis alone, where the estimate prices torchtitan's cp·dp sharding.
+
+What it does not run: expert parallelism (its all-to-all routes by token values), cp under
+FSDP, and DualPipeV (its overlapped forward-backward pairs).  ``unsupported`` names the first of these a
 plan uses.
 """
 from __future__ import annotations
@@ -85,10 +89,11 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "zb-h2")  
 
 def unsupported(plan: Plan) -> str | None:
     """Why memcheck cannot measure ``plan`` (see the module docstring), or None."""
-    for key, why in (("cp", "context parallelism's exchange reads token positions"),
-                     ("ep", "expert parallelism routes by token values")):
-        if getattr(plan, key) > 1:
-            return f"{key}={getattr(plan, key)}: {why}"
+    if plan.cp > 1 and plan.dp > 1 and plan.zero >= 2:
+        return (f"cp={plan.cp} with zero={plan.zero}: apply's FSDP shards over the dp axis alone, the estimate "
+                "(torchtitan's dp_shard_cp mesh) over cp·dp")
+    if plan.ep > 1:
+        return f"ep={plan.ep}: expert parallelism routes by token values"
     if plan.pp > 1 and plan.schedule not in PIPELINE_SCHEDULES:
         return (f"schedule={plan.schedule}: memcheck runs a pipeline rank's forwards and (split) backwards "
                 f"({', '.join(PIPELINE_SCHEDULES)}), not DualPipeV's overlapped forward-backward pairs")
@@ -291,8 +296,8 @@ def _flat_child(pm, opt, mode, *, batch: int, seq: int) -> dict:
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    with mode:
-        ids = torch.zeros(batch, seq, dtype=torch.long)
+    with mode:      # this rank's rows; under cp its two sequence chunks (ParallelModel.local_batch)
+        ids = torch.zeros(batch, seq // pm.plan.cp, dtype=torch.long)
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
     track_model_states(tracker, pm, opt)
     with tracker:
@@ -350,10 +355,11 @@ def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad()
-        ids = torch.zeros(plan.mbs, seq, dtype=torch.long)
+        ids = torch.zeros(plan.mbs, seq // plan.cp, dtype=torch.long)     # this rank's chunks under cp
     tracker = mp.step_tracker()
     track_model_states(tracker, pm, opt)
-    stream = (plan.mbs, seq // plan.tp if plan.sp and plan.tp > 1 else seq, hidden)
+    local = seq // plan.cp
+    stream = (plan.mbs, local // plan.tp if plan.sp and plan.tp > 1 else local, hidden)
     dtype = torch.bfloat16 if fsdp else next(iter(pm.parameters())).dtype
     with mode if fsdp else contextlib.nullcontext(), mp.dtensor_metadata_outside(mode), tracker:
         mp.run_step(pm, pm.coords["pp"], ids, stream, dtype)
