@@ -8,9 +8,9 @@ default options (``SearchOptions()``: the 4 GiB margin, the robust objective) an
 fake process group at its full world size, two steps under ``MemTracker``) on every plan memcheck
 can run.  One row per plan and measured rank kind: the estimate, the tracker's peak, HBM, the margin,
 HBM − margin and whether the tracker's peak is at most HBM − margin.  A plan memcheck cannot run
-(``apply.memcheck.unsupported``: zero 0/1 with dp > 1, cp, ep, split-backward schedules) is a row
+(``apply.memcheck.unsupported``: cp under FSDP, ep, dualpipev) is a row
 with the reason.  When none of a case's top-K can run, the case is searched again restricted to
-what memcheck runs — ``SearchOptions(zero=(2, 3), schedules=("gpipe", "1f1b", "interleaved"))``
+what memcheck runs — ``SearchOptions(schedules=apply.memcheck.PIPELINE_SCHEDULES)``
 (cp and ep have no search option; a plan using them stays a skipped row) — and those plans are
 checked, so that every case measures something.
 
@@ -39,7 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from results_md import write_section  # noqa: E402
 
-RESTRICTED = {"zero": (2, 3), "schedules": ("gpipe", "1f1b", "interleaved")}   # what memcheck runs
+from autoplan.apply.memcheck import PIPELINE_SCHEDULES  # noqa: E402
+
+RESTRICTED = {"schedules": PIPELINE_SCHEDULES}   # what memcheck runs (any zero stage)
 TOLERANCE = 0.05          # the bar: estimate within 5 % of the tracker's peak
 
 

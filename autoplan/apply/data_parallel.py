@@ -32,6 +32,13 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def grad_of(p: nn.Parameter) -> torch.Tensor | None:
+    """The local gradient of ``p``: its fp32 ``main_grad`` under Megatron's engine
+    (``distributed_optimizer.MainGrads``), else the local shard of ``.grad``."""
+    main = getattr(p, "main_grad", None)
+    return main if main is not None else (None if p.grad is None else local(p.grad))
+
+
 def shard_fsdp(stage: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, zero: int,
                mixed_precision: bool = False) -> None:
     """FSDP2 units: each block, then the stage (the outside parameters it owns).

@@ -33,25 +33,32 @@ configs say the layer count); a ``model.py`` runs whole.  Profiling the whole-mo
 FSDP2's ``split_with_sizes_copy`` copy-out, which move real bytes (FSDP's all-gather buffers are
 ordinary CPU tensors; only the parameters are fake), per layer per micro-batch per step.
 
-Pipeline parallelism (gpipe, 1f1b, interleaved) runs one pipeline rank's own step, with no
-point-to-point traffic: its stages built by ``apply`` (the plan's stage split, DTensor TP/SP,
-FSDP2, recompute), then its forwards and full backwards in the order of torch's schedule for the
-plan (``schedule.pipeline_order``), stage inputs and output gradients fresh fake tensors
+Pipeline parallelism (gpipe, 1f1b, interleaved, and the split-backward zb-h1, zbv, zb-h2) runs
+one pipeline rank's own step, with no point-to-point traffic: its stages built by ``apply`` (the
+plan's stage split, DTensor TP/SP, FSDP2, recompute), then its forwards and (full, or input and
+weight) backwards in the order of torch's schedule for the plan (``schedule.pipeline_order``), stage inputs and output gradients fresh fake tensors
 (``memcheck_pipeline``).  torch's runtime itself cannot run under the fake process group:
 ``PipelineStage`` without static ``input_args``/``output_args`` learns the shapes it receives by
 ``recv_object_list`` from its peer, which the fake process group never sends; with static
 shapes the schedule still votes STATIC vs DYNAMIC over P2P (its private ``_warmup_p2p``), reading
 zeros; and ``MemTracker`` refuses a module run more than once (``experiments/RESULTS.md``).  A
 rank's stages run whole (L/pp layers; no layer extrapolation), the optimizer state comes from an
-untracked optimizer step on zero gradients and one step is tracked, inside the fake mode (FSDP's
-all-gather buffers, ordinary CPU tensors outside it, are then fake: 0.8 GB per llama3-405b layer
-at tp=8, per rank kind, in RAM otherwise).
+untracked optimizer step on zero gradients and one step is tracked; under FSDP inside the fake
+mode (FSDP's all-gather buffers, ordinary CPU tensors outside it, are then fake: 0.8 GB per
+llama3-405b layer at tp=8, per rank kind, in RAM otherwise), else outside it (``_pipeline_child``).
 
-What it does not run: zero 0/1 (Megatron's fp32 gradient buffer and distributed optimizer,
-which the torch path does not reproduce: its gradients and optimizer state follow the
-parameter dtype), context and expert parallelism (their exchanges read token values), and
-schedules that split the backward (zb-h1, zbv, dualpipev, zb-h2).  ``unsupported`` names the
-first of these a plan uses.
+Zero 0/1 runs Megatron-Core's engine (``apply.distributed_optimizer``: bf16 parameters, a
+persistent fp32 gradient buffer, fp32 master weights and Adam moments of the rank's 1/d range
+under the distributed optimizer), whose buffers and masters ``track_model_states`` registers as
+gradients and optimizer state.
+
+Context parallelism runs on the rank's two sequence chunks (s/cp tokens; ring and Ulysses
+exchanges move fake tensors like any collective), except under FSDP (zero 2/3 at dp > 1): apply
+shards FSDP over the dp axis alone, where the estimate prices torchtitan's cp·dp sharding.
+
+What it does not run: expert parallelism (its all-to-all routes by token values), cp under
+FSDP, and DualPipeV (its overlapped forward-backward pairs).  ``unsupported`` names the first of these a
+plan uses.
 """
 from __future__ import annotations
 
@@ -77,21 +84,19 @@ STEPS = 2
 _BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")   # forwards and full backwards only (memcheck_pipeline)
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "zb-h2")   # F, B, I, W (memcheck_pipeline)
 
 
 def unsupported(plan: Plan) -> str | None:
     """Why memcheck cannot measure ``plan`` (see the module docstring), or None."""
-    if plan.zero < 2 and plan.dp > 1:
-        return (f"zero={plan.zero}: Megatron's fp32 gradient buffer and distributed optimizer are not what "
-                "the torch path runs (its gradients and optimizer state follow the parameter dtype)")
-    for key, why in (("cp", "context parallelism's exchange reads token positions"),
-                     ("ep", "expert parallelism routes by token values")):
-        if getattr(plan, key) > 1:
-            return f"{key}={getattr(plan, key)}: {why}"
+    if plan.cp > 1 and plan.dp > 1 and plan.zero >= 2:
+        return (f"cp={plan.cp} with zero={plan.zero}: apply's FSDP shards over the dp axis alone, the estimate "
+                "(torchtitan's dp_shard_cp mesh) over cp·dp")
+    if plan.ep > 1:
+        return f"ep={plan.ep}: expert parallelism routes by token values"
     if plan.pp > 1 and plan.schedule not in PIPELINE_SCHEDULES:
-        return (f"schedule={plan.schedule}: memcheck runs a pipeline rank's forwards and full backwards "
-                f"({', '.join(PIPELINE_SCHEDULES)}), not split input/weight backwards")
+        return (f"schedule={plan.schedule}: memcheck runs a pipeline rank's forwards and (split) backwards "
+                f"({', '.join(PIPELINE_SCHEDULES)}), not DualPipeV's overlapped forward-backward pairs")
     return None
 
 
@@ -291,16 +296,35 @@ def _flat_child(pm, opt, mode, *, batch: int, seq: int) -> dict:
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    with mode:
-        ids = torch.zeros(batch, seq, dtype=torch.long)
+    with mode:      # this rank's rows; under cp its two sequence chunks (ParallelModel.local_batch)
+        ids = torch.zeros(batch, seq // pm.plan.cp, dtype=torch.long)
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
-    tracker.track_external(*pm.stages, opt)
+    track_model_states(tracker, pm, opt)
     with tracker:
         for _ in range(STEPS):
             pm.forward_backward(ids, ids, read_loss=False, before_microbatch=tracker.reset_mod_stats)
             opt.step()
             opt.zero_grad()
     return moments(tracker)
+
+
+def track_model_states(tracker, pm, opt) -> None:
+    """What ``tracker`` must know before the tracked steps: the stages' parameters and buffers and
+    the optimizers' states (``track_external``); under Megatron's engine for zero 0/1
+    (``apply.distributed_optimizer``) also its fp32 gradient buffers as gradients and its fp32
+    master weights as optimizer state — ``track_external`` would count a bare tensor as "Other",
+    so they get their category through the tracker's own ``_update_and_maybe_create_winfos``
+    (private in torch 2.13), as its module hooks categorise parameters and gradients."""
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    parts = getattr(opt, "parts", [opt])
+    inner = [getattr(o, "inner", o) for o in parts]
+    tracker.track_external(*pm.stages, *[o for o in inner if o is not None])
+    for grads in pm._main_grads:
+        for g in grads.tensors if grads is not None else ():
+            tracker._update_and_maybe_create_winfos(g, _MemRefType.GRAD)
+    for master in (m for o in parts for m in getattr(o, "masters", ())):
+        tracker._update_and_maybe_create_winfos(master, _MemRefType.OPT)
 
 
 def _hidden(model) -> int:
@@ -313,28 +337,34 @@ def _hidden(model) -> int:
 def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
     """pp > 1: the optimizer state made by an untracked step on zero gradients (what a first step
     leaves), then one step of this pipeline rank in torch's order (``memcheck_pipeline``) under
-    the tracker, entered inside the fake mode so that FSDP's all-gather buffers are fake too
-    (outside it they are real CPU tensors: 0.8 GB per llama3-405b layer at tp=8).  Returns the
-    peak by category and the chunk-micro-batches torch's order holds at most."""
+    the tracker.  Under FSDP (zero ≥ 2 at dp > 1) the tracker is entered inside the fake mode, so
+    that FSDP's all-gather buffers are fake too (outside it they are real CPU tensors: 0.8 GB per
+    llama3-405b layer at tp=8); without FSDP outside it, as at pp = 1: entered inside, every
+    view of a parameter made during the step (``to_local``, ``t()`` of a weight) reaches the
+    tracker as a new storage (torch 2.13: 2 B per parameter of phantom activations on
+    llama zero=1, pp=2, tp=2).  Returns the peak by category and the chunk-micro-batches
+    torch's order holds at most."""
     import torch
 
     from autoplan.apply import memcheck_pipeline as mp
 
     plan = pm.plan
+    fsdp = plan.dp > 1 and plan.zero >= 2
     with mode:
         for p in pm.parameters():
             p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad()
-        ids = torch.zeros(plan.mbs, seq, dtype=torch.long)
-        tracker = mp.step_tracker()
-        tracker.track_external(*pm.stages, opt)
-        stream = (plan.mbs, seq // plan.tp if plan.sp and plan.tp > 1 else seq, hidden)
-        dtype = torch.bfloat16 if plan.dp > 1 and plan.zero >= 2 else next(iter(pm.parameters())).dtype
-        with mp.dtensor_metadata_outside(mode), tracker:
-            mp.run_step(pm, pm.coords["pp"], ids, stream, dtype)
-            opt.step()
-            opt.zero_grad()
+        ids = torch.zeros(plan.mbs, seq // plan.cp, dtype=torch.long)     # this rank's chunks under cp
+    tracker = mp.step_tracker()
+    track_model_states(tracker, pm, opt)
+    local = seq // plan.cp
+    stream = (plan.mbs, local // plan.tp if plan.sp and plan.tp > 1 else local, hidden)
+    dtype = torch.bfloat16 if fsdp else next(iter(pm.parameters())).dtype
+    with mode if fsdp else contextlib.nullcontext(), mp.dtensor_metadata_outside(mode), tracker:
+        mp.run_step(pm, pm.coords["pp"], ids, stream, dtype)
+        opt.step()
+        opt.zero_grad()
     peak = categorize(max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d.get("Total", 0)))
     return {"peak": peak, "in_flight": mp.peak_in_flight(mp.torch_order(pm.schedule, pm.coords["pp"]))}
 

@@ -24,7 +24,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from autoplan.apply import context_parallel, data_parallel, expert_parallel, pipeline, recompute, tensor_parallel
+from autoplan.apply import (context_parallel, data_parallel, distributed_optimizer, expert_parallel, pipeline, recompute,
+                            tensor_parallel)
 from autoplan.apply._torch import plain_tensors_are_replicated, register_cpu_attention_sharding
 from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
 from autoplan.apply.groups import GroupMaker, Reduction, gradient_reductions
@@ -137,6 +138,8 @@ class ParallelModel:
     _expert_dp: tuple[object | None, tuple[int, ...]] = (None, ())   # EXPERT_DP group and ranks
     _ep_group: object | None = field(default=None, repr=False)
     _reductions: tuple[Reduction, Reduction] | None = field(default=None, repr=False)   # dense, expert
+    # zero 0/1 under mixed precision: Megatron's fp32 gradient buffers (dense, expert; None: no such parameters)
+    _main_grads: tuple[distributed_optimizer.MainGrads | None, ...] = field(default=(), repr=False)
 
     # --- where this rank sits -------------------------------------------------
     @property
@@ -223,7 +226,14 @@ class ParallelModel:
     def _finish_gradients(self) -> None:
         """tp partial sums settled, then the dense and expert averages of ``groups.py``, then tied sums."""
         data_parallel.settle_tp_gradients(self.parameters())
-        if self._reductions is not None:
+        if self._main_grads:
+            # the schedule's 1/m scaling (scale_grads) reads .grad, which the buffer's hooks free
+            extra = self.microbatches if self.schedule is not None else 1
+            for grads, reduction in zip(self._main_grads, self._reductions):
+                if grads is not None:
+                    grads.fold()               # split backwards assign .grad without the hook
+                    grads.average(reduction.group, reduction.divisor * extra)
+        elif self._reductions is not None:
             for params, reduction in zip(self._split(), self._reductions):
                 data_parallel.reduce_gradients(params, reduction.group, reduction.divisor)
         self._sum_tied_gradients()
@@ -234,7 +244,7 @@ class ParallelModel:
             return
         holders = [s for s in self.stages if s.first or s.last]
         for name in self.tied:
-            grads = [data_parallel.local(s.model.get_parameter(name).grad) for s in holders]
+            grads = [data_parallel.grad_of(s.model.get_parameter(name)) for s in holders]
             if len(grads) == 2:                       # V placement: both stages on this rank
                 grads[0].add_(grads[1])
                 grads[1].copy_(grads[0])
@@ -254,7 +264,10 @@ class ParallelModel:
 
     # --- optimizer ------------------------------------------------------------------
     def optimizer(self, kind: str = "adamw", lr: float = 1e-3):
-        """SGD or AdamW over this rank's parameters; ZeRO-1 sharded when the plan says zero=1."""
+        """SGD or AdamW over this rank's parameters; ZeRO-1 sharded when the plan says zero=1
+        (under mixed precision: Megatron's distributed optimizer over the fp32 gradient buffers)."""
+        if self._main_grads:
+            return self._distributed_optimizer(kind, lr)
         if self.plan.zero != 1 or len(self._dp_ranks) == 1:
             return make_optimizer(kind, self.parameters(), lr)
         dense, experts = self._split()
@@ -265,6 +278,17 @@ class ParallelModel:
                 continue
             parts.append(data_parallel.ZeroOneOptimizer(params, lambda ps: make_optimizer(kind, ps, lr), group, ranks)
                          if len(ranks) > 1 else make_optimizer(kind, params, lr))
+        return parts[0] if len(parts) == 1 else data_parallel.Optimizers(parts)
+
+    def _distributed_optimizer(self, kind: str, lr: float):
+        """``distributed_optimizer.DistributedOptimizer`` per gradient buffer, sharded over its
+        reduction's ranks under zero=1, whole under zero=0."""
+        parts = []
+        for grads, reduction in zip(self._main_grads, self._reductions):
+            if grads is not None:
+                ranks = reduction.ranks if self.plan.zero == 1 else (dist.get_rank(),)
+                parts.append(distributed_optimizer.DistributedOptimizer(
+                    grads, lambda ps: make_optimizer(kind, ps, lr), reduction.group, ranks))
         return parts[0] if len(parts) == 1 else data_parallel.Optimizers(parts)
 
     # --- inspection (collectives: call on every rank) ------------------------------------
@@ -298,7 +322,9 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     With tp > 1 and the default loss, vocabulary-parallel logits stay split over tp and the
     loss is computed on the shards (``vocab_parallel_cross_entropy``); a custom ``loss_fn``
     gets whole logits.  ``mixed_precision``: FSDP (zero ≥ 2) keeps fp32 sharded parameters and
-    computes in bf16 (torchtitan's policy; ``autoplan memcheck`` runs it).
+    computes in bf16 (torchtitan's policy); zero 0/1 runs Megatron-Core's engine (bf16 parameters,
+    fp32 gradient buffers, the distributed optimizer: ``distributed_optimizer``).  ``autoplan
+    memcheck`` runs both.
     """
     check_supported(plan, global_batch, seq)
     training_config(model)
@@ -331,13 +357,15 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         context_parallel.check_model(model)
         cp_groups = context_parallel.build_groups(plan, rank)
         positions = context_parallel.local_positions(seq, plan.cp, coords["cp"], device)
+    megatron = mixed_precision and plan.zero <= 1        # Megatron's engine: bf16 stages (distributed_optimizer)
+    bf16_stage = torch.bfloat16 if megatron else None
     bounds = pipeline.stage_bounds(plan, layout.num_blocks)
     num_stages = len(bounds)
     stages = []
     for sid in plan.stages_of_rank(coords["pp"]):
         first, end = bounds[sid]
         copy, inject = pipeline.cut_stage(model, layout, first, end, owns_pre=sid == 0,
-                                          owns_post=sid == num_stages - 1)
+                                          owns_post=sid == num_stages - 1, stub_dtype=bf16_stage)
         if cp_groups is not None:
             context_parallel.route_whole_sequence(copy, plan.cp, coords["cp"], mesh["cp"].get_group(), seq)
         if ep_group is not None:
@@ -351,6 +379,8 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         recompute.recompute_blocks(blocks, plan.recompute_of_stage(coords["pp"]))
         if plan.dp > 1 and plan.zero >= 2:
             data_parallel.shard_fsdp(stage, blocks, mesh["dp"], plan.zero, mixed_precision)
+        elif megatron:
+            distributed_optimizer.to_bf16(stage)
         stages.append(stage)
 
     microbatches = plan.microbatches(global_batch)
@@ -360,12 +390,15 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     tied = tuple(sorted(layout.pre & layout.post))
     tied_group = _tied_group(plan, rank) if tied and plan.pp > 1 else None
     dp_group, dp_ranks = groups.named(DENSE_DP)
-    return ParallelModel(plan=plan, mesh=mesh, layout=layout, stages=stages, schedule=schedule,
+    pm = ParallelModel(plan=plan, mesh=mesh, layout=layout, stages=stages, schedule=schedule,
                          loss_fn=loss_fn, microbatches=microbatches, coords=coords, tied=tied,
                          vocab_parallel_loss=vocab_parallel, cp_groups=cp_groups, expert_names=expert_names,
                          _tied_group=tied_group, _dp_group=dp_group, _dp_ranks=dp_ranks,
                          _expert_dp=groups.named(EXPERT_DP), _ep_group=ep_group,
                          _reductions=gradient_reductions(plan, groups, fsdp=plan.dp > 1 and plan.zero >= 2))
+    if megatron:
+        pm._main_grads = tuple(distributed_optimizer.MainGrads(ps) if ps else None for ps in pm._split())
+    return pm
 
 
 def _check_mesh(mesh: DeviceMesh, plan: Plan) -> None:

@@ -85,14 +85,17 @@ def stage_bounds(plan: Plan, num_blocks: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _stub(t: torch.Tensor) -> torch.Tensor:
-    """Zeros of ``t``'s shape and dtype that take no memory (stride 0)."""
-    return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+def _stub(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Zeros of ``t``'s shape and dtype (or ``dtype``) that take no memory (stride 0)."""
+    return torch.zeros((), dtype=dtype or t.dtype, device=t.device).expand(t.shape)
 
 
 def cut_stage(model: nn.Module, layout: ModelLayout, first: int, end: int, owns_pre: bool,
-              owns_post: bool) -> tuple[nn.Module, _Inject | None]:
-    """Copy of ``model`` holding blocks [first, end) and the outside parameters the stage owns."""
+              owns_post: bool, stub_dtype: torch.dtype | None = None) -> tuple[nn.Module, _Inject | None]:
+    """Copy of ``model`` holding blocks [first, end) and the outside parameters the stage owns.
+    ``stub_dtype``: the dtype of the stand-ins for the outside parameters it does not own
+    (default theirs): the compute dtype, when the stage's parameters are cast to it (the stub
+    embedding's output sets the dtype of what the model derives from it, e.g. RoPE's cos/sin)."""
     blocks = model.get_submodule(layout.blocks_path)
     memo: dict[int, object] = {}
     inject = None
@@ -111,7 +114,7 @@ def cut_stage(model: nn.Module, layout: ModelLayout, first: int, end: int, owns_
             continue
         if (owns_pre and name in layout.pre) or (owns_post and name in layout.post):
             continue
-        memo[id(p)] = _stub(p)
+        memo[id(p)] = _stub(p, stub_dtype if p.is_floating_point() else None)
         stubbed.append(name)
     stage = copy.deepcopy(model, memo)
     for name in stubbed:                      # stubs are plain attributes, not parameters

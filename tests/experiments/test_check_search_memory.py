@@ -30,7 +30,7 @@ def test_table_and_exit_status_mark_a_peak_over_hbm_minus_margin(experiment):
 
 
 def test_a_plan_memcheck_cannot_run_is_a_row_with_its_reason(experiment):
-    """The search's numbers and memcheck's reason, without running anything (zero=1, dp > 1)."""
+    """The search's numbers and memcheck's reason, without running anything (cp > 1 under FSDP)."""
     from types import SimpleNamespace
 
     from autoplan.cost import EstimateOptions
@@ -40,10 +40,10 @@ def test_a_plan_memcheck_cannot_run_is_a_row_with_its_reason(experiment):
     csm = experiment("check_search_memory")
     case = csm.Case(SMALL, "h100x8", 2048, 16)
     w = Workload.load(case.model, case.cluster, seq=case.seq, global_batch=case.global_batch)
-    plan = Plan.parse("dp=8,zero=1,mbs=2", num_gpus=8)
+    plan = Plan.parse("dp=4,cp=2,zero=3,mbs=2", num_gpus=8)
     cand = SimpleNamespace(plan=plan, estimate=w.estimator(EstimateOptions()).estimate(plan, 16, detail=False))
     (row,) = csm.check_candidate(case, w, "top-5 #1", cand)
-    assert row.skipped.startswith("zero=1") and not row.measured and row.fits is None
+    assert row.skipped.startswith("cp=2") and not row.measured and row.fits is None
     assert row.limit_gib == pytest.approx(row.hbm_gib - 4.0) and 0 < row.search_gib < row.limit_gib
 
 

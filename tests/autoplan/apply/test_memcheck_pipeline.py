@@ -46,6 +46,23 @@ def test_torch_orders_hold_as_many_chunk_microbatches_as_the_simulator_prices(fa
     assert compute.count("F") == compute.count("B") == m * v
 
 
+@pytest.mark.parametrize("m", [4, 8])
+def test_zbv_holds_the_chunk_microbatches_the_simulator_prices(fake_world, m):
+    """torch's ScheduleZBVZeroBubble (V placement: stages r and 2p − 1 − r on rank r; split
+    backward): its order has F, I and W actions, and the forwards alive until their W are the
+    simulator's zbv count, rank by rank."""
+    from torch.distributed.pipelining import ScheduleZBVZeroBubble
+
+    p = fake_world
+    stages = [PipelineStage(nn.Linear(2, 2), s, 2 * p, torch.device("cpu")) for s in (0, 2 * p - 1)]
+    sched = ScheduleZBVZeroBubble(stages, n_microbatches=m, loss_fn=lambda out, target: out.sum())
+    kinds = {k for k, _, _ in torch_order(sched, 0)}
+    assert {"F", "I", "W"} <= kinds
+    torch_counts = [peak_in_flight(torch_order(sched, r)) for r in range(p)]
+    simulated = [int(x.bytes) for x in peak_live("zbv", p, m, 2, [1.0] * (2 * p))]
+    assert torch_counts == simulated
+
+
 def test_peak_in_flight_counts_forwards_not_yet_backwarded():
     order = [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("F", 0, 2), ("F", 0, 3), ("B", 0, 1)]
     assert peak_in_flight(order) == 3
