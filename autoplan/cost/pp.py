@@ -72,10 +72,16 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
 
     bags, start = [], 0
     layers = plan.stage_layers(num_layers)
+    alike: dict[tuple, Bag] = {}       # inner chunks of the same layers and policy share one bag
     for c, (n, kinds) in enumerate(zip(layers, _chunk_kinds(order, layers))):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
-        if recompute_layers(rc) is None:
+        inner = 0 < c < chunks - 1
+        if recompute_layers(rc) is None and inner and (kinds, rc) in alike:
+            bag = alike[(kinds, rc)]
+        elif recompute_layers(rc) is None:
             bag = [(get(k, rc), count) for k, count in kinds]
+            if inner:
+                alike[(kinds, rc)] = bag
         else:         # full:N: the policy depends on the layer's place in its stage
             counted = Counter(zip(order[start:start + n], layer_policies(rc, n)))
             bag = [(get(k, policy), count) for (k, policy), count in counted.items()]

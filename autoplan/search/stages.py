@@ -38,7 +38,7 @@ import numpy as np
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
-from autoplan.cost.bounds import Floor, plan_floor, step_lower_bound
+from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lower_bound
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
@@ -208,7 +208,14 @@ def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tup
 def memoised_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
     recompute policies ask for the same plans); a UserError is remembered and raised again."""
-    return _memoised(est, ("floor", plan, global_batch), lambda: plan_floor(est, plan, global_batch))
+    return _memoised(est, ("floor", plan, global_batch),
+                     lambda: plan_floor(est, plan, global_batch, memoised_memory(est, plan, global_batch)))
+
+
+def memoised_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
+    """``plan_memory``, memoised as ``memoised_floor`` (the recompute policies a plan is not
+    priced under need their memory only, not a step floor)."""
+    return _memoised(est, ("memory", plan, global_batch), lambda: plan_memory(est, plan, global_batch))
 
 
 def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
@@ -263,27 +270,30 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     estimate are ``_best_recompute_priced``'s (the reference path, ``REUSE`` off)."""
     if not REUSE:
         return _best_recompute_priced(est, plan, global_batch, to_beat)
-    floors: dict[str, Floor] = {}
+    mems: dict[str, Memory] = {}
     choice: list[str | None] = [None] * plan.pp
     hbm = est.usable_bytes / GIB
-    for policy in RECOMPUTE:           # weakest first; a policy no rank still needs is not floored
+    for policy in RECOMPUTE:           # weakest first; a policy no rank still needs is not looked at
         try:
-            floors[policy] = memoised_floor(est, plan.replace(recompute=(policy,)), global_batch)
+            mems[policy] = memoised_memory(est, plan.replace(recompute=(policy,)), global_batch)
         except UserError:              # the plan's validity does not depend on its uniform policy
             return None, float("inf"), 0
-        if policy == "none" and floors[policy].fits:
+        if policy == "none" and mems[policy].fits:
             return (_estimate(est, plan, global_batch), plan), 0.0, 1
-        per_stage = floors[policy].memory_per_stage_gib
+        per_stage = mems[policy].memory_per_stage_gib
         choice = [c if c is not None or per_stage[r] > hbm else policy for r, c in enumerate(choice)]
         if None not in choice:
             break
     if None in choice:
-        return None, floors["full"].memory_per_stage_gib[choice.index(None)] - hbm, 0
+        return None, mems["full"].memory_per_stage_gib[choice.index(None)] - hbm, 0
     mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
-    floor = floors[choice[0]] if len(set(choice)) == 1 else memoised_floor(est, mixed, global_batch)
-    if not floor.fits:
-        return None, floor.memory_gib - hbm, 0
-    if floor.step_s > to_beat:
+    mem = mems[choice[0]] if len(set(choice)) == 1 else memoised_memory(est, mixed, global_batch)
+    if not mem.fits:
+        return None, mem.memory_gib - hbm, 0
+    try:
+        if memoised_floor(est, mixed, global_batch).step_s > to_beat:
+            return None, float("inf"), 0
+    except UserError:
         return None, float("inf"), 0
     return (_estimate(est, mixed, global_batch), mixed), 0.0, 1
 
