@@ -154,5 +154,6 @@ def _makespan_floor(est: Estimator, plan: Plan, shape: _Shape) -> tuple[float, f
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = pp.stage_times(shape.bags, pp.wpass_factor(est.comms, schedule))
     _, p2p, _, _ = pp.boundary(est.comms, plan, shape.mesh, est.model.sample_positions, est.hidden, schedule)
-    return (makespan_lower_bound(schedule, plan.pp, shape.m, plan.vpp, f, b, w, p2p),
+    f_comm, b_comm = pp.pair_comms(schedule, list(shape.bags))
+    return (makespan_lower_bound(schedule, plan.pp, shape.m, plan.vpp, f, b, w, p2p, f_comm, b_comm),
             est.embedding_sync(plan, shape.mesh)[1])
