@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -191,8 +191,18 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
     if best is None:
         return MeshResult(mesh, None, None, shortfall, evaluated, pruned=skipped == len(bounded),
                           memory_limited=limited)
-    final = est.estimate(best[2], global_batch)          # full detail for the winner
+    final = _estimate(est, best[2], global_batch)        # ``detailed`` prices the rest where it is shown
     return MeshResult(mesh, best[2], final, 0.0, evaluated + 1, memory_limited=limited)
+
+
+def detailed(est: Estimator, result: MeshResult, global_batch: int) -> MeshResult:
+    """``result`` with the full estimate of its plan.  ``best_plan`` returns the search's
+    ``detail=False`` one: the same step, memory and fit to the bit (the same simulation and
+    sums); only the exposed share of stage-to-stage P2P (a second simulation) and the primitive
+    table are left out, so they are priced for the plans a search shows, not for every mesh."""
+    if result.plan is None:
+        return result
+    return replace(result, estimate=est.estimate(result.plan, global_batch))
 
 
 def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tuple[str, ...], max_vpp: int,
