@@ -185,7 +185,7 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
             shortfall = min(shortfall, short)
             limited = limited or result is None or result[1].recompute != ("none",)
             if result is not None:
-                key = (result[0].step_time_s, result[1].to_string())
+                key = (result[0], result[1].to_string())
                 if best is None or key < best[:2]:
                     best = (key[0], key[1], result[1])
     if best is None:
@@ -272,7 +272,7 @@ def recompute_floor(none: Estimate) -> float:
 
 
 def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
-    """Least recomputation per stage that fits; returns ((estimate, plan) | None, shortfall GiB, plans priced).
+    """Least recomputation per stage that fits; returns ((step seconds, plan) | None, shortfall GiB, plans priced).
 
     Memory needs no simulation (``plan_floor``), so only the chosen plan is priced — and not
     even it when its floor exceeds ``to_beat`` (the mesh's best: it cannot win, and is
@@ -289,7 +289,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
         except UserError:              # the plan's validity does not depend on its uniform policy
             return None, float("inf"), 0
         if policy == "none" and mems[policy].fits:
-            return (_estimate(est, plan, global_batch), plan), 0.0, 1
+            return (_step_time(est, plan, global_batch), plan), 0.0, 1
         per_stage = mems[policy].memory_per_stage_gib
         choice = [c if c is not None or per_stage[r] > hbm else policy for r, c in enumerate(choice)]
         if None not in choice:
@@ -305,7 +305,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
             return None, float("inf"), 0
     except UserError:
         return None, float("inf"), 0
-    return (_estimate(est, mixed, global_batch), mixed), 0.0, 1
+    return (_step_time(est, mixed, global_batch), mixed), 0.0, 1
 
 
 def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
@@ -325,7 +325,7 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_bea
         priced += 1
         per_policy[policy] = e
         if e.fits and policy == "none":
-            return (e, plan.replace(recompute=(policy,))), 0.0, priced
+            return (e.step_time_s, plan.replace(recompute=(policy,))), 0.0, priced
         if policy == "none" and recompute_floor(e) > to_beat:
             return None, float("inf"), priced
     hbm = est.usable_bytes / GIB
@@ -340,7 +340,7 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_bea
     if e is None:
         e = _estimate(est, mixed, global_batch)
         priced += 1
-    return ((e, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
+    return ((e.step_time_s, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
 
 
 _MEMO: "weakref.WeakKeyDictionary[Estimator, dict]" = weakref.WeakKeyDictionary()
@@ -353,6 +353,12 @@ def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
     if not REUSE:
         return est.estimate(plan, global_batch, detail=False)
     return _memoised(est, (plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
+
+
+def _step_time(est: Estimator, plan: Plan, global_batch: int) -> float:
+    """``_estimate(...).step_time_s`` without what the step does not read (``Estimator
+    .step_time_s``, equal to the bit), memoised: what the stage search compares plans by."""
+    return _memoised(est, ("step", plan, global_batch), lambda: est.step_time_s(plan, global_batch))
 
 
 def _memoised(est: Estimator, key: tuple, compute):
