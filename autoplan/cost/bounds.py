@@ -13,6 +13,10 @@
   sync and the optimizer step (the exposed data-parallel time is ≥ 0), less a relative 1e-9
   for summation order — and whether it fits in HBM as written (``Estimate.fits`` exactly:
   memory reads only the schedule's peak activations, a property of the order).
+* ``plan_memory``: that memory alone (what the recompute choice reads for the policies it
+  does not price).  The bags, rank groups, live peaks and makespan bound a plan's floor reads
+  do not depend on its ZeRO stage (``_Shape``): the four ZeRO variants of a mesh share them,
+  and only the model states and the optimizer step are priced per variant.
 """
 from __future__ import annotations
 

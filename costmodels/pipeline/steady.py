@@ -284,11 +284,10 @@ def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: Stag
     forms = np.full((n + k + 1, n), -np.inf)
     forms[np.arange(n), np.arange(n)] = 0.0
     q = per.period
-    lat1 = times.p2p[comp.bnd1[q]][:, None]
-    lat2 = times.p2p[comp.bnd2[q]][:, None]
+    lat = np.stack([np.zeros(k), times.p2p[comp.bnd1[q]], times.p2p[comp.bnd2[q]]])[:, :, None]
     du = dur_arr[q][:, None]
-    for at, r0, r1, r2 in rows[2]:
-        forms[at + n] = np.maximum(np.maximum(forms[r0], forms[r1] + lat1[at]), forms[r2] + lat2[at]) + du[at]
+    for at, inputs in rows[2]:        # max(pred, in1 + lat1, in2 + lat2) + du, the three at once (pred + 0.0 is pred)
+        forms[at + n] = (forms[inputs] + lat[:, at]).max(axis=0) + du[at]
     return forms[rows[1]]
 
 
@@ -319,8 +318,7 @@ def _period_rows(comp: Compiled, per: Period):
     for i in range(len(inputs)):
         by_level.setdefault(level[n + i], []).append(i)
     table = np.array(inputs, dtype=np.int64).reshape(-1, 3)
-    levels = tuple((np.array(at), table[at, 0], table[at, 1], table[at, 2])
-                   for _, at in sorted(by_level.items()))
+    levels = tuple((np.array(at), table[at].T.copy()) for _, at in sorted(by_level.items()))
     return inputs, image, levels
 
 
