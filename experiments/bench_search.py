@@ -113,7 +113,8 @@ for name, on in (("old", False), ("new", True)):
     simulator.EXTRAPOLATE = stages.REUSE = on
     # each path starts cold: no compiled order, period, live walk or ILP solution left by the other
     for cache in (simulator._compile, steady.find_period, steady._graph, steady.short_size, steady._period_rows, steady._parts,
-                  stages.balanced_cuts, bounds.peak_activations, live._events, live._walk, live._peaks):
+                  stages.balanced_cuts, bounds.peak_activations, live._events, live._walk, live._peaks,
+                  live._bytes):
         cache.cache_clear()
     solve._SOLVED.clear()
     solve._LAYOUT_READS.clear()

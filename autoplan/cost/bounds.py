@@ -13,18 +13,24 @@
   sync and the optimizer step (the exposed data-parallel time is ≥ 0), less a relative 1e-9
   for summation order — and whether it fits in HBM as written (``Estimate.fits`` exactly:
   memory reads only the schedule's peak activations, a property of the order).
+* ``plan_memory``: that memory alone (what the recompute choice reads for the policies it
+  does not price).  The bags, rank groups, live peaks and makespan bound a plan's floor reads
+  do not depend on its ZeRO stage (``_Shape``): the four ZeRO variants of a mesh share them,
+  and only the model states and the optimizer step are priced per variant.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, fields
 
 from autoplan.axes import DENSE_DP, EXPERT_DP
-from autoplan.cost import dp, memory, pp
+from autoplan.cost import dp, fsdp, memory, pp
 from autoplan.cost.estimator import Estimator
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from costmodels.memory import GIB
 from costmodels.pipeline.bounds import makespan_lower_bound
+from costmodels.pipeline.live import peak_bytes
 
 SUMMATION_MARGIN = 1e-9          # relative: bounds sum in another order than the estimate
 
@@ -57,6 +63,16 @@ def states_lower_bound(est: Estimator, plan: Plan) -> float:
 
 
 @dataclass(frozen=True)
+class Memory:
+    """What ``plan_memory`` knows of a plan's memory before its pipeline is simulated."""
+
+    fits: bool                                 # Estimate.fits
+    memory_gib: float                          # Estimate.memory_gib
+    memory_per_stage_gib: tuple[float, ...]    # Estimate.memory_per_stage_gib
+    numels: tuple[tuple[float, float], ...]    # (dense, expert) parameters of each distinct rank bag
+
+
+@dataclass(frozen=True)
 class Floor:
     """What ``plan_floor`` knows of a plan before its pipeline is simulated."""
 
@@ -66,21 +82,82 @@ class Floor:
     memory_per_stage_gib: tuple[float, ...]    # Estimate.memory_per_stage_gib
 
 
-def plan_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
-    """``plan``'s step floor and memory (module docstring); raises the estimate's UserError
-    for a plan it would refuse."""
+@dataclass(frozen=True)
+class _Shape:
+    """What a plan's floor reads that its ZeRO stage does not change: the parts, bags, stage
+    order and boundary do not read it (``Estimator.part``'s and ``stage_bags``' keys), only
+    the model states and the optimizer step do."""
+
+    mesh: Mesh
+    m: int
+    bags: tuple
+    groups: tuple[tuple[list, bool], ...]      # memory.rank_groups: distinct rank bags
+    of_rank: tuple[int, ...]                   # each rank's group
+    live: tuple[float, ...]                    # each rank's peak live activation bytes
+    inputs: dict                               # Estimator.memory_inputs but the FSDP policy (it reads zero)
+
+
+_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "zero")
+SHAPES_KEPT = 20_000               # shapes and step floors remembered per Estimator; cleared past it
+_SHAPES: "weakref.WeakKeyDictionary[Estimator, dict]" = weakref.WeakKeyDictionary()
+
+
+def _remembered(est: Estimator, key: tuple, compute):
+    """``compute()`` remembered per Estimator under ``key``."""
+    memo = _SHAPES.setdefault(est, {})
+    hit = memo.get(key)
+    if hit is None:
+        if len(memo) >= SHAPES_KEPT:
+            memo.clear()
+        hit = memo[key] = compute()
+    return hit
+
+
+def _shape(est: Estimator, plan: Plan, global_batch: int) -> _Shape:
+    """``plan``'s ``_Shape``, shared by the plans differing from it in the ZeRO stage only."""
+    def compute() -> _Shape:
+        mesh = Mesh.of(plan)
+        m = plan.microbatches(global_batch)
+        bags = tuple(est.stage_bags(plan, mesh))
+        groups, of_rank = memory.rank_groups(bags, pp.rank_chunks(plan))
+        schedule = plan.schedule if plan.pp > 1 else "1f1b"
+        live = peak_bytes(schedule, plan.pp, m, plan.vpp, memory.chunk_saved_bytes(bags))
+        inputs = est.memory_inputs(plan, mesh, m)
+        del inputs["pol"]
+        return _Shape(mesh, m, bags, groups, of_rank, live, inputs)
+    return _remembered(est, ("shape", global_batch) + tuple(getattr(plan, f) for f in _FIELDS), compute)
+
+
+def plan_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
+    """``plan``'s memory as its estimate prices it (``Estimator.rank_memories``: the same
+    ``memory.bag_states`` per distinct rank bag and ``memory.rank_total`` per rank, so every
+    total to the bit); raises the estimate's UserError for a plan it would refuse."""
     est.check(plan, global_batch)
-    mesh = Mesh.of(plan)
-    m = plan.microbatches(global_batch)
-    bags = est.stage_bags(plan, mesh)
+    shape = _shape(est, plan, global_batch)
+    pol = fsdp.policy(est.options, plan)
+    states = [memory.bag_states(plan, bag, last, pol=pol, **shape.inputs) for bag, last in shape.groups]
+    totals = [memory.rank_total(states[g], live) for g, live in zip(shape.of_rank, shape.live)]
+    return Memory(max(totals) <= est.usable_bytes, max(totals) / GIB, tuple(t / GIB for t in totals),
+                  tuple((x[5], x[6]) for x in states))
+
+
+def plan_floor(est: Estimator, plan: Plan, global_batch: int, mem: Memory | None = None) -> Floor:
+    """``plan``'s step floor and memory (module docstring; ``mem``: its ``plan_memory`` when
+    known); raises the estimate's UserError for a plan it would refuse."""
+    mem = plan_memory(est, plan, global_batch) if mem is None else mem
+    shape = _shape(est, plan, global_batch)
+    makespan, embed_s = _remembered(est, ("step", global_batch) + tuple(getattr(plan, f) for f in _FIELDS),
+                                    lambda: _makespan_floor(est, plan, shape))
+    fixed = embed_s + est.optimizer_seconds(plan, shape.mesh, list(mem.numels))
+    return Floor((makespan + fixed) * (1 - SUMMATION_MARGIN), mem.fits, mem.memory_gib, mem.memory_per_stage_gib)
+
+
+def _makespan_floor(est: Estimator, plan: Plan, shape: _Shape) -> tuple[float, float]:
+    """(``makespan_lower_bound`` of the plan's stage times without the simulator, the tied
+    embedding's sync seconds): what the floor reads that the ZeRO stage does not change."""
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
-    f, b, w = pp.stage_times(bags, pp.wpass_factor(est.comms, schedule))
-    act_bytes, p2p, hop, gather = pp.boundary(est.comms, plan, mesh, est.model.sample_positions, est.hidden, schedule)
-    pipe = pp.Pipeline(tuple(bags), pp.rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, None, 0.0,
-                       hop, gather)     # no simulation: memory reads the bags and the schedule's order
-    mems = est.rank_memories(plan, mesh, pipe, m)
-    totals = [x.total for x in mems]
-    makespan = makespan_lower_bound(schedule, plan.pp, m, plan.vpp, f, b, w, p2p)
-    fixed = est.embedding_sync(plan, mesh)[1] + est.optimizer_seconds(plan, mesh, [(x.dense_numel, x.expert_numel) for x in mems])
-    return Floor((makespan + fixed) * (1 - SUMMATION_MARGIN), max(totals) <= est.usable_bytes,
-                 max(totals) / GIB, tuple(t / GIB for t in totals))
+    f, b, w = pp.stage_times(shape.bags, pp.wpass_factor(est.comms, schedule))
+    _, p2p, _, _ = pp.boundary(est.comms, plan, shape.mesh, est.model.sample_positions, est.hidden, schedule)
+    f_comm, b_comm = pp.pair_comms(schedule, list(shape.bags))
+    return (makespan_lower_bound(schedule, plan.pp, shape.m, plan.vpp, f, b, w, p2p, f_comm, b_comm),
+            est.embedding_sync(plan, shape.mesh)[1])

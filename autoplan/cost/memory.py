@@ -133,13 +133,11 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_
     pre/post parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan.  ``memo``: one
     dict shared by the ranks of one plan (same other arguments), where ranks holding the same
     bag of parts share everything but their activation peak."""
-    chunks = pipe.rank_chunks[rank]
-    bag = [pn for c in chunks for pn in pipe.bags[c]]
-    key = (tuple((id(p), n) for p, n in bag), len(pipe.bags) - 1 in chunks)
+    bag, key = rank_bag(pipe.bags, pipe.rank_chunks[rank])
     held = memo.get(key) if memo is not None else None
     if held is None:
-        held = _states(plan, bag, key[1], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss, ends=ends,
-                       microbatches=microbatches, pol=pol, precision=precision)
+        held = bag_states(plan, bag, key[1], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss, ends=ends,
+                          microbatches=microbatches, pol=pol, precision=precision)
         if memo is not None:
             memo[key] = held
     params, grads, optimizer, last, other, dense, expert = held
@@ -147,8 +145,36 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_
                       tuple(sorted(live.alive.items())))
 
 
+def rank_bag(bags, chunks: tuple[int, ...]) -> tuple[list, tuple]:
+    """The (part, count) pairs of a rank holding virtual stages ``chunks`` of ``bags``, and the key
+    ranks holding the same parts share (their ids and counts, and whether the last stage is there)."""
+    bag = [pn for c in chunks for pn in bags[c]]
+    return bag, (tuple((id(p), n) for p, n in bag), len(bags) - 1 in chunks)
+
+
+def rank_groups(bags, rank_chunks) -> tuple[tuple[tuple[list, bool], ...], tuple[int, ...]]:
+    """The distinct rank bags of a pipeline, (bag, holds the last stage) in first-rank order, and
+    each rank's index among them (``rank_bag``'s key)."""
+    index: dict[tuple, int] = {}
+    groups, of_rank = [], []
+    for chunks in rank_chunks:
+        bag, key = rank_bag(bags, chunks)
+        if key not in index:
+            index[key] = len(groups)
+            groups.append((bag, key[1]))
+        of_rank.append(index[key])
+    return tuple(groups), tuple(of_rank)
+
+
+def rank_total(states: tuple[float, ...], live_bytes: float) -> float:
+    """``RankMemory.total`` of a rank with ``bag_states`` ``states`` and ``live_bytes`` of
+    activations at its peak, to the bit (the same sums in the same order)."""
+    params, grads, optimizer, last, other = states[:5]
+    return params + grads + optimizer + (live_bytes + last) + max(0.0, other - last)
+
+
 def rank_numels(pipe: Pipeline, rank: int) -> tuple[float, float]:
-    """(dense, expert) parameters held by pipeline rank ``rank``, summed as ``_states`` sums them."""
+    """(dense, expert) parameters held by pipeline rank ``rank``, summed as ``bag_states`` sums them."""
     return bag_numels([pn for c in pipe.rank_chunks[rank] for pn in pipe.bags[c]])
 
 
@@ -157,9 +183,9 @@ def bag_numels(bag) -> tuple[float, float]:
     return sum(p.dense_numel * n for p, n in bag), sum(p.expert_numel * n for p, n in bag)
 
 
-def _states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: int, loss: float,
-            ends: frozenset[int], microbatches: int, pol: Policy,
-            precision: StatePrecision) -> tuple[float, ...]:
+def bag_states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: int, loss: float,
+               ends: frozenset[int], microbatches: int, pol: Policy,
+               precision: StatePrecision = StatePrecision()) -> tuple[float, ...]:
     """(params, grads, optimizer, loss, other, dense numel, expert numel) of a rank holding ``bag``."""
     dense, expert = bag_numels(bag)
     st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard, precision=precision)
@@ -175,9 +201,9 @@ def _states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: int,
     return (st_dense.params + st_exp.params, grads, st_dense.optimizer + st_exp.optimizer, last, other, dense, expert)
 
 
-def chunk_saved_bytes(pipe: Pipeline) -> list[float]:
+def chunk_saved_bytes(bags) -> list[float]:
     """One micro-batch's saved bytes of every virtual stage (model order)."""
-    return [sum(p.saved_bytes * n for p, n in bag) for bag in pipe.bags]
+    return [sum(p.saved_bytes * n for p, n in bag) for bag in bags]
 
 
 def _numel(p: Part) -> float:

@@ -72,10 +72,16 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
 
     bags, start = [], 0
     layers = plan.stage_layers(num_layers)
+    alike: dict[tuple, Bag] = {}       # inner chunks of the same layers and policy share one bag
     for c, (n, kinds) in enumerate(zip(layers, _chunk_kinds(order, layers))):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
-        if recompute_layers(rc) is None:
+        inner = 0 < c < chunks - 1
+        if recompute_layers(rc) is None and inner and (kinds, rc) in alike:
+            bag = alike[(kinds, rc)]
+        elif recompute_layers(rc) is None:
             bag = [(get(k, rc), count) for k, count in kinds]
+            if inner:
+                alike[(kinds, rc)] = bag
         else:         # full:N: the policy depends on the layer's place in its stage
             counted = Counter(zip(order[start:start + n], layer_policies(rc, n)))
             bag = [(get(k, policy), count) for (k, policy), count in counted.items()]
@@ -139,16 +145,21 @@ def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int
     f, b, w = stage_times(bags, wpass_factor(comms, schedule))
     f, b = engine_instructions(f, b, comms.profile.p2p_host_s)
     act_bytes, p2p, hop, gather = boundary(comms, plan, mesh, seq_len, hidden, schedule)
-    f_comm = b_comm = None
-    if schedule == "dualpipev":
-        f_comm = [sum(p.ep_fwd_s * n for p, n in bag) for bag in bags]
-        b_comm = [sum(p.ep_bwd_s * n for p, n in bag) for bag in bags]
+    f_comm, b_comm = pair_comms(schedule, bags)
     sim = comms.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, p2p, f_comm, b_comm)
     p2p_exposed = 0.0
     if plan.pp > 1 and detail:
         no_p2p = comms.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, 0.0, f_comm, b_comm)
         p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
     return Pipeline(tuple(bags), rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed, hop, gather)
+
+
+def pair_comms(schedule: str, bags: list[Bag]) -> tuple[list[float] | None, list[float] | None]:
+    """Per virtual stage the EP seconds of F and of B an overlapped pair can hide (DualPipeV:
+    ``f_comm``, ``b_comm`` of the simulator); (None, None) for the other schedules."""
+    if schedule != "dualpipev":
+        return None, None
+    return [sum(p.ep_fwd_s * n for p, n in bag) for bag in bags], [sum(p.ep_bwd_s * n for p, n in bag) for bag in bags]
 
 
 def boundary(comms: Comms, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,

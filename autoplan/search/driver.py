@@ -46,7 +46,7 @@ from autoplan.search import robust
 from autoplan.search.pool import robust_pool
 from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
 from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
-from autoplan.search.stages import MeshResult, best_plan
+from autoplan.search.stages import MeshResult, best_plan, detailed
 from topologies.cluster import Cluster
 
 
@@ -202,9 +202,10 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
     moe = bool(est.info.experts)
     if options.samples == 0:
         return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), evidence=flags(r.plan, r.estimate, moe=moe))
-                     for r in ranked[:options.top_k]), ()
+                     for r in (detailed(est, x, global_batch) for x in ranked[:options.top_k])), ()
     pool = ranked[:options.top_k] if options.objective == "point" else \
         robust_pool(est, ranked, variants, global_batch, options)
+    pool = [detailed(est, r, global_batch) for r in pool]
     sampler = Sampler(est, options.samples, options.seed)
     bands = _bands(sampler, pool, global_batch, options.workers or os.cpu_count() or 1)
     priced = tuple(Candidate(r.plan, r.estimate, band=band) for r, band in zip(pool, bands))
@@ -453,7 +454,7 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
         for order in orders[1:]:
             plan = best.plan.replace(order=order)
             try:
-                e = est.estimate(plan, global_batch)
+                e = est.estimate(plan, global_batch, detail=False)     # in full where shown (``detailed``)
             except UserError:
                 continue
             mesh = MeshChoice(best.mesh.tp, best.mesh.cp, best.mesh.ep, best.mesh.pp, best.mesh.dp,

@@ -31,14 +31,14 @@ from __future__ import annotations
 import math
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
-from autoplan.cost.bounds import Floor, plan_floor, step_lower_bound
+from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lower_bound
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
@@ -185,14 +185,24 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
             shortfall = min(shortfall, short)
             limited = limited or result is None or result[1].recompute != ("none",)
             if result is not None:
-                key = (result[0].step_time_s, result[1].to_string())
+                key = (result[0], result[1].to_string())
                 if best is None or key < best[:2]:
                     best = (key[0], key[1], result[1])
     if best is None:
         return MeshResult(mesh, None, None, shortfall, evaluated, pruned=skipped == len(bounded),
                           memory_limited=limited)
-    final = est.estimate(best[2], global_batch)          # full detail for the winner
+    final = _estimate(est, best[2], global_batch)        # ``detailed`` prices the rest where it is shown
     return MeshResult(mesh, best[2], final, 0.0, evaluated + 1, memory_limited=limited)
+
+
+def detailed(est: Estimator, result: MeshResult, global_batch: int) -> MeshResult:
+    """``result`` with the full estimate of its plan.  ``best_plan`` returns the search's
+    ``detail=False`` one: the same step, memory and fit to the bit (the same simulation and
+    sums); only the exposed share of stage-to-stage P2P (a second simulation) and the primitive
+    table are left out, so they are priced for the plans a search shows, not for every mesh."""
+    if result.plan is None:
+        return result
+    return replace(result, estimate=est.estimate(result.plan, global_batch))
 
 
 def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tuple[str, ...], max_vpp: int,
@@ -208,7 +218,14 @@ def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tup
 def memoised_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
     recompute policies ask for the same plans); a UserError is remembered and raised again."""
-    return _memoised(est, ("floor", plan, global_batch), lambda: plan_floor(est, plan, global_batch))
+    return _memoised(est, ("floor", plan, global_batch),
+                     lambda: plan_floor(est, plan, global_batch, memoised_memory(est, plan, global_batch)))
+
+
+def memoised_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
+    """``plan_memory``, memoised as ``memoised_floor`` (the recompute policies a plan is not
+    priced under need their memory only, not a step floor)."""
+    return _memoised(est, ("memory", plan, global_batch), lambda: plan_memory(est, plan, global_batch))
 
 
 def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
@@ -255,7 +272,7 @@ def recompute_floor(none: Estimate) -> float:
 
 
 def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
-    """Least recomputation per stage that fits; returns ((estimate, plan) | None, shortfall GiB, plans priced).
+    """Least recomputation per stage that fits; returns ((step seconds, plan) | None, shortfall GiB, plans priced).
 
     Memory needs no simulation (``plan_floor``), so only the chosen plan is priced — and not
     even it when its floor exceeds ``to_beat`` (the mesh's best: it cannot win, and is
@@ -263,29 +280,32 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     estimate are ``_best_recompute_priced``'s (the reference path, ``REUSE`` off)."""
     if not REUSE:
         return _best_recompute_priced(est, plan, global_batch, to_beat)
-    floors: dict[str, Floor] = {}
+    mems: dict[str, Memory] = {}
     choice: list[str | None] = [None] * plan.pp
     hbm = est.usable_bytes / GIB
-    for policy in RECOMPUTE:           # weakest first; a policy no rank still needs is not floored
+    for policy in RECOMPUTE:           # weakest first; a policy no rank still needs is not looked at
         try:
-            floors[policy] = memoised_floor(est, plan.replace(recompute=(policy,)), global_batch)
+            mems[policy] = memoised_memory(est, plan.replace(recompute=(policy,)), global_batch)
         except UserError:              # the plan's validity does not depend on its uniform policy
             return None, float("inf"), 0
-        if policy == "none" and floors[policy].fits:
-            return (_estimate(est, plan, global_batch), plan), 0.0, 1
-        per_stage = floors[policy].memory_per_stage_gib
+        if policy == "none" and mems[policy].fits:
+            return (_step_time(est, plan, global_batch), plan), 0.0, 1
+        per_stage = mems[policy].memory_per_stage_gib
         choice = [c if c is not None or per_stage[r] > hbm else policy for r, c in enumerate(choice)]
         if None not in choice:
             break
     if None in choice:
-        return None, floors["full"].memory_per_stage_gib[choice.index(None)] - hbm, 0
+        return None, mems["full"].memory_per_stage_gib[choice.index(None)] - hbm, 0
     mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
-    floor = floors[choice[0]] if len(set(choice)) == 1 else memoised_floor(est, mixed, global_batch)
-    if not floor.fits:
-        return None, floor.memory_gib - hbm, 0
-    if floor.step_s > to_beat:
+    mem = mems[choice[0]] if len(set(choice)) == 1 else memoised_memory(est, mixed, global_batch)
+    if not mem.fits:
+        return None, mem.memory_gib - hbm, 0
+    try:
+        if memoised_floor(est, mixed, global_batch).step_s > to_beat:
+            return None, float("inf"), 0
+    except UserError:
         return None, float("inf"), 0
-    return (_estimate(est, mixed, global_batch), mixed), 0.0, 1
+    return (_step_time(est, mixed, global_batch), mixed), 0.0, 1
 
 
 def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
@@ -305,7 +325,7 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_bea
         priced += 1
         per_policy[policy] = e
         if e.fits and policy == "none":
-            return (e, plan.replace(recompute=(policy,))), 0.0, priced
+            return (e.step_time_s, plan.replace(recompute=(policy,))), 0.0, priced
         if policy == "none" and recompute_floor(e) > to_beat:
             return None, float("inf"), priced
     hbm = est.usable_bytes / GIB
@@ -320,7 +340,7 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_bea
     if e is None:
         e = _estimate(est, mixed, global_batch)
         priced += 1
-    return ((e, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
+    return ((e.step_time_s, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
 
 
 _MEMO: "weakref.WeakKeyDictionary[Estimator, dict]" = weakref.WeakKeyDictionary()
@@ -333,6 +353,12 @@ def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
     if not REUSE:
         return est.estimate(plan, global_batch, detail=False)
     return _memoised(est, (plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
+
+
+def _step_time(est: Estimator, plan: Plan, global_batch: int) -> float:
+    """``_estimate(...).step_time_s`` without what the step does not read (``Estimator
+    .step_time_s``, equal to the bit), memoised: what the stage search compares plans by."""
+    return _memoised(est, ("step", plan, global_batch), lambda: est.step_time_s(plan, global_batch))
 
 
 def _memoised(est: Estimator, key: tuple, compute):

@@ -26,7 +26,12 @@ Every action of a rank runs back to back at best, so, with busy_r = m · Σ_{s o
 w), makespan ≥ max_r max(head_r + busy_r, min_{s on r} E_s + busy_r − min(peak_r · max f,
 m · Σ f)) + tail_r.  The makespan is max-plus in the durations, so longer backwards
 (recomputation) only raise it: the bound at the shortest durations holds for them too.
-Overlapped pairs (DualPipeV) cost less than their ops' sum: no bound (0).  The bound sums
+Overlapped pairs (DualPipeV) cost max(compute_F + compute_BW, comm_F + comm_B) ≥ their ops'
+sum less the communication given (``f_comm``, ``b_comm``: what a pair can hide), so there
+every op is priced at its compute share, f' = f − f_comm and b' = b − b_comm, and only the
+first fact and the busy time are used: makespan ≥ max_r (head'_r + m · Σ_{s on r} (f' + b' + w))
+(every action of rank r waits for some micro-batch's forwards through the stages before its
+first, each of which ends at least f' after it starts, alone or in a pair).  The bound sums
 in another order than the simulation, so callers leave a relative margin (1e-9).
 """
 from __future__ import annotations
@@ -49,11 +54,13 @@ def peak_activations(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, ..
 
 
 def makespan_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[float],
-                         b: Sequence[float], w: Sequence[float], p2p: float) -> float:
-    """A lower bound on ``simulate(schedule, ...).step_time`` (module docstring), seconds."""
+                         b: Sequence[float], w: Sequence[float], p2p: float,
+                         f_comm: Sequence[float] | None = None, b_comm: Sequence[float] | None = None) -> float:
+    """A lower bound on ``simulate(schedule, ...).step_time`` (module docstring), seconds;
+    ``f_comm``/``b_comm`` as ``simulate`` takes them (read by overlapped pairs only)."""
     spec = get_spec(schedule)
     if spec.overlapped_pairs:
-        return 0.0
+        return _paired_lower_bound(schedule, p, m, v, f, b, w, p2p, f_comm, b_comm)
     n = p * v
     crosses, stages_of = _placement(schedule, p, v)
     lat = [p2p if x else 0.0 for x in crosses]
@@ -77,6 +84,20 @@ def makespan_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[floa
             bound += tail[first]
         best = max(best, bound)
     return best
+
+
+def _paired_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[float], b: Sequence[float],
+                        w: Sequence[float], p2p: float, f_comm: Sequence[float] | None,
+                        b_comm: Sequence[float] | None) -> float:
+    """max_r (head'_r + m · Σ_{s on r} (f' + b' + w)) of the module docstring (overlapped pairs)."""
+    n = p * v
+    fc = f_comm if f_comm is not None else [0.0] * n
+    bc = b_comm if b_comm is not None else [0.0] * n
+    crosses, stages_of = _placement(schedule, p, v)
+    head = [0.0]                                   # head[s] = Σ_{s'<s} (f' + lat)
+    for s in range(n):
+        head.append(head[-1] + (f[s] - fc[s]) + (p2p if crosses[s] else 0.0))
+    return max(head[own[0]] + m * sum((f[s] - fc[s]) + (b[s] - bc[s]) + w[s] for s in own) for own in stages_of)
 
 
 @lru_cache(maxsize=1024)

@@ -99,15 +99,21 @@ def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float
     return _peaks(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes))
 
 
+def peak_bytes(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float]) -> tuple[float, ...]:
+    """Each rank's ``peak_live`` bytes alone, to the bit (what a memory bound reads; the alive
+    counts cost more than the peak)."""
+    if p == 1:
+        return (_one_rank(stage_bytes).bytes,)
+    return _bytes(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes))
+
+
 @lru_cache(maxsize=4096)
 def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
     """``peak_live`` of the reduced step, remembered (plans differing only in ZeRO stage or
     schedule knobs that keep the order ask with the same bytes)."""
     walk = _walk(schedule, p, size, v)
     stages = p * v
-    b = np.asarray(stage_bytes, dtype=np.float64)
-    live = np.cumsum(np.concatenate([b, -b, [0.0]])[walk.code], axis=1)
-    at = np.take_along_axis(live, walk.checks, axis=1)
+    at = _at_checks(walk, stage_bytes)
     first = np.argmax(at, axis=1)
     best = at[np.arange(p), first]
     # alive at each rank's peak: its forwards so far less its frees so far, per stage
@@ -122,6 +128,21 @@ def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, .
     for r, s, n in zip(rows.tolist(), cols.tolist(), alive[rows, cols].tolist()):
         held[r][s] = n
     return tuple(LivePeak(x, held[r]) if x > 0.0 else LivePeak(0.0, {}) for r, x in enumerate(best.tolist()))
+
+
+@lru_cache(maxsize=4096)
+def _bytes(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...]) -> tuple[float, ...]:
+    """``peak_bytes`` of the reduced step, remembered: ``_peaks``' bytes (the maximum over the
+    checkpoints is the value at its first argmax)."""
+    best = _at_checks(_walk(schedule, p, size, v), stage_bytes).max(axis=1)
+    return tuple(x if x > 0.0 else 0.0 for x in best.tolist())
+
+
+def _at_checks(walk: _Walk, stage_bytes: tuple[float, ...]) -> np.ndarray:
+    """Live bytes of every rank at each of its checkpoints (``_Walk``), (ranks, checkpoints)."""
+    b = np.asarray(stage_bytes, dtype=np.float64)
+    live = np.cumsum(np.concatenate([b, -b, [0.0]])[walk.code], axis=1)
+    return np.take_along_axis(live, walk.checks, axis=1)
 
 
 def _one_rank(stage_bytes: Sequence[float]) -> LivePeak:

@@ -224,14 +224,17 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
             return None
         periods = (m - m_s) // c
         head, tail, rank = _parts(comp, per)
-        end = np.zeros(len(dur_arr))
+        end = ends_list(len(dur_arr))
+        image = per.image.tolist()
         _run_part(head, dur_arr, end, times)            # the short step's past C_T
-        known = float(end.max())                        # ≤ the short step's largest end ≤ ``upper``
-        x = _advance(matrix, end[per.image], periods, known, upper=_tail_bound(tail, dur_arr, times, known))
+        known = max(end)                                # ≤ the short step's largest end ≤ ``upper``
+        x = _advance(matrix, np.array([end[q] for q in image]), periods, known,
+                     upper=_tail_bound(tail, dur_arr, times, known))
         if x is None:                                   # the exact scale decides: the short step's tail
             _run_part(tail, dur_arr, end, times)
-            x = _advance(matrix, end[per.image], periods, float(end.max()))
-        end[per.image] = x
+            x = _advance(matrix, np.array([end[q] for q in image]), periods, max(end))
+        for q, value in zip(image, x.tolist()):
+            end[q] = value
         _run_part(tail, dur_arr, end, times)
         busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
             rank[per.period], weights=dur_arr[per.period], minlength=p)
@@ -281,11 +284,10 @@ def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: Stag
     forms = np.full((n + k + 1, n), -np.inf)
     forms[np.arange(n), np.arange(n)] = 0.0
     q = per.period
-    lat1 = times.p2p[comp.bnd1[q]][:, None]
-    lat2 = times.p2p[comp.bnd2[q]][:, None]
+    lat = np.stack([np.zeros(k), times.p2p[comp.bnd1[q]], times.p2p[comp.bnd2[q]]])[:, :, None]
     du = dur_arr[q][:, None]
-    for at, r0, r1, r2 in rows[2]:
-        forms[at + n] = np.maximum(np.maximum(forms[r0], forms[r1] + lat1[at]), forms[r2] + lat2[at]) + du[at]
+    for at, inputs in rows[2]:        # max(pred, in1 + lat1, in2 + lat2) + du, the three at once (pred + 0.0 is pred)
+        forms[at + n] = (forms[inputs] + lat[:, at]).max(axis=0) + du[at]
     return forms[rows[1]]
 
 
@@ -316,8 +318,7 @@ def _period_rows(comp: Compiled, per: Period):
     for i in range(len(inputs)):
         by_level.setdefault(level[n + i], []).append(i)
     table = np.array(inputs, dtype=np.int64).reshape(-1, 3)
-    levels = tuple((np.array(at), table[at, 0], table[at, 1], table[at, 2])
-                   for _, at in sorted(by_level.items()))
+    levels = tuple((np.array(at), table[at].T.copy()) for _, at in sorted(by_level.items()))
     return inputs, image, levels
 
 
@@ -398,7 +399,9 @@ PROBES = 4          # coordinates every earlier iterate is screened on before a 
 @dataclass(frozen=True)
 class _Part:
     """Some actions of a compiled step (ascending positions: topological order), with their
-    rank predecessor, remote inputs and p2p boundaries as lists, for ``_run_part``."""
+    rank predecessor, remote inputs and p2p boundaries as lists, for ``_run_part``.  The
+    inputs are positions in ``ends_list``: a missing rank predecessor reads its 0.0 slot, a
+    missing remote input (or a second one of an action without a first) its −inf slot."""
 
     at: np.ndarray
     positions: list[int]
@@ -418,12 +421,16 @@ def _parts(comp: Compiled, per: Period) -> tuple[_Part, _Part, np.ndarray]:
     F_T = σ F_S."""
     prev, dep1, dep2 = np.asarray(per.prev), np.asarray(comp.dep1), np.asarray(comp.dep2)
 
+    zero, none = len(comp.ops), len(comp.ops) + 1       # ``ends_list``' slots
+
     def part(at: np.ndarray) -> _Part:
         positions, p, d1, d2 = at.tolist(), prev[at].tolist(), dep1[at].tolist(), dep2[at].tolist()
         level = _levels(positions, p, d1, d2)
         by_level = np.argsort(level, kind="stable")
         starts = np.flatnonzero(np.r_[True, np.diff(level[by_level]) > 0]) if len(at) else np.zeros(0, np.int64)
-        return _Part(at, positions, p, d1, d2, comp.bnd1[at], comp.bnd2[at], by_level, starts)
+        return _Part(at, positions, [x if x >= 0 else zero for x in p], [x if x >= 0 else none for x in d1],
+                     [x if x >= 0 and a >= 0 else none for x, a in zip(d2, d1)], comp.bnd1[at], comp.bnd2[at],
+                     by_level, starts)
 
     return (part(np.flatnonzero(per.reach < per.split)), part(np.flatnonzero(per.reach >= per.split)),
             np.asarray(comp.rank))
@@ -451,23 +458,26 @@ def _tail_bound(tail: _Part, dur_arr: np.ndarray, times: StageTimes, known: floa
     return (known + float(np.maximum.reduceat(cost[tail.by_level], tail.level_starts).sum())) * (1 + 1e-9)
 
 
-def _run_part(part: _Part, dur_arr: np.ndarray, end: np.ndarray, times: StageTimes) -> None:
-    """End times of ``part``'s actions into ``end``, from the ends already there of what they
-    wait on: the hot loop of events._run (a rank is free when its predecessor ended, the
-    same max and sums in the same order), on the part's own arrays."""
+def ends_list(n: int) -> list[float]:
+    """End times of a compiled step's ``n`` actions for ``_run_part`` (0.0 until run), then
+    its two input slots: 0.0 (no rank predecessor) and −inf (no remote input)."""
+    return [0.0] * (n + 1) + [-np.inf]
+
+
+def _run_part(part: _Part, dur_arr: np.ndarray, ends: list[float], times: StageTimes) -> None:
+    """End times of ``part``'s actions into ``ends`` (``ends_list``), from the ends already
+    there of what they wait on: the hot loop of events._run (a rank is free when its
+    predecessor ended, the same max and sums in the same order: a missing input reads 0.0 or
+    −inf, which no comparison takes), on the part's own arrays."""
     l1 = times.p2p[part.bnd1].tolist()
     l2 = times.p2p[part.bnd2].tolist()
-    ends = end.tolist()
     for q, pq, a, la, b2, lb, du in zip(part.positions, part.prev, part.dep1, l1, part.dep2, l2,
                                         dur_arr[part.at].tolist()):
-        t = ends[pq] if pq >= 0 else 0.0
-        if a >= 0:
-            x = ends[a] + la
-            if x > t:
-                t = x
-            if b2 >= 0:
-                x = ends[b2] + lb
-                if x > t:
-                    t = x
+        t = ends[pq]
+        x = ends[a] + la
+        if x > t:
+            t = x
+        x = ends[b2] + lb
+        if x > t:
+            t = x
         ends[q] = t + du
-    end[:] = ends

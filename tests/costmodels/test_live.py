@@ -1,12 +1,12 @@
 """``peak_live`` against the walk it vectorises: every rank's peak bytes bit for bit and the
 same alive micro-batches per stage, for every schedule, pp, vpp and m, at equal, random and
-zero stage bytes."""
+zero stage bytes; ``peak_bytes`` (the bytes alone) equal to ``peak_live``'s."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from costmodels.pipeline.live import _events, peak_live
+from costmodels.pipeline.live import _events, peak_bytes, peak_live
 from costmodels.pipeline.schedules import SCHEDULES
 from costmodels.pipeline.steady import reduced_sizes
 
@@ -48,5 +48,6 @@ def test_peak_live_is_the_walk_bit_for_bit(schedule):
                                 list(rng.choice([0.0, 1e9 / 3, 7e8 / 7], p * v)), [0.0] * (p * v)):
                     got = [(x.bytes, x.alive) for x in peak_live(schedule, p, m, v, weights)]
                     assert got == _walked(schedule, p, m, v, weights), (schedule, p, v, m, weights)
+                    assert peak_bytes(schedule, p, m, v, weights) == tuple(x for x, _ in got)
                     checked += 1
     assert checked >= 40

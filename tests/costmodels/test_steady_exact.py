@@ -72,7 +72,10 @@ def _extrapolate_with_the_exact_scale(schedule, p, m, v, times):
     periods = (m - m_s) // c
     end[per.image] = steady._advance(_period_matrix(comp, per, dur_arr, times), end[per.image], periods,
                                      float(end.max()))
-    steady._run_part(tail, dur_arr, end, times)
+    ends = steady.ends_list(len(end))
+    ends[:len(end)] = end.tolist()
+    steady._run_part(tail, dur_arr, ends, times)
+    end = np.array(ends[:len(end)])
     busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
         rank[per.period], weights=dur_arr[per.period], minlength=p)
     starts = [end[q] - dur_arr[q] for q in comp.first_pos]
