@@ -256,8 +256,7 @@ def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers:
 def _sample_steps(args) -> list[list[float]]:
     """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``)."""
     samples, plans, global_batch = args
-    estimators = _WORKER_SAMPLER.estimators()
-    return [[estimators[i].step_time_s(p, global_batch) for p in plans] for i in samples]
+    return _WORKER_SAMPLER.steps(plans, global_batch, samples)
 
 
 def _mesh_sort_key(mesh: MeshChoice):

@@ -12,8 +12,8 @@ from costmodels.pipeline.closed_form import (ClosedFormBubble, closed_form_bubbl
                                              closed_form_peak_activations)
 from costmodels.pipeline.schedules import (SCHEDULES, ScheduleSpec, interleaved_group_size,
                                            stage_rank)
-from costmodels.pipeline.simulator import PipelineResult, TimelineEntry, simulate
+from costmodels.pipeline.simulator import PipelineResult, TimelineEntry, simulate, simulate_many
 
 __all__ = ["ClosedFormBubble", "PipelineResult", "SCHEDULES", "ScheduleSpec", "TimelineEntry",
            "closed_form_bubble", "closed_form_peak_activations", "interleaved_group_size",
-           "simulate", "stage_rank"]
+           "simulate", "simulate_many", "stage_rank"]
