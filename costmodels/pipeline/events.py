@@ -81,7 +81,8 @@ def compile_schedule(schedule: str, p: int, m: int, v: int) -> Compiled:
     second[act2[has_first]], second_b[act2[has_first]] = src[two][has_first], bnd[two][has_first]
     first[act2[~has_first]], first_b[act2[~has_first]] = src[two][~has_first], bnd[two][~has_first]
     topo, pos = _topological(schedule, orders, rank_ids, first, second)
-    return _flat(schedule, orders, act_ops, rank, rank_ids, topo, pos, (first, first_b, second, second_b))
+    return _flat(schedule, orders, act_ops, rank, rank_ids, topo, pos, (first, first_b, second, second_b),
+                 _peaks_of(ops, rank, p))
 
 
 def _inputs(schedule: str, ops: np.ndarray, n_stages: int, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,8 +143,25 @@ def _topological(schedule: str, orders, rank_ids, first: np.ndarray, second: np.
     return np.asarray(topo, dtype=np.int64), np.asarray(pos[:n], dtype=np.int64)
 
 
+def _peaks_of(ops: np.ndarray, act_rank: np.ndarray, p: int) -> tuple[int, ...]:
+    """``_peak_in_flight`` from the op array (action, kind, micro-batch, stage; actions numbered
+    rank by rank): live after an action's forwards = the rank's running sum of forwards less
+    frees before it, plus its forwards; the peak is the largest, at least 0."""
+    n = len(act_rank)
+    plus = np.bincount(ops[ops[:, 1] == F, 0], minlength=n)
+    minus = np.bincount(ops[(ops[:, 1] == BW) | (ops[:, 1] == W), 0], minlength=n)
+    total = np.cumsum(plus - minus)
+    counts = np.bincount(act_rank, minlength=p)
+    first = np.cumsum(counts) - counts
+    base = np.where(counts > 0, total[np.minimum(first, n - 1)] - (plus - minus)[np.minimum(first, n - 1)], 0)
+    live = total - np.repeat(base, counts) + minus
+    peak = np.zeros(p, dtype=np.int64)
+    np.maximum.at(peak, act_rank, live)
+    return tuple(int(x) for x in peak)
+
+
 def _flat(schedule: str, orders, act_ops, act_rank: np.ndarray, rank_ids, topo: np.ndarray, pos: np.ndarray,
-          inputs) -> Compiled:
+          inputs, peak: tuple[int, ...]) -> Compiled:
     """The ``Compiled`` arrays in topological order.  Inputs on the same rank ran earlier in its
     order (the sort checked it), so the rank's own clock already covers them; only remote inputs
     are kept."""
@@ -166,7 +184,7 @@ def _flat(schedule: str, orders, act_ops, act_rank: np.ndarray, rank_ids, topo: 
     return Compiled(rank.tolist(), dep1.tolist(), dep2.tolist(), bnd1, bnd2, op_kind, op_stage,
                     pair_arr[:, 0], pair_arr[:, 1], pair_arr[:, 2],
                     [int(pos[ids[0]]) for ids in rank_ids], [int(pos[ids[-1]]) for ids in rank_ids],
-                    ops, _peak_in_flight(orders))
+                    ops, peak)
 
 
 def _peak_in_flight(orders) -> tuple[int, ...]:

@@ -149,28 +149,32 @@ class _Graph:
 def _graph(schedule: str, p: int, m_s: int, v: int) -> _Graph:
     comp = compile_schedule(schedule, p, m_s, v)
     n = len(comp.ops)
-    ops = np.full((n, 2, 3), -1)
-    for q, act in enumerate(comp.ops):
-        ops[q, :len(act)] = act
+    none = (-1, -1, -1)
+    ops = np.array([act[0] + (act[1] if len(act) > 1 else none) for act in comp.ops],
+                   dtype=np.int64).reshape(n, 2, 3)
     prev, last = [-1] * n, [-1] * p
     for q, r in enumerate(comp.rank):
         prev[q], last[r] = last[r], q
-    pred_rows = list(zip(prev, comp.dep1, comp.dep2))
-    reach = [act[0][1] for act in comp.ops]
-    for q in range(n - 1, -1, -1):       # successors sit later in the topological order
-        for x in pred_rows[q]:
-            if x >= 0 and reach[q] < reach[x]:
-                reach[x] = reach[q]
-    succ_reach = [-1] * n
-    for q, row in enumerate(pred_rows):
-        for x in row:
-            if x >= 0 and reach[q] > succ_reach[x]:
-                succ_reach[x] = reach[q]
+    reach = ops[:, 0, 1].tolist()
+    for q, a, b, c in zip(range(n - 1, -1, -1), reversed(prev), reversed(comp.dep1), reversed(comp.dep2)):
+        rq = reach[q]                    # successors sit later in the topological order
+        if a >= 0 and rq < reach[a]:
+            reach[a] = rq
+        if b >= 0 and rq < reach[b]:
+            reach[b] = rq
+        if c >= 0 and rq < reach[c]:
+            reach[c] = rq
+    preds = np.array([prev, comp.dep1, comp.dep2], dtype=np.int64).T
+    reach_arr = np.array(reach, dtype=np.int64)
+    succ_reach = np.full(n, -1, dtype=np.int64)
+    for col in preds.T:
+        has = col >= 0
+        np.maximum.at(succ_reach, col[has], reach_arr[has])
     where = np.full((4, p * v, m_s), -1)
     for j in range(2):
         single = ops[:, j, 0] >= 0
         where[ops[single, j, 0], ops[single, j, 2], ops[single, j, 1]] = np.flatnonzero(single)
-    return _Graph(ops, np.array(pred_rows).reshape(n, 3), np.array(reach), np.array(succ_reach), where)
+    return _Graph(ops, preds, reach_arr, succ_reach, where)
 
 
 def _shift_map(g: _Graph, c: int) -> np.ndarray:
