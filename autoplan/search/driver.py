@@ -285,13 +285,17 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
     global _WORKER_ESTIMATOR
     _WORKER_ESTIMATOR = est
     pool = _pool(est, workers) if workers > 1 and len(tasks) > 1 and len(jobs) > workers else None
+    # largest tasks first (a worker left with the largest one last idles the others), answers
+    # put back in task order; each ILP's solution does not depend on the process that solves it
+    order = sorted(range(len(tasks)), key=lambda i: (-len(tasks[i]), i))
     try:
-        solved = (pool.map(_solve_layout_jobs, tasks, chunksize=1) if pool is not None
-                  else [_solve_layout_jobs(task) for task in tasks])
+        done = (pool.map(_solve_layout_jobs, [tasks[i] for i in order], chunksize=1) if pool is not None
+                else [_solve_layout_jobs(tasks[i]) for i in order])
     finally:
         if pool is not None:
             pool.close()
             pool.join()
+    solved = [done[order.index(i)] for i in range(len(tasks))]
     for keys, assignments in zip(groups.values(), solved):
         est.layouts.assignments.update(zip(keys, assignments))
 
