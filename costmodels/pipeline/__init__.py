@@ -4,7 +4,9 @@
 
 ``simulate`` prices one training step of a schedule from per-virtual-stage F/B/W times and
 p2p times (schedules.py builds the orders, events.py compiles and runs them, steady.py
-prices a long step from a short one, simulator.py is the entry point);
+prices a long step from a short one, simulator.py is the entry point); ``simulate_many``
+prices one shape under many sets of stage times at once, each as ``simulate`` would
+(paired.py: a band's samples);
 ``closed_form_bubble``/``closed_form_peak_activations`` hold the papers' formulas the
 simulator is tested against (closed_form.py).
 """

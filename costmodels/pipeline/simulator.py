@@ -22,6 +22,8 @@ is cached; a call then does one pass over the actions.  A long step is not simul
 full: costmodels.pipeline.steady simulates a short one (about pp to 4·pp micro-batches)
 and inserts the missing steady-state periods through one period's max-plus matrix —
 exact, and its cost does not grow with m.  ``simulate(..., full=True)`` runs every action.
+``simulate_many`` prices one shape under many stage times (a band's samples) at once
+(costmodels.pipeline.paired), each result the one ``simulate`` gives.
 """
 from __future__ import annotations
 
