@@ -301,7 +301,8 @@ class _TextModel:
         return _Literal(self.count - 1)
 
     def exactly_one(self, literals) -> None:
-        self.lines.append(f"constraints {{ exactly_one {{ {' '.join(f'literals: {v}' for v in literals)} }} }}")
+        self.lines.append(f"constraints {{ exactly_one {{ literals: {' literals: '.join(map(str, literals))} }} }}"
+                          if literals else "constraints { exactly_one { } }")
 
     def add_eq(self, lhs, rhs) -> None:
         terms: dict[int, int] = {}
@@ -329,8 +330,10 @@ class _TextModel:
 
 def _linear(terms: dict[int, int]) -> str:
     """``vars``/``coeffs`` fields of a canonical linear expression: ascending, no zero coefficient."""
-    kept = sorted((v, c) for v, c in terms.items() if c)
-    return " ".join(f"vars: {v}" for v, _ in kept) + " " + " ".join(f"coeffs: {c}" for _, c in kept)
+    kept = sorted(v for v, c in terms.items() if c)
+    if not kept:
+        return ""
+    return "vars: " + " vars: ".join(map(str, kept)) + " coeffs: " + " coeffs: ".join(str(terms[v]) for v in kept)
 
 
 def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
