@@ -45,7 +45,7 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
         return none
     matrices = [a for batch in matrices for a in batch]
     periods = (m - m_s) // c
-    head, tail, rank = steady._parts(comp, per)
+    _, tail, rank = steady._parts(comp, per)
     head_levels, tail_levels = _level_tables(comp, per)
     n = len(comp.rank)
     dur = np.stack(durs, axis=1)

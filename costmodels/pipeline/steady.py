@@ -282,8 +282,10 @@ def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: Stag
     if rows is None:
         return None
     n, k = len(per.frontier), len(per.period)
-    forms = np.full((n + k + 1, n), -np.inf)
+    forms = np.empty((n + k + 1, n))            # the period's rows are all written, level by level
+    forms[:n] = -np.inf
     forms[np.arange(n), np.arange(n)] = 0.0
+    forms[n + k] = -np.inf
     q = per.period
     lat1 = times.p2p[comp.bnd1[q]][:, None]
     lat2 = times.p2p[comp.bnd2[q]][:, None]
