@@ -95,8 +95,8 @@ from autoplan.workload import load_cluster
 from autoplan.cost import rounded
 from autoplan.search import search, SearchOptions
 from autoplan.search import stages
-from autoplan.sharding import solve
-from costmodels.pipeline import bounds, live, simulator, steady
+from autoplan.sharding import prepare, solve
+from costmodels.pipeline import bounds, live, paired, simulator, steady
 model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
 g = trace(model, seq=seq)
@@ -114,10 +114,10 @@ for name, on in (("old", False), ("new", True)):
     # each path starts cold: no compiled order, period, live walk or ILP solution left by the other
     for cache in (simulator._compile, steady.find_period, steady._graph, steady.short_size, steady._period_rows, steady._parts,
                   stages.balanced_cuts, bounds.peak_activations, live._events, live._walk, live._peaks,
-                  live._bytes):
+                  live._bytes, paired._level_tables):
         cache.cache_clear()
-    solve._SOLVED.clear()
-    solve._LAYOUT_READS.clear()
+    for memo in (solve._SOLVED, solve._LAYOUT_READS, prepare._PREPARED, prepare._SCALED):
+        memo.clear()
     t1, c1 = time.perf_counter(), cpu()
     r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
     out[name] = {"search_s": time.perf_counter() - t1, "cpu_s": cpu() - c1, "priced": r.stats.plans_priced,

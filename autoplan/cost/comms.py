@@ -22,7 +22,7 @@ from autoplan.errors import UserError
 from autoplan.mesh import Mesh
 from costmodels import compute
 from costmodels.collectives import collective_time
-from costmodels.pipeline import simulate
+from costmodels.pipeline import simulate, simulate_many
 from topologies.cluster import Cluster
 
 SIMULATION_CACHE_LIMIT = 20_000   # simulator results kept (a few MB); the cache is cleared past it
@@ -76,15 +76,40 @@ class Comms:
     def simulate(self, schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm=None, b_comm=None):
         """The pipeline simulator, memoised on its inputs (plans that differ only in ZeRO stage or
         data-parallel layout share their pipeline)."""
-        key = (schedule, pp, m, vpp, tuple(f), tuple(b), tuple(w), p2p,
-               tuple(f_comm) if f_comm is not None else None, tuple(b_comm) if b_comm is not None else None)
+        key = _simulation_key(schedule, pp, m, vpp, f, b, w, p2p, f_comm, b_comm)
         hit = self._sims.get(key)
         if hit is None:
-            hit = self._sims[key] = simulate(schedule, stages=pp, microbatches=m, chunks=vpp, f=f, b=b, w=w,
-                                             p2p=p2p, f_comm=f_comm, b_comm=b_comm)
-            if len(self._sims) > SIMULATION_CACHE_LIMIT:
-                self._sims.clear()
+            hit = simulate(schedule, stages=pp, microbatches=m, chunks=vpp, f=f, b=b, w=w,
+                           p2p=p2p, f_comm=f_comm, b_comm=b_comm)
+            self._remember(key, hit)
         return hit
+
+    def _remember(self, key: tuple, result) -> None:
+        if len(self._sims) >= SIMULATION_CACHE_LIMIT:
+            self._sims.clear()
+        self._sims[key] = result
+
+
+def _simulation_key(schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm, b_comm) -> tuple:
+    return (schedule, pp, m, vpp, tuple(f), tuple(b), tuple(w), p2p,
+            tuple(f_comm) if f_comm is not None else None, tuple(b_comm) if b_comm is not None else None)
+
+
+def simulate_paired(requests: list[tuple[Comms, tuple]]) -> None:
+    """Put into each ``Comms``' memo what its ``simulate(*args)`` returns, for every (comms, args)
+    of ``requests``: the requests of one shape (schedule, pp, m, vpp) — a band's samples of one
+    plan — are simulated at once (``costmodels.pipeline.simulate_many``, equal to the bit), so
+    a later ``simulate`` with those arguments finds its result."""
+    shapes: dict[tuple, list[tuple[Comms, tuple, tuple]]] = {}
+    for comms, args in requests:
+        key = _simulation_key(*args)
+        if key not in comms._sims:
+            shapes.setdefault(args[:4], []).append((comms, key, args))
+    for (schedule, pp, m, vpp), todo in shapes.items():
+        runs = [dict(f=a[4], b=a[5], w=a[6], p2p=a[7], f_comm=a[8], b_comm=a[9]) for _, _, a in todo]
+        for (comms, key, _), result in zip(todo, simulate_many(schedule, stages=pp, microbatches=m, chunks=vpp,
+                                                               runs=runs)):
+            comms._remember(key, result)
 
 
 class AxisPricer:

@@ -139,13 +139,20 @@ def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
     return tuple(plan.stages_of_rank(r) for r in range(plan.pp))
 
 
-def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
-                   *, detail: bool) -> Pipeline:
+def simulation_args(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], seq_len: int, hidden: int):
+    """(schedule, f, b, w, f_comm, b_comm, ``boundary``'s four values): what ``price_pipeline``
+    gives the simulator for ``plan`` (a band asks for every sample's before simulating them at once)."""
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = stage_times(bags, wpass_factor(comms, schedule))
     f, b = engine_instructions(f, b, comms.profile.p2p_host_s)
-    act_bytes, p2p, hop, gather = boundary(comms, plan, mesh, seq_len, hidden, schedule)
     f_comm, b_comm = pair_comms(schedule, bags)
+    return schedule, f, b, w, f_comm, b_comm, boundary(comms, plan, mesh, seq_len, hidden, schedule)
+
+
+def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
+                   *, detail: bool) -> Pipeline:
+    schedule, f, b, w, f_comm, b_comm, (act_bytes, p2p, hop, gather) = simulation_args(comms, plan, mesh, bags,
+                                                                                       seq_len, hidden)
     sim = comms.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, p2p, f_comm, b_comm)
     p2p_exposed = 0.0
     if plan.pp > 1 and detail:

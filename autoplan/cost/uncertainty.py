@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from autoplan.axes import Axis
 from autoplan.bands import DEFAULT_SAMPLES, DEFAULT_SEED
 from autoplan.errors import UserError
-from autoplan.cost.comms import AxisPricer
+from autoplan.cost.comms import AxisPricer, simulate_paired
 from autoplan.cost.estimator import Estimator
 from autoplan.cost.params import Params, Range, ranges
+from autoplan.cost.pp import simulation_args
 from autoplan.cost.reprice import evaluate, template
 from autoplan.cost.tp import BlockLayouts
 from autoplan.cost.types import Estimate
@@ -109,8 +110,27 @@ class Sampler:
 
     def band(self, plan: Plan, global_batch: int, point: Estimate) -> Band:
         """``plan`` on every sample; ``point`` is its point estimate."""
-        steps = tuple(e.step_time_s(plan, global_batch) for e in self.estimators())
-        return Band(steps, point.step_time_s, point.mfu)
+        steps = self.steps([plan], global_batch, range(len(self.params)))
+        return Band(tuple(row[0] for row in steps), point.step_time_s, point.mfu)
+
+    def steps(self, plans: list[Plan], global_batch: int, samples) -> list[list[float]]:
+        """Per sample index of ``samples``: the step time of every plan on it.  Each plan's
+        pipelines on these samples (one shape, other stage times) are simulated at once first
+        (``comms.simulate_paired``); each sample's ``step_time_s`` then finds its own."""
+        estimators = [self.estimators()[i] for i in samples]
+        if len(estimators) > 1:
+            for plan in plans:
+                simulate_paired([_simulation_request(e, plan, global_batch) for e in estimators])
+        return [[e.step_time_s(p, global_batch) for p in plans] for e in estimators]
+
+
+def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple:
+    """(comms, arguments) of the one simulation ``est.step_time_s(plan, global_batch)`` runs."""
+    est.check(plan, global_batch)
+    mesh = Mesh.of(plan)
+    schedule, f, b, w, f_comm, b_comm, bnd = simulation_args(est.comms, plan, mesh, est.stage_bags(plan, mesh),
+                                                            est.model.sample_positions, est.hidden)
+    return est.comms, (schedule, plan.pp, plan.microbatches(global_batch), plan.vpp, f, b, w, bnd[1], f_comm, b_comm)
 
 
 class _SampleLayouts(BlockLayouts):

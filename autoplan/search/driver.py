@@ -257,8 +257,7 @@ def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers:
 def _sample_steps(args) -> list[list[float]]:
     """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``)."""
     samples, plans, global_batch = args
-    estimators = _WORKER_SAMPLER.estimators()
-    return [[estimators[i].step_time_s(p, global_batch) for p in plans] for i in samples]
+    return _WORKER_SAMPLER.steps(plans, global_batch, samples)
 
 
 def _mesh_sort_key(mesh: MeshChoice):
@@ -287,13 +286,17 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
     global _WORKER_ESTIMATOR
     _WORKER_ESTIMATOR = est
     pool = _pool(est, workers) if workers > 1 and len(tasks) > 1 and len(jobs) > workers else None
+    # largest tasks first (a worker left with the largest one last idles the others), answers
+    # put back in task order; each ILP's solution does not depend on the process that solves it
+    order = sorted(range(len(tasks)), key=lambda i: (-len(tasks[i]), i))
     try:
-        solved = (pool.map(_solve_layout_jobs, tasks, chunksize=1) if pool is not None
-                  else [_solve_layout_jobs(task) for task in tasks])
+        done = (pool.map(_solve_layout_jobs, [tasks[i] for i in order], chunksize=1) if pool is not None
+                else [_solve_layout_jobs(tasks[i]) for i in order])
     finally:
         if pool is not None:
             pool.close()
             pool.join()
+    solved = [done[order.index(i)] for i in range(len(tasks))]
     for keys, assignments in zip(groups.values(), solved):
         est.layouts.assignments.update(zip(keys, assignments))
 

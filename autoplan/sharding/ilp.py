@@ -225,12 +225,21 @@ def _build(problem: IlpProblem, api):
 
 
 def _cpsat_model(problem: IlpProblem):
-    """The CP-SAT model of ``problem`` and its x variables (per node, per strategy), with the
-    greedy start as a hint.  Written through CP-SAT's direct calls (no operator-overloaded
-    sums): the model is the one the overloaded form builds, proto for proto (tested)."""
+    """The CP-SAT model of ``problem`` and its x variables (per node, per strategy; each has the
+    ``index`` of its proto variable), with the greedy start as a hint.  Without a memory row the
+    model proto is written as text and parsed by CP-SAT at once (``_TextModel``), else through
+    CP-SAT's direct calls (no operator-overloaded sums); either is the model the overloaded form
+    builds, proto for proto (tested)."""
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
+    if problem.memory_budget is None:
+        text = _TextModel()
+        x, objective = _build(problem, text)
+        hint = _greedy_choice(problem)
+        m.proto.parse_text_format(text.proto(objective, [(var, s == best) for best, row in zip(hint, x)
+                                                         for s, var in enumerate(row)]))
+        return m, x, hint
     total = cp_model.LinearExpr.sum
 
     class Api:
@@ -263,6 +272,68 @@ def _cpsat_model(problem: IlpProblem):
         for s, var in enumerate(x[n]):
             m.add_hint(var, s == best)
     return m, x, hint
+
+
+class _Literal(int):
+    """A Boolean variable of a ``_TextModel``: its proto index."""
+
+    __slots__ = ()
+
+    @property
+    def index(self) -> int:
+        return int(self)
+
+
+class _TextModel:
+    """``_build``'s backend api writing CP-SAT's model proto in text format, one line per variable
+    and constraint, as CP-SAT's Python calls canonicalise them: a linear constraint lists its
+    variables ascending with their summed coefficients, zeros dropped; so is the objective; an
+    implication b ⇒ a is ``bool_and`` enforced by b; literals and hints keep their order.  One
+    parse replaces a Python-to-C++ call per variable and constraint."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.count = 0
+
+    def boolvar(self, name: str) -> _Literal:
+        self.lines.append(f'variables {{ name: "{name}" domain: 0 domain: 1 }}')
+        self.count += 1
+        return _Literal(self.count - 1)
+
+    def exactly_one(self, literals) -> None:
+        self.lines.append(f"constraints {{ exactly_one {{ literals: {' literals: '.join(map(str, literals))} }} }}"
+                          if literals else "constraints { exactly_one { } }")
+
+    def add_eq(self, lhs, rhs) -> None:
+        terms: dict[int, int] = {}
+        for v in lhs:
+            terms[v] = terms.get(v, 0) + 1
+        for v in rhs:
+            terms[v] = terms.get(v, 0) - 1
+        self.lines.append(f"constraints {{ linear {{ {_linear(terms)} domain: 0 domain: 0 }} }}")
+
+    def add_ge(self, a, b) -> None:
+        self.lines.append(f"constraints {{ enforcement_literal: {b} bool_and {{ literals: {a} }} }}")
+
+    def fix0(self, v) -> None:
+        self.lines.append(f"constraints {{ linear {{ vars: {v} coeffs: 1 domain: 0 domain: 0 }} }}")
+
+    def proto(self, objective, hints) -> str:
+        """The whole model: the lines, the objective (seconds → integer nanoseconds) and the hints."""
+        terms: dict[int, int] = {}
+        for c, v in objective:
+            terms[v] = terms.get(v, 0) + int(round(c * _SCALE))
+        hint = " ".join(f"vars: {v}" for v, _ in hints) + " " + " ".join(f"values: {int(b)}" for _, b in hints)
+        return "\n".join(self.lines) + f"\nobjective {{ {_linear(terms)} scaling_factor: 1 }}\n" \
+            f"solution_hint {{ {hint} }}\n"
+
+
+def _linear(terms: dict[int, int]) -> str:
+    """``vars``/``coeffs`` fields of a canonical linear expression: ascending, no zero coefficient."""
+    kept = sorted(v for v, c in terms.items() if c)
+    if not kept:
+        return ""
+    return "vars: " + " vars: ".join(map(str, kept)) + " coeffs: " + " coeffs: ".join(str(terms[v]) for v in kept)
 
 
 def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
+from autoplan.sharding.local import SEQ_ROLES
 from autoplan.sharding.price import BACKWARD_GROUP, FORWARD_GROUP
 from autoplan.sharding.strategies import legal_strategies
 from autoplan.sharding.types import ShardingContext
@@ -82,6 +83,42 @@ def resolve(ref: TensorRef, alias: dict[str, str]) -> TensorRef:
 
 
 def prepare(graph: OpGraph, ctx: ShardingContext) -> Prepared:
+    """The graph's units and reads under ``ctx`` (module docstring), remembered on what they
+    depend on: the graph, tp, sp, follower merging and which sharded dims divide (``_divides``:
+    the micro-batch and cp variants of one tp sub-mesh nearly always meet on one).  The result
+    is read, never changed, by its users."""
+    key = (id(graph), ctx.tp, ctx.sp, ctx.merge_followers, _divides(graph, ctx))
+    hit = _PREPARED.get(key)
+    if hit is not None and hit.graph is graph:
+        return hit
+    if len(_PREPARED) >= _PREPARED_LIMIT:
+        _PREPARED.clear()
+    out = _PREPARED[key] = _prepare(graph, ctx)
+    return out
+
+
+_PREPARED: dict[tuple, Prepared] = {}
+_PREPARED_LIMIT = 1024
+_SCALED: dict[int, tuple[OpGraph, tuple[tuple[int, str], ...]]] = {}
+
+
+def _divides(graph: OpGraph, ctx: ShardingContext) -> tuple[bool, ...]:
+    """Per distinct (size, role) of the graph's dims that scale with the micro-batch or cp
+    (``local.local_dim``): whether tp divides its local size, as ``strategies.placement_ok``
+    asks — everything legality reads of mbs and cp."""
+    hit = _SCALED.get(id(graph))
+    if hit is None or hit[0] is not graph:
+        dims = sorted({(size, role) for n in graph.nodes for t in n.outputs if t is not None
+                       for size, role in zip(t.shape, t.dim_roles) if role in ("batch", *SEQ_ROLES)})
+        hit = _SCALED[id(graph)] = (graph, tuple(dims))
+    out = []
+    for size, role in hit[1]:
+        local = size * ctx.mbs if role == "batch" else size * ctx.mbs / ctx.cp if role == "tokens" else size / ctx.cp
+        out.append(local >= ctx.tp and float(local / ctx.tp).is_integer())
+    return tuple(out)
+
+
+def _prepare(graph: OpGraph, ctx: ShardingContext) -> Prepared:
     alias = dedupe_views(graph)
     nodes = [n for n in graph.nodes if n.name not in alias and n.op != "output"]
     units: list[Unit] = []

@@ -165,14 +165,28 @@ def node_cost(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> NodeC
 def redistribution_cost(g: OpGraph, ref: TensorRef, a: str, b: str, group: int,
                         ctx: ShardingContext) -> Redistribution | None:
     """The collective turning tensor ``ref`` from layout ``a`` into ``b`` for one read group."""
-    kind = redistribution(a, b)
-    if kind is None:
-        return None
+    return redistribution_pricer(g, ref, ctx)(a, b, group)
+
+
+def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext):
+    """``(a, b, group) -> redistribution_cost(g, ref, a, b, group, ctx)`` for one tensor, its
+    size and producer read once and each kind's bytes and seconds priced once (the ILP asks for
+    every pair of a tensor's layouts)."""
     t = g.tensor(ref)
-    nbytes = redistribution_bytes(kind, scaled_numel(t, ctx.mbs, ctx.cp) * bytes_per_elem(t), ctx.tp)
-    producer = g.node(ref.node)
-    rerun = group == FORWARD_GROUP and ctx.recompute in ("full", "op") and recomputed(g, producer, ctx.recompute)
-    return Redistribution(kind, nbytes, ctx.tp_seconds(kind, nbytes), 2 if rerun else 1)
+    size = scaled_numel(t, ctx.mbs, ctx.cp) * bytes_per_elem(t)
+    rerun_forward = ctx.recompute in ("full", "op") and recomputed(g, g.node(ref.node), ctx.recompute)
+    priced: dict[str, tuple[float, float]] = {}
+
+    def cost(a: str, b: str, group: int) -> Redistribution | None:
+        kind = redistribution(a, b)
+        if kind is None:
+            return None
+        hit = priced.get(kind)
+        if hit is None:
+            nbytes = redistribution_bytes(kind, size, ctx.tp)
+            hit = priced[kind] = (nbytes, ctx.tp_seconds(kind, nbytes))
+        return Redistribution(kind, hit[0], hit[1], 2 if group == FORWARD_GROUP and rerun_forward else 1)
+    return cost
 
 
 def memory_price(g: OpGraph, ctx: ShardingContext) -> float:

@@ -14,7 +14,7 @@ from autoplan.sharding import ilp
 from autoplan.sharding.placements import is_shard, redistribution
 from autoplan.sharding.prepare import (Prepared, dedupe_views, is_unary_elementwise, prepare, read_group, read_phase,
                                        reads_of, resolve, resolved_reads, view_inverse)
-from autoplan.sharding.price import memory_price, node_cost, redistribution_cost
+from autoplan.sharding.price import memory_price, node_cost, redistribution_cost, redistribution_pricer
 from autoplan.sharding.strategies import replicated
 from autoplan.sharding.types import BlockAssignment, BlockSharding, Collective, ShardingContext
 
@@ -50,10 +50,11 @@ def build_problem(prep: Prepared, ctx: ShardingContext) -> ilp.IlpProblem:
                 for read, pls in rows_in]
         names = {v: k for k, v in ids.items()}
         redist, forbidden = [], []
+        cost = redistribution_pricer(g, ref, ctx)
         for grp in sorted({r[2] for r in rows}):
             for a in names:
                 for b in names:
-                    r = a != b and redistribution_cost(g, ref, names[a], names[b], grp, ctx)
+                    r = a != b and cost(names[a], names[b], grp)
                     if r:
                         redist.append((a, b, grp, r.seconds * r.runs))
                         if ctx.forbid_tp_collectives:

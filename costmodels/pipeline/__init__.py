@@ -4,7 +4,9 @@
 
 ``simulate`` prices one training step of a schedule from per-virtual-stage F/B/W times and
 p2p times (schedules.py builds the orders, events.py compiles and runs them, steady.py
-prices a long step from a short one, simulator.py is the entry point);
+prices a long step from a short one, simulator.py is the entry point); ``simulate_many``
+prices one shape under many sets of stage times at once, each as ``simulate`` would
+(paired.py: a band's samples);
 ``closed_form_bubble``/``closed_form_peak_activations`` hold the papers' formulas the
 simulator is tested against (closed_form.py).
 """
@@ -12,8 +14,8 @@ from costmodels.pipeline.closed_form import (ClosedFormBubble, closed_form_bubbl
                                              closed_form_peak_activations)
 from costmodels.pipeline.schedules import (SCHEDULES, ScheduleSpec, interleaved_group_size,
                                            stage_rank)
-from costmodels.pipeline.simulator import PipelineResult, TimelineEntry, simulate
+from costmodels.pipeline.simulator import PipelineResult, TimelineEntry, simulate, simulate_many
 
 __all__ = ["ClosedFormBubble", "PipelineResult", "SCHEDULES", "ScheduleSpec", "TimelineEntry",
            "closed_form_bubble", "closed_form_peak_activations", "interleaved_group_size",
-           "simulate", "stage_rank"]
+           "simulate", "simulate_many", "stage_rank"]

@@ -48,117 +48,143 @@ def _deadlock_error(schedule: str, orders, ptr) -> RuntimeError:
 
 @lru_cache(maxsize=512)  # ~2.5 MB per entry at pp=16, m=128, v=3; most are far smaller
 def compile_schedule(schedule: str, p: int, m: int, v: int) -> Compiled:
-    spec = get_spec(schedule)
+    """The schedule's orders as a ``Compiled`` DAG: every action numbered (rank by rank),
+    each op's provider and input found with array arithmetic (``_inputs``), then the
+    topological order (``_topological``) and the flat arrays in it."""
     orders = build_orders(schedule, p, m, v)
     n_stages = p * v
-    place = [stage_rank(s, p, spec.placement) for s in range(n_stages)]
-
-    # Number every action; provider[key(kind, mb, stage)] = the action that runs that op
-    # (a BW provides both B and W).
-    act_rank: list[int] = []
-    act_ops: list[tuple[tuple[int, int, int], ...]] = []
-    rank_ids: list[list[int]] = []
-    provider = [-1] * (3 * n_stages * m)
+    place = np.array([stage_rank(s, p, get_spec(schedule).placement) for s in range(n_stages)], dtype=np.int64)
+    rank_ids, act_ops, act_rank = [], [], []
     for r, acts in enumerate(orders):
-        ids = []
-        for act in acts:
-            a = len(act_ops)
-            ids.append(a)
-            act_rank.append(r)
-            act_ops.append(act)
-            for kind, i, s in act:
-                if place[s] != r:
-                    raise RuntimeError(f"{schedule}: stage {s} scheduled on rank {r}, "
-                                       f"placed on rank {place[s]}")
-                for k in ((B, W) if kind == BW else (kind,)):
-                    key = (k * n_stages + s) * m + i
-                    if provider[key] >= 0:
-                        raise RuntimeError(f"{schedule}: {KIND_NAMES[k]}(mb {i}, stage {s}) "
-                                           f"scheduled twice")
-                    provider[key] = a
-        rank_ids.append(ids)
-    if -1 in provider:
-        key = provider.index(-1)
-        k, rest = divmod(key, n_stages * m)
-        raise RuntimeError(f"{schedule}: {KIND_NAMES[k]}(mb {rest % m}, stage {rest // m}) "
-                           f"is never scheduled")
-
-    # Inputs of every action: (providing action, p2p boundary or -1), see module docstring.
-    deps: list[list[tuple[int, int]]] = []
-    for a, act in enumerate(act_ops):
-        d = []
-        for kind, i, s in act:
-            if kind == F:
-                if s == 0:
-                    continue
-                src, bnd = provider[(F * n_stages + s - 1) * m + i], s - 1
-            elif kind == W:
-                src, bnd = provider[(B * n_stages + s) * m + i], -1
-            elif s == n_stages - 1:
-                src, bnd = provider[(F * n_stages + s) * m + i], -1
-            else:
-                src, bnd = provider[(B * n_stages + s + 1) * m + i], s
-            if src != a:
-                d.append((src, bnd))
-        deps.append(d)
-
-    # Topological order: advance every rank as far as its inputs allow, repeat.  An
-    # input later in the same rank's order, or a cycle across ranks, stalls every rank.
+        rank_ids.append(list(range(len(act_ops), len(act_ops) + len(acts))))
+        act_ops.extend(acts)
+        act_rank.extend([r] * len(acts))
+    ops = np.array([(a, k, i, s) for a, act in enumerate(act_ops) for k, i, s in act], dtype=np.int64).reshape(-1, 4)
+    rank = np.asarray(act_rank, dtype=np.int64)
+    bad = np.flatnonzero(place[ops[:, 3]] != rank[ops[:, 0]])
+    if bad.size:
+        a, _, _, s = ops[bad[0]]
+        raise RuntimeError(f"{schedule}: stage {s} scheduled on rank {rank[a]}, placed on rank {place[s]}")
+    src, bnd = _inputs(schedule, ops, n_stages, m)
+    # per action its (at most two) inputs in op order, an action's own op dropped
     n = len(act_ops)
-    pos = [-1] * n
-    ptr = [0] * p
+    keep = (src >= 0) & (src != ops[:, 0])
+    first = np.full(n, -1, dtype=np.int64)
+    second = np.full(n, -1, dtype=np.int64)
+    first_b, second_b = first.copy(), second.copy()
+    later = np.r_[False, ops[1:, 0] == ops[:-1, 0]]          # the second op of a pair
+    one = keep & ~later
+    first[ops[one, 0]], first_b[ops[one, 0]] = src[one], bnd[one]
+    two = keep & later
+    has_first = first[ops[two, 0]] >= 0
+    act2 = ops[two, 0]
+    second[act2[has_first]], second_b[act2[has_first]] = src[two][has_first], bnd[two][has_first]
+    first[act2[~has_first]], first_b[act2[~has_first]] = src[two][~has_first], bnd[two][~has_first]
+    topo, pos = _topological(schedule, orders, rank_ids, first, second)
+    return _flat(schedule, orders, act_ops, rank, rank_ids, topo, pos, (first, first_b, second, second_b),
+                 _peaks_of(ops, rank, p))
+
+
+def _inputs(schedule: str, ops: np.ndarray, n_stages: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per op (action, kind, micro-batch, stage): the action providing its input and the p2p
+    boundary in between (−1: none), by the rules of the simulator's module docstring; a BW
+    provides both B and W.  Raises where an op is scheduled twice or never."""
+    a, k, i, s = ops.T
+    provided = np.concatenate([np.where(k == BW, B, k), np.full(int((k == BW).sum()), W)])
+    by = np.concatenate([a, a[k == BW]])
+    key = (provided * n_stages + np.concatenate([s, s[k == BW]])) * m + np.concatenate([i, i[k == BW]])
+    provider = np.full(3 * n_stages * m, -1, dtype=np.int64)
+    counts = np.bincount(key, minlength=3 * n_stages * m)
+    if (counts > 1).any():
+        kk, rest = divmod(int(np.flatnonzero(counts > 1)[0]), n_stages * m)
+        raise RuntimeError(f"{schedule}: {KIND_NAMES[kk]}(mb {rest % m}, stage {rest // m}) scheduled twice")
+    provider[key] = by
+    if (provider < 0).any():
+        kk, rest = divmod(int(np.flatnonzero(provider < 0)[0]), n_stages * m)
+        raise RuntimeError(f"{schedule}: {KIND_NAMES[kk]}(mb {rest % m}, stage {rest // m}) is never scheduled")
+
+    def at(kind, stage):
+        return provider[(kind * n_stages + np.clip(stage, 0, n_stages - 1)) * m + i]
+
+    last = s == n_stages - 1
+    src = np.where(k == F, np.where(s == 0, -1, at(F, s - 1)),
+                   np.where(k == W, at(B, s), np.where(last, at(F, s), at(B, s + 1))))
+    bnd = np.where(k == F, np.where(s == 0, -1, s - 1), np.where((k == W) | last, -1, s))
+    return src, bnd
+
+
+def _topological(schedule: str, orders, rank_ids, first: np.ndarray, second: np.ndarray):
+    """Advance every rank as far as its inputs allow, repeat (an input later in the same rank's
+    order, or a cycle across ranks, stalls every rank): (actions in that order, each action's
+    position)."""
+    n = len(first)
+    pos = [-1] * n + [0]                   # index n: "no input", always placed
+    d1 = np.where(first >= 0, first, n).tolist()
+    d2 = np.where(second >= 0, second, n).tolist()
+    ptr = [0] * len(rank_ids)
+    sizes = [len(ids) for ids in rank_ids]
     topo: list[int] = []
-    while len(topo) < n:
-        before = len(topo)
-        for r in range(p):
-            ids, j = rank_ids[r], ptr[r]
-            while j < len(ids):
+    placed = 0
+    while placed < n:
+        before = placed
+        for r, ids in enumerate(rank_ids):
+            j, size = ptr[r], sizes[r]
+            while j < size:
                 a = ids[j]
-                if any(pos[src] < 0 for src, _ in deps[a]):
+                if pos[d1[a]] < 0 or pos[d2[a]] < 0:
                     break
-                pos[a] = len(topo)
-                topo.append(a)
+                pos[a] = placed
+                placed += 1
                 j += 1
+            topo.extend(ids[ptr[r]:j])
             ptr[r] = j
-        if len(topo) == before:
+        if placed == before:
             raise _deadlock_error(schedule, orders, ptr)
+    return np.asarray(topo, dtype=np.int64), np.asarray(pos[:n], dtype=np.int64)
 
-    rank = [act_rank[a] for a in topo]
-    dep1 = [-1] * n
-    dep2 = [-1] * n
-    bnd1 = [-1] * n
-    bnd2 = [-1] * n
-    op_kind = [-1] * n
-    op_stage = [0] * n
-    pairs: list[tuple[int, int, int]] = []
-    for q, a in enumerate(topo):
-        # Inputs on the same rank ran earlier in its order (the sort checked it), so the
-        # rank's own clock already covers them; only remote inputs are kept.
-        cross = [(pos[src], bnd) for src, bnd in deps[a] if act_rank[src] != rank[q]]
-        if len(cross) > 2:
-            raise RuntimeError(f"{schedule}: action with {len(cross)} remote inputs")
-        if cross:
-            dep1[q], bnd1[q] = cross[0]
-            if len(cross) == 2:
-                dep2[q], bnd2[q] = cross[1]
-        act = act_ops[a]
-        if len(act) == 1:
-            op_kind[q] = act[0][0]
-            op_stage[q] = act[0][2]
-        else:
-            (fk, _, fs), (bk, _, bs) = act
-            if (fk, bk) != (F, BW):
-                raise RuntimeError(f"{schedule}: overlapped pair must be (F, BW), got {act}")
-            op_stage[q] = fs
-            pairs.append((q, fs, bs))
 
+def _peaks_of(ops: np.ndarray, act_rank: np.ndarray, p: int) -> tuple[int, ...]:
+    """``_peak_in_flight`` from the op array (action, kind, micro-batch, stage; actions numbered
+    rank by rank): live after an action's forwards = the rank's running sum of forwards less
+    frees before it, plus its forwards; the peak is the largest, at least 0."""
+    n = len(act_rank)
+    plus = np.bincount(ops[ops[:, 1] == F, 0], minlength=n)
+    minus = np.bincount(ops[(ops[:, 1] == BW) | (ops[:, 1] == W), 0], minlength=n)
+    total = np.cumsum(plus - minus)
+    counts = np.bincount(act_rank, minlength=p)
+    first = np.cumsum(counts) - counts
+    base = np.where(counts > 0, total[np.minimum(first, n - 1)] - (plus - minus)[np.minimum(first, n - 1)], 0)
+    live = total - np.repeat(base, counts) + minus
+    peak = np.zeros(p, dtype=np.int64)
+    np.maximum.at(peak, act_rank, live)
+    return tuple(int(x) for x in peak)
+
+
+def _flat(schedule: str, orders, act_ops, act_rank: np.ndarray, rank_ids, topo: np.ndarray, pos: np.ndarray,
+          inputs, peak: tuple[int, ...]) -> Compiled:
+    """The ``Compiled`` arrays in topological order.  Inputs on the same rank ran earlier in its
+    order (the sort checked it), so the rank's own clock already covers them; only remote inputs
+    are kept."""
+    first, first_b, second, second_b = (x[topo] for x in inputs)
+    rank = act_rank[topo]
+    cross1 = (first >= 0) & (act_rank[np.maximum(first, 0)] != rank)
+    cross2 = (second >= 0) & (act_rank[np.maximum(second, 0)] != rank)
+    dep1 = np.where(cross1, pos[np.maximum(first, 0)], np.where(cross2, pos[np.maximum(second, 0)], -1))
+    bnd1 = np.where(cross1, first_b, np.where(cross2, second_b, -1))
+    dep2 = np.where(cross1 & cross2, pos[np.maximum(second, 0)], -1)
+    bnd2 = np.where(cross1 & cross2, second_b, -1)
+    ops = [act_ops[a] for a in topo.tolist()]
+    op_kind = np.array([act[0][0] if len(act) == 1 else -1 for act in ops], dtype=np.int64)
+    op_stage = np.array([act[0][2] for act in ops], dtype=np.int64)
+    pairs = [(q, act[0][2], act[1][2]) for q, act in enumerate(ops) if len(act) != 1]
+    for q, act in enumerate(ops):
+        if len(act) != 1 and (act[0][0], act[1][0]) != (F, BW):
+            raise RuntimeError(f"{schedule}: overlapped pair must be (F, BW), got {act}")
     pair_arr = np.array(pairs, dtype=np.int64).reshape(-1, 3)
-    as_array = np.asarray
-    return Compiled(rank, dep1, dep2, as_array(bnd1), as_array(bnd2), as_array(op_kind),
-                     as_array(op_stage),
-                     pair_arr[:, 0], pair_arr[:, 1], pair_arr[:, 2],
-                     [pos[ids[0]] for ids in rank_ids], [pos[ids[-1]] for ids in rank_ids],
-                     [act_ops[a] for a in topo], _peak_in_flight(orders))
+    return Compiled(rank.tolist(), dep1.tolist(), dep2.tolist(), bnd1, bnd2, op_kind, op_stage,
+                    pair_arr[:, 0], pair_arr[:, 1], pair_arr[:, 2],
+                    [int(pos[ids[0]]) for ids in rank_ids], [int(pos[ids[-1]]) for ids in rank_ids],
+                    ops, peak)
 
 
 def _peak_in_flight(orders) -> tuple[int, ...]:

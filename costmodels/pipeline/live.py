@@ -65,25 +65,35 @@ class _Walk:
 
 @lru_cache(maxsize=64)
 def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
+    """``_Walk`` of the orders with array arithmetic: every op as (rank, action, kind, stage),
+    the forwards (code s) before the frees (code S + s) of each action, in order
+    (``_events``' walk, change for change)."""
     stages = p * v
-    codes, checks = [], []
-    for events in _events(schedule, p, m, v):
-        code, check = [], []
-        for starts, ends in events:
-            code += starts
-            if starts:
-                check.append(len(code) - 1)
-            code += [stages + s for s in ends]
-        codes.append(code)
-        checks.append(check or [0])
-    width, depth = max(map(len, codes)), max(map(len, checks))
-    code = np.full((p, max(width, 1)), 2 * stages, dtype=np.int64)
-    check = np.zeros((p, depth), dtype=np.int64)
-    for r in range(p):
-        code[r, :len(codes[r])] = codes[r]
-        check[r, :] = checks[r][0]
-        check[r, :len(checks[r])] = checks[r]
-    return _Walk(code, check)
+    split = get_spec(schedule).split_backward
+    ops = np.array([(r, a, k, s) for r, acts in enumerate(build_orders(schedule, p, m, v))
+                    for a, act in enumerate(acts) for k, _, s in act], dtype=np.int64).reshape(-1, 4)
+    rank, act, kind, stage = ops.T
+    start = kind == F
+    free = (kind == BW) | ((kind == W) & split)
+    keep = np.flatnonzero(start | free)
+    keep = keep[np.lexsort((free[keep], act[keep], rank[keep]))]    # stable: op order within each class
+    code = np.where(start[keep], stage[keep], stages + stage[keep])
+    row = rank[keep]
+    counts = np.bincount(row, minlength=p)
+    col = np.arange(len(keep)) - np.repeat(np.cumsum(counts) - counts, counts)
+    is_start = start[keep]
+    last_start = is_start & np.r_[(act[keep][1:] != act[keep][:-1]) | (row[1:] != row[:-1]) | ~is_start[1:], True]
+    out = np.full((p, max(int(counts.max(initial=0)), 1)), 2 * stages, dtype=np.int64)
+    out[row, col] = code
+    check_rows, check_cols = row[last_start], col[last_start]
+    per_rank = np.bincount(check_rows, minlength=p)
+    first = np.zeros(p, dtype=np.int64)
+    starts_at = np.cumsum(per_rank) - per_rank
+    has = per_rank > 0
+    first[has] = check_cols[starts_at[has]]
+    checks = np.repeat(first[:, None], max(int(per_rank.max(initial=0)), 1), axis=1)
+    checks[check_rows, np.arange(len(check_rows)) - np.repeat(starts_at, per_rank)] = check_cols
+    return _Walk(out, checks)
 
 
 def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float]) -> tuple[LivePeak, ...]:

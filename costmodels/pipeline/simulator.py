@@ -22,6 +22,8 @@ is cached; a call then does one pass over the actions.  A long step is not simul
 full: costmodels.pipeline.steady simulates a short one (about pp to 4·pp micro-batches)
 and inserts the missing steady-state periods through one period's max-plus matrix —
 exact, and its cost does not grow with m.  ``simulate(..., full=True)`` runs every action.
+``simulate_many`` prices one shape under many stage times (a band's samples) at once
+(costmodels.pipeline.paired), each result the one ``simulate`` gives.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from costmodels.pipeline import steady
+from costmodels.pipeline import paired, steady
 from costmodels.pipeline.events import StageTimes, durations, run_compiled
 from costmodels.pipeline.events import compile_schedule as _compile
 from costmodels.pipeline.schedules import KIND_NAMES, get_spec
@@ -168,9 +170,35 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
     periods (costmodels.pipeline.steady: exact, cost independent of m); ``full=True``
     forces the event-by-event simulation of all m micro-batches.
     """
-    spec = get_spec(schedule)
-    spec.check(stages, microbatches, chunks)
-    n_stages = stages * chunks
+    get_spec(schedule).check(stages, microbatches, chunks)
+    times = _stage_times(stages * chunks, f, b, w, p2p, f_comm, b_comm)
+    if EXTRAPOLATE and not (keep_timeline or full):
+        fast = steady.extrapolate(schedule, stages, microbatches, chunks, times)
+        if fast is not None:
+            step, steady_step, busy, peak = fast
+            return PipelineResult(schedule, stages, microbatches, chunks, step, steady_step,
+                                  busy, peak)
+    return _simulated(schedule, stages, microbatches, chunks, times, keep_timeline)
+
+
+def simulate_many(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
+                  runs: Sequence[dict]) -> list[PipelineResult]:
+    """``simulate(schedule, stages=…, microbatches=…, chunks=…, **run)`` for every ``run`` (its
+    f, b, w, p2p, f_comm, b_comm), equal to the bit: one shape under many stage times (a band's
+    paired samples) extrapolated at once where it extrapolates (``costmodels.pipeline.paired``),
+    each run simulated on its own where not."""
+    get_spec(schedule).check(stages, microbatches, chunks)
+    times = [_stage_times(stages * chunks, r["f"], r["b"], r["w"], r.get("p2p", 0.0), r.get("f_comm"),
+                          r.get("b_comm")) for r in runs]
+    fast = paired.extrapolate_many(schedule, stages, microbatches, chunks, times) if EXTRAPOLATE and len(runs) > 1 \
+        else [None] * len(runs)
+    return [PipelineResult(schedule, stages, microbatches, chunks, *x) if x is not None
+            else simulate(schedule, stages=stages, microbatches=microbatches, chunks=chunks, **r)
+            for x, r in zip(fast, runs)]
+
+
+def _stage_times(n_stages: int, f, b, w, p2p, f_comm, b_comm) -> StageTimes:
+    """The checked ``StageTimes`` of ``simulate``'s arguments (ValueError on bad input)."""
     fa = _per_stage("f", f, n_stages)
     ba = _per_stage("b", b, n_stages)
     wa = _per_stage("w", w, n_stages)
@@ -178,13 +206,12 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
     bc = _per_stage("b_comm", b_comm, n_stages)
     if np.any(fc > fa) or np.any(bc > ba):
         raise ValueError("f_comm/b_comm are parts of f/b and cannot exceed them")
-    times = StageTimes(fa, ba, wa, fc, bc, _boundaries(p2p, n_stages))
-    if EXTRAPOLATE and not (keep_timeline or full):
-        fast = steady.extrapolate(schedule, stages, microbatches, chunks, times)
-        if fast is not None:
-            step, steady_step, busy, peak = fast
-            return PipelineResult(schedule, stages, microbatches, chunks, step, steady_step,
-                                  busy, peak)
+    return StageTimes(fa, ba, wa, fc, bc, _boundaries(p2p, n_stages))
+
+
+def _simulated(schedule: str, stages: int, microbatches: int, chunks: int, times: StageTimes,
+               keep_timeline: bool) -> PipelineResult:
+    """The event-by-event simulation of the whole step."""
     c = _compile(schedule, stages, microbatches, chunks)
     dur_arr = durations(c, times)
     dur = dur_arr.tolist()

@@ -27,3 +27,29 @@ def test_bands_split_samples_across_workers_and_put_them_back_in_order():
     forked = driver._bands(sampler, pool, 64, workers=3)        # 0 in the parent, then 1,4 | 2 | 3
     alone = [sampler.band(r.plan, 64, r.estimate) for r in pool]
     assert forked == alone
+
+
+def test_a_plans_samples_simulated_at_once_are_each_samples_own_steps(monkeypatch):
+    """``Sampler.steps`` simulates a plan's pipeline on all its samples at once
+    (``comms.simulate_paired``); every step is the one each sample's estimator prices alone, and
+    the paired extrapolation did run (1F1B, ZB-V and interleaved, 128 micro-batches on 4 ranks)."""
+    from autoplan.plan import Plan
+    from costmodels.pipeline import paired
+
+    model, cluster = trace("gpt:layers=8,hidden=1024,heads=16,vocab=32000", seq=1024), load_cluster("h100x64")
+    est = driver.Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True)
+    plans = [Plan.parse(f"tp=2,pp=4,dp=8,cp=1,ep=1,vpp={v},mbs=1,schedule={s},recompute=none,sp=on,zero=1,"
+                        "cp_algo=ring,order=tp-cp-ep-dp-pp") for s, v in (("1f1b", 1), ("zbv", 2), ("interleaved", 2))]
+    extrapolated = []
+    real = paired.extrapolate_many
+
+    def spy(*args):
+        out = real(*args)
+        extrapolated.extend(x is not None for x in out)
+        return out
+    monkeypatch.setattr(paired, "extrapolate_many", spy)
+    together = Sampler(est, 6, 0).steps(plans, 1024, range(6))
+    alone = [[e.step_time_s(p, 1024) for p in plans] for e in Sampler(est, 6, 0).estimators()]
+    assert together == alone
+    assert len(extrapolated) == 18 and all(extrapolated)
+    assert len({row[0] for row in together}) == 6          # the samples do differ

@@ -55,3 +55,24 @@ def test_what_the_problem_depends_on_is_not_shared(gpt, h100, solves):
     assert len(solves) == len(ctxs)
     solve_assignment(block, h100(4, True, mbs=1, cp=1))        # the first again: remembered
     assert len(solves) == len(ctxs)
+
+
+def _structure(prep):
+    return (repr([(u.leader, u.members, u.strategies) for u in prep.units]), repr(prep.unit_of), repr(prep.alias),
+            repr(sorted(prep.reads.items(), key=lambda kv: (kv[0].node, kv[0].index))))
+
+
+@pytest.mark.parametrize("block", ["gpt_block", "llama_block"])
+def test_prepare_memo_is_the_fresh_preparation_in_every_context(block, h100, request):
+    """``prepare`` remembers a block's units and reads on tp, sp and which scaled dims divide:
+    over micro-batches 1–8 and cp 1–16 (tp 2, 8; SP on and off) every remembered preparation is
+    the one preparing afresh gives, and the contexts meet on far fewer preparations than there
+    are contexts (mbs 16 with cp 16 on a 4096 sequence: the same divisibility as mbs 1, cp 1)."""
+    from autoplan.sharding import prepare as prepare_mod
+    graph = request.getfixturevalue(block)
+    prepare_mod._PREPARED.clear()
+    contexts = [h100(tp, sp, mbs=mbs, cp=cp) for tp in (2, 8) for sp in (True, False)
+                for mbs in (1, 2, 4, 8) for cp in (1, 2, 4, 16)]
+    for ctx in contexts:
+        assert _structure(prepare(graph, ctx)) == _structure(prepare_mod._prepare(graph, ctx))
+    assert 4 <= len(prepare_mod._PREPARED) < len(contexts) // 4
