@@ -84,12 +84,11 @@ def _period_matrices(comp: Compiled, per: steady.Period, durs: list[np.ndarray],
     forms[:, n + k] = -np.inf
     q = per.period
     p2p = np.stack([t.p2p for t in times])
-    lat1 = p2p[:, comp.bnd1[q]][:, :, None]
-    lat2 = p2p[:, comp.bnd2[q]][:, :, None]
+    zero = np.zeros((len(durs), k))
+    lat = np.stack([zero, p2p[:, comp.bnd1[q]], p2p[:, comp.bnd2[q]]], axis=1)[:, :, :, None]
     du = np.stack([d[q] for d in durs])[:, :, None]
-    for at, r0, r1, r2 in rows[2]:
-        forms[:, at + n] = np.maximum(np.maximum(forms[:, r0], forms[:, r1] + lat1[:, at]),
-                                      forms[:, r2] + lat2[:, at]) + du[:, at]
+    for at, inputs in rows[2]:        # as steady._period_matrix, every sample at once
+        forms[:, at + n] = (forms[:, inputs] + lat[:, :, at]).max(axis=1) + du[:, at]
     return forms[:, rows[1]]
 
 
