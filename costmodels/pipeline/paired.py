@@ -63,7 +63,7 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
             x = steady._advance(matrices[k], short[per.image], periods, float(short.max()))
         end[per.image, k] = x
     _run_levels(tail_levels, dur, end, p2p)
-    return [_summary(comp, per, rank, durs[k], end[:n, k], periods, p) for k in range(len(times))]
+    return [steady.summary(comp, per, rank, durs[k], end[:n, k], periods, p) for k in range(len(times))]
 
 
 FORMS_PER_BATCH = 1 << 18      # period-matrix forms built at once (floats): more leave the cache and run slower
@@ -90,18 +90,6 @@ def _period_matrices(comp: Compiled, per: steady.Period, durs: list[np.ndarray],
     for at, inputs in rows[2]:        # as steady._period_matrix, every sample at once
         forms[:, at + n] = (forms[:, inputs] + lat[:, :, at]).max(axis=1) + du[:, at]
     return forms[:, rows[1]]
-
-
-def _summary(comp: Compiled, per: steady.Period, rank: np.ndarray, dur_arr: np.ndarray, end: np.ndarray,
-             periods: int, p: int):
-    """(step, steady step, busy, peak) of one sample, as ``steady.extrapolate`` sums them."""
-    busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
-        rank[per.period], weights=dur_arr[per.period], minlength=p)
-    starts = [end[q] - dur_arr[q] for q in comp.first_pos]
-    ends = [end[q] for q in comp.last_pos]
-    step = max(ends) - min(starts)
-    steady_step = max(e - s for s, e in zip(starts, ends))
-    return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
 
 
 @lru_cache(maxsize=256)

@@ -240,14 +240,20 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
         for q, value in zip(image, x.tolist()):
             end[q] = value
         _run_part(tail, dur_arr, end, times)
-        busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
-            rank[per.period], weights=dur_arr[per.period], minlength=p)
-        starts = [end[q] - dur_arr[q] for q in comp.first_pos]
-        ends = [end[q] for q in comp.last_pos]
-        step = max(ends) - min(starts)
-        steady_step = max(e - s for s, e in zip(starts, ends))
-        return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
+        return summary(comp, per, rank, dur_arr, end, periods, p)
     return None
+
+
+def summary(comp: Compiled, per: Period, rank: np.ndarray, dur_arr: np.ndarray, end, periods: int, p: int):
+    """(step, steady step, busy per rank, peak) of an extrapolated run: ``end`` holds every
+    action's end time with the ``periods`` skipped periods applied."""
+    busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
+        rank[per.period], weights=dur_arr[per.period], minlength=p)
+    starts = [end[q] - dur_arr[q] for q in comp.first_pos]
+    ends = [end[q] for q in comp.last_pos]
+    step = max(ends) - min(starts)
+    steady_step = max(e - s for s, e in zip(starts, ends))
+    return float(step), float(steady_step), tuple(float(x) for x in busy), comp.peak
 
 
 def _pays_off(per: Period, m: int, m_s: int, c: int) -> bool:
