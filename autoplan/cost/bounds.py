@@ -94,7 +94,7 @@ class _Shape:
     groups: tuple[tuple[list, bool], ...]      # memory.rank_groups: distinct rank bags
     of_rank: tuple[int, ...]                   # each rank's group
     live: tuple[float, ...]                    # each rank's peak live activation bytes
-    inputs: dict                               # Estimator.memory_inputs but the FSDP policy (it reads zero)
+    inputs: dict                               # Estimator.memory_inputs (the FSDP policy reads zero: not here)
 
 
 _FIELDS = tuple(f.name for f in fields(Plan) if f.name != "zero")
@@ -122,9 +122,7 @@ def _shape(est: Estimator, plan: Plan, global_batch: int) -> _Shape:
         groups, of_rank = memory.rank_groups(bags, pp.rank_chunks(plan))
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
         live = peak_bytes(schedule, plan.pp, m, plan.vpp, memory.chunk_saved_bytes(bags))
-        inputs = est.memory_inputs(plan, mesh, m)
-        del inputs["pol"]
-        return _Shape(mesh, m, bags, groups, of_rank, live, inputs)
+        return _Shape(mesh, m, bags, groups, of_rank, live, est.memory_inputs(plan, mesh, m))
     return _remembered(est, ("shape", global_batch) + tuple(getattr(plan, f) for f in _FIELDS), compute)
 
 

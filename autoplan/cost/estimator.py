@@ -213,17 +213,18 @@ class Estimator:
         (reads the pipeline's bags only, so the search's floor can ask before simulating)."""
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
         peaks = peak_live(schedule, plan.pp, m, plan.vpp, memory.chunk_saved_bytes(pipe.bags))
-        inputs = self.memory_inputs(plan, mesh, m, pol)
+        inputs = self.memory_inputs(plan, mesh, m)
+        pol = pol or fsdp.policy(self.options, plan)
         memo: dict = {}
-        return [memory.rank_memory(plan, pipe, r, peaks[r], memo=memo, **inputs) for r in range(plan.pp)]
+        return [memory.rank_memory(plan, pipe, r, peaks[r], memo=memo, pol=pol, **inputs) for r in range(plan.pp)]
 
-    def memory_inputs(self, plan: Plan, mesh: Mesh, m: int, pol: fsdp.Policy | None = None) -> dict:
-        """What ``memory.bag_states`` reads besides a rank's bag (keyword arguments)."""
+    def memory_inputs(self, plan: Plan, mesh: Mesh, m: int) -> dict:
+        """What ``memory.bag_states`` reads besides a rank's bag and the FSDP policy (keyword
+        arguments; none of them reads the ZeRO stage)."""
         return dict(dense_dp=len(mesh.group(DENSE_DP)), expert_dp=len(mesh.group(EXPERT_DP)),
                     loss=memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0),
                     ends=frozenset(id(self.part(k, plan, "none", mesh)) for k in ("@pre", "@post")),
-                    microbatches=m, pol=pol or fsdp.policy(self.options, plan),
-                    precision=memory.state_precision(self.options.state_precision))
+                    microbatches=m, precision=memory.state_precision(self.options.state_precision))
 
     @property
     def usable_bytes(self) -> float:

@@ -175,7 +175,7 @@ def rank_total(states: tuple[float, ...], live_bytes: float) -> float:
 
 def rank_numels(pipe: Pipeline, rank: int) -> tuple[float, float]:
     """(dense, expert) parameters held by pipeline rank ``rank``, summed as ``bag_states`` sums them."""
-    return bag_numels([pn for c in pipe.rank_chunks[rank] for pn in pipe.bags[c]])
+    return bag_numels(rank_bag(pipe.bags, pipe.rank_chunks[rank])[0])
 
 
 def bag_numels(bag) -> tuple[float, float]:

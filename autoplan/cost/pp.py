@@ -75,13 +75,13 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
     alike: dict[tuple, Bag] = {}       # inner chunks of the same layers and policy share one bag
     for c, (n, kinds) in enumerate(zip(layers, _chunk_kinds(order, layers))):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
-        inner = 0 < c < chunks - 1
-        if recompute_layers(rc) is None and inner and (kinds, rc) in alike:
-            bag = alike[(kinds, rc)]
-        elif recompute_layers(rc) is None:
-            bag = [(get(k, rc), count) for k, count in kinds]
-            if inner:
-                alike[(kinds, rc)] = bag
+        if recompute_layers(rc) is None:
+            inner = 0 < c < chunks - 1            # the end chunks get @pre/@post appended: their own list
+            bag = alike.get((kinds, rc)) if inner else None
+            if bag is None:
+                bag = [(get(k, rc), count) for k, count in kinds]
+                if inner:
+                    alike[(kinds, rc)] = bag
         else:         # full:N: the policy depends on the layer's place in its stage
             counted = Counter(zip(order[start:start + n], layer_policies(rc, n)))
             bag = [(get(k, policy), count) for (k, policy), count in counted.items()]
@@ -139,24 +139,27 @@ def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
     return tuple(plan.stages_of_rank(r) for r in range(plan.pp))
 
 
-def simulation_args(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], seq_len: int, hidden: int):
-    """(schedule, f, b, w, f_comm, b_comm, ``boundary``'s four values): what ``price_pipeline``
-    gives the simulator for ``plan`` (a band asks for every sample's before simulating them at once)."""
+def simulation_args(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int,
+                    hidden: int) -> tuple[tuple, tuple[float, float, tuple[int, ...], float]]:
+    """(the arguments of ``Comms.simulate`` — schedule, pp, m, vpp, f, b, w, p2p, f_comm, b_comm —,
+    ``boundary``'s four values): what ``price_pipeline`` simulates for ``plan`` (a band asks for
+    every sample's before simulating them at once)."""
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = stage_times(bags, wpass_factor(comms, schedule))
     f, b = engine_instructions(f, b, comms.profile.p2p_host_s)
     f_comm, b_comm = pair_comms(schedule, bags)
-    return schedule, f, b, w, f_comm, b_comm, boundary(comms, plan, mesh, seq_len, hidden, schedule)
+    bnd = boundary(comms, plan, mesh, seq_len, hidden, schedule)
+    return (schedule, plan.pp, m, plan.vpp, f, b, w, bnd[1], f_comm, b_comm), bnd
 
 
 def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
                    *, detail: bool) -> Pipeline:
-    schedule, f, b, w, f_comm, b_comm, (act_bytes, p2p, hop, gather) = simulation_args(comms, plan, mesh, bags,
-                                                                                       seq_len, hidden)
-    sim = comms.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, p2p, f_comm, b_comm)
+    args, (act_bytes, p2p, hop, gather) = simulation_args(comms, plan, mesh, bags, m, seq_len, hidden)
+    f, b, w = args[4:7]
+    sim = comms.simulate(*args)
     p2p_exposed = 0.0
     if plan.pp > 1 and detail:
-        no_p2p = comms.simulate(schedule, plan.pp, m, plan.vpp, f, b, w, 0.0, f_comm, b_comm)
+        no_p2p = comms.simulate(*args[:7], 0.0, *args[8:])
         p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
     return Pipeline(tuple(bags), rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed, hop, gather)
 

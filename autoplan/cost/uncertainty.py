@@ -128,9 +128,9 @@ def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple:
     """(comms, arguments) of the one simulation ``est.step_time_s(plan, global_batch)`` runs."""
     est.check(plan, global_batch)
     mesh = Mesh.of(plan)
-    schedule, f, b, w, f_comm, b_comm, bnd = simulation_args(est.comms, plan, mesh, est.stage_bags(plan, mesh),
-                                                            est.model.sample_positions, est.hidden)
-    return est.comms, (schedule, plan.pp, plan.microbatches(global_batch), plan.vpp, f, b, w, bnd[1], f_comm, b_comm)
+    args, _ = simulation_args(est.comms, plan, mesh, est.stage_bags(plan, mesh), plan.microbatches(global_batch),
+                              est.model.sample_positions, est.hidden)
+    return est.comms, args
 
 
 class _SampleLayouts(BlockLayouts):

@@ -296,7 +296,9 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
         if pool is not None:
             pool.close()
             pool.join()
-    solved = [done[order.index(i)] for i in range(len(tasks))]
+    solved: list = [None] * len(tasks)
+    for i, answer in zip(order, done):
+        solved[i] = answer
     for keys, assignments in zip(groups.values(), solved):
         est.layouts.assignments.update(zip(keys, assignments))
 

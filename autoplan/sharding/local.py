@@ -29,8 +29,11 @@ def scaled_numel(t: TensorInfo, mbs: int, cp: int) -> float:
 
 
 def local_dim(t: TensorInfo, d: int, mbs: int, cp: int) -> float:
-    size = t.shape[d]
-    role = t.dim_roles[d] if d < len(t.dim_roles) else ""
+    return scaled_dim(t.shape[d], t.dim_roles[d] if d < len(t.dim_roles) else "", mbs, cp)
+
+
+def scaled_dim(size: int, role: str, mbs: int, cp: int) -> float:
+    """One dim of ``size`` and ``role`` on one GPU before tp sharding."""
     if role == "batch":
         return size * mbs
     if role == "tokens":

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
-from autoplan.sharding.local import SEQ_ROLES
+from autoplan.sharding.local import SEQ_ROLES, scaled_dim
 from autoplan.sharding.price import BACKWARD_GROUP, FORWARD_GROUP
 from autoplan.sharding.strategies import legal_strategies
 from autoplan.sharding.types import ShardingContext
@@ -111,11 +111,8 @@ def _divides(graph: OpGraph, ctx: ShardingContext) -> tuple[bool, ...]:
         dims = sorted({(size, role) for n in graph.nodes for t in n.outputs if t is not None
                        for size, role in zip(t.shape, t.dim_roles) if role in ("batch", *SEQ_ROLES)})
         hit = _SCALED[id(graph)] = (graph, tuple(dims))
-    out = []
-    for size, role in hit[1]:
-        local = size * ctx.mbs if role == "batch" else size * ctx.mbs / ctx.cp if role == "tokens" else size / ctx.cp
-        out.append(local >= ctx.tp and float(local / ctx.tp).is_integer())
-    return tuple(out)
+    locals_ = (scaled_dim(size, role, ctx.mbs, ctx.cp) for size, role in hit[1])
+    return tuple(local >= ctx.tp and float(local / ctx.tp).is_integer() for local in locals_)
 
 
 def _prepare(graph: OpGraph, ctx: ShardingContext) -> Prepared:

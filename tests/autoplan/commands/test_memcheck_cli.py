@@ -102,12 +102,7 @@ def test_a_pipeline_under_megatrons_distributed_optimizer_is_measured_per_rank(c
     weight's view is no new storage): bf16 weights, the fp32 buffer and 12/d bytes of optimizer
     state exact on both pipeline ranks, and the totals within 5 % (bf16 stubs for the parameters
     a stage does not own keep RoPE's cos/sin, and with them the last stage's activations, bf16)."""
-    out = cli("memcheck", "tp=2,pp=2,dp=2,vpp=2,schedule=interleaved,mbs=1,recompute=none,sp=on,zero=1",
-              "--model", PP_MODEL, "--cluster", "h100x8", "--seq", "2048", "--global-batch", "8", "--json")
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
-    assert d["skipped"] is None and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
-    for row in d["rank_kinds"]:
+    for row in _pp2_zero1_rank_kinds(cli, "interleaved"):
         measured, predicted = row["measured_gib"], row["predicted_gib"]
         assert measured["grads"] == pytest.approx(2 * measured["params"], rel=1e-3)
         for k in ("params", "grads", "optimizer"):
@@ -121,12 +116,7 @@ def test_split_backward_schedules_run_in_torchs_order(cli):
     chunk-micro-batches alive from F to W are the simulator's, the model states exact.  The
     totals are not asserted: torch keeps each chunk's whole graph and the gradients flowing into
     its weight ops from I to W, which the estimate does not price (RESULTS.md)."""
-    out = cli("memcheck", "tp=2,pp=2,dp=2,vpp=2,schedule=zbv,mbs=1,recompute=none,sp=on,zero=1",
-              "--model", PP_MODEL, "--cluster", "h100x8", "--seq", "2048", "--global-batch", "8", "--json")
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
-    assert d["skipped"] is None and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
-    for row in d["rank_kinds"]:
+    for row in _pp2_zero1_rank_kinds(cli, "zbv"):
         assert row["in_flight"] == {"estimate": 4, "torch": 4}
         for k in ("params", "grads", "optimizer"):
             assert row["predicted_gib"][k] == pytest.approx(row["measured_gib"][k], rel=0.02)
@@ -190,3 +180,13 @@ def test_one_layer_costs_the_tracker_what_it_costs_the_estimator(plan):
         w = Workload.load(model, cluster, seq=2048, global_batch=16)
         priced[layers] = w.estimator(EstimateOptions()).estimate(p, 16, detail=False).memory_gib * 1024 ** 3
     assert priced[3] - priced[2] == pytest.approx(tracked[3] - tracked[2], rel=0.03)
+
+
+def _pp2_zero1_rank_kinds(cli, schedule: str) -> list[dict]:
+    """memcheck's rank kinds of ``tp=2,pp=2,dp=2,vpp=2,zero=1`` under ``schedule`` (both pipeline ranks measured)."""
+    out = cli("memcheck", f"tp=2,pp=2,dp=2,vpp=2,schedule={schedule},mbs=1,recompute=none,sp=on,zero=1",
+              "--model", PP_MODEL, "--cluster", "h100x8", "--seq", "2048", "--global-batch", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["skipped"] is None and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
+    return d["rank_kinds"]
