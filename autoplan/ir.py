@@ -191,6 +191,33 @@ class OpGraph:
         object.__setattr__(self, "_saved", out)
         return out
 
+    def wgrad_held_outputs(self) -> frozenset[TensorRef]:
+        """Input-gradient values the weight-gradient ops read: what a schedule that splits the
+        backward into B (input gradients) and W (weight gradients) keeps from a micro-batch's B
+        until its W, beside the saved activations — the gradient flowing into every weight op
+        (dY of ``dW = dYᵀ·X``).  Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR'24) §2: W
+        needs the output gradient and the input of each weight op; torch's
+        ``pipelining/_backward.stage_backward_input`` keeps them per weight op for
+        ``stage_backward_weight``.  Outputs of non-weight-gradient backward ops read by a
+        weight-gradient op, through views (a view of dY keeps dY)."""
+        cached = self.__dict__.get("_wgrad_held")
+        if cached is not None:
+            return cached
+        held: set[TensorRef] = set()
+        todo = [r for n in self.nodes if n.phase == "backward" and n.wgrad for r in n.inputs]
+        while todo:
+            r = todo.pop()
+            src = self.node(r.node)
+            if src.phase != "backward" or src.wgrad or src.role == "param":
+                continue
+            if src.is_view:
+                todo += src.inputs
+            else:
+                held.add(r)
+        out = frozenset(held)
+        object.__setattr__(self, "_wgrad_held", out)
+        return out
+
     def saved_bytes(self) -> float:
         """Bytes of forward values kept for backward (micro-batch 1, unsharded)."""
         total = 0.0

@@ -206,6 +206,12 @@ def chunk_saved_bytes(bags) -> list[float]:
     return [sum(p.saved_bytes * n for p, n in bag) for bag in bags]
 
 
+def chunk_held_bytes(bags) -> list[float]:
+    """One micro-batch's input-gradient bytes every virtual stage keeps from B to W when the
+    schedule splits the backward (``Part.wgrad_held_bytes``; model order)."""
+    return [sum(p.wgrad_held_bytes * n for p, n in bag) for bag in bags]
+
+
 def _numel(p: Part) -> float:
     return p.dense_numel + p.expert_numel
 

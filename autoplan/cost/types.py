@@ -67,6 +67,7 @@ class Part:
     ep_bwd_s: float
     saved_bytes: float
     recompute_transient_bytes: float    # re-materialised by recomputation during the layer's backward
+    wgrad_held_bytes: float             # input gradients a split backward keeps from B to W (ir.wgrad_held_outputs)
     dense_numel: int
     expert_numel: int
     model_flops: float           # per micro-batch (one sequence × mbs), GEMM + attention

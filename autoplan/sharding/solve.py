@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
 from autoplan.sharding import ilp
+from autoplan.sharding.local import local_bytes
 from autoplan.sharding.placements import is_shard, redistribution
 from autoplan.sharding.prepare import (Prepared, dedupe_views, is_unary_elementwise, prepare, read_group, read_phase,
                                        reads_of, resolve, resolved_reads, view_inverse)
@@ -160,6 +161,8 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         if r.runs == 2:
             collectives.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
         collectives.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))
+    held = sum(local_bytes(g.tensor(r), chosen[r.node].outputs[r.index], ctx.tp, ctx.mbs, ctx.cp)
+               for r in sorted(g.wgrad_held_outputs(), key=lambda r: (r.node, r.index)))
     params = {}
     param_numel = 0
     for n in g.params():
@@ -171,7 +174,7 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         placements={k: (v.outputs[0] or "-") if v.outputs else "-" for k, v in sorted(chosen.items())},
         param_placements=dict(sorted(params.items())),
         collectives=tuple(collectives),
-        forward_s=fwd, backward_s=bwd, wgrad_s=wgd, recompute_s=rec, saved_bytes=saved,
+        forward_s=fwd, backward_s=bwd, wgrad_s=wgd, recompute_s=rec, saved_bytes=saved, wgrad_held_bytes=held,
         forward_launches=launches[0], backward_launches=launches[1],
         param_numel=param_numel, objective_s=assignment.objective_s, gap=assignment.gap,
         solve_seconds=assignment.solve_seconds, ilp_size=assignment.ilp_size,

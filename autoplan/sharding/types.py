@@ -81,6 +81,7 @@ class BlockSharding:
     wgrad_s: float                             # weight-gradient compute
     recompute_s: float                         # part of backward_s spent recomputing
     saved_bytes: float                         # activations kept for backward, one micro-batch
+    wgrad_held_bytes: float                    # input gradients kept from B to W (split backward), one micro-batch
     param_numel: int                           # parameters held per GPU (after tp sharding)
     objective_s: float
     gap: float

@@ -8,6 +8,10 @@ when the schedule splits B and W — frees it (the convention of
 ``PipelineResult.peak_activations``, whose count this is when every stage weighs 1).
 Within an overlapped pair (DualPipeV's F&B) the forward adds before the backward frees.
 
+When the schedule splits the backward, ``held_bytes[s]`` (the input gradients the weight
+gradients read, ``ir.OpGraph.wgrad_held_outputs``) is added by the B of (micro-batch, s) and
+freed by its W: between them a chunk holds its saved activations and those gradients.
+
 It returns, per rank, the peak bytes and how many micro-batches of each of the rank's
 virtual stages are alive at that moment — what an interleaved rank really holds: Megatron's
 warm-up puts more micro-batches on the rank's first chunk than on its last, so the count
@@ -25,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.pipeline.schedules import BW, F, W, build_orders, get_spec
+from costmodels.pipeline.schedules import B, BW, F, W, build_orders, get_spec
 from costmodels.pipeline.steady import reduced_sizes
 
 
@@ -54,10 +58,11 @@ def _events(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[tuple[in
 class _Walk:
     """The walk of ``peak_live`` as arrays, for all ranks at once (rows padded).
 
-    ``code[r, k]``: the k-th byte change of rank r — stage s's forward adds (code s), its free
-    subtracts (code S + s), padding adds nothing (code 2S); ``checks[r, c]``: the position after
-    the last forward of rank r's c-th action that starts one (the only moments live can rise to
-    a new peak; padded with the row's first)."""
+    ``code[r, k]``: the k-th byte change of rank r — stage s's forward adds its saved bytes
+    (code s), its free subtracts them (code S + s); under a split backward its B adds the held
+    gradients (code 2S + s) and its W frees them (code 3S + s); padding adds nothing (code 4S);
+    ``checks[r, c]``: the position after the last addition of rank r's c-th action that adds
+    (the only moments live can rise to a new peak; padded with the row's first)."""
 
     code: np.ndarray         # (ranks, changes) int
     checks: np.ndarray       # (ranks, checkpoints) int
@@ -66,24 +71,30 @@ class _Walk:
 @lru_cache(maxsize=64)
 def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     """``_Walk`` of the orders with array arithmetic: every op as (rank, action, kind, stage),
-    the forwards (code s) before the frees (code S + s) of each action, in order
-    (``_events``' walk, change for change)."""
+    the additions (F: code s, B: 2S + s) before the frees (S + s, W: 3S + s) of each action, in
+    order (``_events``' walk, change for change, plus the held gradients)."""
     stages = p * v
     split = get_spec(schedule).split_backward
     ops = np.array([(r, a, k, s) for r, acts in enumerate(build_orders(schedule, p, m, v))
                     for a, act in enumerate(acts) for k, _, s in act], dtype=np.int64).reshape(-1, 4)
     rank, act, kind, stage = ops.T
-    start = kind == F
+    start = (kind == F) | ((kind == B) & split)
     free = (kind == BW) | ((kind == W) & split)
     keep = np.flatnonzero(start | free)
     keep = keep[np.lexsort((free[keep], act[keep], rank[keep]))]    # stable: op order within each class
-    code = np.where(start[keep], stage[keep], stages + stage[keep])
+    k, s = kind[keep], stage[keep]
+    code = np.select([k == F, k == B, k == W], [s, 2 * stages + s, stages + s], stages + s)
+    held_free = (k == W) & split
+    code, extra = code.copy(), np.flatnonzero(held_free)
+    if len(extra):                                       # a W frees the saved bytes, then the held gradients
+        keep = np.insert(keep, extra + 1, keep[extra])
+        code = np.insert(code, extra + 1, 3 * stages + s[extra])
     row = rank[keep]
     counts = np.bincount(row, minlength=p)
     col = np.arange(len(keep)) - np.repeat(np.cumsum(counts) - counts, counts)
     is_start = start[keep]
     last_start = is_start & np.r_[(act[keep][1:] != act[keep][:-1]) | (row[1:] != row[:-1]) | ~is_start[1:], True]
-    out = np.full((p, max(int(counts.max(initial=0)), 1)), 2 * stages, dtype=np.int64)
+    out = np.full((p, max(int(counts.max(initial=0)), 1)), 4 * stages, dtype=np.int64)
     out[row, col] = code
     check_rows, check_cols = row[last_start], col[last_start]
     per_rank = np.bincount(check_rows, minlength=p)
@@ -96,9 +107,11 @@ def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     return _Walk(out, checks)
 
 
-def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float]) -> tuple[LivePeak, ...]:
+def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float],
+              held_bytes: Sequence[float] | None = None) -> tuple[LivePeak, ...]:
     """Per pipeline rank, the peak live activation bytes (see the module docstring);
-    ``stage_bytes[s]``: one micro-batch's saved bytes of virtual stage s (pp·chunks entries).
+    ``stage_bytes[s]``: one micro-batch's saved bytes of virtual stage s (pp·chunks entries);
+    ``held_bytes[s]``: its input gradients kept from B to W (split backward only; default none).
 
     Live bytes are the running sum of each rank's changes in order (``np.cumsum`` adds in
     sequence, so every partial sum is the one a walk adding and subtracting one change at a
@@ -106,24 +119,35 @@ def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float
     walk's strict ``live > best`` keeps it, and nothing when no moment holds more than 0."""
     if p == 1:
         return (_one_rank(stage_bytes),)
-    return _peaks(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes))
+    return _peaks(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes),
+                  _held(schedule, stage_bytes, held_bytes))
 
 
-def peak_bytes(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float]) -> tuple[float, ...]:
+def peak_bytes(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float],
+               held_bytes: Sequence[float] | None = None) -> tuple[float, ...]:
     """Each rank's ``peak_live`` bytes alone, to the bit (what a memory bound reads; the alive
     counts cost more than the peak)."""
     if p == 1:
         return (_one_rank(stage_bytes).bytes,)
-    return _bytes(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes))
+    return _bytes(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes),
+                  _held(schedule, stage_bytes, held_bytes))
+
+
+def _held(schedule: str, stage_bytes: Sequence[float], held_bytes: Sequence[float] | None) -> tuple[float, ...]:
+    """The held gradients a walk adds: ``held_bytes`` under a split backward, else none."""
+    if held_bytes is None or not get_spec(schedule).split_backward:
+        return (0.0,) * len(stage_bytes)
+    return tuple(held_bytes)
 
 
 @lru_cache(maxsize=4096)
-def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
+def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...],
+           held_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
     """``peak_live`` of the reduced step, remembered (plans differing only in ZeRO stage or
     schedule knobs that keep the order ask with the same bytes)."""
     walk = _walk(schedule, p, size, v)
     stages = p * v
-    at = _at_checks(walk, stage_bytes)
+    at = _at_checks(walk, stage_bytes, held_bytes)
     first = np.argmax(at, axis=1)
     best = at[np.arange(p), first]
     # alive at each rank's peak: its forwards so far less its frees so far, per stage
@@ -141,17 +165,19 @@ def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, .
 
 
 @lru_cache(maxsize=4096)
-def _bytes(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...]) -> tuple[float, ...]:
+def _bytes(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...],
+           held_bytes: tuple[float, ...]) -> tuple[float, ...]:
     """``peak_bytes`` of the reduced step, remembered: ``_peaks``' bytes (the maximum over the
     checkpoints is the value at its first argmax)."""
-    best = _at_checks(_walk(schedule, p, size, v), stage_bytes).max(axis=1)
+    best = _at_checks(_walk(schedule, p, size, v), stage_bytes, held_bytes).max(axis=1)
     return tuple(x if x > 0.0 else 0.0 for x in best.tolist())
 
 
-def _at_checks(walk: _Walk, stage_bytes: tuple[float, ...]) -> np.ndarray:
+def _at_checks(walk: _Walk, stage_bytes: tuple[float, ...], held_bytes: tuple[float, ...]) -> np.ndarray:
     """Live bytes of every rank at each of its checkpoints (``_Walk``), (ranks, checkpoints)."""
     b = np.asarray(stage_bytes, dtype=np.float64)
-    live = np.cumsum(np.concatenate([b, -b, [0.0]])[walk.code], axis=1)
+    h = np.asarray(held_bytes, dtype=np.float64)
+    live = np.cumsum(np.concatenate([b, -b, h, -h, [0.0]])[walk.code], axis=1)
     return np.take_along_axis(live, walk.checks, axis=1)
 
 
