@@ -199,12 +199,16 @@ class OpGraph:
         needs the output gradient and the input of each weight op; torch's
         ``pipelining/_backward.stage_backward_input`` keeps them per weight op for
         ``stage_backward_weight``.  Outputs of non-weight-gradient backward ops read by a
-        weight-gradient op, through views (a view of dY keeps dY)."""
+        weight op's backward, through views (a view of dY keeps dY): by a weight-gradient op
+        (``wgrad``), or by a backward op that returns a weight gradient beside the input
+        gradient (``fused_wgrad_nodes``: a norm's backward returns dX, dγ, dβ; torch hooks its
+        dY too)."""
         cached = self.__dict__.get("_wgrad_held")
         if cached is not None:
             return cached
         held: set[TensorRef] = set()
-        todo = [r for n in self.nodes if n.phase == "backward" and n.wgrad for r in n.inputs]
+        fused = self.fused_wgrad_nodes()
+        todo = [r for n in self.nodes if n.phase == "backward" and (n.wgrad or n.name in fused) for r in n.inputs]
         while todo:
             r = todo.pop()
             src = self.node(r.node)
@@ -217,6 +221,25 @@ class OpGraph:
         out = frozenset(held)
         object.__setattr__(self, "_wgrad_held", out)
         return out
+
+    def fused_wgrad_nodes(self) -> frozenset[str]:
+        """Backward ops that feed an input gradient and also return a weight gradient: a
+        non-``wgrad`` backward node with an output read only by ``wgrad`` nodes or returned as a
+        parameter gradient (``native_layer_norm_backward``'s dγ, dβ)."""
+        readers: dict[TensorRef, list[OpNode]] = {}
+        for n in self.nodes:
+            for r in n.inputs:
+                readers.setdefault(r, []).append(n)
+        returned = {r for n in self.nodes if n.op == "output"
+                    for r, role in zip(n.inputs, self.output_roles) if role.startswith("param_grad:")}
+
+        def weight_only(r: TensorRef) -> bool:
+            users = readers.get(r, [])
+            return (r in returned or bool(users)) and all(u.wgrad or (u.op == "output" and r in returned)
+                                                          for u in users)
+
+        return frozenset(n.name for n in self.ops("backward") if not n.wgrad and not n.is_view
+                         and any(weight_only(TensorRef(n.name, i)) for i in range(len(n.outputs))))
 
     def saved_bytes(self) -> float:
         """Bytes of forward values kept for backward (micro-batch 1, unsharded)."""

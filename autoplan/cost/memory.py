@@ -208,8 +208,10 @@ def chunk_saved_bytes(bags) -> list[float]:
 
 def chunk_held_bytes(bags) -> list[float]:
     """One micro-batch's input-gradient bytes every virtual stage keeps from B to W when the
-    schedule splits the backward (``Part.wgrad_held_bytes``; model order)."""
-    return [sum(p.wgrad_held_bytes * n for p, n in bag) for bag in bags]
+    schedule splits the backward (``Part.wgrad_held_bytes``; model order).  The first virtual
+    stage keeps none: it sends no input gradient, so torch's ``PipelineStage.backward_one_chunk``
+    skips its B and runs its whole backward at W (torch 2.13 ``pipelining/stage.py``)."""
+    return [0.0 if s == 0 else sum(p.wgrad_held_bytes * n for p, n in bag) for s, bag in enumerate(bags)]
 
 
 def _numel(p: Part) -> float:
