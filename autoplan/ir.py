@@ -222,6 +222,43 @@ class OpGraph:
         object.__setattr__(self, "_wgrad_held", out)
         return out
 
+    def freed_at_input_grad_nodes(self) -> frozenset[str]:
+        """Forward nodes whose saved outputs a split backward frees at B (input gradients), not
+        at W: every backward reader of them (through views) runs upstream of every weight op's
+        backward — before the gradient reaches a weight — as the loss's log-softmax output above
+        the LM head.  torch's ``stage_backward_input`` detaches the stage output after B, so only
+        the autograd nodes the weight ops' intermediates reach (their inputs' side) survive to W;
+        what lies between the output and the first weight op is freed."""
+        cached = self.__dict__.get("_freed_at_b")
+        if cached is not None:
+            return cached
+        readers: dict[str, list[OpNode]] = {}
+        for n in self.nodes:
+            for r in n.inputs:
+                readers.setdefault(r.node, []).append(n)
+        below: set[str] = set()          # backward nodes downstream of a weight op's dY
+        todo = [u.name for r in self.wgrad_held_outputs() for u in readers.get(r.node, [])]
+        while todo:
+            name = todo.pop()
+            if name in below:
+                continue
+            below.add(name)
+            todo += [u.name for u in readers.get(name, []) if u.phase == "backward"]
+
+        def backward_readers(name: str) -> list[OpNode]:
+            """The non-view backward nodes reading ``name``'s outputs, through views."""
+            out = []
+            for u in readers.get(name, []):
+                out += backward_readers(u.name) if u.is_view else ([u] if u.phase == "backward" else [])
+            return out
+
+        saved = {r.node for r in self.saved_outputs()}
+        found = frozenset(name for name in saved if self.node(name).phase == "forward"
+                          and self.node(name).role != "param"
+                          and all(u.name not in below for u in backward_readers(name)))
+        object.__setattr__(self, "_freed_at_b", found)
+        return found
+
     def fused_wgrad_nodes(self) -> frozenset[str]:
         """Backward ops that feed an input gradient and also return a weight gradient: a
         non-``wgrad`` backward node with an output read only by ``wgrad`` nodes or returned as a

@@ -214,6 +214,13 @@ def chunk_held_bytes(bags) -> list[float]:
     return [0.0 if s == 0 else sum(p.wgrad_held_bytes * n for p, n in bag) for s, bag in enumerate(bags)]
 
 
+def chunk_b_freed_bytes(bags) -> list[float]:
+    """Of ``chunk_saved_bytes``, what a split backward frees at B rather than W
+    (``Part.b_freed_bytes``: the loss's saved bytes on the last virtual stage), every virtual
+    stage; none on the first, whose B torch skips (``chunk_held_bytes``)."""
+    return [0.0 if s == 0 else sum(p.b_freed_bytes * n for p, n in bag) for s, bag in enumerate(bags)]
+
+
 def _numel(p: Part) -> float:
     return p.dense_numel + p.expert_numel
 

@@ -52,7 +52,7 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
         exposed_bwd_s=tp.exposed_bwd_s + cp.exposed_bwd_s + ep.exposed_bwd_s,
         ep_fwd_s=ep.exposed_fwd_s, ep_bwd_s=ep.exposed_bwd_s,
         saved_bytes=saved, recompute_transient_bytes=max(0.0, unsaved - saved),
-        wgrad_held_bytes=bs.wgrad_held_bytes,
+        wgrad_held_bytes=bs.wgrad_held_bytes, b_freed_bytes=bs.b_freed_bytes if graph_key == "@post" else 0.0,
         dense_numel=dense, expert_numel=expert,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,

@@ -68,6 +68,7 @@ class Part:
     saved_bytes: float
     recompute_transient_bytes: float    # re-materialised by recomputation during the layer's backward
     wgrad_held_bytes: float             # input gradients a split backward keeps from B to W (ir.wgrad_held_outputs)
+    b_freed_bytes: float                # of saved_bytes, what a split backward frees at B: the loss's, above the head
     dense_numel: int
     expert_numel: int
     model_flops: float           # per micro-batch (one sequence × mbs), GEMM + attention

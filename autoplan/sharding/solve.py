@@ -135,7 +135,8 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
     g = graph
     chosen = assignment.choice
     shape = _layout_reads(g, assignment)
-    fwd = bwd = wgd = rec = saved = 0.0
+    fwd = bwd = wgd = rec = saved = freed = 0.0
+    freed_nodes = g.freed_at_input_grad_nodes()
     launches = [0, 0]                    # kernels issued in forward, in backward (+ recompute)
     collectives: list[Collective] = []
     for n, s in shape.nodes:
@@ -153,6 +154,8 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
             launches[n.phase != "forward"] += 1
             launches[1] += c.runs - 1
         saved += c.saved_bytes
+        if n.name in freed_nodes:
+            freed += c.saved_bytes
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
                         for x in c.intrinsic]
@@ -175,6 +178,7 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         param_placements=dict(sorted(params.items())),
         collectives=tuple(collectives),
         forward_s=fwd, backward_s=bwd, wgrad_s=wgd, recompute_s=rec, saved_bytes=saved, wgrad_held_bytes=held,
+        b_freed_bytes=freed,
         forward_launches=launches[0], backward_launches=launches[1],
         param_numel=param_numel, objective_s=assignment.objective_s, gap=assignment.gap,
         solve_seconds=assignment.solve_seconds, ilp_size=assignment.ilp_size,

@@ -10,7 +10,9 @@ Within an overlapped pair (DualPipeV's F&B) the forward adds before the backward
 
 When the schedule splits the backward, ``held_bytes[s]`` (the input gradients the weight
 gradients read, ``ir.OpGraph.wgrad_held_outputs``) is added by the B of (micro-batch, s) and
-freed by its W: between them a chunk holds its saved activations and those gradients.
+freed by its W: between them a chunk holds its saved activations and those gradients — less
+``freed_bytes[s]``, the part of its saved bytes B frees once it has run (what lies above every
+weight op: the loss, ``ir.OpGraph.freed_at_input_grad_nodes``); W frees the rest.
 
 It returns, per rank, the peak bytes and how many micro-batches of each of the rank's
 virtual stages are alive at that moment — what an interleaved rank really holds: Megatron's
@@ -59,8 +61,9 @@ class _Walk:
     """The walk of ``peak_live`` as arrays, for all ranks at once (rows padded).
 
     ``code[r, k]``: the k-th byte change of rank r — stage s's forward adds its saved bytes
-    (code s), its free subtracts them (code S + s); under a split backward its B adds the held
-    gradients (code 2S + s) and its W frees them (code 3S + s); padding adds nothing (code 4S);
+    (code s), its free subtracts them less what B freed (code S + s); under a split backward its
+    B adds the held gradients (code 2S + s), then frees what it frees (code 4S + s), and its W
+    frees the held gradients (code 3S + s); padding adds nothing (code 5S);
     ``checks[r, c]``: the position after the last addition of rank r's c-th action that adds
     (the only moments live can rise to a new peak; padded with the row's first)."""
 
@@ -71,8 +74,8 @@ class _Walk:
 @lru_cache(maxsize=64)
 def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     """``_Walk`` of the orders with array arithmetic: every op as (rank, action, kind, stage),
-    the additions (F: code s, B: 2S + s) before the frees (S + s, W: 3S + s) of each action, in
-    order (``_events``' walk, change for change, plus the held gradients)."""
+    the additions (F: code s, B: 2S + s) before the frees (S + s, W: 3S + s, B: 4S + s) of each
+    action, in order (``_events``' walk, change for change, plus the held gradients)."""
     stages = p * v
     split = get_spec(schedule).split_backward
     ops = np.array([(r, a, k, s) for r, acts in enumerate(build_orders(schedule, p, m, v))
@@ -89,12 +92,16 @@ def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     if len(extra):                                       # a W frees the saved bytes, then the held gradients
         keep = np.insert(keep, extra + 1, keep[extra])
         code = np.insert(code, extra + 1, 3 * stages + s[extra])
+    b_free = np.flatnonzero(code // stages == 2)
+    if len(b_free):                                      # a B adds the held gradients, then frees the loss's bytes
+        keep = np.insert(keep, b_free + 1, keep[b_free])
+        code = np.insert(code, b_free + 1, code[b_free] + 2 * stages)
     row = rank[keep]
     counts = np.bincount(row, minlength=p)
     col = np.arange(len(keep)) - np.repeat(np.cumsum(counts) - counts, counts)
-    is_start = start[keep]
+    is_start = start[keep] & (code < 4 * stages)
     last_start = is_start & np.r_[(act[keep][1:] != act[keep][:-1]) | (row[1:] != row[:-1]) | ~is_start[1:], True]
-    out = np.full((p, max(int(counts.max(initial=0)), 1)), 4 * stages, dtype=np.int64)
+    out = np.full((p, max(int(counts.max(initial=0)), 1)), 5 * stages, dtype=np.int64)
     out[row, col] = code
     check_rows, check_cols = row[last_start], col[last_start]
     per_rank = np.bincount(check_rows, minlength=p)
@@ -108,10 +115,12 @@ def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
 
 
 def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float],
-              held_bytes: Sequence[float] | None = None) -> tuple[LivePeak, ...]:
+              held_bytes: Sequence[float] | None = None,
+              freed_bytes: Sequence[float] | None = None) -> tuple[LivePeak, ...]:
     """Per pipeline rank, the peak live activation bytes (see the module docstring);
     ``stage_bytes[s]``: one micro-batch's saved bytes of virtual stage s (pp·chunks entries);
-    ``held_bytes[s]``: its input gradients kept from B to W (split backward only; default none).
+    ``held_bytes[s]``: its input gradients kept from B to W, ``freed_bytes[s]``: the part of its
+    saved bytes B frees (split backward only; default none).
 
     Live bytes are the running sum of each rank's changes in order (``np.cumsum`` adds in
     sequence, so every partial sum is the one a walk adding and subtracting one change at a
@@ -120,34 +129,36 @@ def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float
     if p == 1:
         return (_one_rank(stage_bytes),)
     return _peaks(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes),
-                  _held(schedule, stage_bytes, held_bytes))
+                  _split(schedule, stage_bytes, held_bytes), _split(schedule, stage_bytes, freed_bytes))
 
 
 def peak_bytes(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float],
-               held_bytes: Sequence[float] | None = None) -> tuple[float, ...]:
+               held_bytes: Sequence[float] | None = None,
+               freed_bytes: Sequence[float] | None = None) -> tuple[float, ...]:
     """Each rank's ``peak_live`` bytes alone, to the bit (what a memory bound reads; the alive
     counts cost more than the peak)."""
     if p == 1:
         return (_one_rank(stage_bytes).bytes,)
     return _bytes(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes),
-                  _held(schedule, stage_bytes, held_bytes))
+                  _split(schedule, stage_bytes, held_bytes), _split(schedule, stage_bytes, freed_bytes))
 
 
-def _held(schedule: str, stage_bytes: Sequence[float], held_bytes: Sequence[float] | None) -> tuple[float, ...]:
-    """The held gradients a walk adds: ``held_bytes`` under a split backward, else none."""
-    if held_bytes is None or not get_spec(schedule).split_backward:
+def _split(schedule: str, stage_bytes: Sequence[float], split_bytes: Sequence[float] | None) -> tuple[float, ...]:
+    """What a walk's B adds or frees (``held_bytes``, ``freed_bytes``): the given bytes under a
+    split backward, else none."""
+    if split_bytes is None or not get_spec(schedule).split_backward:
         return (0.0,) * len(stage_bytes)
-    return tuple(held_bytes)
+    return tuple(split_bytes)
 
 
 @lru_cache(maxsize=4096)
 def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...],
-           held_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
+           held_bytes: tuple[float, ...], freed_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
     """``peak_live`` of the reduced step, remembered (plans differing only in ZeRO stage or
     schedule knobs that keep the order ask with the same bytes)."""
     walk = _walk(schedule, p, size, v)
     stages = p * v
-    at = _at_checks(walk, stage_bytes, held_bytes)
+    at = _at_checks(walk, stage_bytes, held_bytes, freed_bytes)
     first = np.argmax(at, axis=1)
     best = at[np.arange(p), first]
     # alive at each rank's peak: its forwards so far less its frees so far, per stage
@@ -166,18 +177,20 @@ def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, .
 
 @lru_cache(maxsize=4096)
 def _bytes(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...],
-           held_bytes: tuple[float, ...]) -> tuple[float, ...]:
+           held_bytes: tuple[float, ...], freed_bytes: tuple[float, ...]) -> tuple[float, ...]:
     """``peak_bytes`` of the reduced step, remembered: ``_peaks``' bytes (the maximum over the
     checkpoints is the value at its first argmax)."""
-    best = _at_checks(_walk(schedule, p, size, v), stage_bytes, held_bytes).max(axis=1)
+    best = _at_checks(_walk(schedule, p, size, v), stage_bytes, held_bytes, freed_bytes).max(axis=1)
     return tuple(x if x > 0.0 else 0.0 for x in best.tolist())
 
 
-def _at_checks(walk: _Walk, stage_bytes: tuple[float, ...], held_bytes: tuple[float, ...]) -> np.ndarray:
+def _at_checks(walk: _Walk, stage_bytes: tuple[float, ...], held_bytes: tuple[float, ...],
+               freed_bytes: tuple[float, ...]) -> np.ndarray:
     """Live bytes of every rank at each of its checkpoints (``_Walk``), (ranks, checkpoints)."""
     b = np.asarray(stage_bytes, dtype=np.float64)
     h = np.asarray(held_bytes, dtype=np.float64)
-    live = np.cumsum(np.concatenate([b, -b, h, -h, [0.0]])[walk.code], axis=1)
+    f = np.asarray(freed_bytes, dtype=np.float64)
+    live = np.cumsum(np.concatenate([b, f - b, h, -h, -f, [0.0]])[walk.code], axis=1)
     return np.take_along_axis(live, walk.checks, axis=1)
 
 
