@@ -24,10 +24,12 @@ schedule) as follows:
   ``backward_weight_one_chunk``: ``backward_maybe_with_nosync("input")`` keeps the graph and the
   gradients flowing into the weight ops (``param_groups``) for ``"weight"``; the first stage's
   ``I`` does nothing and its ``W`` is the full backward (``_backward``, ``_weight_backward``).
-  From ``I`` to ``W`` a chunk keeps its whole graph (``retain_graph=True``) and the gradient
-  flowing into every weight op (``param_groups[i]["grads"]``: one output-sized bf16 tensor per
-  linear and norm), which the estimate does not price yet: llama3-8b ``pp=2,dp=2,cp=2,zb-h2``
-  on h100x8 (s 8192) tracks 120.1 GiB on its last rank against 70.7 estimated;
+  From ``I`` to ``W`` a chunk keeps the graph below its weight ops (``retain_graph=True``; what
+  lies above them, the loss, goes when the stage output is detached) and the gradient flowing
+  into every weight op (``param_groups[i]["grads"]``: one output-sized tensor per linear and
+  norm) — what the estimate prices (``ir.OpGraph.wgrad_held_outputs``,
+  ``freed_at_input_grad_nodes``).  The tracker's module tracker registers no backward hooks
+  (``forward_module_tracker``), which would keep those graphs alive past ``W``;
 * ``REDUCE_GRAD`` (listed by single-stage schedules), and after the last backward for every
   stage without one (multi-stage schedules add it when lowered, after the stage's last
   backward): ``PipelineStage.perform_reduce_grad(m)``, FSDP's reduce-scatter and the gradient

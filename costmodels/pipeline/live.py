@@ -62,8 +62,9 @@ class _Walk:
 
     ``code[r, k]``: the k-th byte change of rank r — stage s's forward adds its saved bytes
     (code s), its free subtracts them less what B freed (code S + s); under a split backward its
-    B adds the held gradients (code 2S + s), then frees what it frees (code 4S + s), and its W
-    frees the held gradients (code 3S + s); padding adds nothing (code 5S);
+    B adds the held gradients (code 2S + s), then frees what it frees (code 4S + s), its W frees
+    the held gradients (code 3S + s), and a full backward BW also frees what a B would have
+    (code 4S + s after its S + s); padding adds nothing (code 5S);
     ``checks[r, c]``: the position after the last addition of rank r's c-th action that adds
     (the only moments live can rise to a new peak; padded with the row's first)."""
 
@@ -92,10 +93,12 @@ def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     if len(extra):                                       # a W frees the saved bytes, then the held gradients
         keep = np.insert(keep, extra + 1, keep[extra])
         code = np.insert(code, extra + 1, 3 * stages + s[extra])
-    b_free = np.flatnonzero(code // stages == 2)
-    if len(b_free):                                      # a B adds the held gradients, then frees the loss's bytes
+    if split:        # a B adds the held gradients, then frees the loss's bytes; a full BW frees those too
+        full = np.zeros(len(code), dtype=bool)
+        full[np.flatnonzero(k == BW) + np.searchsorted(extra, np.flatnonzero(k == BW), side="right")] = True
+        b_free = np.flatnonzero((code // stages == 2) | full)
         keep = np.insert(keep, b_free + 1, keep[b_free])
-        code = np.insert(code, b_free + 1, code[b_free] + 2 * stages)
+        code = np.insert(code, b_free + 1, np.where(full[b_free], code[b_free] + 3 * stages, code[b_free] + 2 * stages))
     row = rank[keep]
     counts = np.bincount(row, minlength=p)
     col = np.arange(len(keep)) - np.repeat(np.cumsum(counts) - counts, counts)

@@ -47,3 +47,46 @@ def test_json_without_new_fields_loads():
     assert old.batch == 1 and old.pre.batch == 1
     # without saved_outputs a saved node counts all its outputs
     assert old.pre.saved_bytes() == 64 + 64 + 32
+
+
+def _traced(spec: str):
+    from autoplan.frontend.tracing import trace
+    return trace(spec, seq=64)
+
+
+def _ops(g: OpGraph, names) -> list[str]:
+    return sorted(g.node(n).op for n in names)
+
+
+def test_a_split_backward_holds_every_weight_ops_output_gradient():
+    """What W reads besides the saved activations: the gradient into each of a GPT block's four
+    linears (qkv as the attention backward's dq, dk, dv; proj and fc2 through their dropouts; fc1
+    through GELU) and into each LayerNorm, whose backward returns dγ, dβ beside dX."""
+    g = _traced("gpt:layers=2,hidden=64,heads=4,vocab=128").blocks[0].graph
+    assert _ops(g, g.fused_wgrad_nodes()) == ["aten.native_layer_norm_backward.default"] * 2
+    held = g.wgrad_held_outputs()
+    producers = sorted(g.node(r.node).op.split(".")[1] for r in held)
+    assert producers.count("_scaled_dot_product_flash_attention_backward") == 3
+    assert producers.count("native_dropout_backward") == 2 and producers.count("gelu_backward") == 1
+    def base(r: TensorRef) -> TensorRef:               # a view of dY keeps dY
+        return base(g.node(r.node).inputs[0]) if g.node(r.node).is_view else r
+
+    norm_inputs = {base(r) for n in g.fused_wgrad_nodes() for r in g.node(n).inputs
+                   if g.node(r.node).phase == "backward"}
+    assert len(norm_inputs) == 2 and norm_inputs <= held
+    assert all(g.node(r.node).phase == "backward" and not g.node(r.node).wgrad for r in held)
+
+
+def test_a_split_backward_frees_the_loss_at_its_input_half():
+    """Above the LM head nothing a weight gradient needs: B frees the loss's log-softmax output
+    (torch detaches the stage output after B), while a block keeps all it saves but the tail of its
+    last residual branch (a GPT block's second dropout mask; a llama block nothing)."""
+    gpt = _traced("gpt:layers=2,hidden=64,heads=4,vocab=128")
+    post = gpt.post
+    freed = post.freed_at_input_grad_nodes()
+    assert "aten._log_softmax.default" in _ops(post, freed)
+    assert not any(post.node(n).gemm for n in freed)
+    assert _ops(gpt.blocks[0].graph, gpt.blocks[0].graph.freed_at_input_grad_nodes()) == \
+        ["aten.native_dropout.default"]
+    llama = _traced("llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=128").blocks[0].graph
+    assert llama.freed_at_input_grad_nodes() == frozenset()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from costmodels.pipeline.live import _events, peak_bytes, peak_live
-from costmodels.pipeline.schedules import SCHEDULES
+from costmodels.pipeline.schedules import B, BW, F, SCHEDULES, W, build_orders
 from costmodels.pipeline.steady import reduced_sizes
 
 CHUNKS = {"1f1b": (1,), "gpipe": (1,), "zb-h1": (1,), "zb-h2": (1,), "zbv": (2,), "dualpipev": (2,),
@@ -51,3 +51,44 @@ def test_peak_live_is_the_walk_bit_for_bit(schedule):
                     assert peak_bytes(schedule, p, m, v, weights) == tuple(x for x, _ in got)
                     checked += 1
     assert checked >= 40
+
+
+def _walked_split(schedule, p, m, v, saved, held, freed):
+    """The reference under a split backward: an action's additions in op order (F: + saved;
+    B: + held, then − freed), its frees after (− (saved − freed), then BW: − freed, W: − held);
+    the first strict maximum at each addition a free follows (a B's, and the action's last)."""
+    size = min([m, *reduced_sizes(schedule, p, m, v)])
+    out = []
+    for acts in build_orders(schedule, p, size, v):
+        live, best = 0.0, 0.0
+        for act in acts:
+            adds = [op for op in act if op[0] in (F, B)]
+            for i, (kind, _, s) in enumerate(adds):
+                live += saved[s] if kind == F else held[s]
+                if (kind == B or i == len(adds) - 1) and live > best:
+                    best = live
+                if kind == B:
+                    live -= freed[s]
+            for kind, _, s in act:
+                if kind in (BW, W):
+                    live -= saved[s] - freed[s]
+                    live -= freed[s] if kind == BW else held[s]
+        out.append(best)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("schedule", sorted(s for s in SCHEDULES if SCHEDULES[s].split_backward))
+def test_split_backward_walk_adds_the_held_gradients_at_b_and_frees_the_loss_there(schedule):
+    rng = np.random.default_rng(5)
+    for p in (2, 3, 4):
+        for v in CHUNKS[schedule]:
+            for m in sorted({max(SCHEDULES[schedule].min_microbatches(p), 1), 2 * p, 4 * p + 1}):
+                saved = list(rng.uniform(1e8, 9e9, p * v))
+                held = list(rng.uniform(0, 3e9, p * v))
+                freed = [x * f for x, f in zip(saved, rng.uniform(0, 1, p * v))]
+                want = _walked_split(schedule, p, m, v, saved, held, freed)
+                assert peak_bytes(schedule, p, m, v, saved, held, freed) == want, (schedule, p, v, m)
+                assert tuple(x.bytes for x in peak_live(schedule, p, m, v, saved, held, freed)) == want
+                plain = peak_bytes(schedule, p, m, v, saved)
+                with_held = peak_bytes(schedule, p, m, v, saved, held, [0.0] * (p * v))
+                assert all(a >= b * (1 - 1e-12) for a, b in zip(with_held, plain))      # held gradients only add

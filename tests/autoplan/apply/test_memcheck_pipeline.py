@@ -92,6 +92,48 @@ def test_the_step_tracker_allows_a_second_forward_before_the_first_backward():
     assert peaks[1] - peaks[0] >= saved_per_microbatch * 0.99
 
 
+def _split_backward_totals(tracker) -> list[int]:
+    """The tracker's current bytes after each of four micro-batches' F, I and W (torch's
+    ``stage_backward_input`` / ``stage_backward_weight``) of a stage with GELU and dropout, whose
+    saved tensors W does not read."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Dropout(0.1), nn.Linear(1024, 256), nn.GELU(),
+                          nn.Linear(256, 256))
+    tracker.track_external(model)
+    totals = []
+    with tracker:
+        for _ in range(4):
+            x = torch.randn(64, 256, requires_grad=True)
+            out = model(x.view_as(x))
+            _, groups = stage_backward_input([out.sum()], None, [x], model.parameters())
+            stage_backward_weight(model.parameters(), groups)
+            del x, out, groups
+            totals.append(max(tracker.get_tracker_snapshot("current").values(), key=lambda d: d["Total"])["Total"])
+    return totals
+
+
+def test_the_step_tracker_frees_a_split_backward_at_its_weight_half():
+    """torch's ModTracker hooks every forward's inputs and outputs with multi-grad hooks that hold
+    their autograd nodes, so after W the saved tensors W does not read stay alive, a micro-batch at
+    a time (torch 2.13); the step tracker's module tracker registers none: after each micro-batch
+    the stage holds what it held after the first (its gradients)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class TorchsModuleTracker(MemTracker):            # the step tracker's one change, torch's hooks kept
+        def _pre_fw_hook(self, module, inputs):
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                return
+            super()._pre_fw_hook(module, inputs)
+
+    ours = _split_backward_totals(step_tracker())
+    assert ours == [ours[0]] * 4
+    torchs = _split_backward_totals(TorchsModuleTracker())
+    saved_gelu_input = 64 * 1024 * 4
+    assert torchs[3] - torchs[0] >= 3 * saved_gelu_input        # a GELU input (and more) per micro-batch
+
+
 def test_dtensor_metadata_stays_out_of_the_tracked_fake_mode(fake_world):
     """The vocabulary-parallel loss backward on fake tensors, tracked inside the fake mode: DTensor's
     global-shape metadata ops count (whole-vocabulary buffers) unless they get their own mode;

@@ -110,81 +110,31 @@ def test_a_pipeline_under_megatrons_distributed_optimizer_is_measured_per_rank(c
         assert abs(row["error"]) < 0.05
 
 
-@pytest.mark.slow        # two fake-world pipeline ranks, ~30 s on 2 cores
-def test_split_backward_schedules_run_in_torchs_order(cli):
-    """zbv (torch's ScheduleZBVZeroBubble: F, I, W actions) on both pipeline ranks: the
-    chunk-micro-batches alive from F to W are the simulator's, the model states exact.  The
-    totals are not asserted: torch keeps each chunk's whole graph and the gradients flowing into
-    its weight ops from I to W, which the estimate does not price (RESULTS.md)."""
-    for row in _pp2_zero1_rank_kinds(cli, "zbv"):
-        assert row["in_flight"] == {"estimate": 4, "torch": 4}
+@pytest.mark.slow        # two fake-world pipeline ranks per schedule, ~30 s each on 2 cores
+@pytest.mark.parametrize("schedule, in_flights", [("zbv", (4, 4)), ("zb-h1", (2, 2)), ("zb-h2", (3, 3))])
+def test_split_backward_schedules_are_priced_as_torch_holds_them(cli, schedule, in_flights):
+    """Split-backward schedules (torch's I and W actions) on both pipeline ranks: the
+    chunk-micro-batches alive from F to W are the simulator's, the model states exact, and the
+    totals within 5 %: between B and W a chunk also holds the gradient into each weight op and
+    norm (``ir.OpGraph.wgrad_held_outputs``), less the loss B frees; the first stage holds none
+    (torch skips its B); the tracker keeps no autograd node past W
+    (``memcheck_pipeline.forward_module_tracker``).  The rank holding the last stage is priced
+    up to 8 % over on this 4-layer toy (0.98 against 0.92 GiB under zb-h1): the estimate adds
+    the loss buffers to its activation peak, which a split backward reaches after B, when they
+    are gone (at llama3-8b scale +3.4 %, RESULTS.md).  The estimate's count is the chunks alive
+    at its byte peak, which the held gradients may move to a moment with fewer."""
+    for row, in_flight in zip(_pp2_zero1_rank_kinds(cli, schedule), in_flights):
+        assert row["in_flight"]["torch"] == in_flight and row["in_flight"]["estimate"] <= in_flight
         for k in ("params", "grads", "optimizer"):
             assert row["predicted_gib"][k] == pytest.approx(row["measured_gib"][k], rel=0.02)
-        assert row["measured_gib"]["total"] >= row["predicted_gib"]["total"]
-
-
-def test_pp_ranks_must_name_pipeline_ranks(cli):
-    out = cli("memcheck", "tp=2,pp=2,dp=2,zero=2", "--model", MODEL, "--cluster", "h100x8", "--pp-ranks", "0,2")
-    assert out.returncode == 2 and "Traceback" not in out.stderr and "--pp-ranks" in out.stderr
-
-
-def test_the_pipeline_ranks_measured_by_default():
-    from autoplan.apply.memcheck import measured_pp_ranks
-    assert measured_pp_ranks(2, 1) == [0, 1]
-    assert measured_pp_ranks(16, 1) == [0, 1, 8, 15]
-    assert measured_pp_ranks(16, 3) == [0, 1, 3, 8, 15]
-
-
-def test_bad_plan_is_one_message(cli):
-    out = cli("memcheck", "tp=3", "--model", MODEL, "--cluster", "h100x8")
-    assert out.returncode == 2 and "Traceback" not in out.stderr and "fix:" in out.stderr
-
-
-def test_layer_counts_of_the_extrapolation():
-    from autoplan.apply.memcheck import layer_counts
-    assert layer_counts("llama3-70b") == (2, 3, 80)
-    assert layer_counts("deepseek-v3") == (5, 6, 61)          # past the 3 leading dense layers
-    assert layer_counts(MODEL) is None            # 4 layers: cheaper whole than cut to 2 and 3
-    assert layer_counts("llama:layers=6,hidden=256,heads=4,vocab=1024") == (2, 3, 6)
-
-
-@pytest.mark.slow        # three fake-world runs, ~1 min on 2 cores
-def test_extrapolated_peak_equals_the_whole_model_run():
-    from autoplan.apply import memcheck
-    from autoplan.plan import Plan
-
-    model = "llama:layers=6,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=4096"
-    plan = Plan.parse("tp=2,dp=4,zero=3,mbs=1,recompute=none", num_gpus=8)
-    whole = memcheck._measure(model, plan, seq=1024, global_batch=16, rank=0, layers=None, timeout_s=600)["peak"]
-    cut = memcheck.measure(model, plan, seq=1024, global_batch=16, rank=0)
-    assert whole["total"] > 0 and cut == pytest.approx(whole, rel=1e-9)
-
-
-@pytest.mark.slow        # four fake-world runs, ~40 s on 2 cores
-@pytest.mark.parametrize("plan", ["tp=2,dp=4,zero=3,mbs=1,recompute=none", "dp=8,zero=3,mbs=1,recompute=none"])
-def test_one_layer_costs_the_tracker_what_it_costs_the_estimator(plan):
-    """The per-layer slope (3 layers − 2 layers) of the tracker's peak equals the estimator's:
-    under sp the column-parallel linears save the sequence shard (Megatron), and RMSNorm runs as
-    the fused kernel the tracer records."""
-    from autoplan.apply import memcheck
-    from autoplan.cost import EstimateOptions
-    from autoplan.plan import Plan
-    from autoplan.workload import Workload, load_cluster
-
-    cluster, p = load_cluster("h100x8"), Plan.parse(plan, num_gpus=8)
-    tracked, priced = {}, {}
-    for layers in (2, 3):
-        model = f"llama:layers={layers},hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=2048"
-        tracked[layers] = memcheck._measure(model, p, seq=2048, global_batch=16, rank=0, layers=None,
-                                            timeout_s=600)["peak"]["total"]
-        w = Workload.load(model, cluster, seq=2048, global_batch=16)
-        priced[layers] = w.estimator(EstimateOptions()).estimate(p, 16, detail=False).memory_gib * 1024 ** 3
-    assert priced[3] - priced[2] == pytest.approx(tracked[3] - tracked[2], rel=0.03)
+        assert -0.05 < row["error"] < (0.08 if row["pp_rank"] == 1 or schedule == "zbv" else 0.05), row
 
 
 def _pp2_zero1_rank_kinds(cli, schedule: str) -> list[dict]:
-    """memcheck's rank kinds of ``tp=2,pp=2,dp=2,vpp=2,zero=1`` under ``schedule`` (both pipeline ranks measured)."""
-    out = cli("memcheck", f"tp=2,pp=2,dp=2,vpp=2,schedule={schedule},mbs=1,recompute=none,sp=on,zero=1",
+    """memcheck's rank kinds of ``tp=2,pp=2,dp=2,zero=1`` under ``schedule`` (vpp=2 where it takes
+    chunks; both pipeline ranks measured)."""
+    vpp = 2 if schedule in ("interleaved", "zbv") else 1
+    out = cli("memcheck", f"tp=2,pp=2,dp=2,vpp={vpp},schedule={schedule},mbs=1,recompute=none,sp=on,zero=1",
               "--model", PP_MODEL, "--cluster", "h100x8", "--seq", "2048", "--global-batch", "8", "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
