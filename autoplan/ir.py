@@ -228,7 +228,10 @@ class OpGraph:
         backward — before the gradient reaches a weight — as the loss's log-softmax output above
         the LM head.  torch's ``stage_backward_input`` detaches the stage output after B, so only
         the autograd nodes the weight ops' intermediates reach (their inputs' side) survive to W;
-        what lies between the output and the first weight op is freed."""
+        what lies between the output and the first weight op is freed.  Per graph: in a block
+        this is the tail of its last residual branch, which the next block's weight ops reach
+        unless the block ends its stage (the cost model counts only the post part's,
+        ``cost.parts``)."""
         cached = self.__dict__.get("_freed_at_b")
         if cached is not None:
             return cached

@@ -10,7 +10,12 @@ activations    the peak over the rank's own schedule order of the saved bytes of
                (micro-batch, virtual stage) forwards alive (``costmodels.pipeline.live``: each
                chunk weighed by its own layers, not a mean), plus on the last stage the loss
                buffers beyond the saved log-softmax: ``b·(s/cp)·V/tp·8`` (the fp32 gradient
-               of the NLL and of the log-softmax, alive together at the loss backward)
+               of the NLL and of the log-softmax, alive together at the loss backward); under
+               a split backward a chunk also holds from B to W the gradient into each weight
+               op (``Part.wgrad_held_bytes``), B frees the loss's saved bytes
+               (``Part.b_freed_bytes``), and the first stage holds none (torch skips its B).
+               The loss buffers are added to the peak even where a split backward reaches it
+               after B, when they are gone (conservative by at most them)
 other          transients of one layer's backward: the recompute transient of the rank's
                biggest recomputed layer (``Part.recompute_transient_bytes``, what recomputing
                re-materialises) plus FSDP staging (``fsdp_staging_bytes``, following the runtime's
