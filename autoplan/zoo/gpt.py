@@ -78,7 +78,10 @@ class GPT(nn.Module):
         seq = ids.shape[1]
         if position_ids is None and seq > self.config.max_seq:
             raise ValueError(f"sequence length {seq} exceeds max_seq={self.config.max_seq}")
-        pos = torch.arange(seq, device=ids.device) if position_ids is None else position_ids
+        if position_ids is None:
+            pos = torch.arange(seq, device=ids.device)
+        else:       # [1, seq] as the 1-D default: one layout for the position table's output
+            pos = position_ids[0] if position_ids.shape[0] == 1 else position_ids
         x = self.wte(ids) + self.wpe(pos)
         x = F.dropout(x, self.config.dropout if self.training else 0.0, self.training)
         for block in self.layers:

@@ -96,6 +96,19 @@ def test_context_parallel_runs_on_the_ranks_sequence_chunks(cli, plan):
     assert abs(row["error"]) < 0.05
 
 
+@pytest.mark.slow        # one fake-world run, ~20 s on 2 cores
+def test_gpt_context_parallel_under_sequence_parallel_runs(cli):
+    """GPT's learned position table under cp·sp: each rank's positions arrive as [1, s/cp] and the
+    table's output is reduce-scattered over its sequence dim (it failed with "input dimension 0
+    (1 must be a multiple of group_size 2)" when the positions kept their row dim)."""
+    out = cli("memcheck", "tp=2,pp=1,dp=2,cp=2,mbs=1,recompute=none,sp=on,zero=1", "--model",
+              "gpt:layers=4,hidden=512,heads=8,vocab=1024", "--cluster", "h100x8", "--seq", "2048",
+              "--global-batch", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)["rank_kinds"][0]
+    assert abs(row["error"]) < 0.05, row
+
+
 @pytest.mark.slow        # two fake-world pipeline ranks, ~25 s on 2 cores
 def test_a_pipeline_under_megatrons_distributed_optimizer_is_measured_per_rank(cli):
     """zero=1 under pp=2 (Megatron-Core's engine; the tracker outside the fake mode, where a

@@ -109,3 +109,19 @@ def test_dense_then_moe_layers():
     model = zoo.build(SMALL["moe"])
     kinds = [type(layer).__name__ for layer in model.layers]
     assert kinds == ["Block", "MoEBlock", "MoEBlock"]
+
+
+def test_gpt_position_ids_of_one_row_take_the_default_positions_layout():
+    """Context parallelism passes each rank's positions as [1, s]: the position table's output
+    is then [s, h] as with the default positions (one layout for apply's tp/sp plan of it), and
+    the logits are those of the same positions given per row."""
+    torch.manual_seed(0)
+    model = zoo.build(SMALL["gpt"]).eval()         # no dropout: two forwards comparable
+    ids = torch.randint(0, 50, (2, 8))
+    pos = torch.arange(4, 12)[None]
+    seen = []
+    handle = model.wpe.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    one_row = model(ids, position_ids=pos)
+    handle.remove()
+    assert seen == [torch.Size([8, 32])]
+    torch.testing.assert_close(one_row, model(ids, position_ids=pos.expand(2, 8)))
