@@ -36,7 +36,7 @@ from autoplan.errors import UserError
 from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.frontend.hf import unpacked_sequences
 from autoplan.mesh import Mesh
-from autoplan.plan import V_SCHEDULES, Plan
+from autoplan.plan import SCHEDULE_SPECS, V_SCHEDULES, Plan
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -90,6 +90,10 @@ def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None
                             f"use a multiple of {per}")
     if plan.pp == 1:
         return
+    refusal = recompute_refusal(plan)
+    if refusal:
+        raise UserError(refusal, "use recompute none, selective or full on its stages, or a schedule "
+                                 "without a split backward (1f1b, interleaved)")
     if plan.schedule not in pipeline.SCHEDULE_CLASSES:
         raise UserError(f"torch.distributed.pipelining has no {plan.schedule} schedule",
                         "use one of: " + ", ".join(pipeline.SCHEDULE_CLASSES))
@@ -109,6 +113,18 @@ def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None
         raise UserError(f"torch's {pipeline.SCHEDULE_CLASSES[plan.schedule].__name__} needs the "
                         f"micro-batches ({m}) to be a multiple of max(1, micro-batches // pp) = {rounds}",
                         "pick a global batch giving a multiple of pp micro-batches")
+
+
+def recompute_refusal(plan: Plan) -> str | None:
+    """Why torch cannot run ``plan``'s recompute under its schedule, or None: torch's selective
+    activation checkpoint (``recompute=op``) refuses a region's second backward pass ("Trying to
+    backward an extra time", torch 2.13), which a split backward's W is."""
+    stages = plan.pp * plan.vpp
+    if SCHEDULE_SPECS[plan.schedule].split_backward and any(plan.recompute_of_stage(s) == "op"
+                                                             for s in range(stages)):
+        return (f"schedule={plan.schedule} splits the backward into B and W, and torch's selective "
+                f"activation checkpoint (recompute=op) refuses the second pass over a region")
+    return None
 
 
 @dataclass

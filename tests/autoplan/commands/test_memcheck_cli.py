@@ -37,6 +37,15 @@ def test_a_plan_apply_cannot_run_on_fake_tensors_is_reported_not_measured(cli):
     d = json.loads(memcheck(cli, "tp=2,pp=2,dp=2,zero=2,schedule=dualpipev", "--json").stdout)
     assert d["skipped"].startswith("schedule=dualpipev") and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
     assert all(r["measured_gib"] is None and r["predicted_gib"]["total"] > 0 for r in d["rank_kinds"])
+    d = json.loads(memcheck(cli, "tp=2,pp=2,dp=2,zero=1,schedule=zb-h1,recompute=none-op", "--json").stdout)
+    assert "refuses the second pass" in d["skipped"]
+
+
+def test_run_refuses_selective_op_checkpoint_under_a_split_backward(cli):
+    """torch's selective activation checkpoint cannot take W's second pass: one message, exit 2."""
+    out = cli("run", MODEL, "--plan", "tp=1,pp=2,dp=1,schedule=zb-h2,recompute=op", "--seq", "64",
+              "--global-batch", "4", "--steps", "1")
+    assert out.returncode == 2 and "recompute=op" in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.slow        # two fake-world runs, ~25 s on 2 cores
