@@ -26,17 +26,53 @@ def build_problem(prep: Prepared, ctx: ShardingContext) -> ilp.IlpProblem:
     term); per tensor, its placements and readers (constraint 2) and the priced redistributions
     (the second objective term; forbidden under the NVLink rule, constraint 5).  Parameters tie
     to their gradient through the sink reads, blocks to the next block through the boundary
-    reads, so constraints 3–4 of ``ilp.py`` are not needed here."""
+    reads, so constraints 3–4 of ``ilp.py`` are not needed here.  What no context changes — the
+    tensors, their placements, readers and possible redistributions — is derived once per
+    prepared graph (``_tensor_shapes``); only the seconds are priced here."""
     g = prep.graph
     price = memory_price(g, ctx)
     nodes = tuple(ilp.IlpNode(u.leader, *_unit_costs(g, u.strategies, ctx, price)) for u in prep.units)
-    inverse = view_inverse(g)
+    tensors = []
+    for shape in _tensor_shapes(prep):
+        cost = redistribution_pricer(g, shape.ref, ctx)
+        redist = tuple((a, b, grp, r.seconds * r.runs) for a, b, grp, pa, pb in shape.pairs
+                       if (r := cost(pa, pb, grp)))
+        forbidden = shape.forbidden if ctx.forbid_tp_collectives else ()
+        tensors.append(ilp.IlpTensor(shape.name, shape.producer, shape.out_placement, shape.consumers, redist,
+                                     forbidden))
+    return ilp.IlpProblem(nodes, tuple(tensors))
+
+
+@dataclass(frozen=True)
+class _TensorShape:
+    """What the ILP reads of one tensor that no ShardingContext changes."""
+
+    ref: TensorRef
+    name: str
+    producer: int                                       # unit index
+    out_placement: tuple[int, ...]                      # placement id per producer strategy
+    consumers: tuple[tuple[int, tuple[int, ...], int], ...]   # (unit, placement id per its strategy, group)
+    pairs: tuple[tuple[int, int, int, str, str], ...]   # (a, b, group, layout a, layout b): a ≠ b, a collective
+    forbidden: tuple[tuple[int, int], ...]              # the (a, b) of pairs, under the NVLink rule
+
+
+_TENSOR_SHAPES: dict[int, tuple[Prepared, tuple[_TensorShape, ...]]] = {}
+_TENSOR_SHAPES_LIMIT = 1024
+
+
+def _tensor_shapes(prep: Prepared) -> tuple[_TensorShape, ...]:
+    """``_TensorShape`` of every tensor the ILP prices, memoised on the prepared graph's identity
+    (kept with the entry, so an id is never reused while cached; ``prepare`` memoises it)."""
+    hit = _TENSOR_SHAPES.get(id(prep))
+    if hit is not None and hit[0] is prep:
+        return hit[1]
+    g = prep.graph
 
     def unit_strategies(read):
         return [(lambda name, us=us: us[name]) for us in prep.units[prep.unit_of[read.sink or read.reader]].strategies]
 
-    tensors = []
-    for ref, rows_in in resolved_reads(g, prep.reads, unit_strategies, inverse).items():
+    out = []
+    for ref, rows_in in resolved_reads(g, prep.reads, unit_strategies, view_inverse(g)).items():
         if g.tensor(ref) is None or ref.node not in prep.unit_of:
             continue
         pu = prep.unit_of[ref.node]
@@ -46,22 +82,17 @@ def build_problem(prep: Prepared, ctx: ShardingContext) -> ilp.IlpProblem:
             return ids.setdefault(p, len(ids))
 
         out_pl = tuple(pid(us[ref.node].outputs[ref.index] or "R") for us in prep.units[pu].strategies)
-        rows = [(prep.unit_of[read.sink or read.reader], tuple(pid(p or "R") for p in pls), read_group(g, read))
-                for read, pls in rows_in]
+        rows = tuple((prep.unit_of[read.sink or read.reader], tuple(pid(p or "R") for p in pls), read_group(g, read))
+                     for read, pls in rows_in)
         names = {v: k for k, v in ids.items()}
-        redist, forbidden = [], []
-        cost = redistribution_pricer(g, ref, ctx)
-        for grp in sorted({r[2] for r in rows}):
-            for a in names:
-                for b in names:
-                    r = a != b and cost(names[a], names[b], grp)
-                    if r:
-                        redist.append((a, b, grp, r.seconds * r.runs))
-                        if ctx.forbid_tp_collectives:
-                            forbidden.append((a, b))
-        tensors.append(ilp.IlpTensor(f"{ref.node}:{ref.index}", pu, out_pl, tuple(rows), tuple(redist),
-                                     tuple(sorted(set(forbidden)))))
-    return ilp.IlpProblem(nodes, tuple(tensors))
+        pairs = tuple((a, b, grp, names[a], names[b]) for grp in sorted({r[2] for r in rows})
+                      for a in names for b in names if a != b and redistribution(names[a], names[b]) is not None)
+        out.append(_TensorShape(ref, f"{ref.node}:{ref.index}", pu, out_pl, rows, pairs,
+                                tuple(sorted({(a, b) for a, b, *_ in pairs}))))
+    if len(_TENSOR_SHAPES) >= _TENSOR_SHAPES_LIMIT:
+        _TENSOR_SHAPES.clear()
+    _TENSOR_SHAPES[id(prep)] = (prep, tuple(out))
+    return tuple(out)
 
 
 def _unit_costs(g: OpGraph, strategies: list[dict[str, Strategy]], ctx: ShardingContext, price: float):
