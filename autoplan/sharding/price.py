@@ -154,12 +154,20 @@ def intrinsic_collectives(n: OpNode, s: Strategy, ctx: ShardingContext) -> tuple
     return tuple(OpCollective("all_reduce", nbytes, ctx.tp_seconds("all_reduce", nbytes)) for _ in range(count))
 
 
-def node_cost(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> NodeCost:
+def node_prices(n: OpNode, s: Strategy, ctx: ShardingContext) -> tuple[float, tuple[OpCollective, ...]]:
+    """What ``node_cost`` reads of ``ctx`` besides its recompute policy: (seconds of one run,
+    the intrinsic collectives)."""
+    return node_seconds(n, s, ctx), intrinsic_collectives(n, s, ctx)
+
+
+def node_cost(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext,
+              priced: tuple[float, tuple[OpCollective, ...]] | None = None) -> NodeCost:
+    """``priced``: ``node_prices(n, s, ctx)`` where the caller has it (at another recompute policy)."""
     state = 0.0
     if n.role == "param" and n.op == "placeholder" and n.out is not None:
         state = n.out.numel / (ctx.tp if is_shard(s.outputs[0]) else 1) * STATE_BYTES_PER_PARAM
-    return NodeCost(node_seconds(n, s, ctx), 2 if recomputed(g, n, ctx.recompute) else 1,
-                    saved_bytes(g, n, s, ctx), state, intrinsic_collectives(n, s, ctx))
+    seconds, intrinsic = priced if priced is not None else node_prices(n, s, ctx)
+    return NodeCost(seconds, 2 if recomputed(g, n, ctx.recompute) else 1, saved_bytes(g, n, s, ctx), state, intrinsic)
 
 
 def redistribution_cost(g: OpGraph, ref: TensorRef, a: str, b: str, group: int,
@@ -174,7 +182,7 @@ def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext):
     every pair of a tensor's layouts)."""
     t = g.tensor(ref)
     size = scaled_numel(t, ctx.mbs, ctx.cp) * bytes_per_elem(t)
-    rerun_forward = ctx.recompute in ("full", "op") and recomputed(g, g.node(ref.node), ctx.recompute)
+    forward_runs = redistribution_runs(g, ref, FORWARD_GROUP, ctx.recompute)
     priced: dict[str, tuple[float, float]] = {}
 
     def cost(a: str, b: str, group: int) -> Redistribution | None:
@@ -185,8 +193,15 @@ def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext):
         if hit is None:
             nbytes = redistribution_bytes(kind, size, ctx.tp)
             hit = priced[kind] = (nbytes, ctx.tp_seconds(kind, nbytes))
-        return Redistribution(kind, hit[0], hit[1], 2 if group == FORWARD_GROUP and rerun_forward else 1)
+        return Redistribution(kind, hit[0], hit[1], forward_runs if group == FORWARD_GROUP else 1)
     return cost
+
+
+def redistribution_runs(g: OpGraph, ref: TensorRef, group: int, recompute: str) -> int:
+    """How often a redistribution of ``ref`` for read ``group`` runs per micro-batch: twice for a
+    forward one whose producer full or op recomputation reruns in backward, else once."""
+    rerun = group == FORWARD_GROUP and recompute in ("full", "op") and recomputed(g, g.node(ref.node), recompute)
+    return 2 if rerun else 1
 
 
 def memory_price(g: OpGraph, ctx: ShardingContext) -> float:

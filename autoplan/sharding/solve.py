@@ -7,14 +7,15 @@ same ``price`` functions the read-back uses, over the same units and reads.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
 from autoplan.sharding import ilp
 from autoplan.sharding.placements import is_shard, redistribution
 from autoplan.sharding.prepare import (Prepared, dedupe_views, is_unary_elementwise, prepare, read_group, read_phase,
                                        reads_of, resolve, resolved_reads, view_inverse)
-from autoplan.sharding.price import memory_price, node_cost, redistribution_cost, redistribution_pricer
+from autoplan.sharding.price import (OpCollective, Redistribution, memory_price, node_cost, node_prices,
+                                    redistribution_cost, redistribution_pricer, redistribution_runs)
 from autoplan.sharding.strategies import replicated
 from autoplan.sharding.types import BlockAssignment, BlockSharding, Collective, ShardingContext
 
@@ -155,21 +156,43 @@ def solve_problem(problem: ilp.IlpProblem, backend: str, time_limit_s: float) ->
     return hit
 
 
-def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext) -> BlockSharding:
+@dataclass(frozen=True)
+class LayoutPrices:
+    """What pricing a layout reads of a context besides its recompute policy: per priced node
+    (``_LayoutReads.nodes``' order) ``price.node_prices``, per redistribution its collective run once."""
+
+    nodes: tuple[tuple[float, tuple[OpCollective, ...]], ...]
+    redistributions: tuple[Redistribution, ...]
+
+
+def layout_prices(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext) -> LayoutPrices:
+    """``LayoutPrices`` of ``assignment`` under ``ctx`` (its recompute policy is not read): what
+    ``price_assignment`` at every policy of one (tp, sp, mbs, cp, tp span) shares."""
+    shape = _layout_reads(graph, assignment)
+    once = replace(ctx, recompute="none")
+    return LayoutPrices(tuple(node_prices(n, s, ctx) for n, s in shape.nodes),
+                        tuple(redistribution_cost(graph, ref, a, b, grp, once)
+                              for ref, a, b, grp, _, _ in shape.redistributions))
+
+
+def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext,
+                     prices: LayoutPrices | None = None) -> BlockSharding:
     """Price a solved assignment under ``ctx``.
 
     Micro-batch, cp and recompute may differ from the ones it was solved at: every cost
     scales with them and the layout stays the best one (tested).  What does not depend on
     ``ctx`` — the priced nodes and the redistributions the layout implies — is derived once
-    per (graph, assignment) (``_layout_reads``); only their seconds are priced here."""
+    per (graph, assignment) (``_layout_reads``); only their seconds are priced here, or taken
+    from ``prices`` (``layout_prices`` at ``ctx`` but another recompute policy)."""
     g = graph
     chosen = assignment.choice
     shape = _layout_reads(g, assignment)
+    prices = prices if prices is not None else layout_prices(g, assignment, ctx)
     fwd = bwd = wgd = rec = saved = 0.0
     launches = [0, 0]                    # kernels issued in forward, in backward (+ recompute)
     collectives: list[Collective] = []
-    for n, s in shape.nodes:
-        c = node_cost(g, n, s, ctx)
+    for (n, s), priced in zip(shape.nodes, prices.nodes):
+        c = node_cost(g, n, s, ctx, priced)
         if n.phase == "forward":
             fwd += c.seconds
         elif n.wgrad:
@@ -186,8 +209,8 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
                         for x in c.intrinsic]
-    for ref, a, b, grp, phase, label in shape.redistributions:
-        r = redistribution_cost(g, ref, a, b, grp, ctx)
+    for (ref, a, b, grp, phase, label), once in zip(shape.redistributions, prices.redistributions):
+        r = replace(once, runs=redistribution_runs(g, ref, grp, ctx.recompute))
         if r.runs == 2:
             collectives.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
         collectives.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))

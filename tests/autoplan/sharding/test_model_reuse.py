@@ -79,3 +79,27 @@ def test_a_reused_skeleton_solves_as_a_fresh_one(problems, monkeypatch):
         ilp._SKELETONS.clear()
         fresh = ilp.solve(p)
         assert (fresh.choice, fresh.objective, fresh.status) == (sol.choice, sol.objective, sol.status)
+
+
+@pytest.mark.parametrize("block", ["gpt_block", "llama_block"])
+def test_prices_of_one_policy_price_every_policy(block, h100, request):
+    """``price_assignment`` given the layout's prices at recompute ``none`` equals the one that
+    prices everything at the policy itself, for every policy (full and op rerun forward
+    redistributions, selective and op rerun ops), at two micro-batch and cp sizes."""
+    from dataclasses import replace
+
+    from autoplan.sharding import price_assignment, solve_assignment
+    from autoplan.sharding.solve import layout_prices
+
+    graph = request.getfixturevalue(block)
+    for kw in (dict(tp=4, sp=True, mbs=2), dict(tp=8, sp=False, mbs=1, cp=2)):
+        ctx = h100(**kw)
+        a = solve_assignment(graph, ctx)
+        prices = layout_prices(graph, a, ctx)
+        reran = 0
+        for policy in ("none", "selective", "op", "full"):
+            at = replace(ctx, recompute=policy)
+            shared = price_assignment(graph, a, at, prices)
+            assert shared == price_assignment(graph, a, at)
+            reran += sum("[recompute]" in c.tensor for c in shared.collectives)
+        assert reran > 0
