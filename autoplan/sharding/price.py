@@ -176,14 +176,17 @@ def redistribution_cost(g: OpGraph, ref: TensorRef, a: str, b: str, group: int,
     return redistribution_pricer(g, ref, ctx)(a, b, group)
 
 
-def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext):
+def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext,
+                          seconds: dict[tuple[str, float], float] | None = None):
     """``(a, b, group) -> redistribution_cost(g, ref, a, b, group, ctx)`` for one tensor, its
     size and producer read once and each kind's bytes and seconds priced once (the ILP asks for
-    every pair of a tensor's layouts)."""
+    every pair of a tensor's layouts).  ``seconds``: ``ctx.tp_seconds`` by (kind, bytes), shared
+    by the pricers of one context (its tensors repeat a few sizes)."""
     t = g.tensor(ref)
     size = scaled_numel(t, ctx.mbs, ctx.cp) * bytes_per_elem(t)
     forward_runs = redistribution_runs(g, ref, FORWARD_GROUP, ctx.recompute)
     priced: dict[str, tuple[float, float]] = {}
+    seconds = {} if seconds is None else seconds
 
     def cost(a: str, b: str, group: int) -> Redistribution | None:
         kind = redistribution(a, b)
@@ -192,7 +195,10 @@ def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext):
         hit = priced.get(kind)
         if hit is None:
             nbytes = redistribution_bytes(kind, size, ctx.tp)
-            hit = priced[kind] = (nbytes, ctx.tp_seconds(kind, nbytes))
+            sec = seconds.get((kind, nbytes))
+            if sec is None:
+                sec = seconds[(kind, nbytes)] = ctx.tp_seconds(kind, nbytes)
+            hit = priced[kind] = (nbytes, sec)
         return Redistribution(kind, hit[0], hit[1], forward_runs if group == FORWARD_GROUP else 1)
     return cost
 

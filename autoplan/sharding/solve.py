@@ -34,8 +34,9 @@ def build_problem(prep: Prepared, ctx: ShardingContext) -> ilp.IlpProblem:
     price = memory_price(g, ctx)
     nodes = tuple(ilp.IlpNode(u.leader, *_unit_costs(g, u.strategies, ctx, price)) for u in prep.units)
     tensors = []
+    seconds: dict[tuple[str, float], float] = {}
     for shape in _tensor_shapes(prep):
-        cost = redistribution_pricer(g, shape.ref, ctx)
+        cost = redistribution_pricer(g, shape.ref, ctx, seconds)
         redist = tuple((a, b, grp, r.seconds * r.runs) for a, b, grp, pa, pb in shape.pairs
                        if (r := cost(pa, pb, grp)))
         forbidden = shape.forbidden if ctx.forbid_tp_collectives else ()
