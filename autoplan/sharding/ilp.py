@@ -236,9 +236,10 @@ def _build(problem: IlpProblem, api):
 def _cpsat_model(problem: IlpProblem):
     """The CP-SAT model of ``problem`` and its x variables (per node, per strategy; each has the
     ``index`` of its proto variable), with the greedy start as a hint.  Without a memory row the
-    model proto is written as text and parsed by CP-SAT at once (``_TextModel``), else through
-    CP-SAT's direct calls (no operator-overloaded sums); either is the model the overloaded form
-    builds, proto for proto (tested)."""
+    model proto is written as text and parsed by CP-SAT (``_TextModel``): its variables and
+    constraints once per problem structure (``_skeleton``, copied), its objective and hints per
+    problem; else through CP-SAT's direct calls (no operator-overloaded sums); either is the
+    model the overloaded form builds, proto for proto (tested)."""
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
