@@ -363,7 +363,7 @@ class _Skeleton:
 
 
 _SKELETONS: dict[tuple, _Skeleton] = {}
-_SKELETONS_LIMIT = 256
+_SKELETONS_LIMIT = 64                  # a skeleton holds ~0.5 MB (a 130-node MoE block); a search meets ~15
 
 
 def _structure(problem: IlpProblem) -> tuple:
