@@ -22,6 +22,7 @@ from autoplan.ir import OpGraph
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.sharding import BlockAssignment, BlockSharding, ShardingContext, price_assignment, solve_assignment
+from autoplan.sharding.solve import LayoutPrices, layout_prices
 
 
 class BlockLayouts:
@@ -35,6 +36,7 @@ class BlockLayouts:
         self.enforce_rules = enforce_rules
         self.assignments: dict[tuple, BlockAssignment] = {}
         self._priced: dict[tuple, BlockSharding] = {}
+        self._prices: dict[tuple, tuple[BlockAssignment, LayoutPrices]] = {}   # _priced's key but the policy
         self.max_gap = 0.0                   # over every block sharding priced so far
 
     def assignment_key(self, graph_key: str, plan: Plan, mesh: Mesh) -> tuple:
@@ -55,7 +57,12 @@ class BlockLayouts:
             assignment = self.assignments.get(akey)
             if assignment is None:
                 assignment = self.assignments[akey] = self.solve(graph, plan, mesh)
-            hit = price_assignment(graph, assignment, self._context(plan, recompute, mesh, span))
+            ctx = self._context(plan, recompute, mesh, span)
+            pkey = key[:5] + key[6:]             # the policies of one layout share its prices
+            prices = self._prices.get(pkey)
+            if prices is None or prices[0] is not assignment:
+                prices = self._prices[pkey] = (assignment, layout_prices(graph, assignment, ctx))
+            hit = price_assignment(graph, assignment, ctx, prices[1])
             self._priced[key] = hit
             self.max_gap = max(self.max_gap, hit.gap)
         return hit

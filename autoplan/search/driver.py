@@ -47,6 +47,7 @@ from autoplan.search.pool import robust_pool
 from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
 from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
 from autoplan.search.stages import MeshResult, best_plan, detailed
+from autoplan.sharding.ilp import load_backend
 from topologies.cluster import Cluster
 
 
@@ -285,10 +286,13 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
     tasks = [[jobs[key] for key in keys] for keys in groups.values()]
     global _WORKER_ESTIMATOR
     _WORKER_ESTIMATOR = est
+    weights = [_task_weight(est, task) for task in tasks]
+    if any(weights):
+        load_backend(est.options.solver)     # once here, not once per forked worker
     pool = _pool(est, workers) if workers > 1 and len(tasks) > 1 and len(jobs) > workers else None
-    # largest tasks first (a worker left with the largest one last idles the others), answers
+    # heaviest tasks first (a worker left with the heaviest one last idles the others), answers
     # put back in task order; each ILP's solution does not depend on the process that solves it
-    order = sorted(range(len(tasks)), key=lambda i: (-len(tasks[i]), i))
+    order = sorted(range(len(tasks)), key=lambda i: (-weights[i], i))
     try:
         done = (pool.map(_solve_layout_jobs, [tasks[i] for i in order], chunksize=1) if pool is not None
                 else [_solve_layout_jobs(tasks[i]) for i in order])
@@ -301,6 +305,11 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
         solved[i] = answer
     for keys, assignments in zip(groups.values(), solved):
         est.layouts.assignments.update(zip(keys, assignments))
+
+
+def _task_weight(est: Estimator, task: list[tuple[str, Plan]]) -> int:
+    """How much solving ``task`` costs, roughly: the graph nodes of its ILPs (tp 1 has none)."""
+    return sum(len(est.graph(kind).nodes) for kind, plan in task if plan.tp > 1)
 
 
 def _solve_layout_jobs(jobs):

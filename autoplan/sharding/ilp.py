@@ -148,6 +148,15 @@ def solve(problem: IlpProblem, backend: str = "cpsat", time_limit_s: float = 30.
         return replace(sol, note=f"{failed}: solved with {other}")
 
 
+def load_backend(backend: str) -> None:
+    """Import ``backend``'s solver now, e.g. before forking workers, which then share the module
+    instead of each importing it (CP-SAT's Python module pulls in pandas: ~0.4 s a process)."""
+    if backend == "cpsat":
+        from ortools.sat.python import cp_model  # noqa: F401
+    elif backend == "cbc":
+        import pulp  # noqa: F401
+
+
 def _feasible(problem: IlpProblem, choice: Sequence[int]) -> bool:
     """Every constraint met: no forbidden strategy or redistribution, ties kept, memory row."""
     if any(s in n.forbidden for n, s in zip(problem.nodes, choice)):
@@ -227,18 +236,21 @@ def _build(problem: IlpProblem, api):
 def _cpsat_model(problem: IlpProblem):
     """The CP-SAT model of ``problem`` and its x variables (per node, per strategy; each has the
     ``index`` of its proto variable), with the greedy start as a hint.  Without a memory row the
-    model proto is written as text and parsed by CP-SAT at once (``_TextModel``), else through
-    CP-SAT's direct calls (no operator-overloaded sums); either is the model the overloaded form
-    builds, proto for proto (tested)."""
+    model proto is written as text and parsed by CP-SAT (``_TextModel``): its variables and
+    constraints once per problem structure (``_skeleton``, copied), its objective and hints per
+    problem; else through CP-SAT's direct calls (no operator-overloaded sums); either is the
+    model the overloaded form builds, proto for proto (tested)."""
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
     if problem.memory_budget is None:
-        text = _TextModel()
-        x, objective = _build(problem, text)
+        skeleton = _skeleton(problem)
+        x = skeleton.x
         hint = _greedy_choice(problem)
-        m.proto.parse_text_format(text.proto(objective, [(var, s == best) for best, row in zip(hint, x)
-                                                         for s, var in enumerate(row)]))
+        m.proto.copy_from(skeleton.model.proto)
+        m.proto.merge_text_format(_objective_text(skeleton.objective(problem),
+                                                  [(var, s == best) for best, row in zip(hint, x)
+                                                   for s, var in enumerate(row)]))
         return m, x, hint
     total = cp_model.LinearExpr.sum
 
@@ -319,13 +331,71 @@ class _TextModel:
         self.lines.append(f"constraints {{ linear {{ vars: {v} coeffs: 1 domain: 0 domain: 0 }} }}")
 
     def proto(self, objective, hints) -> str:
-        """The whole model: the lines, the objective (seconds → integer nanoseconds) and the hints."""
-        terms: dict[int, int] = {}
-        for c, v in objective:
-            terms[v] = terms.get(v, 0) + int(round(c * _SCALE))
-        hint = " ".join(f"vars: {v}" for v, _ in hints) + " " + " ".join(f"values: {int(b)}" for _, b in hints)
-        return "\n".join(self.lines) + f"\nobjective {{ {_linear(terms)} scaling_factor: 1 }}\n" \
-            f"solution_hint {{ {hint} }}\n"
+        """The whole model: the lines, the objective and the hints (``_objective_text``)."""
+        return "\n".join(self.lines) + "\n" + _objective_text(objective, hints)
+
+
+def _objective_text(objective, hints) -> str:
+    """The objective (seconds → integer nanoseconds, summed per variable) and the hints of a
+    ``_TextModel``'s proto, in text format."""
+    terms: dict[int, int] = {}
+    for c, v in objective:
+        terms[v] = terms.get(v, 0) + int(round(c * _SCALE))
+    hint = " ".join(f"vars: {v}" for v, _ in hints) + " " + " ".join(f"values: {int(b)}" for _, b in hints)
+    return f"objective {{ {_linear(terms)} scaling_factor: 1 }}\nsolution_hint {{ {hint} }}\n"
+
+
+@dataclass(frozen=True)
+class _Skeleton:
+    """The CP-SAT model of every problem of one structure (``_structure``) but its objective and
+    hints: the variables and constraints parsed once, the x variable per (node, strategy), the
+    w variable per (tensor, redistribution entry) (-1 where the producer never makes its ``a``)."""
+
+    model: object                          # a CpModel holding the parsed variables and constraints
+    x: tuple[tuple[_Literal, ...], ...]
+    w: tuple[tuple[int, ...], ...]
+
+    def objective(self, problem: IlpProblem) -> list[tuple[float, int]]:
+        """``_build``'s objective terms for ``problem``, in its order."""
+        out = [(c, self.x[n][s]) for n, node in enumerate(problem.nodes) for s, c in enumerate(node.cost) if c]
+        out += [(r[3], v) for t, ws in zip(problem.tensors, self.w) for r, v in zip(t.redist, ws) if v >= 0]
+        return out
+
+
+_SKELETONS: dict[tuple, _Skeleton] = {}
+_SKELETONS_LIMIT = 64                  # a skeleton holds ~0.5 MB (a 130-node MoE block); a search meets ~15
+
+
+def _structure(problem: IlpProblem) -> tuple:
+    """Everything ``_build`` reads of ``problem`` besides its costs: the strategy counts and
+    forbidden choices, each tensor's producer, placements, consumers, redistribution entries
+    (a, b, group) and forbidden pairs, the ties.  Problems equal in it get one model, variable
+    for variable and constraint for constraint."""
+    return (tuple((len(n.cost), n.forbidden) for n in problem.nodes),
+            tuple((t.producer, t.out_placement, t.consumers, tuple(r[:3] for r in t.redist), t.forbidden_redist)
+                  for t in problem.tensors), problem.ties)
+
+
+def _skeleton(problem: IlpProblem) -> _Skeleton:
+    """The ``_Skeleton`` of ``problem``'s structure, built on first sight: ``_build`` written by a
+    ``_TextModel`` and parsed; the w variables read off its objective, which lists the node
+    terms (nonzero costs) first and then every w in tensor and entry order."""
+    from ortools.sat.python import cp_model
+
+    key = _structure(problem)
+    hit = _SKELETONS.get(key)
+    if hit is not None:
+        return hit
+    text = _TextModel()
+    x, objective = _build(problem, text)
+    ws = iter(v for _, v in objective[sum(1 for n in problem.nodes for c in n.cost if c):])
+    w = tuple(tuple(next(ws) if r[0] in set(t.out_placement) else -1 for r in t.redist) for t in problem.tensors)
+    model = cp_model.CpModel()            # kept: it owns the proto
+    model.proto.parse_text_format("\n".join(text.lines) + "\n")
+    if len(_SKELETONS) >= _SKELETONS_LIMIT:
+        _SKELETONS.clear()
+    out = _SKELETONS[key] = _Skeleton(model, tuple(tuple(row) for row in x), w)
+    return out
 
 
 def _linear(terms: dict[int, int]) -> str:

@@ -154,12 +154,20 @@ def intrinsic_collectives(n: OpNode, s: Strategy, ctx: ShardingContext) -> tuple
     return tuple(OpCollective("all_reduce", nbytes, ctx.tp_seconds("all_reduce", nbytes)) for _ in range(count))
 
 
-def node_cost(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> NodeCost:
+def node_prices(n: OpNode, s: Strategy, ctx: ShardingContext) -> tuple[float, tuple[OpCollective, ...]]:
+    """What ``node_cost`` reads of ``ctx`` besides its recompute policy: (seconds of one run,
+    the intrinsic collectives)."""
+    return node_seconds(n, s, ctx), intrinsic_collectives(n, s, ctx)
+
+
+def node_cost(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext,
+              priced: tuple[float, tuple[OpCollective, ...]] | None = None) -> NodeCost:
+    """``priced``: ``node_prices(n, s, ctx)`` where the caller has it (at another recompute policy)."""
     state = 0.0
     if n.role == "param" and n.op == "placeholder" and n.out is not None:
         state = n.out.numel / (ctx.tp if is_shard(s.outputs[0]) else 1) * STATE_BYTES_PER_PARAM
-    return NodeCost(node_seconds(n, s, ctx), 2 if recomputed(g, n, ctx.recompute) else 1,
-                    saved_bytes(g, n, s, ctx), state, intrinsic_collectives(n, s, ctx))
+    seconds, intrinsic = priced if priced is not None else node_prices(n, s, ctx)
+    return NodeCost(seconds, 2 if recomputed(g, n, ctx.recompute) else 1, saved_bytes(g, n, s, ctx), state, intrinsic)
 
 
 def redistribution_cost(g: OpGraph, ref: TensorRef, a: str, b: str, group: int,
@@ -168,14 +176,17 @@ def redistribution_cost(g: OpGraph, ref: TensorRef, a: str, b: str, group: int,
     return redistribution_pricer(g, ref, ctx)(a, b, group)
 
 
-def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext):
+def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext,
+                          seconds: dict[tuple[str, float], float] | None = None):
     """``(a, b, group) -> redistribution_cost(g, ref, a, b, group, ctx)`` for one tensor, its
     size and producer read once and each kind's bytes and seconds priced once (the ILP asks for
-    every pair of a tensor's layouts)."""
+    every pair of a tensor's layouts).  ``seconds``: ``ctx.tp_seconds`` by (kind, bytes), shared
+    by the pricers of one context (its tensors repeat a few sizes)."""
     t = g.tensor(ref)
     size = scaled_numel(t, ctx.mbs, ctx.cp) * bytes_per_elem(t)
-    rerun_forward = ctx.recompute in ("full", "op") and recomputed(g, g.node(ref.node), ctx.recompute)
+    forward_runs = redistribution_runs(g, ref, FORWARD_GROUP, ctx.recompute)
     priced: dict[str, tuple[float, float]] = {}
+    seconds = {} if seconds is None else seconds
 
     def cost(a: str, b: str, group: int) -> Redistribution | None:
         kind = redistribution(a, b)
@@ -184,9 +195,19 @@ def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext):
         hit = priced.get(kind)
         if hit is None:
             nbytes = redistribution_bytes(kind, size, ctx.tp)
-            hit = priced[kind] = (nbytes, ctx.tp_seconds(kind, nbytes))
-        return Redistribution(kind, hit[0], hit[1], 2 if group == FORWARD_GROUP and rerun_forward else 1)
+            sec = seconds.get((kind, nbytes))
+            if sec is None:
+                sec = seconds[(kind, nbytes)] = ctx.tp_seconds(kind, nbytes)
+            hit = priced[kind] = (nbytes, sec)
+        return Redistribution(kind, hit[0], hit[1], forward_runs if group == FORWARD_GROUP else 1)
     return cost
+
+
+def redistribution_runs(g: OpGraph, ref: TensorRef, group: int, recompute: str) -> int:
+    """How often a redistribution of ``ref`` for read ``group`` runs per micro-batch: twice for a
+    forward one whose producer full or op recomputation reruns in backward, else once."""
+    rerun = group == FORWARD_GROUP and recompute in ("full", "op") and recomputed(g, g.node(ref.node), recompute)
+    return 2 if rerun else 1
 
 
 def memory_price(g: OpGraph, ctx: ShardingContext) -> float:

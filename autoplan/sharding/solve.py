@@ -7,7 +7,7 @@ same ``price`` functions the read-back uses, over the same units and reads.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
 from autoplan.sharding import ilp
@@ -15,7 +15,8 @@ from autoplan.sharding.local import local_bytes
 from autoplan.sharding.placements import is_shard, redistribution
 from autoplan.sharding.prepare import (Prepared, dedupe_views, is_unary_elementwise, prepare, read_group, read_phase,
                                        reads_of, resolve, resolved_reads, view_inverse)
-from autoplan.sharding.price import memory_price, node_cost, redistribution_cost, redistribution_pricer
+from autoplan.sharding.price import (OpCollective, Redistribution, memory_price, node_cost, node_prices,
+                                    redistribution_cost, redistribution_pricer, redistribution_runs)
 from autoplan.sharding.strategies import replicated
 from autoplan.sharding.types import BlockAssignment, BlockSharding, Collective, ShardingContext
 
@@ -27,17 +28,54 @@ def build_problem(prep: Prepared, ctx: ShardingContext) -> ilp.IlpProblem:
     term); per tensor, its placements and readers (constraint 2) and the priced redistributions
     (the second objective term; forbidden under the NVLink rule, constraint 5).  Parameters tie
     to their gradient through the sink reads, blocks to the next block through the boundary
-    reads, so constraints 3–4 of ``ilp.py`` are not needed here."""
+    reads, so constraints 3–4 of ``ilp.py`` are not needed here.  What no context changes — the
+    tensors, their placements, readers and possible redistributions — is derived once per
+    prepared graph (``_tensor_shapes``); only the seconds are priced here."""
     g = prep.graph
     price = memory_price(g, ctx)
     nodes = tuple(ilp.IlpNode(u.leader, *_unit_costs(g, u.strategies, ctx, price)) for u in prep.units)
-    inverse = view_inverse(g)
+    tensors = []
+    seconds: dict[tuple[str, float], float] = {}
+    for shape in _tensor_shapes(prep):
+        cost = redistribution_pricer(g, shape.ref, ctx, seconds)
+        redist = tuple((a, b, grp, r.seconds * r.runs) for a, b, grp, pa, pb in shape.pairs
+                       if (r := cost(pa, pb, grp)))
+        forbidden = shape.forbidden if ctx.forbid_tp_collectives else ()
+        tensors.append(ilp.IlpTensor(shape.name, shape.producer, shape.out_placement, shape.consumers, redist,
+                                     forbidden))
+    return ilp.IlpProblem(nodes, tuple(tensors))
+
+
+@dataclass(frozen=True)
+class _TensorShape:
+    """What the ILP reads of one tensor that no ShardingContext changes."""
+
+    ref: TensorRef
+    name: str
+    producer: int                                       # unit index
+    out_placement: tuple[int, ...]                      # placement id per producer strategy
+    consumers: tuple[tuple[int, tuple[int, ...], int], ...]   # (unit, placement id per its strategy, group)
+    pairs: tuple[tuple[int, int, int, str, str], ...]   # (a, b, group, layout a, layout b): a ≠ b, a collective
+    forbidden: tuple[tuple[int, int], ...]              # the (a, b) of pairs, under the NVLink rule
+
+
+_TENSOR_SHAPES: dict[int, tuple[Prepared, tuple[_TensorShape, ...]]] = {}
+_TENSOR_SHAPES_LIMIT = 1024
+
+
+def _tensor_shapes(prep: Prepared) -> tuple[_TensorShape, ...]:
+    """``_TensorShape`` of every tensor the ILP prices, memoised on the prepared graph's identity
+    (kept with the entry, so an id is never reused while cached; ``prepare`` memoises it)."""
+    hit = _TENSOR_SHAPES.get(id(prep))
+    if hit is not None and hit[0] is prep:
+        return hit[1]
+    g = prep.graph
 
     def unit_strategies(read):
         return [(lambda name, us=us: us[name]) for us in prep.units[prep.unit_of[read.sink or read.reader]].strategies]
 
-    tensors = []
-    for ref, rows_in in resolved_reads(g, prep.reads, unit_strategies, inverse).items():
+    out = []
+    for ref, rows_in in resolved_reads(g, prep.reads, unit_strategies, view_inverse(g)).items():
         if g.tensor(ref) is None or ref.node not in prep.unit_of:
             continue
         pu = prep.unit_of[ref.node]
@@ -47,22 +85,17 @@ def build_problem(prep: Prepared, ctx: ShardingContext) -> ilp.IlpProblem:
             return ids.setdefault(p, len(ids))
 
         out_pl = tuple(pid(us[ref.node].outputs[ref.index] or "R") for us in prep.units[pu].strategies)
-        rows = [(prep.unit_of[read.sink or read.reader], tuple(pid(p or "R") for p in pls), read_group(g, read))
-                for read, pls in rows_in]
+        rows = tuple((prep.unit_of[read.sink or read.reader], tuple(pid(p or "R") for p in pls), read_group(g, read))
+                     for read, pls in rows_in)
         names = {v: k for k, v in ids.items()}
-        redist, forbidden = [], []
-        cost = redistribution_pricer(g, ref, ctx)
-        for grp in sorted({r[2] for r in rows}):
-            for a in names:
-                for b in names:
-                    r = a != b and cost(names[a], names[b], grp)
-                    if r:
-                        redist.append((a, b, grp, r.seconds * r.runs))
-                        if ctx.forbid_tp_collectives:
-                            forbidden.append((a, b))
-        tensors.append(ilp.IlpTensor(f"{ref.node}:{ref.index}", pu, out_pl, tuple(rows), tuple(redist),
-                                     tuple(sorted(set(forbidden)))))
-    return ilp.IlpProblem(nodes, tuple(tensors))
+        pairs = tuple((a, b, grp, names[a], names[b]) for grp in sorted({r[2] for r in rows})
+                      for a in names for b in names if a != b and redistribution(names[a], names[b]) is not None)
+        out.append(_TensorShape(ref, f"{ref.node}:{ref.index}", pu, out_pl, rows, pairs,
+                                tuple(sorted({(a, b) for a, b, *_ in pairs}))))
+    if len(_TENSOR_SHAPES) >= _TENSOR_SHAPES_LIMIT:
+        _TENSOR_SHAPES.clear()
+    _TENSOR_SHAPES[id(prep)] = (prep, tuple(out))
+    return tuple(out)
 
 
 def _unit_costs(g: OpGraph, strategies: list[dict[str, Strategy]], ctx: ShardingContext, price: float):
@@ -125,22 +158,44 @@ def solve_problem(problem: ilp.IlpProblem, backend: str, time_limit_s: float) ->
     return hit
 
 
-def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext) -> BlockSharding:
+@dataclass(frozen=True)
+class LayoutPrices:
+    """What pricing a layout reads of a context besides its recompute policy: per priced node
+    (``_LayoutReads.nodes``' order) ``price.node_prices``, per redistribution its collective run once."""
+
+    nodes: tuple[tuple[float, tuple[OpCollective, ...]], ...]
+    redistributions: tuple[Redistribution, ...]
+
+
+def layout_prices(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext) -> LayoutPrices:
+    """``LayoutPrices`` of ``assignment`` under ``ctx`` (its recompute policy is not read): what
+    ``price_assignment`` at every policy of one (tp, sp, mbs, cp, tp span) shares."""
+    shape = _layout_reads(graph, assignment)
+    once = replace(ctx, recompute="none")
+    return LayoutPrices(tuple(node_prices(n, s, ctx) for n, s in shape.nodes),
+                        tuple(redistribution_cost(graph, ref, a, b, grp, once)
+                              for ref, a, b, grp, _, _ in shape.redistributions))
+
+
+def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext,
+                     prices: LayoutPrices | None = None) -> BlockSharding:
     """Price a solved assignment under ``ctx``.
 
     Micro-batch, cp and recompute may differ from the ones it was solved at: every cost
     scales with them and the layout stays the best one (tested).  What does not depend on
     ``ctx`` — the priced nodes and the redistributions the layout implies — is derived once
-    per (graph, assignment) (``_layout_reads``); only their seconds are priced here."""
+    per (graph, assignment) (``_layout_reads``); only their seconds are priced here, or taken
+    from ``prices`` (``layout_prices`` at ``ctx`` but another recompute policy)."""
     g = graph
     chosen = assignment.choice
     shape = _layout_reads(g, assignment)
+    prices = prices if prices is not None else layout_prices(g, assignment, ctx)
     fwd = bwd = wgd = rec = saved = freed = 0.0
     freed_nodes = g.freed_at_input_grad_nodes()
     launches = [0, 0]                    # kernels issued in forward, in backward (+ recompute)
     collectives: list[Collective] = []
-    for n, s in shape.nodes:
-        c = node_cost(g, n, s, ctx)
+    for (n, s), priced in zip(shape.nodes, prices.nodes):
+        c = node_cost(g, n, s, ctx, priced)
         if n.phase == "forward":
             fwd += c.seconds
         elif n.wgrad:
@@ -159,8 +214,8 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
                         for x in c.intrinsic]
-    for ref, a, b, grp, phase, label in shape.redistributions:
-        r = redistribution_cost(g, ref, a, b, grp, ctx)
+    for (ref, a, b, grp, phase, label), once in zip(shape.redistributions, prices.redistributions):
+        r = replace(once, runs=redistribution_runs(g, ref, grp, ctx.recompute))
         if r.runs == 2:
             collectives.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
         collectives.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))
