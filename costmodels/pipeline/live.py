@@ -65,8 +65,9 @@ class _Walk:
     B adds the held gradients (code 2S + s), then frees what it frees (code 4S + s), its W frees
     the held gradients (code 3S + s), and a full backward BW also frees what a B would have
     (code 4S + s after its S + s); padding adds nothing (code 5S);
-    ``checks[r, c]``: the position after the last addition of rank r's c-th action that adds
-    (the only moments live can rise to a new peak; padded with the row's first)."""
+    ``checks[r, c]``: the position after the last addition of rank r's c-th action that adds,
+    and after each B's addition, which that B's own free follows (the only moments live can rise
+    to a new peak; padded with the row's first)."""
 
     code: np.ndarray         # (ranks, changes) int
     checks: np.ndarray       # (ranks, checkpoints) int
