@@ -235,23 +235,25 @@ class OpGraph:
         cached = self.__dict__.get("_freed_at_b")
         if cached is not None:
             return cached
-        readers: dict[str, list[OpNode]] = {}
-        for n in self.nodes:
-            for r in n.inputs:
-                readers.setdefault(r.node, []).append(n)
+        refs = self._readers()
+
+        def reading(name: str) -> list[OpNode]:
+            """The nodes reading any output of node ``name``."""
+            return [u for i in range(len(self.node(name).outputs)) for u in refs.get(TensorRef(name, i), [])]
+
         below: set[str] = set()          # backward nodes downstream of a weight op's dY
-        todo = [u.name for r in self.wgrad_held_outputs() for u in readers.get(r.node, [])]
+        todo = [u.name for r in self.wgrad_held_outputs() for u in reading(r.node)]
         while todo:
             name = todo.pop()
             if name in below:
                 continue
             below.add(name)
-            todo += [u.name for u in readers.get(name, []) if u.phase == "backward"]
+            todo += [u.name for u in reading(name) if u.phase == "backward"]
 
         def backward_readers(name: str) -> list[OpNode]:
             """The non-view backward nodes reading ``name``'s outputs, through views."""
             out = []
-            for u in readers.get(name, []):
+            for u in reading(name):
                 out += backward_readers(u.name) if u.is_view else ([u] if u.phase == "backward" else [])
             return out
 
@@ -266,10 +268,7 @@ class OpGraph:
         """Backward ops that feed an input gradient and also return a weight gradient: a
         non-``wgrad`` backward node with an output read only by ``wgrad`` nodes or returned as a
         parameter gradient (``native_layer_norm_backward``'s dγ, dβ)."""
-        readers: dict[TensorRef, list[OpNode]] = {}
-        for n in self.nodes:
-            for r in n.inputs:
-                readers.setdefault(r, []).append(n)
+        readers = self._readers()
         returned = {r for n in self.nodes if n.op == "output"
                     for r, role in zip(n.inputs, self.output_roles) if role.startswith("param_grad:")}
 
@@ -280,6 +279,17 @@ class OpGraph:
 
         return frozenset(n.name for n in self.ops("backward") if not n.wgrad and not n.is_view
                          and any(weight_only(TensorRef(n.name, i)) for i in range(len(n.outputs))))
+
+    def _readers(self) -> dict[TensorRef, list[OpNode]]:
+        """The nodes reading each value, in graph order (remembered)."""
+        cached = self.__dict__.get("_reader_index")
+        if cached is None:
+            cached = {}
+            for n in self.nodes:
+                for r in n.inputs:
+                    cached.setdefault(r, []).append(n)
+            object.__setattr__(self, "_reader_index", cached)
+        return cached
 
     def saved_bytes(self) -> float:
         """Bytes of forward values kept for backward (micro-batch 1, unsharded)."""

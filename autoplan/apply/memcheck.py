@@ -96,8 +96,8 @@ def unsupported(plan: Plan) -> str | None:
         return f"ep={plan.ep}: expert parallelism routes by token values"
     from autoplan.apply.parallel import recompute_refusal
 
-    if plan.pp > 1 and recompute_refusal(plan):
-        return recompute_refusal(plan)
+    if plan.pp > 1 and (refusal := recompute_refusal(plan)):
+        return refusal
     if plan.pp > 1 and plan.schedule not in PIPELINE_SCHEDULES:
         return (f"schedule={plan.schedule}: memcheck runs a pipeline rank's forwards and (split) backwards "
                 f"({', '.join(PIPELINE_SCHEDULES)}), not DualPipeV's overlapped forward-backward pairs")

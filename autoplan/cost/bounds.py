@@ -121,8 +121,7 @@ def _shape(est: Estimator, plan: Plan, global_batch: int) -> _Shape:
         bags = tuple(est.stage_bags(plan, mesh))
         groups, of_rank = memory.rank_groups(bags, pp.rank_chunks(plan))
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
-        live = peak_bytes(schedule, plan.pp, m, plan.vpp, memory.chunk_saved_bytes(bags),
-                          memory.chunk_held_bytes(bags), memory.chunk_b_freed_bytes(bags))
+        live = peak_bytes(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(bags))
         return _Shape(mesh, m, bags, groups, of_rank, live, est.memory_inputs(plan, mesh, m))
     return _remembered(est, ("shape", global_batch) + tuple(getattr(plan, f) for f in _FIELDS), compute)
 

@@ -212,9 +212,7 @@ class Estimator:
         """Per pipeline rank: states, the live activation peak of its schedule order, transients
         (reads the pipeline's bags only, so the search's floor can ask before simulating)."""
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
-        peaks = peak_live(schedule, plan.pp, m, plan.vpp, memory.chunk_saved_bytes(pipe.bags),
-                          memory.chunk_held_bytes(pipe.bags),
-                          memory.chunk_b_freed_bytes(pipe.bags))
+        peaks = peak_live(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(pipe.bags))
         inputs = self.memory_inputs(plan, mesh, m)
         pol = pol or fsdp.policy(self.options, plan)
         memo: dict = {}

@@ -211,19 +211,18 @@ def chunk_saved_bytes(bags) -> list[float]:
     return [sum(p.saved_bytes * n for p, n in bag) for bag in bags]
 
 
-def chunk_held_bytes(bags) -> list[float]:
-    """One micro-batch's input-gradient bytes every virtual stage keeps from B to W when the
-    schedule splits the backward (``Part.wgrad_held_bytes``; model order).  The first virtual
-    stage keeps none: it sends no input gradient, so torch's ``PipelineStage.backward_one_chunk``
-    skips its B and runs its whole backward at W (torch 2.13 ``pipelining/stage.py``)."""
-    return [0.0 if s == 0 else sum(p.wgrad_held_bytes * n for p, n in bag) for s, bag in enumerate(bags)]
+def walk_bytes(bags) -> tuple[list[float], list[float], list[float]]:
+    """What ``costmodels.pipeline.live`` walks per virtual stage (model order), one micro-batch:
+    the saved bytes (``chunk_saved_bytes``), the input gradients kept from B to W under a split
+    backward (``Part.wgrad_held_bytes``) and the part of the saved bytes B frees
+    (``Part.b_freed_bytes``: the loss's, on the last virtual stage).  The first virtual stage
+    has neither of the latter two: it sends no input gradient, so torch's
+    ``PipelineStage.backward_one_chunk`` skips its B and runs its whole backward at W (torch 2.13
+    ``pipelining/stage.py``)."""
+    def after_first(attr: str) -> list[float]:
+        return [0.0 if s == 0 else sum(getattr(p, attr) * n for p, n in bag) for s, bag in enumerate(bags)]
 
-
-def chunk_b_freed_bytes(bags) -> list[float]:
-    """Of ``chunk_saved_bytes``, what a split backward frees at B rather than W
-    (``Part.b_freed_bytes``: the loss's saved bytes on the last virtual stage), every virtual
-    stage; none on the first, whose B torch skips (``chunk_held_bytes``)."""
-    return [0.0 if s == 0 else sum(p.b_freed_bytes * n for p, n in bag) for s, bag in enumerate(bags)]
+    return chunk_saved_bytes(bags), after_first("wgrad_held_bytes"), after_first("b_freed_bytes")
 
 
 def _numel(p: Part) -> float:

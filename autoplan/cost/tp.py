@@ -36,7 +36,7 @@ class BlockLayouts:
         self.enforce_rules = enforce_rules
         self.assignments: dict[tuple, BlockAssignment] = {}
         self._priced: dict[tuple, BlockSharding] = {}
-        self._prices: dict[tuple, tuple[BlockAssignment, LayoutPrices]] = {}   # _priced's key but the policy
+        self._prices: dict[tuple, tuple[BlockAssignment, LayoutPrices]] = {}   # by layout: _priced's key less the policy
         self.max_gap = 0.0                   # over every block sharding priced so far
 
     def assignment_key(self, graph_key: str, plan: Plan, mesh: Mesh) -> tuple:
@@ -50,7 +50,8 @@ class BlockLayouts:
     def sharding(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> BlockSharding:
         """The block's tp layout under ``plan``, priced at the plan's micro-batch, cp and recompute."""
         span = self.comms.span(mesh.group(Axis.TP.value))
-        key = (graph_key, plan.tp, plan.sp, plan.mbs, plan.cp, recompute, span)
+        layout = (graph_key, plan.tp, plan.sp, plan.mbs, plan.cp, span)     # the policies of one layout
+        key = (*layout, recompute)                                             # share its prices
         hit = self._priced.get(key)
         if hit is None:
             akey = self.assignment_key(graph_key, plan, mesh)
@@ -58,10 +59,9 @@ class BlockLayouts:
             if assignment is None:
                 assignment = self.assignments[akey] = self.solve(graph, plan, mesh)
             ctx = self._context(plan, recompute, mesh, span)
-            pkey = key[:5] + key[6:]             # the policies of one layout share its prices
-            prices = self._prices.get(pkey)
+            prices = self._prices.get(layout)
             if prices is None or prices[0] is not assignment:
-                prices = self._prices[pkey] = (assignment, layout_prices(graph, assignment, ctx))
+                prices = self._prices[layout] = (assignment, layout_prices(graph, assignment, ctx))
             hit = price_assignment(graph, assignment, ctx, prices[1])
             self._priced[key] = hit
             self.max_gap = max(self.max_gap, hit.gap)

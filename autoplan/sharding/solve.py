@@ -219,8 +219,7 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         if r.runs == 2:
             collectives.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
         collectives.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))
-    held = sum(local_bytes(g.tensor(r), chosen[r.node].outputs[r.index], ctx.tp, ctx.mbs, ctx.cp)
-               for r in sorted(g.wgrad_held_outputs(), key=lambda r: (r.node, r.index)))
+    held = sum(local_bytes(g.tensor(r), chosen[r.node].outputs[r.index], ctx.tp, ctx.mbs, ctx.cp) for r in shape.held)
     params = {}
     param_numel = 0
     for n in g.params():
@@ -246,6 +245,7 @@ class _LayoutReads:
 
     nodes: tuple[tuple[OpNode, Strategy], ...]          # priced nodes (views deduplicated) and their strategy
     redistributions: tuple[tuple[TensorRef, str, str, int, str, str], ...]   # (tensor, from, to, group, phase, label)
+    held: tuple[TensorRef, ...]                         # ``OpGraph.wgrad_held_outputs`` by (node name, index)
 
 
 _LAYOUT_READS: dict[int, tuple[OpGraph, BlockAssignment, _LayoutReads]] = {}
@@ -261,7 +261,8 @@ def _layout_reads(g: OpGraph, assignment: BlockAssignment) -> _LayoutReads:
     chosen = assignment.choice
     alias = dedupe_views(g)
     nodes = tuple((g.node(name), s) for name, s in chosen.items() if name not in alias)
-    out = _LayoutReads(nodes, tuple(_redistributions(g, chosen, alias)))
+    out = _LayoutReads(nodes, tuple(_redistributions(g, chosen, alias)),
+                       tuple(sorted(g.wgrad_held_outputs(), key=lambda r: (r.node, r.index))))
     if len(_LAYOUT_READS) > _LAYOUT_READS_LIMIT:
         _LAYOUT_READS.clear()
     _LAYOUT_READS[id(assignment)] = (g, assignment, out)

@@ -90,7 +90,7 @@ def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     k, s = kind[keep], stage[keep]
     code = np.select([k == F, k == B, k == W], [s, 2 * stages + s, stages + s], stages + s)
     held_free = (k == W) & split
-    code, extra = code.copy(), np.flatnonzero(held_free)
+    extra = np.flatnonzero(held_free)
     if len(extra):                                       # a W frees the saved bytes, then the held gradients
         keep = np.insert(keep, extra + 1, keep[extra])
         code = np.insert(code, extra + 1, 3 * stages + s[extra])
