@@ -11,6 +11,9 @@ which ``autoplan memcheck`` runs), so that a tracked step holds what a Megatron-
   the bf16 gradient autograd produces into ``main_grad`` and frees it, as Megatron-Core's
   ``DistributedDataParallel._make_backward_post_hook`` does (``param.main_grad.add_(param.grad.data);
   param.grad = None``).  ``zero_grad`` zeroes the buffer; it stays allocated (4 B per parameter).
+  The weight half of a split backward assigns ``.grad`` itself, past the hook: inside
+  ``split_weight_gradients_folded`` each parameter group's gradients are folded as soon as W
+  computes them, as Megatron's weight-gradient GEMM accumulates into ``main_grad``.
 * After backward the gradients are averaged over the data-parallel group in place (an all-reduce;
   Megatron reduce-scatters its buffer under the distributed optimizer, which holds the same bytes:
   the buffer is written in place either way).
@@ -24,8 +27,9 @@ which ``autoplan memcheck`` runs), so that a tracked step holds what a Megatron-
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -57,6 +61,41 @@ def _accumulate(p: nn.Parameter) -> None:
         g = g.to_local()
     p.main_grad.add_(g)
     p.grad = None
+
+
+@contextlib.contextmanager
+def split_weight_gradients_folded() -> Iterator[None]:
+    """Inside, the weight half of torch's split backward folds every parameter group's gradients
+    into ``main_grad`` (``_accumulate``) as soon as it has computed them.
+
+    torch's ``stage_backward_weight`` (``PipelineStage.backward_weight_one_chunk`` calls it by its
+    name in ``torch.distributed.pipelining.stage``) computes the weight gradients one parameter
+    group at a time and assigns them to ``.grad`` itself, so no post-accumulate-grad hook sees
+    them: left alone, a chunk holds every weight's bf16 gradient at once after each W (2 B per
+    parameter of the chunk on top of the fp32 ``main_grad``) and sums the micro-batches in bf16.
+    Here torch's function runs one group per call and the group is folded before the next, so a
+    W holds one group's bf16 gradients at most, as Megatron-Core's weight-gradient GEMM, which
+    accumulates into ``main_grad`` directly, holds none.  Parameters without ``main_grad`` keep
+    torch's ``.grad``.  Patches that module attribute (private) for the context's duration."""
+    from torch.distributed.pipelining import stage as stage_module
+
+    original = stage_module.stage_backward_weight
+
+    def per_group(weights, param_groups, retain_graph=False):
+        weights = list(weights)
+        mains = [w for w in weights if hasattr(w, "main_grad")]
+        for group in param_groups:
+            original(iter(weights), [group], retain_graph=retain_graph)
+            for w in mains:
+                if w.grad is not None:
+                    _accumulate(w)
+        return ()
+
+    stage_module.stage_backward_weight = per_group
+    try:
+        yield
+    finally:
+        stage_module.stage_backward_weight = original
 
 
 class MainGrads:

@@ -187,7 +187,7 @@ def run_step(pm, pp_rank: int, ids: torch.Tensor, stream: tuple, dtype: torch.dt
                 out = stage(x if stage.first else x.view_as(x))
                 alive[sid].append((x, pm.loss_fn(out, ids) if stage.last else out))
             elif kind == WEIGHT:
-                _weight_backward(pm, pipe, stage, *split[sid].popleft())
+                _weight_backward(pipe, stage, *split[sid].popleft())
             else:                                 # a stage's backwards run in its forwards' order
                 _backward(pipe, stage, *alive[sid].popleft(), split=split[sid] if kind == INPUT else None)
         for sid in sorted(set(pipe_stages) - reduced):
@@ -214,15 +214,11 @@ def _backward(pipe, stage, x, out, *, split: collections.deque | None) -> None:
         split.append(({"stage_output": kwargs["stage_output"]}, groups))
 
 
-def _weight_backward(pm, pipe, stage, kwargs: dict, groups) -> None:
-    """The weight half of a split backward (``_backward``).  torch's ``stage_backward_weight``
-    assigns ``.grad`` itself, so no post-accumulate hook sees it: under Megatron's engine the
-    gradients are then folded into ``main_grad`` (``MainGrads.fold``), as Megatron's weight-gradient
-    GEMM accumulates into it."""
+def _weight_backward(pipe, stage, kwargs: dict, groups) -> None:
+    """The weight half of a split backward (``_backward``); under Megatron's engine its gradients
+    are folded into ``main_grad`` group by group as W computes them (``pm._context()`` enters
+    ``distributed_optimizer.split_weight_gradients_folded``), as the runtime step does."""
     if stage.first:
         pipe.backward_maybe_with_nosync("full", kwargs)
     else:
         pipe.backward_maybe_with_nosync("weight", {**kwargs, "param_groups": groups})
-    for grads in pm._main_grads:
-        if grads is not None:
-            grads.fold()

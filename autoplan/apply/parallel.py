@@ -203,6 +203,8 @@ class ParallelModel:
         if self.cp_groups is not None:
             stack.enter_context(unpacked_sequences())      # positions of a chunk pair are not a packed batch
             stack.enter_context(context_parallel.ContextParallelAttention(self.cp_groups, self.mesh["cp"]))
+        if any(g is not None for g in self._main_grads):
+            stack.enter_context(distributed_optimizer.split_weight_gradients_folded())
         return stack
 
     def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor, *, read_loss: bool = True,

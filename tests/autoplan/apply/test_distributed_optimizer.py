@@ -70,3 +70,56 @@ def test_a_weight_gradient_assigned_without_the_hook_is_folded(single_rank):
     params[0].grad = torch.ones_like(params[0])        # as torch's stage_backward_weight assigns it
     grads.fold()
     assert params[0].grad is None and float(params[0].main_grad.sum()) == pytest.approx(params[0].numel())
+
+
+def test_a_split_backward_folds_each_parameter_group_as_its_weight_half_computes_it(single_rank, monkeypatch):
+    """torch's split backward (``stage_backward_input`` then ``stage_backward_weight``, called by
+    name from ``torch.distributed.pipelining.stage``) assigns ``.grad`` itself: without the context
+    every weight's bf16 gradient is held at once after W; inside ``split_weight_gradients_folded``
+    each group is folded into ``main_grad`` before the next is computed, and ``main_grad`` is
+    the gradient of the full backward summed in fp32."""
+    from torch.distributed.pipelining import stage as stage_module
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    from autoplan.apply.distributed_optimizer import split_weight_gradients_folded
+
+    x = torch.randn(5, 8, dtype=torch.bfloat16)
+    probe = _model()
+    to_bf16(probe)
+    want = [g.float() for g in torch.autograd.grad(probe(x).float().square().mean(), list(probe.parameters()))]
+
+    def weight_half(model):
+        inp = x.clone().requires_grad_()
+        out = model(inp)
+        seed = torch.autograd.grad(out.float().square().mean(), out, retain_graph=True)[0]
+        _, groups = stage_backward_input((out,), (seed,), [inp], model.parameters())
+        stage_module.stage_backward_weight(model.parameters(), groups)
+        return groups
+
+    held_at_each_group = []
+    real = stage_module.stage_backward_weight
+
+    def spy(weights, param_groups, retain_graph=False):
+        weights = list(weights)
+        held_at_each_group.append(sum(w.grad is not None for w in weights))
+        return real(iter(weights), param_groups, retain_graph=retain_graph)
+
+    monkeypatch.setattr(stage_module, "stage_backward_weight", spy)
+    plain = _model()
+    to_bf16(plain)
+    MainGrads(list(plain.parameters()))
+    weight_half(plain)                                        # torch alone: one call, every .grad set
+    assert held_at_each_group == [0] and all(p.grad is not None for p in plain.parameters())
+
+    held_at_each_group.clear()
+    model = _model()
+    to_bf16(model)
+    params = list(model.parameters())
+    MainGrads(params)
+    with split_weight_gradients_folded():
+        groups = weight_half(model)
+    assert stage_module.stage_backward_weight is spy          # restored on exit
+    assert len(groups) >= 2 and held_at_each_group == [0] * len(groups)   # nothing held when the next group starts
+    assert all(p.grad is None for p in params)
+    for p, w in zip(params, want):
+        assert torch.equal(p.main_grad, w)
