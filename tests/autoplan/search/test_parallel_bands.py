@@ -1,5 +1,6 @@
-"""The robust pool's bands priced in forked workers (``driver._bands``) are the bands the
-sampler gives plan by plan in one process: same steps, same ranking, same JSON."""
+"""The robust pool's bands priced in forked workers (``driver._bands``), after a mesh search in
+forked workers, are the bands the sampler gives plan by plan in one process: same pool, same
+steps, same ranking, same JSON."""
 import json
 
 from autoplan.cost.uncertainty import Sampler
@@ -16,6 +17,9 @@ def test_bands_in_two_workers_are_the_bands_of_one_process():
     runs = [search(model, cluster, global_batch=64, options=SearchOptions(samples=6, workers=w)) for w in (1, 2)]
     one, two = ([json.dumps(c.to_dict(), sort_keys=True) for c in r.candidates] for r in runs)
     assert one == two and len(one) == 5
+    assert [json.dumps(c.to_dict(), sort_keys=True) for c in runs[0].pool] == \
+        [json.dumps(c.to_dict(), sort_keys=True) for c in runs[1].pool]
+    assert any(c.plan.pp > 1 for c in runs[1].pool)          # pipeline meshes, hedged
     assert all(c.band is not None and len(set(c.band.step_s)) > 1 for c in runs[1].candidates)
 
 
