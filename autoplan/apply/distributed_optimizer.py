@@ -64,9 +64,9 @@ def _accumulate(p: nn.Parameter) -> None:
 
 
 @contextlib.contextmanager
-def split_weight_gradients_folded() -> Iterator[None]:
+def split_weight_gradients_folded(grads: list[MainGrads]) -> Iterator[None]:
     """Inside, the weight half of torch's split backward folds every parameter group's gradients
-    into ``main_grad`` (``_accumulate``) as soon as it has computed them.
+    into ``main_grad`` (``MainGrads.fold`` of each of ``grads``) as soon as it has computed them.
 
     torch's ``stage_backward_weight`` (``PipelineStage.backward_weight_one_chunk`` calls it by its
     name in ``torch.distributed.pipelining.stage``) computes the weight gradients one parameter
@@ -75,20 +75,18 @@ def split_weight_gradients_folded() -> Iterator[None]:
     parameter of the chunk on top of the fp32 ``main_grad``) and sums the micro-batches in bf16.
     Here torch's function runs one group per call and the group is folded before the next, so a
     W holds one group's bf16 gradients at most, as Megatron-Core's weight-gradient GEMM, which
-    accumulates into ``main_grad`` directly, holds none.  Parameters without ``main_grad`` keep
-    torch's ``.grad``.  Patches that module attribute (private) for the context's duration."""
+    accumulates into ``main_grad`` directly, holds none.  Patches that module attribute (private)
+    for the context's duration."""
     from torch.distributed.pipelining import stage as stage_module
 
     original = stage_module.stage_backward_weight
 
     def per_group(weights, param_groups, retain_graph=False):
         weights = list(weights)
-        mains = [w for w in weights if hasattr(w, "main_grad")]
         for group in param_groups:
             original(iter(weights), [group], retain_graph=retain_graph)
-            for w in mains:
-                if w.grad is not None:
-                    _accumulate(w)
+            for g in grads:
+                g.fold()
         return ()
 
     stage_module.stage_backward_weight = per_group

@@ -203,8 +203,9 @@ class ParallelModel:
         if self.cp_groups is not None:
             stack.enter_context(unpacked_sequences())      # positions of a chunk pair are not a packed batch
             stack.enter_context(context_parallel.ContextParallelAttention(self.cp_groups, self.mesh["cp"]))
-        if any(g is not None for g in self._main_grads):
-            stack.enter_context(distributed_optimizer.split_weight_gradients_folded())
+        main_grads = [g for g in self._main_grads if g is not None]
+        if main_grads:
+            stack.enter_context(distributed_optimizer.split_weight_gradients_folded(main_grads))
         return stack
 
     def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor, *, read_loss: bool = True,
@@ -249,7 +250,6 @@ class ParallelModel:
             extra = self.microbatches if self.schedule is not None else 1
             for grads, reduction in zip(self._main_grads, self._reductions):
                 if grads is not None:
-                    grads.fold()               # split backwards assign .grad without the hook
                     grads.average(reduction.group, reduction.divisor * extra)
         elif self._reductions is not None:
             for params, reduction in zip(self._split(), self._reductions):

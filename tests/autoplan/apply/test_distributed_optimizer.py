@@ -115,8 +115,7 @@ def test_a_split_backward_folds_each_parameter_group_as_its_weight_half_computes
     model = _model()
     to_bf16(model)
     params = list(model.parameters())
-    MainGrads(params)
-    with split_weight_gradients_folded():
+    with split_weight_gradients_folded([MainGrads(params)]):
         groups = weight_half(model)
     assert stage_module.stage_backward_weight is spy          # restored on exit
     assert len(groups) >= 2 and held_at_each_group == [0] * len(groups)   # nothing held when the next group starts
