@@ -121,8 +121,9 @@ def _shape(est: Estimator, plan: Plan, global_batch: int) -> _Shape:
         bags = tuple(est.stage_bags(plan, mesh))
         groups, of_rank = memory.rank_groups(bags, pp.rank_chunks(plan))
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
-        live = peak_bytes(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(bags))
-        return _Shape(mesh, m, bags, groups, of_rank, live, est.memory_inputs(plan, mesh, m))
+        inputs = est.memory_inputs(plan, mesh, m)
+        live = peak_bytes(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(bags, inputs["loss"]))
+        return _Shape(mesh, m, bags, groups, of_rank, live, inputs)
     return _remembered(est, ("shape", global_batch) + tuple(getattr(plan, f) for f in _FIELDS), compute)
 
 

@@ -212,8 +212,8 @@ class Estimator:
         """Per pipeline rank: states, the live activation peak of its schedule order, transients
         (reads the pipeline's bags only, so the search's floor can ask before simulating)."""
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
-        peaks = peak_live(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(pipe.bags))
         inputs = self.memory_inputs(plan, mesh, m)
+        peaks = peak_live(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(pipe.bags, inputs["loss"]))
         pol = pol or fsdp.policy(self.options, plan)
         memo: dict = {}
         return [memory.rank_memory(plan, pipe, r, peaks[r], memo=memo, pol=pol, **inputs) for r in range(plan.pp)]

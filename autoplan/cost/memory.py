@@ -13,15 +13,18 @@ activations    the peak over the rank's own schedule order of the saved bytes of
                of the NLL and of the log-softmax, alive together at the loss backward); under
                a split backward a chunk also holds from B to W the gradient into each weight
                op (``Part.wgrad_held_bytes``), B frees the loss's saved bytes
-               (``Part.b_freed_bytes``), and the first stage holds none (torch skips its B).
-               The loss buffers are added to the peak even where a split backward reaches it
-               after B, when they are gone (conservative by at most them)
+               (``Part.b_freed_bytes``), and the first stage holds none (torch skips its B);
+               there the loss buffers are a moment of the walk (``splits_backward``): the start of
+               the last stage's B, before its held gradients exist, not B's end
 other          transients of one layer's backward: the recompute transient of the rank's
                biggest recomputed layer (``Part.recompute_transient_bytes``, what recomputing
                re-materialises) plus FSDP staging (``fsdp_staging_bytes``, following the runtime's
-               prefetch depth and reshard-after-forward, ``fsdp.Policy``); on the last stage
+               prefetch depth and reshard-after-forward, ``fsdp.Policy``), and under a split
+               backward with the zero 0/1 engine one parameter's bf16 gradient before its fold
+               into main_grad (``split_wgrad_bytes``); on the last stage
                the loss backward and a layer's backward are two moments, so only what the
                transients exceed the loss buffers by is added: peak = live + max(loss, transients)
+               (where the walk prices the loss, the transients are added whole)
 =============  ==========================================================================
 
 Under FSDP (zero ≥ 2) the gradients are freed by ``zero_grad`` (set to None) and rebuilt in
@@ -52,7 +55,7 @@ from autoplan.cost.fsdp import Policy
 from autoplan.cost.pp import Pipeline
 from autoplan.cost.types import DEFAULT_MARGIN_GIB, Part  # noqa: F401  (DEFAULT_MARGIN_GIB: documented here)
 from autoplan.errors import UserError
-from autoplan.plan import Plan
+from autoplan.plan import SCHEDULE_SPECS, Plan
 from costmodels.memory import (GIB, MASTER_BYTES, PARAM_BYTES, STATE_PRECISIONS, StatePrecision, keeps_gathered,
                                model_state_bytes)
 from costmodels.pipeline.live import LivePeak
@@ -121,6 +124,20 @@ def fsdp_staging_bytes(plan: Plan, block: float, root: float, pol: Policy) -> fl
     if not keeps_gathered(plan.zero, reshard=pol.reshard):
         staging += PARAM_BYTES * ((1 + pol.prefetch) * block + root)
     return staging
+
+
+def split_wgrad_bytes(plan: Plan, bag) -> float:
+    """The weight half of a split backward under the zero 0/1 engine (pp > 1): torch's
+    ``stage_backward_weight`` computes one parameter group's bf16 gradient, which apply folds
+    into the fp32 main_grad before the next group (``apply.distributed_optimizer.
+    split_weight_gradients_folded``, as Megatron-Core's weight-gradient GEMM accumulates into
+    main_grad).  A group holds at least one parameter: ``PARAM_BYTES`` × the rank's largest
+    (``Part.largest_param_numel``).  memcheck: 0.70 GiB under "other" on rank 31 of gpt3-175b
+    ``tp=2,pp=32,cp=2,zbv``, whose largest parameter (fc1, 302 M local elements) is 0.56 GiB.
+    A full backward folds each gradient in its accumulate hook, inside the layer's backward."""
+    if plan.zero >= 2 or not splits_backward(plan):
+        return 0.0
+    return PARAM_BYTES * max((p.largest_param_numel for p, _ in bag), default=0)
 
 
 def state_precision(name: str) -> StatePrecision:
@@ -195,11 +212,12 @@ def bag_states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: i
     dense, expert = bag_numels(bag)
     st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard, precision=precision)
     st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, reshard=pol.reshard, precision=precision)
-    last = loss if holds_last else 0.0
+    last = loss if holds_last and not splits_backward(plan) else 0.0
     blocks = [p for p, _ in bag if id(p) not in ends]
     root = sum(_numel(p) for p, _ in bag if id(p) in ends)
     other = max((p.recompute_transient_bytes for p in blocks), default=0.0)
     other += fsdp_staging_bytes(plan, max((_numel(p) for p in blocks), default=0.0), root, pol)
+    other += split_wgrad_bytes(plan, bag)
     grads = 0.0 if plan.zero >= 2 and microbatches == 1 else st_dense.grads + st_exp.grads
     if plan.zero >= 2 and not pol.reduce_every_microbatch:
         grads += (dense + expert) * UNSHARDED_GRAD_BYTES
@@ -211,18 +229,28 @@ def chunk_saved_bytes(bags) -> list[float]:
     return [sum(p.saved_bytes * n for p, n in bag) for bag in bags]
 
 
-def walk_bytes(bags) -> tuple[list[float], list[float], list[float]]:
+def splits_backward(plan: Plan) -> bool:
+    """Whether the plan's pipeline runs B and W apart (a split-backward schedule, pp > 1).  Then
+    the pipeline walk prices the last stage's loss buffers (they live at the start of that
+    stage's B, and its peak may come at B's end, without them); otherwise ``rank_memory`` adds
+    them to the rank's activation peak."""
+    return plan.pp > 1 and SCHEDULE_SPECS[plan.schedule].split_backward
+
+
+def walk_bytes(bags, loss: float) -> tuple[list[float], list[float], list[float], list[float]]:
     """What ``costmodels.pipeline.live`` walks per virtual stage (model order), one micro-batch:
     the saved bytes (``chunk_saved_bytes``), the input gradients kept from B to W under a split
-    backward (``Part.wgrad_held_bytes``) and the part of the saved bytes B frees
-    (``Part.b_freed_bytes``: the loss's, on the last virtual stage).  The first virtual stage
-    has neither of the latter two: it sends no input gradient, so torch's
-    ``PipelineStage.backward_one_chunk`` skips its B and runs its whole backward at W (torch 2.13
-    ``pipelining/stage.py``)."""
+    backward (``Part.wgrad_held_bytes``), the part of the saved bytes B frees
+    (``Part.b_freed_bytes``: the loss's, on the last virtual stage) and the loss buffers
+    (``loss_bytes``, on the last virtual stage; the walk reads them under a split backward
+    only, ``splits_backward``).  The first virtual stage has neither held nor freed bytes: it sends
+    no input gradient, so torch's ``PipelineStage.backward_one_chunk`` skips its B and runs its
+    whole backward at W (torch 2.13 ``pipelining/stage.py``)."""
     def after_first(attr: str) -> list[float]:
         return [0.0 if s == 0 else sum(getattr(p, attr) * n for p, n in bag) for s, bag in enumerate(bags)]
 
-    return chunk_saved_bytes(bags), after_first("wgrad_held_bytes"), after_first("b_freed_bytes")
+    losses = [0.0] * (len(bags) - 1) + [loss]
+    return chunk_saved_bytes(bags), after_first("wgrad_held_bytes"), after_first("b_freed_bytes"), losses
 
 
 def _numel(p: Part) -> float:

@@ -38,7 +38,7 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
     attention = attention_seconds(comms, graph, plan)
     cp = cp_cost(comms, info, seq_len, hidden, graph, plan, mesh, attention)
     ep = ep_cost(comms, info, seq_len, hidden, graph, plan, mesh)
-    dense, expert = _param_split(graph, bs, plan)
+    dense, expert, largest = _param_numels(graph, bs, plan)
     saved = bs.saved_bytes - kernel_saving_bytes(kernels, graph, bs, plan, recompute)
     unsaved = saved
     if recompute != "none":
@@ -53,7 +53,7 @@ def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: in
         ep_fwd_s=ep.exposed_fwd_s, ep_bwd_s=ep.exposed_bwd_s,
         saved_bytes=saved, recompute_transient_bytes=max(0.0, unsaved - saved),
         wgrad_held_bytes=bs.wgrad_held_bytes, b_freed_bytes=bs.b_freed_bytes if graph_key == "@post" else 0.0,
-        dense_numel=dense, expert_numel=expert,
+        dense_numel=dense, expert_numel=expert, largest_param_numel=largest,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
         attention_s=sum(attention), compute_s=forward_s + backward_s + wgrad_s,
@@ -82,14 +82,17 @@ def _recompute_flops(graph: OpGraph, recompute: str) -> float:
                if recomputed(graph, n, recompute) and (is_model_flop_op(n) or is_attention_core(n)))
 
 
-def _param_split(graph: OpGraph, bs: BlockSharding, plan: Plan) -> tuple[int, int]:
-    """(dense, expert) parameters one GPU holds for this graph: tp-sharded, experts also /ep."""
-    dense = expert = 0
+def _param_numels(graph: OpGraph, bs: BlockSharding, plan: Plan) -> tuple[int, int, int]:
+    """(dense, expert, largest) parameters one GPU holds for this graph: tp-sharded, experts
+    also /ep; largest: the biggest single parameter's local elements."""
+    dense = expert = largest = 0
     for n in graph.params():
         pl = bs.param_placements.get(n.param or n.name, "R")
         numel = n.out.numel // (plan.tp if pl.startswith("S(") else 1)
         if is_expert_param(n):
-            expert += numel // plan.ep
+            numel //= plan.ep
+            expert += numel
         else:
             dense += numel
-    return dense, expert
+        largest = max(largest, numel)
+    return dense, expert, largest

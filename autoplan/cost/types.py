@@ -71,6 +71,7 @@ class Part:
     b_freed_bytes: float                # of saved_bytes, what a split backward frees at B: the loss's, above the head
     dense_numel: int
     expert_numel: int
+    largest_param_numel: int     # the biggest single parameter's local elements (a W transient)
     model_flops: float           # per micro-batch (one sequence × mbs), GEMM + attention
     recompute_flops: float
     attention_s: float

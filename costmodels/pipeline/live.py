@@ -12,7 +12,10 @@ When the schedule splits the backward, ``held_bytes[s]`` (the input gradients th
 gradients read, ``ir.OpGraph.wgrad_held_outputs``) is added by the B of (micro-batch, s) and
 freed by its W: between them a chunk holds its saved activations and those gradients — less
 ``freed_bytes[s]``, the part of its saved bytes B frees once it has run (what lies above every
-weight op: the loss, ``ir.OpGraph.freed_at_input_grad_nodes``); W frees the rest.
+weight op: the loss, ``ir.OpGraph.freed_at_input_grad_nodes``); W frees the rest.  The loss
+backward's own buffers, ``loss_bytes[s]`` (non-zero on the last virtual stage), are a moment of
+that stage's B (or full BW) before the rest of it: added at its start, the walk's checkpoint, and
+freed before B adds the held gradients — B's end no longer holds them.
 
 It returns, per rank, the peak bytes and how many micro-batches of each of the rank's
 virtual stages are alive at that moment — what an interleaved rank really holds: Megatron's
@@ -64,10 +67,11 @@ class _Walk:
     (code s), its free subtracts them less what B freed (code S + s); under a split backward its
     B adds the held gradients (code 2S + s), then frees what it frees (code 4S + s), its W frees
     the held gradients (code 3S + s), and a full backward BW also frees what a B would have
-    (code 4S + s after its S + s); padding adds nothing (code 5S);
+    (code 4S + s after its S + s); the last stage's B and BW start with its loss buffers, added
+    (code 5S + s) and freed (code 6S + s); padding adds nothing (code 7S);
     ``checks[r, c]``: the position after the last addition of rank r's c-th action that adds,
-    and after each B's addition, which that B's own free follows (the only moments live can rise
-    to a new peak; padded with the row's first)."""
+    after each B's addition, which that B's own free follows, and after each loss addition (the
+    only moments live can rise to a new peak; padded with the row's first)."""
 
     code: np.ndarray         # (ranks, changes) int
     checks: np.ndarray       # (ranks, checkpoints) int
@@ -101,13 +105,21 @@ def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
         keep = np.insert(keep, b_free + 1, keep[b_free])
         code = np.insert(code, b_free + 1, np.where(full[b_free], code[b_free] + 3 * stages, code[b_free] + 2 * stages))
     row = rank[keep]
+    is_start = start[keep] & (code < 4 * stages)
+    check = is_start & np.r_[(act[keep][1:] != act[keep][:-1]) | (row[1:] != row[:-1]) | ~is_start[1:], True]
+    if split:        # the last stage's B and BW open with the loss buffers: added (a checkpoint), freed
+        last = stages - 1
+        at = np.flatnonzero(((code == 2 * stages + last) & (kind[keep] == B))
+                            | ((code == stages + last) & (kind[keep] == BW)))
+        keep = np.insert(keep, np.repeat(at, 2), np.repeat(keep[at], 2))
+        code = np.insert(code, np.repeat(at, 2), np.tile([5 * stages + last, 6 * stages + last], len(at)))
+        check = np.insert(check, np.repeat(at, 2), np.tile([True, False], len(at)))
+        row = rank[keep]
     counts = np.bincount(row, minlength=p)
     col = np.arange(len(keep)) - np.repeat(np.cumsum(counts) - counts, counts)
-    is_start = start[keep] & (code < 4 * stages)
-    last_start = is_start & np.r_[(act[keep][1:] != act[keep][:-1]) | (row[1:] != row[:-1]) | ~is_start[1:], True]
-    out = np.full((p, max(int(counts.max(initial=0)), 1)), 5 * stages, dtype=np.int64)
+    out = np.full((p, max(int(counts.max(initial=0)), 1)), 7 * stages, dtype=np.int64)
     out[row, col] = code
-    check_rows, check_cols = row[last_start], col[last_start]
+    check_rows, check_cols = row[check], col[check]
     per_rank = np.bincount(check_rows, minlength=p)
     first = np.zeros(p, dtype=np.int64)
     starts_at = np.cumsum(per_rank) - per_rank
@@ -120,11 +132,13 @@ def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
 
 def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float],
               held_bytes: Sequence[float] | None = None,
-              freed_bytes: Sequence[float] | None = None) -> tuple[LivePeak, ...]:
+              freed_bytes: Sequence[float] | None = None,
+              loss_bytes: Sequence[float] | None = None) -> tuple[LivePeak, ...]:
     """Per pipeline rank, the peak live activation bytes (see the module docstring);
     ``stage_bytes[s]``: one micro-batch's saved bytes of virtual stage s (pp·chunks entries);
     ``held_bytes[s]``: its input gradients kept from B to W, ``freed_bytes[s]``: the part of its
-    saved bytes B frees (split backward only; default none).
+    saved bytes B frees, ``loss_bytes[s]``: the loss buffers at the start of the last stage's B
+    or BW (read on the last stage only; split backward only; default none).
 
     Live bytes are the running sum of each rank's changes in order (``np.cumsum`` adds in
     sequence, so every partial sum is the one a walk adding and subtracting one change at a
@@ -133,23 +147,24 @@ def peak_live(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float
     if p == 1:
         return (_one_rank(stage_bytes),)
     return _peaks(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes),
-                  _split(schedule, stage_bytes, held_bytes), _split(schedule, stage_bytes, freed_bytes))
+                  *(_split(schedule, stage_bytes, x) for x in (held_bytes, freed_bytes, loss_bytes)))
 
 
 def peak_bytes(schedule: str, p: int, m: int, v: int, stage_bytes: Sequence[float],
                held_bytes: Sequence[float] | None = None,
-               freed_bytes: Sequence[float] | None = None) -> tuple[float, ...]:
+               freed_bytes: Sequence[float] | None = None,
+               loss_bytes: Sequence[float] | None = None) -> tuple[float, ...]:
     """Each rank's ``peak_live`` bytes alone, to the bit (what a memory bound reads; the alive
     counts cost more than the peak)."""
     if p == 1:
         return (_one_rank(stage_bytes).bytes,)
     return _bytes(schedule, p, min([m, *reduced_sizes(schedule, p, m, v)]), v, tuple(stage_bytes),
-                  _split(schedule, stage_bytes, held_bytes), _split(schedule, stage_bytes, freed_bytes))
+                  *(_split(schedule, stage_bytes, x) for x in (held_bytes, freed_bytes, loss_bytes)))
 
 
 def _split(schedule: str, stage_bytes: Sequence[float], split_bytes: Sequence[float] | None) -> tuple[float, ...]:
-    """What a walk's B adds or frees (``held_bytes``, ``freed_bytes``): the given bytes under a
-    split backward, else none."""
+    """What a walk's B adds or frees (``held_bytes``, ``freed_bytes``, ``loss_bytes``): the given
+    bytes under a split backward, else none."""
     if split_bytes is None or not get_spec(schedule).split_backward:
         return (0.0,) * len(stage_bytes)
     return tuple(split_bytes)
@@ -157,12 +172,13 @@ def _split(schedule: str, stage_bytes: Sequence[float], split_bytes: Sequence[fl
 
 @lru_cache(maxsize=4096)
 def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...],
-           held_bytes: tuple[float, ...], freed_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
+           held_bytes: tuple[float, ...], freed_bytes: tuple[float, ...],
+           loss_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
     """``peak_live`` of the reduced step, remembered (plans differing only in ZeRO stage or
     schedule knobs that keep the order ask with the same bytes)."""
     walk = _walk(schedule, p, size, v)
     stages = p * v
-    at = _at_checks(walk, stage_bytes, held_bytes, freed_bytes)
+    at = _at_checks(walk, stage_bytes, held_bytes, freed_bytes, loss_bytes)
     first = np.argmax(at, axis=1)
     best = at[np.arange(p), first]
     # alive at each rank's peak: its forwards so far less its frees so far, per stage
@@ -181,20 +197,22 @@ def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, .
 
 @lru_cache(maxsize=4096)
 def _bytes(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...],
-           held_bytes: tuple[float, ...], freed_bytes: tuple[float, ...]) -> tuple[float, ...]:
+           held_bytes: tuple[float, ...], freed_bytes: tuple[float, ...],
+           loss_bytes: tuple[float, ...]) -> tuple[float, ...]:
     """``peak_bytes`` of the reduced step, remembered: ``_peaks``' bytes (the maximum over the
     checkpoints is the value at its first argmax)."""
-    best = _at_checks(_walk(schedule, p, size, v), stage_bytes, held_bytes, freed_bytes).max(axis=1)
+    best = _at_checks(_walk(schedule, p, size, v), stage_bytes, held_bytes, freed_bytes, loss_bytes).max(axis=1)
     return tuple(x if x > 0.0 else 0.0 for x in best.tolist())
 
 
 def _at_checks(walk: _Walk, stage_bytes: tuple[float, ...], held_bytes: tuple[float, ...],
-               freed_bytes: tuple[float, ...]) -> np.ndarray:
+               freed_bytes: tuple[float, ...], loss_bytes: tuple[float, ...]) -> np.ndarray:
     """Live bytes of every rank at each of its checkpoints (``_Walk``), (ranks, checkpoints)."""
     b = np.asarray(stage_bytes, dtype=np.float64)
     h = np.asarray(held_bytes, dtype=np.float64)
     f = np.asarray(freed_bytes, dtype=np.float64)
-    live = np.cumsum(np.concatenate([b, f - b, h, -h, -f, [0.0]])[walk.code], axis=1)
+    loss = np.asarray(loss_bytes, dtype=np.float64)
+    live = np.cumsum(np.concatenate([b, f - b, h, -h, -f, loss, -loss, [0.0]])[walk.code], axis=1)
     return np.take_along_axis(live, walk.checks, axis=1)
 
 

@@ -53,23 +53,34 @@ def test_peak_live_is_the_walk_bit_for_bit(schedule):
     assert checked >= 40
 
 
-def _walked_split(schedule, p, m, v, saved, held, freed):
+def _walked_split(schedule, p, m, v, saved, held, freed, loss=None):
     """The reference under a split backward: an action's additions in op order (F: + saved;
-    B: + held, then − freed), its frees after (− (saved − freed), then BW: − freed, W: − held);
-    the first strict maximum at each addition a free follows (a B's, and the action's last)."""
+    B: + the loss buffers of its stage, − them, + held, then − freed), its frees after (a BW
+    opening with + loss, − loss; then − (saved − freed), then BW: − freed, W: − held); the first
+    strict maximum at each addition a free follows (a loss's, a B's, and the action's last)."""
     size = min([m, *reduced_sizes(schedule, p, m, v)])
+    loss = loss or [0.0] * (p * v)
+    last = p * v - 1
     out = []
     for acts in build_orders(schedule, p, size, v):
         live, best = 0.0, 0.0
         for act in acts:
             adds = [op for op in act if op[0] in (F, B)]
             for i, (kind, _, s) in enumerate(adds):
+                if kind == B and s == last:
+                    live += loss[s]
+                    best = max(best, live)
+                    live -= loss[s]
                 live += saved[s] if kind == F else held[s]
                 if (kind == B or i == len(adds) - 1) and live > best:
                     best = live
                 if kind == B:
                     live -= freed[s]
             for kind, _, s in act:
+                if kind == BW and s == last:
+                    live += loss[s]
+                    best = max(best, live)
+                    live -= loss[s]
                 if kind in (BW, W):
                     live -= saved[s] - freed[s]
                     live -= freed[s] if kind == BW else held[s]
@@ -89,6 +100,12 @@ def test_split_backward_walk_adds_the_held_gradients_at_b_and_frees_the_loss_the
                 want = _walked_split(schedule, p, m, v, saved, held, freed)
                 assert peak_bytes(schedule, p, m, v, saved, held, freed) == want, (schedule, p, v, m)
                 assert tuple(x.bytes for x in peak_live(schedule, p, m, v, saved, held, freed)) == want
+                loss = [0.0] * (p * v - 1) + [float(rng.uniform(1e9, 2e10))]
+                want = _walked_split(schedule, p, m, v, saved, held, freed, loss)
+                assert peak_bytes(schedule, p, m, v, saved, held, freed, loss) == want, (schedule, p, v, m)
+                assert tuple(x.bytes for x in peak_live(schedule, p, m, v, saved, held, freed, loss)) == want
+                huge = [0.0] * (p * v - 1) + [1e13]      # the loss moment is the peak of the rank holding it
+                assert max(peak_bytes(schedule, p, m, v, saved, held, freed, huge)) > 1e13
                 plain = peak_bytes(schedule, p, m, v, saved)
                 with_held = peak_bytes(schedule, p, m, v, saved, held, [0.0] * (p * v))
                 assert all(a >= b * (1 - 1e-12) for a, b in zip(with_held, plain))      # held gradients only add

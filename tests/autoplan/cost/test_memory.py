@@ -212,3 +212,20 @@ def test_unknown_fsdp_grad_sync_is_a_user_error(setup):
     with pytest.raises(UserError, match="gradient sync 'often'"):
         Estimator(graph, cluster, EstimateOptions(fsdp_grad_sync="often")).estimate(
             Plan.parse("pp=2,dp=4,zero=2,mbs=1"), 16)
+
+
+def test_split_backward_prices_the_loss_at_b_and_one_bf16_weight_gradient_at_w(setup):
+    """zbv's rank 0 holds the embedding and the head (V×H each, the largest parameters): W holds
+    one bf16 gradient of V·H elements before its fold into main_grad (zero 1), FSDP (zero 2)
+    stages its own instead; a full backward has no such moment.  The loss buffers are a moment
+    of the last stage's B: at least them, at most the walk's peak plus them."""
+    graph, _, est = setup(LLAMA, "h100x8", seq=SEQ)
+    split = est.estimate(Plan.parse("pp=2,dp=4,vpp=2,mbs=1,schedule=zbv,zero=1"), 8)
+    assert split.memory_breakdown_gib["other"] * GIB == pytest.approx(2 * V * H)
+    fsdp = est.estimate(Plan.parse("pp=2,dp=4,vpp=2,mbs=1,schedule=zbv,zero=2"), 8)
+    block = graph.blocks[0].graph.param_count
+    assert fsdp.memory_breakdown_gib["other"] * GIB == pytest.approx(2 * block)   # one block's fresh bf16 gradients
+    full = est.estimate(Plan.parse("pp=2,dp=4,mbs=1,schedule=1f1b,zero=1"), 8)
+    assert full.memory_breakdown_gib["other"] == 0.0
+    act = split.memory_breakdown_gib["activations"] * GIB
+    assert act >= SEQ * V * 8
