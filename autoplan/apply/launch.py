@@ -88,9 +88,12 @@ def _wait(procs: list, poll: Callable, code: Callable, timeout: float | None) ->
                     done.add(i)
                     if code(p) != 0 and not first_failure:
                         first_failure = code(p) if code(p) > 0 else 1
+                        print(f"rank {i} failed first (exit code {code(p)}); the other ranks are stopped, "
+                              f"so their errors may only follow from it", file=sys.stderr, flush=True)
             if first_failure:
                 break
             if deadline is not None and time.monotonic() > deadline:
+                print(f"no rank failed but {timeout:g} s passed; the ranks are stopped", file=sys.stderr, flush=True)
                 first_failure = 124
                 break
             time.sleep(0.05)

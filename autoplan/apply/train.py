@@ -103,6 +103,9 @@ def run_worker(cfg: RunConfig, report) -> None:
     """One rank of ``autoplan run``: join the process group, train, leave."""
     device = init_distributed(cfg.backend)
     run_steps(cfg, device, report=report)
+    # leave together: a rank that exits while a peer still reads from its gloo connections fails
+    # that peer with "Connection closed by peer" (pytorch/pytorch#75512)
+    dist.barrier()
     dist.destroy_process_group()
 
 

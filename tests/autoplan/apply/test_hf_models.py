@@ -28,6 +28,7 @@ def checks():
     return verify(configs, nproc=4, timeout=600)
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{Path(m).stem}-{p}" for m, p in CASES])
 def test_hf_model_matches_one_process(checks, index):
     check = checks[index]

@@ -13,15 +13,17 @@ def test_every_rank_gets_torchrun_environment():
     assert launch(["-c", code], 3) == 0
 
 
-def test_first_failure_is_returned_and_the_others_are_stopped():
+def test_first_failure_is_returned_named_and_the_others_are_stopped(capsys):
     code = "import os, sys, time; r = os.environ['RANK']; time.sleep(60) if r == '0' else sys.exit(3)"
     start = time.monotonic()
     assert launch(["-c", code], 2) == 3
     assert time.monotonic() - start < 30
+    assert "rank 1 failed first (exit code 3)" in capsys.readouterr().err
 
 
-def test_timeout_stops_all():
+def test_timeout_stops_all(capsys):
     assert launch(["-c", "import time; time.sleep(60)"], 1, timeout=1) == 124
+    assert "no rank failed but 1 s passed" in capsys.readouterr().err
 
 
 def test_in_worker_reads_the_environment(monkeypatch):

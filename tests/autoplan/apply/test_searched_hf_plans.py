@@ -66,6 +66,7 @@ def test_searched_plan_runs_and_matches_one_process(searched, capsys, stem, want
         assert "tensor-parallel layout searched (the block ILP's" in out
 
 
+@pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_search_offers_tp_and_ep_plans_for_the_hf_models(searched):
     """The picks exist: the search of each HF model returns tp plans with a layout (and ep plans
     for Mixtral), so the slow test above runs what it says."""

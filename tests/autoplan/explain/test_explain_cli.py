@@ -18,8 +18,8 @@ def test_markdown_names_the_broken_group(cli):
 
 @pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_json_is_byte_identical_across_runs(cli):
-    runs = [cli("explain", "tp=8,pp=8,vpp=2,schedule=zbv", *GPT3, "--format", "json", "--baseline", "tp=8,pp=8,vpp=3")
-            for _ in range(2)]
+    runs = [cli("explain", "tp=8,pp=8,vpp=2,schedule=zbv", *GPT3, "--format", "json", "--baseline", "tp=8,pp=8,vpp=3",
+                fresh=fresh) for fresh in (False, True)]           # the second in its own interpreter (hash seed)
     assert all(r.returncode == 0 for r in runs), runs[0].stderr
     assert runs[0].stdout == runs[1].stdout
     d = json.loads(runs[0].stdout)

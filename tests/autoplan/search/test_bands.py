@@ -55,7 +55,7 @@ def test_each_sample_is_the_point_estimate_under_that_samples_parameters(setup):
 @pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_estimate_cli_band_fields_ordered_paired_and_byte_identical(cli):
     args = ("estimate", MODEL, "--cluster", "h100x16", "--plan", PLAN, "--global-batch", "32", "--json")
-    first, second = cli(*args), cli(*args)
+    first, second = cli(*args), cli(*args, fresh=True)       # a second interpreter: its own hash seed
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout
     e = json.loads(first.stdout)
@@ -137,7 +137,7 @@ def test_search_point_objective_is_the_unbanded_ranking_and_default_reports_robu
     assert all(p["robust"]["objective"] == "point" and p["robust"]["folded"] == [] for p in point)
     assert all("robust" not in p for p in unbanded)
     first = cli("search", *SMALL, "--json", "--top", "3")
-    assert first.stdout == cli("search", *SMALL, "--json", "--top", "3").stdout
+    assert first.stdout == cli("search", *SMALL, "--json", "--top", "3", fresh=True).stdout
     plans = json.loads(first.stdout)
     assert sum(p["robust"]["p_best"] for p in plans) == pytest.approx(1.0)
     scores = [p["robust"]["score"] for p in plans]
