@@ -83,6 +83,7 @@ class WarmCli:
     def __call__(self, *args: str, timeout: float = 600, fresh: bool = False) -> subprocess.CompletedProcess:
         if fresh or not hasattr(os, "fork"):
             return run_cli(*args, timeout=timeout)
+        argv = [sys.executable, "-m", "autoplan", *args]
         out, err = os.path.join(self._tmp, "stdout"), os.path.join(self._tmp, "stderr")
         for path in (out, err):
             open(path, "w").close()
@@ -95,10 +96,10 @@ class WarmCli:
         if done is None:
             os.kill(pid, signal.SIGKILL)
             self._reply()
-            raise subprocess.TimeoutExpired([sys.executable, "-m", "autoplan", *args], timeout)
+            raise subprocess.TimeoutExpired(argv, timeout)
         code = os.waitstatus_to_exitcode(done["status"])
         with open(out) as o, open(err) as e:
-            return subprocess.CompletedProcess([sys.executable, "-m", "autoplan", *args], code, o.read(), e.read())
+            return subprocess.CompletedProcess(argv, code, o.read(), e.read())
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

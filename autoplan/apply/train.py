@@ -94,6 +94,13 @@ def init_distributed(backend: str) -> torch.device:
     return device
 
 
+def leave_distributed() -> None:
+    """Leave the process group together: a rank that exits while a peer still reads from its
+    gloo connections fails that peer with "Connection closed by peer" (pytorch/pytorch#75512)."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def cuda_devices() -> int:
     """CUDA devices this process sees (0 without CUDA)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -103,10 +110,7 @@ def run_worker(cfg: RunConfig, report) -> None:
     """One rank of ``autoplan run``: join the process group, train, leave."""
     device = init_distributed(cfg.backend)
     run_steps(cfg, device, report=report)
-    # leave together: a rank that exits while a peer still reads from its gloo connections fails
-    # that peer with "Connection closed by peer" (pytorch/pytorch#75512)
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_distributed()
 
 
 def run_steps(cfg: RunConfig, device: torch.device, *, report=None,

@@ -167,7 +167,7 @@ def check_against_reference(cfg: RunConfig, losses: list[float], grads: dict[str
 def _worker(workdir: Path) -> None:
     import torch.distributed as dist
 
-    from autoplan.apply.train import init_distributed, run_steps
+    from autoplan.apply.train import init_distributed, leave_distributed, run_steps
 
     configs = [RunConfig(**d) for d in json.loads((workdir / "configs.json").read_text())]
     device = init_distributed(configs[0].backend)
@@ -179,7 +179,7 @@ def _worker(workdir: Path) -> None:
                         "grads": {k: v.cpu() for k, v in grads.items()}},
                        workdir / f"{i}.{dist.get_rank()}.pt")
         del pm
-    dist.destroy_process_group()
+    leave_distributed()
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ def first_failure(stderr: str) -> str:
     """The lines of the rank ``launch`` names as the first to fail (the others' errors follow from it),
     then the end of stderr."""
     named = re.search(r"^rank (\d+) failed first", stderr, flags=re.M)
-    lines = [ln for ln in stderr.splitlines() if named and ln.startswith(f"[rank{named.group(1)}]:")]
-    return "\n".join(lines)[-4000:] + "\n...\n" + stderr[-2000:]
+    own = [ln for ln in stderr.splitlines() if ln.startswith(f"[rank{named.group(1)}]:")] if named else []
+    return "\n".join(own)[-4000:] + "\n...\n" + stderr[-2000:]
 
 
 def plan_for_run() -> str:
