@@ -93,6 +93,7 @@ class Sampler:
             raise UserError(f"a band needs at least one parameter sample, got {samples}",
                             "pass --samples N with N ≥ 2 (or 0 where the command allows no band)")
         self.base = base
+        self.seed = seed
         self.params = draw(ranges(base.cluster.gpu.name, base.options.profile), samples, seed)
         self._estimators: list[Estimator] | None = None
         self._templates: dict[tuple, BlockSharding] = {}

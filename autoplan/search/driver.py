@@ -43,7 +43,7 @@ from autoplan.layout import Layout
 from costmodels.memory import GIB
 from autoplan.plan import SCHEDULES, Plan
 from autoplan.search import robust
-from autoplan.search.pool import robust_pool
+from autoplan.search.pool import hedge, robust_pool
 from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
 from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
 from autoplan.search.stages import MeshResult, best_plan, detailed
@@ -170,7 +170,8 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
         raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
                         f"(heads {model.model.heads}, global batch {global_batch})",
                         "change --global-batch so that data parallelism can divide it")
-    _solve_ilps(est, meshes, global_batch, options.mbs, options.workers or os.cpu_count() or 1)
+    workers = options.workers or os.cpu_count() or 1
+    _solve_ilps(est, meshes, global_batch, options.mbs, workers)
     bounded = []
     pruned_memory = 0
     for mesh in meshes:
@@ -180,11 +181,22 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
             continue
         bounded.append((lb, _mesh_sort_key(mesh), mesh))
     bounded.sort(key=lambda t: (t[0], t[1]))
-    results, evaluated, priced, pruned_bound, shortfall, variants = _explore(est, bounded, global_batch, options, start)
-    if not results:
-        raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
-    ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
-    candidates, pool = _choose(est, ranked, variants, global_batch, options)
+    global _WORKER_ESTIMATOR
+    _WORKER_ESTIMATOR = est
+    # one set of workers for the whole search: what a worker compiled while exploring (schedule
+    # orders, periods, live walks, stage prices) it still holds when it hedges, details and bands
+    procs = _pool(est, workers) if workers > 1 and (len(bounded) > workers or options.samples) else None
+    try:
+        results, evaluated, priced, pruned_bound, shortfall, variants = _explore(est, bounded, global_batch, options,
+                                                                                 procs, start)
+        if not results:
+            raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
+        ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
+        candidates, pool = _choose(est, ranked, variants, global_batch, options, procs)
+    finally:
+        if procs is not None:
+            procs.close()
+            procs.join()
     ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status, k[4], k[5])
                  for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (*kv[0][:3], str(kv[0][3]),
                                                                                      *kv[0][4:])))
@@ -196,23 +208,33 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
 # --- pieces ------------------------------------------------------------------------------------
 
 def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshResult], global_batch: int,
-            options: SearchOptions):
+            options: SearchOptions, procs=None):
     """The top-K candidates: by point step time, or (bands on) by the objective over the pool
-    (``pool.robust_pool``: the best meshes' searched variants and schedule hedges).
+    (``pool.robust_pool``: the best meshes' searched variants and schedule hedges).  The hedges,
+    the full estimates and the bands are priced in the search's workers ``procs`` (None: here).
     Returns (the candidates, the pool with its bands; empty without bands)."""
     moe = bool(est.info.experts)
     if options.samples == 0:
         return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), evidence=flags(r.plan, r.estimate, moe=moe))
-                     for r in (detailed(est, x, global_batch) for x in ranked[:options.top_k])), ()
+                     for r in _detailed(est, ranked[:options.top_k], global_batch, procs)), ()
+    hedges = None if procs is None else lambda plans, reach: procs.map(
+        _hedge, [(plan, global_batch, options, reach) for plan in plans], chunksize=1)
     pool = ranked[:options.top_k] if options.objective == "point" else \
-        robust_pool(est, ranked, variants, global_batch, options)
-    pool = [detailed(est, r, global_batch) for r in pool]
+        robust_pool(est, ranked, variants, global_batch, options, hedges)
+    pool = _detailed(est, pool, global_batch, procs)
     sampler = Sampler(est, options.samples, options.seed)
-    bands = _bands(sampler, pool, global_batch, options.workers or os.cpu_count() or 1)
+    bands = _bands(sampler, pool, global_batch, options.workers or os.cpu_count() or 1, procs)
     priced = tuple(Candidate(r.plan, r.estimate, band=band) for r, band in zip(pool, bands))
     picked = [(priced[i], rob) for i, rob in rank_pool(priced, options.objective, options.top_k)]
     return tuple(Candidate(c.plan, c.estimate, est.layout(c.plan), c.band, rob, flags(c.plan, c.estimate, moe=moe))
                  for c, rob in picked), priced
+
+
+def _detailed(est: Estimator, results: list[MeshResult], global_batch: int, procs) -> list[MeshResult]:
+    """``stages.detailed`` of every result, in the workers ``procs`` where given."""
+    if procs is None or len(results) < 2:
+        return [detailed(est, r, global_batch) for r in results]
+    return procs.map(_detail, [(r, global_batch) for r in results], chunksize=1)
 
 
 def rank_pool(pool: tuple[Candidate, ...], objective: str, top_k: int) -> list[tuple[int, Robust]]:
@@ -222,33 +244,35 @@ def rank_pool(pool: tuple[Candidate, ...], objective: str, top_k: int) -> list[t
                        groups=[(c.plan.tp, c.plan.cp, c.plan.ep, c.plan.pp, c.plan.dp) for c in pool])
 
 
-def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers: int) -> list[Band]:
-    """``sampler.band`` of every pooled plan.  The parent prices sample 0 of every plan, then the
-    other samples are split over ``workers`` forked processes (sample i in worker (i − 1) mod
-    workers, so each sample's estimator and its caches live in one process): what sample 0
-    builds once — the sample estimators, the layouts' symbolic prices, each schedule's compiled
-    structure — the workers inherit instead of each building it again.  A sample's step does not
-    depend on which plans it priced before, so the bands are the ones ``sampler.band`` gives one
-    by one."""
+def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers: int, procs=None) -> list[Band]:
+    """``sampler.band`` of every pooled plan.  The samples are split over the worker processes
+    ``procs`` (the search's, forked with ``sampler.base``; None: ``workers`` forked here), sample i
+    in the i-th share of ``min(workers, samples)``, so that each share's estimators and caches live
+    in one process; each worker draws the same samples (``Sampler`` of the same estimator, count
+    and seed).  A sample's step does not depend on which plans it priced before, so the bands are
+    the ones ``sampler.band`` gives one by one."""
     n = len(sampler.params)
-    workers = min(workers, n - 1)
-    global _WORKER_SAMPLER
-    _WORKER_SAMPLER = sampler
+    workers = min(workers, n)
     if workers < 2 or len(pool) < 2:
         return [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
+    own = procs is None
+    if own:
+        global _WORKER_ESTIMATOR
+        _WORKER_ESTIMATOR = sampler.base
+        procs = _pool(sampler.base, workers)
+        if procs is None:
+            return [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
     plans = [r.plan for r in pool]
-    shares = [range(1 + w, n, workers) for w in range(workers)]
-    first = _sample_steps((range(1), plans, global_batch))
-    procs = _pool(sampler.base, workers)
-    if procs is None:
-        return [sampler.band(r.plan, global_batch, r.estimate) for r in pool]
+    shares = [range(w, n, workers) for w in range(workers)]
     try:
-        parts = procs.map(_sample_steps, [(share, plans, global_batch) for share in shares])
+        parts = procs.map(_sample_steps, [(share, plans, global_batch, n, sampler.seed) for share in shares],
+                          chunksize=1)
     finally:
-        procs.close()
-        procs.join()
+        if own:
+            procs.close()
+            procs.join()
     steps = [[0.0] * n for _ in pool]
-    for share, part in zip([range(1)] + shares, [first] + parts):
+    for share, part in zip(shares, parts):
         for i, row in zip(share, part):
             for k, step in enumerate(row):
                 steps[k][i] = step
@@ -256,9 +280,14 @@ def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers:
 
 
 def _sample_steps(args) -> list[list[float]]:
-    """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``)."""
-    samples, plans, global_batch = args
-    return _WORKER_SAMPLER.steps(plans, global_batch, samples)
+    """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``; the
+    worker's sampler is made on its first share and kept for the run's count and seed)."""
+    samples, plans, global_batch, n, seed = args
+    global _WORKER_SAMPLER
+    s = _WORKER_SAMPLER
+    if s is None or s.base is not _WORKER_ESTIMATOR or (len(s.params), s.seed) != (n, seed):
+        s = _WORKER_SAMPLER = Sampler(_WORKER_ESTIMATOR, n, seed)
+    return s.steps(plans, global_batch, samples)
 
 
 def _mesh_sort_key(mesh: MeshChoice):
@@ -331,18 +360,17 @@ def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices
     return best, states
 
 
-def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions, started: float | None = None):
+def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions, pool=None,
+             started: float | None = None):
     """Screen every degree tuple with a representative variant, then search the best tuples fully.
 
     Pass 1 (screen): for each (tp, cp, ep, pp, dp), one variant (ZeRO-1, SP on, ring CP, the
     first axis order; ZeRO-3 when that does not fit) over a representative few schedules.
     Pass 2 (refine, ``refine_tuple``): the best tuples get every variant and the full pipeline
     space.  Both passes go best-first by the admissible bound and prune against the K-th best
-    distinct mesh so far.  With no more tuples than the refine budget, every tuple is refined."""
-    global _WORKER_ESTIMATOR
-    _WORKER_ESTIMATOR = est
+    distinct mesh so far.  With no more tuples than the refine budget, every tuple is refined.
+    ``pool``: the search's worker processes (forked with ``est``; None: here)."""
     workers = options.workers or os.cpu_count() or 1
-    pool = _pool(est, workers) if workers > 1 and len(bounded) > workers else None
     tuples: dict[tuple, list] = {}
     for lb, sort_key, mesh in bounded:
         tuples.setdefault(mesh.key, []).append((lb, sort_key, mesh))
@@ -368,9 +396,6 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions,
              progress, screen=False)
     finally:
         progress.stop()
-        if pool:
-            pool.close()
-            pool.join()
     return results, stats["evaluated"], stats["priced"], stats["pruned"], stats["shortfall"], stats["variants"]
 
 
@@ -490,6 +515,16 @@ _WORKER_SAMPLER: Sampler | None = None
 def _evaluate(args) -> list[MeshResult]:
     variants, global_batch, options, threshold, screen = args
     return refine_tuple(_WORKER_ESTIMATOR, variants, global_batch, options, threshold, screen)
+
+
+def _hedge(args) -> MeshResult | None:
+    plan, global_batch, options, reach = args
+    return hedge(_WORKER_ESTIMATOR, plan, global_batch, options, reach)
+
+
+def _detail(args) -> MeshResult:
+    result, global_batch = args
+    return detailed(_WORKER_ESTIMATOR, result, global_batch)
 
 
 def _pool(est: Estimator, workers: int):

@@ -1,6 +1,6 @@
 """The robust pool: the plans a banded search prices on its paired samples and its objective ranks.
 
-    robust_pool(est, ranked, variants, global_batch, options) -> [MeshResult, ...]
+    robust_pool(est, ranked, variants, global_batch, options[, hedges]) -> [MeshResult, ...]
 
 A plan the pool lacks cannot be chosen, however the cost model errs, so the pool is built for
 the ways it errs, not only for the point ranking:
@@ -33,6 +33,8 @@ The order is total (point step time, then the plan string), so the same search g
 pool byte for byte.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from autoplan.cost import Estimator
 from autoplan.cost.bounds import step_lower_bound
@@ -100,18 +102,23 @@ def _could_beat(est: Estimator, mesh: MeshChoice, mbs: int, global_batch: int, s
 
 
 def robust_pool(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshResult], global_batch: int,
-                options) -> list[MeshResult]:
+                options, hedges: Callable[[list[Plan], float], list[MeshResult | None]] | None = None
+                ) -> list[MeshResult]:
     """The pool (module docstring): ``ranked`` is the search's best plan per mesh by point,
-    ``variants`` every variant's best plan by plan string."""
+    ``variants`` every variant's best plan by plan string.  ``hedges(plans, reach)``: ``hedge``
+    of each plan, in order (the search's workers price them; default: here, one by one)."""
     by_mesh: dict[tuple, list[MeshResult]] = {}
     for v in sorted(variants.values(), key=_key):
         by_mesh.setdefault(v.mesh.key, []).append(v)
     reach = min(ranked[min(options.pool_size, len(ranked)) - 1].estimate.step_time_s,
                 ranked[0].estimate.step_time_s * (1.0 + HEDGE_REACH))
+    looked = ranked[:HEDGE_MESHES * options.pool_size]
+    heads = [by_mesh[r.mesh.key][:POOL_VARIANTS] for r in looked]
+    plans = [own[0].plan for own in heads]
+    found = hedges(plans, reach) if hedges is not None else \
+        [hedge(est, plan, global_batch, options, reach) for plan in plans]
     entries: dict[tuple, list[MeshResult]] = {}
-    for r in ranked[:HEDGE_MESHES * options.pool_size]:
-        own = by_mesh[r.mesh.key][:POOL_VARIANTS]
-        h = hedge(est, own[0].plan, global_batch, options, reach)
+    for r, own, h in zip(looked, heads, found):
         known = {v.plan.to_string() for v in own}
         if h is not None and h.plan.to_string() not in known:
             own = sorted([own[0], h], key=_key) + own[1:]
