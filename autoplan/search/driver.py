@@ -86,6 +86,11 @@ class SearchOptions:
                             "pass --samples N with N ≥ 2, or --objective point")
 
     @property
+    def worker_count(self) -> int:
+        """Worker processes the search forks (``workers``; 0: one per CPU core)."""
+        return self.workers or os.cpu_count() or 1
+
+    @property
     def pool_size(self) -> int:
         """Meshes the robust objectives choose among: the best few by point step time."""
         return self.top_k if self.objective == "point" else max(3 * self.top_k, 12)
@@ -170,7 +175,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
         raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
                         f"(heads {model.model.heads}, global batch {global_batch})",
                         "change --global-batch so that data parallelism can divide it")
-    workers = options.workers or os.cpu_count() or 1
+    workers = options.worker_count
     _solve_ilps(est, meshes, global_batch, options.mbs, workers)
     bounded = []
     pruned_memory = 0
@@ -223,7 +228,7 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
         robust_pool(est, ranked, variants, global_batch, options, hedges)
     pool = _detailed(est, pool, global_batch, procs)
     sampler = Sampler(est, options.samples, options.seed)
-    bands = _bands(sampler, pool, global_batch, options.workers or os.cpu_count() or 1, procs)
+    bands = _bands(sampler, pool, global_batch, options.worker_count, procs)
     priced = tuple(Candidate(r.plan, r.estimate, band=band) for r, band in zip(pool, bands))
     picked = [(priced[i], rob) for i, rob in rank_pool(priced, options.objective, options.top_k)]
     return tuple(Candidate(c.plan, c.estimate, est.layout(c.plan), c.band, rob, flags(c.plan, c.estimate, moe=moe))
@@ -280,14 +285,14 @@ def _bands(sampler: Sampler, pool: list[MeshResult], global_batch: int, workers:
 
 
 def _sample_steps(args) -> list[list[float]]:
-    """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``; the
-    worker's sampler is made on its first share and kept for the run's count and seed)."""
+    """Per sample of ``samples``: the step time of every plan on it (a worker of ``_bands``).  A
+    worker serves one search (its pool is forked per search and the parent never sets the
+    sampler), so the sampler made on its first share is the search's."""
     samples, plans, global_batch, n, seed = args
     global _WORKER_SAMPLER
-    s = _WORKER_SAMPLER
-    if s is None or s.base is not _WORKER_ESTIMATOR or (len(s.params), s.seed) != (n, seed):
-        s = _WORKER_SAMPLER = Sampler(_WORKER_ESTIMATOR, n, seed)
-    return s.steps(plans, global_batch, samples)
+    if _WORKER_SAMPLER is None:
+        _WORKER_SAMPLER = Sampler(_WORKER_ESTIMATOR, n, seed)
+    return _WORKER_SAMPLER.steps(plans, global_batch, samples)
 
 
 def _mesh_sort_key(mesh: MeshChoice):
@@ -370,7 +375,7 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions,
     space.  Both passes go best-first by the admissible bound and prune against the K-th best
     distinct mesh so far.  With no more tuples than the refine budget, every tuple is refined.
     ``pool``: the search's worker processes (forked with ``est``; None: here)."""
-    workers = options.workers or os.cpu_count() or 1
+    workers = options.worker_count
     tuples: dict[tuple, list] = {}
     for lb, sort_key, mesh in bounded:
         tuples.setdefault(mesh.key, []).append((lb, sort_key, mesh))
