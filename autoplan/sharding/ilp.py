@@ -46,9 +46,10 @@ placement a into b on the tp group (all-gather, reduce-scatter, all-to-all, all-
 a partial sum; a slice is free).  Every ``w`` is pushed to its lower bound by the objective,
 so ``w = max_c e`` over its group.
 
-Backends: OR-Tools CP-SAT (integer objective, costs scaled to nanoseconds; one worker and a
-deterministic time limit, so a timed-out solve is reproducible; no probing or symmetry
-detection in presolve, ``_fast_presolve``) and PuLP/CBC (wall-clock limit).  A time limit returns the best solution found, with its optimality gap.
+Backends: OR-Tools (``cpsat``: the LP relaxation first, by GLOP — where its optimum is
+integral it is the ILP's, ``relaxation.py`` — else CP-SAT: integer objective, costs scaled to
+nanoseconds; one worker and a deterministic time limit, so a timed-out solve is reproducible; no
+probing or symmetry detection in presolve, ``_fast_presolve``) and PuLP/CBC (wall-clock limit).  A time limit returns the best solution found, with its optimality gap.
 """
 from __future__ import annotations
 
@@ -132,6 +133,11 @@ def solve(problem: IlpProblem, backend: str = "cpsat", time_limit_s: float = 30.
     if backend not in solvers:
         raise ValueError(f"unknown ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     start = time.perf_counter()
+    if backend == "cpsat":
+        from autoplan.sharding.relaxation import solve_relaxation
+        relaxed = solve_relaxation(problem)
+        if relaxed is not None:
+            return relaxed
     try:
         return solvers[backend](problem, time_limit_s)
     except IlpInfeasible as failed:
@@ -152,6 +158,7 @@ def load_backend(backend: str) -> None:
     """Import ``backend``'s solver now, e.g. before forking workers, which then share the module
     instead of each importing it (CP-SAT's Python module pulls in pandas: ~0.4 s a process)."""
     if backend == "cpsat":
+        from ortools.linear_solver.python import model_builder_helper  # noqa: F401
         from ortools.sat.python import cp_model  # noqa: F401
     elif backend == "cbc":
         import pulp  # noqa: F401
@@ -357,9 +364,15 @@ class _Skeleton:
 
     def objective(self, problem: IlpProblem) -> list[tuple[float, int]]:
         """``_build``'s objective terms for ``problem``, in its order."""
-        out = [(c, self.x[n][s]) for n, node in enumerate(problem.nodes) for s, c in enumerate(node.cost) if c]
-        out += [(r[3], v) for t, ws in zip(problem.tensors, self.w) for r, v in zip(t.redist, ws) if v >= 0]
-        return out
+        return objective_terms(problem, self.x, self.w)
+
+
+def objective_terms(problem: IlpProblem, x, w) -> list[tuple[float, int]]:
+    """``_build``'s objective terms for ``problem`` over a built model's variables ``x`` and ``w``
+    (``built_variables``), in its order."""
+    out = [(c, x[n][s]) for n, node in enumerate(problem.nodes) for s, c in enumerate(node.cost) if c]
+    out += [(r[3], v) for t, ws in zip(problem.tensors, w) for r, v in zip(t.redist, ws) if v >= 0]
+    return out
 
 
 _SKELETONS: dict[tuple, _Skeleton] = {}
@@ -376,26 +389,41 @@ def _structure(problem: IlpProblem) -> tuple:
                   for t in problem.tensors), problem.ties)
 
 
-def _skeleton(problem: IlpProblem) -> _Skeleton:
-    """The ``_Skeleton`` of ``problem``'s structure, built on first sight: ``_build`` written by a
-    ``_TextModel`` and parsed; the w variables read off its objective, which lists the node
-    terms (nonzero costs) first and then every w in tensor and entry order."""
-    from ortools.sat.python import cp_model
-
-    key = _structure(problem)
-    hit = _SKELETONS.get(key)
-    if hit is not None:
-        return hit
-    text = _TextModel()
-    x, objective = _build(problem, text)
+def built_variables(problem: IlpProblem, api) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """``_build`` through ``api``: (the x variable per (node, strategy), the w variable per (tensor,
+    redistribution entry), -1 where the producer never makes its ``a``); the w read off the
+    objective, which lists the node terms (nonzero costs) first and then every w in tensor and
+    entry order."""
+    x, objective = _build(problem, api)
     ws = iter(v for _, v in objective[sum(1 for n in problem.nodes for c in n.cost if c):])
     w = tuple(tuple(next(ws) if r[0] in set(t.out_placement) else -1 for r in t.redist) for t in problem.tensors)
-    model = cp_model.CpModel()            # kept: it owns the proto
-    model.proto.parse_text_format("\n".join(text.lines) + "\n")
-    if len(_SKELETONS) >= _SKELETONS_LIMIT:
-        _SKELETONS.clear()
-    out = _SKELETONS[key] = _Skeleton(model, tuple(tuple(row) for row in x), w)
-    return out
+    return tuple(tuple(row) for row in x), w
+
+
+def per_structure(cache: dict, problem: IlpProblem, make):
+    """``make()`` remembered in ``cache`` under ``problem``'s ``_structure`` (cleared past
+    ``_SKELETONS_LIMIT`` entries): a model's variables and constraints, built once per structure."""
+    key = _structure(problem)
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= _SKELETONS_LIMIT:
+            cache.clear()
+        hit = cache[key] = make()
+    return hit
+
+
+def _skeleton(problem: IlpProblem) -> _Skeleton:
+    """The ``_Skeleton`` of ``problem``'s structure, built on first sight: ``_build`` written by a
+    ``_TextModel`` and parsed."""
+    from ortools.sat.python import cp_model
+
+    def make() -> _Skeleton:
+        text = _TextModel()
+        x, w = built_variables(problem, text)
+        model = cp_model.CpModel()            # kept: it owns the proto
+        model.proto.parse_text_format("\n".join(text.lines) + "\n")
+        return _Skeleton(model, x, w)
+    return per_structure(_SKELETONS, problem, make)
 
 
 def _linear(terms: dict[int, int]) -> str:
