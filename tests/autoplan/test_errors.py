@@ -267,20 +267,13 @@ def test_trace_timeout_stops_a_hanging_build(capsys, tmp_path):
 
 # --- solver failures ----------------------------------------------------------------
 
-def _random_problem(*args, **kw):
-    sys.path.insert(0, str(REPO / "tests" / "autoplan" / "sharding"))
-    from test_ilp import random_problem
-
-    return random_problem(*args, **kw)
-
-
-def test_ilp_failure_falls_back_to_the_greedy_start(monkeypatch):
+def test_ilp_failure_falls_back_to_the_greedy_start(monkeypatch, random_problem):
     from autoplan.sharding import ilp
 
     def fail(problem, time_limit_s):
         raise ilp.IlpInfeasible("CBC status Not Solved")
     monkeypatch.setattr(ilp, "_solve_cbc", fail)
-    problem = _random_problem(3, nodes=8)
+    problem = random_problem(3, nodes=8)
     sol = ilp.solve(problem, "cbc", 0.0)
     assert sol.status == "feasible" and sol.note == "CBC status Not Solved: used the greedy start"
     assert sol.choice == ilp._greedy_choice(problem)
@@ -288,11 +281,10 @@ def test_ilp_failure_falls_back_to_the_greedy_start(monkeypatch):
     assert sol.bound <= sol.objective and sol.gap > 0
 
 
-def test_ilp_failure_with_infeasible_greedy_start_tries_the_other_backend(monkeypatch):
+def test_ilp_failure_with_infeasible_greedy_start_tries_the_other_backend(monkeypatch, random_problem, brute_force):
     from autoplan.sharding import ilp
 
-    problem = _random_problem(5, memory=True)
-    from test_ilp import brute_force
+    problem = random_problem(5, memory=True)
 
     monkeypatch.setattr(ilp, "_greedy_choice", lambda p: tuple(len(n.cost) - 1 for n in p.nodes))
     if ilp._feasible(problem, ilp._greedy_choice(problem)):
