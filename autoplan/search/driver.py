@@ -28,6 +28,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from autoplan.errors import UserError
@@ -41,6 +42,7 @@ from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
 from autoplan.layout import Layout
 from costmodels.memory import GIB
+from costmodels.pipeline.shared import sharing
 from autoplan.plan import SCHEDULES, Plan
 from autoplan.search import robust
 from autoplan.search.pool import hedge, robust_pool
@@ -160,7 +162,9 @@ class SearchResult:
 
 def search(model: BlockGraph, cluster: Cluster, *, global_batch: int,
            options: SearchOptions = SearchOptions()) -> SearchResult:
-    with cyclic_gc_paused():   # forked workers inherit the pause
+    # forked workers inherit the pause, and the directory where they share the pipeline shapes
+    # each builds (costmodels/pipeline/shared.py)
+    with cyclic_gc_paused(), (sharing() if options.worker_count > 1 else nullcontext()):
         return _search(model, cluster, global_batch, options)
 
 

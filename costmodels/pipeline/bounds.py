@@ -42,9 +42,11 @@ from typing import Sequence
 from costmodels.pipeline import steady
 from costmodels.pipeline.events import _peak_in_flight, compile_schedule
 from costmodels.pipeline.schedules import build_orders, get_spec, stage_rank
+from costmodels.pipeline.shared import shared
 
 
 @lru_cache(maxsize=1024)
+@shared
 def peak_activations(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
     """Per-rank peak live forward chunks of the schedule's order (module docstring)."""
     get_spec(schedule).check(p, m, v)

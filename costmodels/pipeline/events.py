@@ -17,6 +17,7 @@ import numpy as np
 
 from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, build_orders, get_spec,
                                            stage_rank)
+from costmodels.pipeline.shared import shared
 
 
 @dataclass(frozen=True, eq=False)   # identity hash: cached per shape
@@ -47,6 +48,7 @@ def _deadlock_error(schedule: str, orders, ptr) -> RuntimeError:
 
 
 @lru_cache(maxsize=512)  # ~2.5 MB per entry at pp=16, m=128, v=3; most are far smaller
+@shared
 def compile_schedule(schedule: str, p: int, m: int, v: int) -> Compiled:
     """The schedule's orders as a ``Compiled`` DAG: every action numbered (rank by rank),
     each op's provider and input found with array arithmetic (``_inputs``), then the

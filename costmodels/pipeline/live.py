@@ -35,6 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.pipeline.schedules import B, BW, F, W, build_orders, get_spec
+from costmodels.pipeline.shared import shared
 from costmodels.pipeline.steady import reduced_sizes
 
 
@@ -78,6 +79,7 @@ class _Walk:
 
 
 @lru_cache(maxsize=64)
+@shared
 def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     """``_Walk`` of the orders with array arithmetic: every op as (rank, action, kind, stage),
     the additions (F: code s, B: 2S + s) before the frees (S + s, W: 3S + s, B: 4S + s) of each

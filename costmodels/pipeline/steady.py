@@ -48,6 +48,7 @@ import numpy as np
 from costmodels.pipeline.events import (Compiled, StageTimes, compile_schedule, durations,
                                         run_compiled)
 from costmodels.pipeline.schedules import get_spec, interleaved_group_size
+from costmodels.pipeline.shared import shared
 
 REL_TOL = 1e-12       # iterates repeat to this share of the step's largest end time
 
@@ -107,6 +108,7 @@ def short_size(schedule: str, p: int, v: int, c: int, residue: int) -> int | Non
 
 
 @lru_cache(maxsize=256)
+@shared
 def find_period(schedule: str, p: int, m_s: int, v: int, c: int) -> Period | None:
     """The latest split S of the compiled m_s step whose structure satisfies the module
     docstring's conditions for a period of c micro-batches, or None.  Every rank's last

@@ -1,0 +1,71 @@
+"""The per-shape results a search's workers share (costmodels/pipeline/shared.py): a result
+built in one process is read, not rebuilt, in another, and equals the one built in place."""
+import multiprocessing as mp
+import os
+
+import numpy as np
+
+from costmodels.pipeline import shared
+from costmodels.pipeline.events import compile_schedule
+from costmodels.pipeline.simulator import simulate
+from costmodels.pipeline.steady import find_period
+
+CALLS: list[int] = []
+
+
+@shared.shared
+def _square(x: int) -> int:
+    CALLS.append(x)
+    return x * x
+
+
+def _in_child(x: int) -> int:
+    return _square(x)
+
+
+def test_a_result_built_in_a_forked_worker_is_read_not_rebuilt():
+    CALLS.clear()
+    with shared.sharing() as directory:
+        with mp.get_context("fork").Pool(1) as pool:
+            assert pool.map(_in_child, [7]) == [49]
+        assert CALLS == []                          # built in the child only
+        assert len(os.listdir(directory)) == 1
+        assert _square(7) == 49 and CALLS == []     # read from the child's file
+        assert _square(8) == 64 and CALLS == [8]
+    assert not os.path.exists(directory)            # removed with the context
+    assert _square(7) == 49 and CALLS == [8, 7]     # no directory: built where asked
+
+
+def _period_in_child(args):
+    return find_period.__wrapped__(*args) is not None and compile_schedule.__wrapped__(*args[:4]) is not None
+
+
+def test_shapes_read_back_equal_the_ones_built_in_place():
+    shape = ("interleaved", 4, 16, 2)
+    fresh_comp = compile_schedule.__wrapped__.__wrapped__(*shape)
+    fresh_period = find_period.__wrapped__.__wrapped__(*shape, 4)
+    with shared.sharing() as directory:
+        with mp.get_context("fork").Pool(1) as pool:
+            assert pool.map(_period_in_child, [shape + (4,)]) == [True]
+        assert len(os.listdir(directory)) >= 2
+        comp = compile_schedule.__wrapped__(*shape)          # under the lru_cache: the file's
+        period = find_period.__wrapped__(*shape, 4)
+    for a, b in ((comp, fresh_comp), (period, fresh_period)):
+        for name, value in vars(b).items():
+            got = getattr(a, name)
+            assert (np.array_equal(got, value) if isinstance(value, np.ndarray) else got == value), name
+
+
+def test_a_simulation_is_the_same_to_the_bit_with_shapes_shared():
+    run = dict(stages=8, microbatches=64, chunks=2, f=[1.0 + 0.01 * s for s in range(16)], b=[2.0] * 16,
+               w=[0.0] * 16, p2p=0.05)
+    alone = simulate("interleaved", **run)
+    compile_schedule.cache_clear()
+    find_period.cache_clear()
+    with shared.sharing():
+        with mp.get_context("fork").Pool(1) as pool:
+            in_child = pool.apply(simulate, ("interleaved",), run)
+        compile_schedule.cache_clear()
+        find_period.cache_clear()
+        read_back = simulate("interleaved", **run)
+    assert in_child == alone == read_back
