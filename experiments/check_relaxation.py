@@ -40,6 +40,8 @@ def problems(model: str, cluster: str, seq: int, batch: int) -> list:
     est = Estimator(graph, c, options.estimate_options(), enforce_rules=True)
     meshes, _ = enumerate_meshes(graph.model, graph.num_layers, c, seq=graph.sample_positions, global_batch=batch,
                                  allow_cross_domain=False, zero_levels=options.zero)
+    from autoplan.sharding import solve as solved
+    solved._SOLVED.clear()          # this case's every ILP, not only those an earlier case did not meet
     seen: list = []
     solve = ilp.solve
 
