@@ -156,10 +156,12 @@ def solve(problem: IlpProblem, backend: str = "cpsat", time_limit_s: float = 30.
 
 def load_backend(backend: str) -> None:
     """Import ``backend``'s solver now, e.g. before forking workers, which then share the module
-    instead of each importing it (CP-SAT's Python module pulls in pandas: ~0.4 s a process)."""
+    instead of each importing it.  For ``cpsat`` that is GLOP's, which solves the relaxation of
+    every block ILP; CP-SAT's module (it pulls in pandas: ~0.35 s a process) is imported where a
+    relaxation does not certify its optimum, which no block the zoo traces needs
+    (experiments/check_relaxation.py)."""
     if backend == "cpsat":
         from ortools.linear_solver.python import model_builder_helper  # noqa: F401
-        from ortools.sat.python import cp_model  # noqa: F401
     elif backend == "cbc":
         import pulp  # noqa: F401
 
