@@ -13,6 +13,10 @@ each remote input's end + its p2p; then + the duration), so the floats are equal
 period matrices are built the same way, the samples a leading axis of the same level-wise
 forms (``steady._period_matrix``), as many samples at once as fit the cache; the iteration A^J ⊗ x and its cycle check stay per sample
 (batched over samples, its products reduce a 3-D array along its middle axis: slower).
+
+``simulate_all`` is the same for a shape that does not extrapolate (GPipe; too few periods to
+pay off): the whole step's levels, every sample at once, each end time the same max of the
+same sums as ``events._run`` takes, so every entry is ``simulator._simulated``'s to the bit.
 """
 from __future__ import annotations
 
@@ -64,6 +68,40 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
         end[per.image, k] = x
     _run_levels(tail_levels, dur, end, p2p)
     return [steady.summary(comp, per, rank, durs[k], end[:n, k], periods, p) for k in range(len(times))]
+
+
+def simulate_all(schedule: str, p: int, m: int, v: int, times: list[StageTimes]) -> list:
+    """(step, steady_step, busy, peak) of the whole m step under every entry of ``times``, as
+    ``simulator._simulated`` prices one run (module docstring)."""
+    comp = compile_schedule(schedule, p, m, v)
+    durs = [durations(comp, t) for t in times]
+    n = len(comp.rank)
+    dur = np.stack(durs, axis=1)
+    p2p = np.stack([t.p2p for t in times], axis=1)
+    end = np.zeros((n + 2, len(times)))       # row n: 0 (no rank predecessor), row n + 1: −inf (no input)
+    end[n + 1] = -np.inf
+    _run_levels(_whole_step_levels(comp), dur, end, p2p)
+    rank = np.asarray(comp.rank)
+    out = []
+    for k, d in enumerate(durs):
+        starts = end[comp.first_pos, k] - d[comp.first_pos]
+        ends = end[comp.last_pos, k]
+        busy = np.bincount(rank, weights=d, minlength=p)
+        out.append((float(ends.max() - starts.min()), float((ends - starts).max()),
+                    tuple(float(x) for x in busy), comp.peak))
+    return out
+
+
+@lru_cache(maxsize=64)
+def _whole_step_levels(comp: Compiled):
+    """``_run_levels``' tables of every action of ``comp``: its rank predecessor is the rank's
+    previous action in the topological order (which keeps each rank's order)."""
+    rank = np.asarray(comp.rank)
+    order = np.argsort(rank, kind="stable")
+    prev = np.full(len(rank), -1, dtype=np.int64)
+    same = rank[order][1:] == rank[order][:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    return _levels_of(steady.part_of(comp, prev, np.arange(len(rank))), len(rank))
 
 
 FORMS_PER_BATCH = 1 << 18      # period-matrix forms built at once (floats): more leave the cache and run slower

@@ -185,13 +185,15 @@ def simulate_many(schedule: str, *, stages: int, microbatches: int, chunks: int 
                   runs: Sequence[dict]) -> list[PipelineResult]:
     """``simulate(schedule, stages=…, microbatches=…, chunks=…, **run)`` for every ``run`` (its
     f, b, w, p2p, f_comm, b_comm), equal to the bit: one shape under many stage times (a band's
-    paired samples) extrapolated at once where it extrapolates (``costmodels.pipeline.paired``),
-    each run simulated on its own where not."""
+    paired samples) extrapolated at once where it extrapolates, else simulated whole at once
+    (``costmodels.pipeline.paired``); with ``EXTRAPOLATE`` off, each run on its own."""
     get_spec(schedule).check(stages, microbatches, chunks)
     times = [_stage_times(stages * chunks, r["f"], r["b"], r["w"], r.get("p2p", 0.0), r.get("f_comm"),
                           r.get("b_comm")) for r in runs]
     fast = paired.extrapolate_many(schedule, stages, microbatches, chunks, times) if EXTRAPOLATE and len(runs) > 1 \
         else [None] * len(runs)
+    if EXTRAPOLATE and len(runs) > 1 and fast[0] is None:
+        fast = paired.simulate_all(schedule, stages, microbatches, chunks, times)
     return [PipelineResult(schedule, stages, microbatches, chunks, *x) if x is not None
             else simulate(schedule, stages=stages, microbatches=microbatches, chunks=chunks, **r)
             for x, r in zip(fast, runs)]

@@ -451,21 +451,23 @@ def _parts(comp: Compiled, per: Period) -> tuple[_Part, _Part, np.ndarray]:
     """(the past C_T: actions with reach < T, the tail: the others, every action's rank).
     C_T is down-closed, so its actions wait only on its own; the tail waits on its own and on
     F_T = σ F_S."""
-    prev, dep1, dep2 = np.asarray(per.prev), np.asarray(comp.dep1), np.asarray(comp.dep2)
+    prev = np.asarray(per.prev)
+    return (part_of(comp, prev, np.flatnonzero(per.reach < per.split)),
+            part_of(comp, prev, np.flatnonzero(per.reach >= per.split)), np.asarray(comp.rank))
 
+
+def part_of(comp: Compiled, prev: np.ndarray, at: np.ndarray) -> _Part:
+    """The ``_Part`` of ``comp``'s actions ``at`` (ascending positions), ``prev`` every action's
+    rank predecessor (−1: none)."""
     zero, none = len(comp.ops), len(comp.ops) + 1       # ``ends_list``' slots
-
-    def part(at: np.ndarray) -> _Part:
-        positions, p, d1, d2 = at.tolist(), prev[at].tolist(), dep1[at].tolist(), dep2[at].tolist()
-        level = _levels(positions, p, d1, d2)
-        by_level = np.argsort(level, kind="stable")
-        starts = np.flatnonzero(np.r_[True, np.diff(level[by_level]) > 0]) if len(at) else np.zeros(0, np.int64)
-        return _Part(at, positions, [x if x >= 0 else zero for x in p], [x if x >= 0 else none for x in d1],
-                     [x if x >= 0 and a >= 0 else none for x, a in zip(d2, d1)], comp.bnd1[at], comp.bnd2[at],
-                     by_level, starts)
-
-    return (part(np.flatnonzero(per.reach < per.split)), part(np.flatnonzero(per.reach >= per.split)),
-            np.asarray(comp.rank))
+    dep1, dep2 = np.asarray(comp.dep1), np.asarray(comp.dep2)
+    positions, p, d1, d2 = at.tolist(), prev[at].tolist(), dep1[at].tolist(), dep2[at].tolist()
+    level = _levels(positions, p, d1, d2)
+    by_level = np.argsort(level, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(level[by_level]) > 0]) if len(at) else np.zeros(0, np.int64)
+    return _Part(at, positions, [x if x >= 0 else zero for x in p], [x if x >= 0 else none for x in d1],
+                 [x if x >= 0 and a >= 0 else none for x, a in zip(d2, d1)], comp.bnd1[at], comp.bnd2[at],
+                 by_level, starts)
 
 
 def _levels(positions: list[int], prev: list[int], dep1: list[int], dep2: list[int]) -> np.ndarray:

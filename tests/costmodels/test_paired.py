@@ -45,3 +45,21 @@ def test_simulate_many_is_simulate_per_sample(schedule, p, m, v):
                          f_comm=comm, b_comm=comm))
     got = simulate_many(schedule, stages=p, microbatches=m, chunks=v, runs=runs)
     assert got == [simulate(schedule, stages=p, microbatches=m, chunks=v, **r) for r in runs]
+
+
+WHOLE = [("gpipe", 4, 16, 1), ("1f1b", 4, 5, 1), ("interleaved", 8, 16, 2), ("zbv", 4, 8, 2),
+         ("dualpipev", 4, 9, 2), ("zb-h2", 4, 6, 1)]
+
+
+@pytest.mark.parametrize("schedule,p,m,v", WHOLE)
+def test_a_shape_that_does_not_extrapolate_is_simulated_whole_for_every_sample_at_once(schedule, p, m, v):
+    """``paired.simulate_all`` (the whole step's levels, every sample at once) gives each
+    sample's own event-by-event simulation to the bit: uneven stages, a p2p per boundary."""
+    rng = np.random.default_rng(p * 10 + m)
+    times = [_times(rng, schedule, p * v, trial) for trial in range(5)]
+    assert steady.extrapolate(schedule, p, m, v, times[0]) is None      # the whole-step path runs
+    runs = [dict(f=t.f.tolist(), b=t.b.tolist(), w=t.w.tolist(), p2p=t.p2p[:p * v - 1].tolist(),
+                 f_comm=t.f_comm.tolist(), b_comm=t.b_comm.tolist()) for t in times]
+    got = simulate_many(schedule, stages=p, microbatches=m, chunks=v, runs=runs)
+    want = [simulate(schedule, stages=p, microbatches=m, chunks=v, full=True, **r) for r in runs]
+    assert got == want
