@@ -95,7 +95,7 @@ from autoplan.workload import load_cluster
 from autoplan.cost import rounded
 from autoplan.search import search, SearchOptions
 from autoplan.search import stages
-from autoplan.sharding import ilp, prepare, solve
+from autoplan.sharding import ilp, prepare, relaxation, solve
 from costmodels.pipeline import bounds, live, paired, simulator, steady
 model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
@@ -114,10 +114,10 @@ for name, on in (("old", False), ("new", True)):
     # each path starts cold: no compiled order, period, live walk or ILP solution left by the other
     for cache in (simulator._compile, steady.find_period, steady._graph, steady.short_size, steady._period_rows, steady._parts,
                   stages.balanced_cuts, bounds.peak_activations, live._events, live._walk, live._peaks,
-                  live._bytes, paired._level_tables):
+                  live._bytes, paired._level_tables, paired._whole_step_levels):
         cache.cache_clear()
-    for memo in (solve._SOLVED, solve._LAYOUT_READS, solve._TENSOR_SHAPES, ilp._SKELETONS, prepare._PREPARED,
-                 prepare._SCALED):
+    for memo in (solve._SOLVED, solve._LAYOUT_READS, solve._TENSOR_SHAPES, ilp._SKELETONS, relaxation._LP_SKELETONS,
+                 prepare._PREPARED, prepare._SCALED):
         memo.clear()
     t1, c1 = time.perf_counter(), cpu()
     r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
