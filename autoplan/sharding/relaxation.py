@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.sharding.ilp import IlpProblem, IlpSolution, built_variables, evaluate, objective_terms, per_structure
+from autoplan.sharding.ilp import (IlpProblem, IlpSolution, _feasible, built_variables, evaluate, objective_terms,
+                                   per_structure)
 
 INTEGRAL_TOL = 1e-6      # an x within this of 0 or 1 is read as that integer
 REL_TOL = 1e-9           # the certificate: the assignment's objective within this of the LP bound
@@ -120,14 +121,14 @@ def solve_relaxation(problem: IlpProblem) -> IlpSolution | None:
     solver = mb.ModelSolverHelper("glop")
     solver.set_solver_specific_parameters(GLOP_PARAMETERS)
     solver.solve(model)
-    if not solver.has_solution():
+    if solver.status() != mb.SolveStatus.OPTIMAL:      # only an optimal LP point's value is a bound
         return None
     values = solver.variable_values()
     rows = [[float(values[v]) for v in row] for row in skeleton.x]
     if any(abs(val - round(val)) > INTEGRAL_TOL for row in rows for val in row):
         return None
     choice = tuple(max(range(len(row)), key=lambda s: row[s]) for row in rows)
-    if any(s in n.forbidden for n, s in zip(problem.nodes, choice)):
+    if not _feasible(problem, choice):        # the LP's rows hold it; checked on the assignment itself
         return None
     bound = float(solver.objective_value())
     objective = evaluate(problem, choice)
