@@ -418,43 +418,110 @@ def _representative(variants):
 
 def _run(est, pool, batch, tasks, global_batch, options, results, stats, progress, *, screen: bool):
     """Run (lb, tuple key, variants) tasks best-first, ``batch`` at a time (the K-th best so far,
-    the pruning threshold, is updated between batches); returns the best result per tuple."""
+    the pruning threshold, is updated between batches); returns the best result per tuple.
+
+    In workers, a worker that finishes its task of a batch before the others starts the next
+    batch ahead (``_look_ahead``) at the threshold the results so far give.  A task's result
+    depends on its variants and threshold alone, so a run ahead is kept only where its batch's
+    threshold comes out the same once the whole batch is in (the K-th best only falls, and a
+    batch's slower tasks seldom move it); else the task runs again at the true threshold.  The
+    batches, thresholds and results are the ones waiting for every batch gives."""
     best_here: dict[tuple, MeshResult] = {}
+    ahead: dict[int, tuple[float, object]] = {}     # task index -> (threshold it ran at, its run)
     i = 0
     while i < len(tasks):
         kth = _kth_best(results, options.top_k)
-        todo = []
-        while i < len(tasks) and len(todo) < batch:
-            lb, key, variants = tasks[i]
-            i += 1
-            current = results.get(key)
-            if lb >= kth and (current is None or lb >= current.estimate.step_time_s):
-                stats["pruned"] += 1
-                progress.advance()
-                continue
-            todo.append([v[2] for v in variants])
-        if not todo:
+        chosen, i, pruned = _next_batch(tasks, i, batch, kth, results)
+        stats["pruned"] += pruned
+        for _ in range(pruned):
+            progress.advance()
+        if not chosen:
             continue
-        args = [(variants, global_batch, options, kth, screen) for variants in todo]
-        outs = pool.map(_evaluate, args, chunksize=1) if pool else [_evaluate(a) for a in args]
+        args = {k: (variants, global_batch, options, kth, screen) for k, variants in chosen}
+        if pool is None:
+            outs = [_evaluate(args[k]) for k, _ in chosen]
+        else:
+            runs = [hit[1] if (hit := ahead.get(k)) is not None and hit[0] == kth else
+                    pool.apply_async(_evaluate, (args[k],)) for k, _ in chosen]
+            ahead.clear()
+            outs = _gather(runs, lambda done: _look_ahead(pool, tasks, i, batch, results, done, global_batch, options,
+                                                          screen, ahead))
         for tuple_results in outs:
             progress.advance()
-            for out in tuple_results:
-                stats["evaluated"] += 1
-                stats["priced"] += out.evaluated
-                if out.plan is None:
-                    if out.pruned:
-                        stats["pruned"] += 1
-                    else:
-                        stats["shortfall"] = min(stats["shortfall"], out.shortfall_gib)
-                    continue
-                stats["variants"][out.plan.to_string()] = out
-                for table in (results, best_here):
-                    prev = table.get(out.mesh.key)
-                    if prev is None or (out.estimate.step_time_s, out.plan.to_string()) < \
-                            (prev.estimate.step_time_s, prev.plan.to_string()):
-                        table[out.mesh.key] = out
+            _merge(tuple_results, results, best_here, stats)
     return best_here
+
+
+SPECULATE = True      # False: wait for every batch before the next starts (the look-ahead's reference)
+
+
+def _next_batch(tasks, i: int, batch: int, kth: float, results) -> tuple[list[tuple[int, list]], int, int]:
+    """From task ``i`` on, the next ``batch`` tasks a threshold of ``kth`` does not prune: ((task
+    index, its meshes) each, the index after them, how many were pruned on the way).  A task is
+    pruned where its bound reaches both the threshold and its tuple's best so far."""
+    chosen, pruned = [], 0
+    while i < len(tasks) and len(chosen) < batch:
+        lb, key, variants = tasks[i]
+        current = results.get(key)
+        if lb >= kth and (current is None or lb >= current.estimate.step_time_s):
+            pruned += 1
+        else:
+            chosen.append((i, [v[2] for v in variants]))
+        i += 1
+    return chosen, i, pruned
+
+
+def _gather(runs, look_ahead) -> list:
+    """The results of ``runs`` (async runs, in order); once the first is in while others still
+    run, ``look_ahead(results so far)`` once."""
+    outs: list = [None] * len(runs)
+    looked = not SPECULATE or len(runs) < 2
+    while True:
+        for j, run in enumerate(runs):
+            if outs[j] is None and run.ready():
+                outs[j] = run.get()
+        waiting = [j for j, o in enumerate(outs) if o is None]
+        if not waiting:
+            return outs
+        if not looked and len(waiting) < len(runs):
+            look_ahead([o for o in outs if o is not None])
+            looked = True
+        runs[waiting[0]].wait(0.002)
+
+
+def _look_ahead(pool, tasks, i: int, batch: int, results, done: list, global_batch: int, options, screen: bool,
+                ahead: dict) -> None:
+    """Start the batch after task ``i`` at the threshold of ``results`` and the batch results ``done``
+    so far (``_run``): each run is recorded in ``ahead`` with that threshold."""
+    merged = dict(results)
+    for tuple_results in done:
+        _merge(tuple_results, merged, {}, None)
+    kth = _kth_best(merged, options.top_k)
+    chosen, _, _ = _next_batch(tasks, i, batch, kth, merged)
+    for k, variants in chosen:
+        ahead[k] = (kth, pool.apply_async(_evaluate, ((variants, global_batch, options, kth, screen),)))
+
+
+def _merge(tuple_results: list[MeshResult], results: dict, best_here: dict, stats: dict | None) -> None:
+    """One task's results into the best per tuple (``results``, ``best_here``) and ``stats``."""
+    for out in tuple_results:
+        if stats is not None:
+            stats["evaluated"] += 1
+            stats["priced"] += out.evaluated
+        if out.plan is None:
+            if stats is not None:
+                if out.pruned:
+                    stats["pruned"] += 1
+                else:
+                    stats["shortfall"] = min(stats["shortfall"], out.shortfall_gib)
+            continue
+        if stats is not None:
+            stats["variants"][out.plan.to_string()] = out
+        for table in (results, best_here):
+            prev = table.get(out.mesh.key)
+            if prev is None or (out.estimate.step_time_s, out.plan.to_string()) < \
+                    (prev.estimate.step_time_s, prev.plan.to_string()):
+                table[out.mesh.key] = out
 
 
 def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, options: SearchOptions,
