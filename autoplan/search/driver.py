@@ -494,34 +494,36 @@ def _look_ahead(pool, tasks, i: int, batch: int, results, done: list, global_bat
     """Start the batch after task ``i`` at the threshold of ``results`` and the batch results ``done``
     so far (``_run``): each run is recorded in ``ahead`` with that threshold."""
     merged = dict(results)
-    for tuple_results in done:
-        _merge(tuple_results, merged, {}, None)
+    for out in (out for tuple_results in done for out in tuple_results if out.plan is not None):
+        _keep_best(out, merged)
     kth = _kth_best(merged, options.top_k)
     chosen, _, _ = _next_batch(tasks, i, batch, kth, merged)
     for k, variants in chosen:
         ahead[k] = (kth, pool.apply_async(_evaluate, ((variants, global_batch, options, kth, screen),)))
 
 
-def _merge(tuple_results: list[MeshResult], results: dict, best_here: dict, stats: dict | None) -> None:
+def _merge(tuple_results: list[MeshResult], results: dict, best_here: dict, stats: dict) -> None:
     """One task's results into the best per tuple (``results``, ``best_here``) and ``stats``."""
     for out in tuple_results:
-        if stats is not None:
-            stats["evaluated"] += 1
-            stats["priced"] += out.evaluated
+        stats["evaluated"] += 1
+        stats["priced"] += out.evaluated
         if out.plan is None:
-            if stats is not None:
-                if out.pruned:
-                    stats["pruned"] += 1
-                else:
-                    stats["shortfall"] = min(stats["shortfall"], out.shortfall_gib)
+            if out.pruned:
+                stats["pruned"] += 1
+            else:
+                stats["shortfall"] = min(stats["shortfall"], out.shortfall_gib)
             continue
-        if stats is not None:
-            stats["variants"][out.plan.to_string()] = out
-        for table in (results, best_here):
-            prev = table.get(out.mesh.key)
-            if prev is None or (out.estimate.step_time_s, out.plan.to_string()) < \
-                    (prev.estimate.step_time_s, prev.plan.to_string()):
-                table[out.mesh.key] = out
+        stats["variants"][out.plan.to_string()] = out
+        _keep_best(out, results, best_here)
+
+
+def _keep_best(out: MeshResult, *tables: dict) -> None:
+    """``out`` into each table of the best result per tuple, where it beats the one there."""
+    for table in tables:
+        prev = table.get(out.mesh.key)
+        if prev is None or (out.estimate.step_time_s, out.plan.to_string()) < \
+                (prev.estimate.step_time_s, prev.plan.to_string()):
+            table[out.mesh.key] = out
 
 
 def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, options: SearchOptions,

@@ -355,29 +355,24 @@ def _objective_text(objective, hints) -> str:
 
 
 @dataclass(frozen=True)
-class _Skeleton:
-    """The CP-SAT model of every problem of one structure (``_structure``) but its objective and
-    hints: the variables and constraints parsed once, the x variable per (node, strategy), the
-    w variable per (tensor, redistribution entry) (-1 where the producer never makes its ``a``)."""
+class Skeleton:
+    """A solver's model of every problem of one structure (``_structure``) but its objective and
+    hints — CP-SAT's (``_skeleton``) or the LP relaxation's (``relaxation._lp_skeleton``): the
+    variables and constraints built once, the x variable per (node, strategy), the w variable per
+    (tensor, redistribution entry) (-1 where the producer never makes its ``a``)."""
 
-    model: object                          # a CpModel holding the parsed variables and constraints
-    x: tuple[tuple[_Literal, ...], ...]
+    model: object                          # a CpModel or a ModelBuilderHelper
+    x: tuple[tuple[int, ...], ...]
     w: tuple[tuple[int, ...], ...]
 
     def objective(self, problem: IlpProblem) -> list[tuple[float, int]]:
         """``_build``'s objective terms for ``problem``, in its order."""
-        return objective_terms(problem, self.x, self.w)
+        out = [(c, self.x[n][s]) for n, node in enumerate(problem.nodes) for s, c in enumerate(node.cost) if c]
+        out += [(r[3], v) for t, ws in zip(problem.tensors, self.w) for r, v in zip(t.redist, ws) if v >= 0]
+        return out
 
 
-def objective_terms(problem: IlpProblem, x, w) -> list[tuple[float, int]]:
-    """``_build``'s objective terms for ``problem`` over a built model's variables ``x`` and ``w``
-    (``built_variables``), in its order."""
-    out = [(c, x[n][s]) for n, node in enumerate(problem.nodes) for s, c in enumerate(node.cost) if c]
-    out += [(r[3], v) for t, ws in zip(problem.tensors, w) for r, v in zip(t.redist, ws) if v >= 0]
-    return out
-
-
-_SKELETONS: dict[tuple, _Skeleton] = {}
+_SKELETONS: dict[tuple, Skeleton] = {}
 _SKELETONS_LIMIT = 64                  # a skeleton holds ~0.5 MB (a 130-node MoE block); a search meets ~15
 
 
@@ -414,17 +409,17 @@ def per_structure(cache: dict, problem: IlpProblem, make):
     return hit
 
 
-def _skeleton(problem: IlpProblem) -> _Skeleton:
-    """The ``_Skeleton`` of ``problem``'s structure, built on first sight: ``_build`` written by a
+def _skeleton(problem: IlpProblem) -> Skeleton:
+    """The ``Skeleton`` of ``problem``'s structure, built on first sight: ``_build`` written by a
     ``_TextModel`` and parsed."""
     from ortools.sat.python import cp_model
 
-    def make() -> _Skeleton:
+    def make() -> Skeleton:
         text = _TextModel()
         x, w = built_variables(problem, text)
         model = cp_model.CpModel()            # kept: it owns the proto
         model.proto.parse_text_format("\n".join(text.lines) + "\n")
-        return _Skeleton(model, x, w)
+        return Skeleton(model, x, w)
     return per_structure(_SKELETONS, problem, make)
 
 

@@ -21,12 +21,10 @@ and copied, as the CP-SAT skeleton is, so a solve sets only the objective.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.sharding.ilp import (IlpProblem, IlpSolution, _feasible, built_variables, evaluate, objective_terms,
-                                   per_structure)
+from autoplan.sharding.ilp import IlpProblem, IlpSolution, Skeleton, _feasible, built_variables, evaluate, per_structure
 
 INTEGRAL_TOL = 1e-6      # an x within this of 0 or 1 is read as that integer
 REL_TOL = 1e-9           # the certificate: the assignment's objective within this of the LP bound
@@ -68,24 +66,14 @@ class _Rows:
         self.fixed.append(v)
 
 
-@dataclass(frozen=True)
-class _LpSkeleton:
-    """The LP of every problem of one structure but its objective: the model, the x variable per
-    (node, strategy) and the w variable per (tensor, redistribution entry) (-1: never made)."""
-
-    model: object                        # a ModelBuilderHelper holding variables and rows
-    x: tuple[tuple[int, ...], ...]
-    w: tuple[tuple[int, ...], ...]
+_LP_SKELETONS: dict[tuple, Skeleton] = {}
 
 
-_LP_SKELETONS: dict[tuple, _LpSkeleton] = {}
-
-
-def _lp_skeleton(problem: IlpProblem) -> _LpSkeleton:
-    """The ``_LpSkeleton`` of ``problem``'s structure, built on first sight."""
+def _lp_skeleton(problem: IlpProblem) -> Skeleton:
+    """The LP ``Skeleton`` (a ModelBuilderHelper's variables and rows) of ``problem``'s structure, built on first sight."""
     from ortools.linear_solver.python import model_builder_helper as mb
 
-    def make() -> _LpSkeleton:
+    def make() -> Skeleton:
         rows = _Rows()
         x, w = built_variables(problem, rows)
         model = mb.ModelBuilderHelper()
@@ -98,7 +86,7 @@ def _lp_skeleton(problem: IlpProblem) -> _LpSkeleton:
             model.set_constraint_upper_bound(row, hi)
             for v, c in zip(variables, coeffs):
                 model.add_term_to_constraint(row, v, c)
-        return _LpSkeleton(model, x, w)
+        return Skeleton(model, x, w)
     return per_structure(_LP_SKELETONS, problem, make)
 
 
@@ -112,7 +100,7 @@ def solve_relaxation(problem: IlpProblem) -> IlpSolution | None:
     start = time.perf_counter()
     skeleton = _lp_skeleton(problem)
     costs: dict[int, float] = {}
-    for c, var in objective_terms(problem, skeleton.x, skeleton.w):
+    for c, var in skeleton.objective(problem):
         costs[var] = costs.get(var, 0.0) + c
     model = mb.ModelBuilderHelper()
     model.overwrite_model(skeleton.model)
