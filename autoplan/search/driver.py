@@ -422,12 +422,13 @@ def _run(est, pool, batch, tasks, global_batch, options, results, stats, progres
 
     In workers, a worker that finishes its task of a batch before the others starts the next
     batch ahead (``_look_ahead``) at the threshold the results so far give.  A task's result
-    depends on its variants and threshold alone, so a run ahead is kept only where its batch's
-    threshold comes out the same once the whole batch is in (the K-th best only falls, and a
-    batch's slower tasks seldom move it); else the task runs again at the true threshold.  The
-    batches, thresholds and results are the ones waiting for every batch gives."""
+    depends on its variants and threshold alone, and the true threshold, once the whole batch
+    is in, is at most the one it ran at (the K-th best only falls): a run ahead is kept where
+    each of its results is the one the true threshold gives (``MeshResult.same_below``), else
+    the task runs again at the true threshold (``_Ahead``).  The batches, thresholds and results
+    are the ones waiting for every batch gives."""
     best_here: dict[tuple, MeshResult] = {}
-    ahead: dict[int, tuple[float, object]] = {}     # task index -> (threshold it ran at, its run)
+    ahead: dict[int, object] = {}     # task index -> its run started ahead
     i = 0
     while i < len(tasks):
         kth = _kth_best(results, options.top_k)
@@ -441,8 +442,8 @@ def _run(est, pool, batch, tasks, global_batch, options, results, stats, progres
         if pool is None:
             outs = [_evaluate(args[k]) for k, _ in chosen]
         else:
-            runs = [hit[1] if (hit := ahead.get(k)) is not None and hit[0] == kth else
-                    pool.apply_async(_evaluate, (args[k],)) for k, _ in chosen]
+            runs = [pool.apply_async(_evaluate, (args[k],)) if (hit := ahead.get(k)) is None else
+                    _Ahead(hit, kth, lambda a=args[k]: pool.apply_async(_evaluate, (a,))) for k, _ in chosen]
             ahead.clear()
             outs = _gather(runs, lambda done: _look_ahead(pool, tasks, i, batch, results, done, global_batch, options,
                                                           screen, ahead))
@@ -489,17 +490,45 @@ def _gather(runs, look_ahead) -> list:
         runs[waiting[0]].wait(0.002)
 
 
+class _Ahead:
+    """A task's run started ahead (``_look_ahead``), for ``_gather``: once it is in, kept where
+    every result holds at ``threshold`` (``MeshResult.same_below``), else replaced by ``again()``,
+    the task run at ``threshold``."""
+
+    def __init__(self, run, threshold: float, again):
+        self._run, self._threshold, self._again, self._checked = run, threshold, again, False
+
+    def _check(self) -> None:
+        if not self._checked and self._run.ready():
+            self._checked = True
+            if not all(r.same_below(self._threshold) for r in self._run.get()):
+                self._run = self._again()
+
+    def ready(self) -> bool:
+        self._check()
+        return self._checked and self._run.ready()
+
+    def wait(self, timeout: float) -> None:
+        self._check()
+        self._run.wait(timeout)
+
+    def get(self) -> list[MeshResult]:
+        while not self.ready():
+            self.wait(0.002)
+        return self._run.get()
+
+
 def _look_ahead(pool, tasks, i: int, batch: int, results, done: list, global_batch: int, options, screen: bool,
                 ahead: dict) -> None:
     """Start the batch after task ``i`` at the threshold of ``results`` and the batch results ``done``
-    so far (``_run``): each run is recorded in ``ahead`` with that threshold."""
+    so far (``_run``): each run is recorded in ``ahead``."""
     merged = dict(results)
     for out in (out for tuple_results in done for out in tuple_results if out.plan is not None):
         _keep_best(out, merged)
     kth = _kth_best(merged, options.top_k)
     chosen, _, _ = _next_batch(tasks, i, batch, kth, merged)
     for k, variants in chosen:
-        ahead[k] = (kth, pool.apply_async(_evaluate, ((variants, global_batch, options, kth, screen),)))
+        ahead[k] = pool.apply_async(_evaluate, ((variants, global_batch, options, kth, screen),))
 
 
 def _merge(tuple_results: list[MeshResult], results: dict, best_here: dict, stats: dict) -> None:

@@ -59,6 +59,16 @@ class MeshResult:
     evaluated: int                # plans priced
     pruned: bool = False          # every micro-batch size was bounded out
     memory_limited: bool = False  # some candidate needed recomputation or did not fit
+    # the largest lower bound among the micro-batch sizes searched (−inf: none): ``best_plan``
+    # returns this same result at every threshold above it (``same_below``)
+    searched_bound: float = float("-inf")
+
+    def same_below(self, threshold: float) -> bool:
+        """Whether ``best_plan`` at ``threshold``, lower than the one this ran at, returns this
+        result: the threshold only skips micro-batch sizes whose bound reaches it, and each size
+        searched is searched again (its bound is below) with the same best before it, so the
+        same sizes are searched and skipped, in the same order."""
+        return self.searched_bound < threshold
 
 
 def schedule_variants(pp: int, m: int, layers: int, *, schedules: tuple[str, ...],
@@ -169,10 +179,12 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
                                             global_batch), mbs) for mbs in mbs_choices if local_batch % mbs == 0)
     skipped = 0
     limited = False
+    searched = float("-inf")
     for lb, mbs in bounded:
         if lb >= threshold or (best is not None and lb >= best[0]):
             skipped += 1
             continue
+        searched = lb
         plans = _variants(est, mesh, mbs, local_batch // mbs, schedules, max_vpp, screen)
         for floor, fits, plan in (_best_first(est, plans, global_batch) if REUSE else
                                   [(0.0, True, x) for x in plans]):
@@ -190,9 +202,9 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
                     best = (key[0], key[1], result[1])
     if best is None:
         return MeshResult(mesh, None, None, shortfall, evaluated, pruned=skipped == len(bounded),
-                          memory_limited=limited)
+                          memory_limited=limited, searched_bound=searched)
     final = _estimate(est, best[2], global_batch)        # ``detailed`` prices the rest where it is shown
-    return MeshResult(mesh, best[2], final, 0.0, evaluated + 1, memory_limited=limited)
+    return MeshResult(mesh, best[2], final, 0.0, evaluated + 1, memory_limited=limited, searched_bound=searched)
 
 
 def detailed(est: Estimator, result: MeshResult, global_batch: int) -> MeshResult:

@@ -35,3 +35,30 @@ def test_looking_ahead_gives_the_search_that_waits_for_every_batch(llama8b, monk
     waited = _searched(*llama8b)
     assert started == []
     assert ahead == waited
+
+
+def test_a_result_is_the_same_at_every_threshold_above_its_searched_bound(llama8b):
+    """``MeshResult.same_below``, which keeps a run started ahead at a higher threshold: the
+    mesh's stage search at any threshold above the largest bound it searched returns the same
+    result; at that bound it searches less (the certificate is tight, not vacuous)."""
+    from autoplan.cost import Estimator
+    from autoplan.search.space import enumerate_meshes
+    from autoplan.search.stages import best_plan
+
+    model, cluster = llama8b
+    est = Estimator(model, cluster, enforce_rules=True)
+    meshes, _ = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.sample_positions,
+                                 global_batch=256)
+    kw = dict(mbs_choices=(1, 2, 4, 8), schedules=("1f1b", "interleaved", "zbv"), max_vpp=2)
+    tight = 0
+    for mesh in [m for m in meshes if m.pp > 1 and m.zero == 1][:8]:
+        free = best_plan(est, mesh, 256, **kw)
+        assert free.searched_bound > float("-inf")
+        for above in (free.searched_bound * (1 + 1e-12), free.searched_bound * 1.5):
+            assert free.same_below(above)
+            assert best_plan(est, mesh, 256, threshold=above, **kw) == free
+        assert not free.same_below(free.searched_bound)
+        capped = best_plan(est, mesh, 256, threshold=free.searched_bound, **kw)
+        assert capped.searched_bound < free.searched_bound
+        tight += capped != free
+    assert tight > 0
