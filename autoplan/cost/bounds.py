@@ -6,7 +6,7 @@
   that compute cannot hide (at the average rank), plus the optimizer step.  With DualPipeV
   possible (pp > 1) the EP all-to-all a pair can hide is left out.
 * ``states_lower_bound``: model states of an even share of the parameters under the plan's
-  ZeRO stage, plus the fixed reserve.
+  ZeRO stage and the runtime's FSDP policy (``memory.states_lower_bound``).
 * ``plan_floor``: for one fully specified plan, without simulating its pipeline: a lower
   bound on its step time under any recomputation — ``costmodels.pipeline.bounds
   .makespan_lower_bound`` of its stage times without recomputation, plus the tied-embedding
@@ -55,11 +55,13 @@ def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
     return bound + dp.optimizer_seconds(est.comms, (dense + expert) / plan.pp, plan, len(mesh.group(DENSE_DP)))
 
 
-def states_lower_bound(est: Estimator, plan: Plan) -> float:
+def states_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
     mesh = Mesh.of(plan)
     dense, expert = memory.bag_numels(est.counted_parts(plan, mesh))
     return memory.states_lower_bound(plan, dense, expert, dense_dp=len(mesh.group(DENSE_DP)),
-                                     expert_dp=len(mesh.group(EXPERT_DP)))
+                                     expert_dp=len(mesh.group(EXPERT_DP)), microbatches=plan.microbatches(global_batch),
+                                     pol=fsdp.policy(est.options, plan),
+                                     precision=memory.state_precision(est.options.state_precision))
 
 
 @dataclass(frozen=True)

@@ -210,18 +210,27 @@ def bag_states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: i
                precision: StatePrecision = StatePrecision()) -> tuple[float, ...]:
     """(params, grads, optimizer, loss, other, dense numel, expert numel) of a rank holding ``bag``."""
     dense, expert = bag_numels(bag)
-    st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard, precision=precision)
-    st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, reshard=pol.reshard, precision=precision)
+    params, grads, optimizer = model_states(plan, dense, expert, dense_dp=dense_dp, expert_dp=expert_dp,
+                                            microbatches=microbatches, pol=pol, precision=precision)
     last = loss if holds_last and not splits_backward(plan) else 0.0
     blocks = [p for p, _ in bag if id(p) not in ends]
     root = sum(_numel(p) for p, _ in bag if id(p) in ends)
     other = max((p.recompute_transient_bytes for p in blocks), default=0.0)
     other += fsdp_staging_bytes(plan, max((_numel(p) for p in blocks), default=0.0), root, pol)
     other += split_wgrad_bytes(plan, bag)
+    return (params, grads, optimizer, last, other, dense, expert)
+
+
+def model_states(plan: Plan, dense: float, expert: float, *, dense_dp: int, expert_dp: int, microbatches: int,
+                 pol: Policy, precision: StatePrecision = StatePrecision()) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes of a rank holding ``dense`` and ``expert`` parameters (the
+    module docstring's model states): each linear in the two counts."""
+    st_dense = model_state_bytes(dense, zero=plan.zero, dp=dense_dp, reshard=pol.reshard, precision=precision)
+    st_exp = model_state_bytes(expert, zero=plan.zero, dp=expert_dp, reshard=pol.reshard, precision=precision)
     grads = 0.0 if plan.zero >= 2 and microbatches == 1 else st_dense.grads + st_exp.grads
     if plan.zero >= 2 and not pol.reduce_every_microbatch:
         grads += (dense + expert) * UNSHARDED_GRAD_BYTES
-    return (st_dense.params + st_exp.params, grads, st_dense.optimizer + st_exp.optimizer, last, other, dense, expert)
+    return st_dense.params + st_exp.params, grads, st_dense.optimizer + st_exp.optimizer
 
 
 def chunk_saved_bytes(bags) -> list[float]:
@@ -257,10 +266,11 @@ def _numel(p: Part) -> float:
     return p.dense_numel + p.expert_numel
 
 
-def states_lower_bound(plan: Plan, dense: float, expert: float, *, dense_dp: int, expert_dp: int) -> float:
-    """Bytes per GPU no stage cut can avoid: model states of an even share of the parameters
-    under the plan's ZeRO stage."""
-    # the fewest bytes any FSDP policy leaves: resharded after forward
-    d = model_state_bytes(dense / plan.pp, zero=plan.zero, dp=dense_dp, reshard=True)
-    e = model_state_bytes(expert / plan.pp, zero=plan.zero, dp=expert_dp, reshard=True)
-    return d.total + e.total
+def states_lower_bound(plan: Plan, dense: float, expert: float, *, dense_dp: int, expert_dp: int,
+                       microbatches: int, pol: Policy, precision: StatePrecision = StatePrecision()) -> float:
+    """Bytes per GPU no stage cut, schedule or recompute policy can avoid: the model states
+    (``model_states``, the runtime's FSDP policy ``pol``) of an even share of the parameters.
+    The states are linear in the parameter counts, so over the pipeline ranks their mean is
+    this, and the busiest rank holds at least it; activations and transients only add."""
+    return sum(model_states(plan, dense / plan.pp, expert / plan.pp, dense_dp=dense_dp, expert_dp=expert_dp,
+                            microbatches=microbatches, pol=pol, precision=precision))

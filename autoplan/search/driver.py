@@ -199,7 +199,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
         results, evaluated, priced, pruned_bound, shortfall, variants = _explore(est, bounded, global_batch, options,
                                                                                  procs, start)
         if not results:
-            raise UserError(_no_fit_message(est, meshes, shortfall), _no_fit_fix(est))
+            raise UserError(_no_fit_message(est, meshes, shortfall, global_batch, options.mbs), _no_fit_fix(est))
         ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
         candidates, pool = _choose(est, ranked, variants, global_batch, options, procs)
     finally:
@@ -355,18 +355,17 @@ def _solve_layout_jobs(jobs):
 
 
 def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> tuple[float, float]:
-    """(lower bound on the step time of any plan of ``mesh``, model-state GiB per GPU it cannot avoid).
-
-    The smallest ``Estimator.lower_bound`` over the micro-batch sizes the search may pick."""
-    best = float("inf")
-    states = 0.0
+    """(lower bound on the step time of any plan of ``mesh``, model-state GiB per GPU it cannot avoid):
+    the smallest ``step_lower_bound`` and ``states_lower_bound`` over the micro-batch sizes the
+    search may pick."""
+    best = states = float("inf")
     for mbs in mbs_choices:
         if (global_batch // mesh.dp) % mbs:
             continue
         plan = mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",))
         best = min(best, step_lower_bound(est, plan, global_batch))
-        states = states_lower_bound(est, plan) / GIB
-    return best, states
+        states = min(states, states_lower_bound(est, plan, global_batch) / GIB)
+    return best, (states if states < float("inf") else 0.0)        # no size runs: nothing to bound
 
 
 def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions, pool=None,
@@ -684,11 +683,10 @@ def _progress(enabled: bool, total: int, started: float | None = None):
     return _RichProgress(total, started) if enabled else _NoProgress()
 
 
-def _no_fit_message(est: Estimator, meshes, shortfall: float) -> str:
+def _no_fit_message(est: Estimator, meshes, shortfall: float, global_batch: int, mbs_choices) -> str:
     hbm = est.usable_bytes / GIB
     if shortfall == float("inf"):
-        best_states = min(states_lower_bound(est, m.plan(mbs=1, schedule="1f1b", vpp=1, recompute=("full",)))
-                          for m in meshes) / GIB
+        best_states = min(lower_bound(est, m, global_batch, mbs_choices)[1] for m in meshes)
         shortfall = best_states - hbm
     return (f"{est.model.model.name} fits no plan on {est.cluster.name}: the closest plan needs "
             f"{shortfall:.1f} GiB more than the {hbm:.1f} GiB of HBM per GPU left by the "
