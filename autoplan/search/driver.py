@@ -156,7 +156,9 @@ class SearchResult:
     stats: SearchStats
     max_ilp_gap: float = 0.0
     # with bands: every plan the objective chose among, with its band (pool order, no robust
-    # record), so that another objective can be ranked over the same pool and samples
+    # record), so that another objective can be ranked over the same pool and samples; their
+    # estimates are the search's (step, MFU, memory and fit as in full; no primitive table or
+    # exposed P2P: ``stages.detailed`` prices those for the candidates)
     pool: tuple[Candidate, ...] = ()
 
 
@@ -220,8 +222,8 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
             options: SearchOptions, procs=None):
     """The top-K candidates: by point step time, or (bands on) by the objective over the pool
     (``pool.robust_pool``: the best meshes' searched variants and schedule hedges).  The hedges,
-    the full estimates and the bands are priced in the search's workers ``procs`` (None: here).
-    Returns (the candidates, the pool with its bands; empty without bands)."""
+    the bands and the candidates' full estimates are priced in the search's workers ``procs``
+    (None: here).  Returns (the candidates, the pool with its bands; empty without bands)."""
     moe = bool(est.info.experts)
     if options.samples == 0:
         return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), evidence=flags(r.plan, r.estimate, moe=moe))
@@ -230,13 +232,15 @@ def _choose(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshRe
         _hedge, [(plan, global_batch, options, reach) for plan in plans], chunksize=1)
     pool = ranked[:options.top_k] if options.objective == "point" else \
         robust_pool(est, ranked, variants, global_batch, options, hedges)
-    pool = _detailed(est, pool, global_batch, procs)
+    # a band reads the point step and MFU, which the search's estimate has to the bit
+    # (``stages.detailed``): only the plans picked are priced in full
     sampler = Sampler(est, options.samples, options.seed)
     bands = _bands(sampler, pool, global_batch, options.worker_count, procs)
     priced = tuple(Candidate(r.plan, r.estimate, band=band) for r, band in zip(pool, bands))
-    picked = [(priced[i], rob) for i, rob in rank_pool(priced, options.objective, options.top_k)]
-    return tuple(Candidate(c.plan, c.estimate, est.layout(c.plan), c.band, rob, flags(c.plan, c.estimate, moe=moe))
-                 for c, rob in picked), priced
+    ranks = rank_pool(priced, options.objective, options.top_k)
+    full = _detailed(est, [pool[i] for i, _ in ranks], global_batch, procs)
+    return tuple(Candidate(r.plan, r.estimate, est.layout(r.plan), priced[i].band, rob,
+                           flags(r.plan, r.estimate, moe=moe)) for r, (i, rob) in zip(full, ranks)), priced
 
 
 def _detailed(est: Estimator, results: list[MeshResult], global_batch: int, procs) -> list[MeshResult]:

@@ -41,7 +41,7 @@ from typing import Sequence
 
 from costmodels.pipeline import steady
 from costmodels.pipeline.events import _peak_in_flight, compile_schedule
-from costmodels.pipeline.schedules import build_orders, get_spec, stage_rank
+from costmodels.pipeline.schedules import shared_orders, get_spec, stage_rank
 from costmodels.pipeline.shared import shared
 
 
@@ -52,7 +52,7 @@ def peak_activations(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, ..
     get_spec(schedule).check(p, m, v)
     for m_s in steady.reduced_sizes(schedule, p, m, v):
         return compile_schedule(schedule, p, m_s, v).peak
-    return _peak_in_flight(build_orders(schedule, p, m, v))
+    return _peak_in_flight(shared_orders(schedule, p, m, v))
 
 
 def makespan_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[float],

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, build_orders, get_spec,
+from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, shared_orders, get_spec,
                                            stage_rank)
 from costmodels.pipeline.shared import shared
 
@@ -53,7 +53,7 @@ def compile_schedule(schedule: str, p: int, m: int, v: int) -> Compiled:
     """The schedule's orders as a ``Compiled`` DAG: every action numbered (rank by rank),
     each op's provider and input found with array arithmetic (``_inputs``), then the
     topological order (``_topological``) and the flat arrays in it."""
-    orders = build_orders(schedule, p, m, v)
+    orders = shared_orders(schedule, p, m, v)
     n_stages = p * v
     place = np.array([stage_rank(s, p, get_spec(schedule).placement) for s in range(n_stages)], dtype=np.int64)
     rank_ids, act_ops, act_rank = [], [], []

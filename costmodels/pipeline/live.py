@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.pipeline.schedules import B, BW, F, W, build_orders, get_spec
+from costmodels.pipeline.schedules import B, BW, F, W, build_orders, shared_orders, get_spec
 from costmodels.pipeline.shared import shared
 from costmodels.pipeline.steady import reduced_sizes
 
@@ -86,7 +86,7 @@ def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     action, in order (``_events``' walk, change for change, plus the held gradients)."""
     stages = p * v
     split = get_spec(schedule).split_backward
-    ops = np.array([(r, a, k, s) for r, acts in enumerate(build_orders(schedule, p, m, v))
+    ops = np.array([(r, a, k, s) for r, acts in enumerate(shared_orders(schedule, p, m, v))
                     for a, act in enumerate(acts) for k, _, s in act], dtype=np.int64).reshape(-1, 4)
     rank, act, kind, stage = ops.T
     start = (kind == F) | ((kind == B) & split)

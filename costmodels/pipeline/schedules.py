@@ -35,6 +35,8 @@ References (read to get the orders right; the code below is our own):
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -424,6 +426,13 @@ def build_orders(schedule: str, stages: int, microbatches: int, chunks: int) -> 
     spec = get_spec(schedule)
     spec.check(stages, microbatches, chunks)
     return _GENERATORS[schedule](stages, microbatches, chunks)
+
+
+@lru_cache(maxsize=8)
+def shared_orders(schedule: str, stages: int, microbatches: int, chunks: int) -> list[RankOrder]:
+    """``build_orders``, remembered for the few shapes in use: one shape's compiled order, live
+    walk and in-flight counts each read its orders (read-only: callers never change them)."""
+    return build_orders(schedule, stages, microbatches, chunks)
 
 
 def get_spec(schedule: str) -> ScheduleSpec:

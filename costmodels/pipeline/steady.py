@@ -471,14 +471,14 @@ def part_of(comp: Compiled, prev: np.ndarray, at: np.ndarray) -> _Part:
 
 
 def _levels(positions: list[int], prev: list[int], dep1: list[int], dep2: list[int]) -> np.ndarray:
-    """Per action of a part, 1 + the highest level among its inputs in the part (0: none)."""
-    level: dict[int, int] = {}
-    out = []
-    for q, inputs in zip(positions, zip(prev, dep1, dep2)):
-        lv = 1 + max((level[x] for x in inputs if x in level), default=-1)
-        level[q] = lv
-        out.append(lv)
-    return np.array(out, dtype=np.int64)
+    """Per action of a part, 1 + the highest level among its inputs in the part (0: none).
+    Inputs come earlier in the topological order than their actions, so every one indexes
+    ``level`` below its last slot, which stays −1 and stands for a missing input (−1)."""
+    level = [-1] * ((positions[-1] + 2) if positions else 1)
+    for q, a, b, c in zip(positions, prev, dep1, dep2):
+        x, y, z = level[a], level[b], level[c]
+        level[q] = 1 + (x if x >= y and x >= z else y if y >= z else z)
+    return np.array([level[q] for q in positions], dtype=np.int64)
 
 
 def _tail_bound(tail: _Part, dur_arr: np.ndarray, times: StageTimes, known: float) -> float:
