@@ -51,6 +51,7 @@ class Estimator:
         self.hidden = self.info.hidden or _hidden_of(model)
         self._parts: dict[tuple, Part] = {}
         self._bags: dict[tuple, list[pp.Bag]] = {}
+        self._simulations: dict[tuple, tuple] = {}
         self._attention_flops_per_sample = sum(attention_flops(b.graph) * b.count for b in model.blocks)
 
     def graph(self, kind: str) -> OpGraph:
@@ -80,6 +81,18 @@ class Estimator:
                 self._bags.clear()
             hit = self._bags[key] = pp.stage_bags(plan, self.model.order, self.model.num_layers,
                                                   lambda kind, rc: self.part(kind, plan, rc, mesh))
+        return hit
+
+    def simulation_args(self, plan: Plan, mesh: Mesh, m: int) -> tuple[tuple, tuple]:
+        """``pp.simulation_args`` of ``plan`` at ``m`` micro-batches, remembered (a band's
+        sample asks for it to simulate its plans at once, then prices each plan with it)."""
+        key = (plan, m)
+        hit = self._simulations.get(key)
+        if hit is None:
+            if len(self._simulations) >= BAGS_KEPT:
+                self._simulations.clear()
+            hit = self._simulations[key] = pp.simulation_args(self.comms, plan, mesh, self.stage_bags(plan, mesh), m,
+                                                              self.model.sample_positions, self.hidden)
         return hit
 
     def graph_kinds(self) -> list[tuple[str, int]]:
@@ -180,9 +193,8 @@ class Estimator:
         self.check(plan, global_batch)
         mesh = Mesh.of(plan)
         m = plan.microbatches(global_batch)
-        bags = self.stage_bags(plan, mesh)
-        return mesh, m, pp.price_pipeline(self.comms, plan, mesh, bags, m, self.model.sample_positions, self.hidden,
-                                          detail=detail)
+        return mesh, m, pp.price_pipeline(self.comms, plan, self.stage_bags(plan, mesh),
+                                          self.simulation_args(plan, mesh, m), detail=detail)
 
     def memory_by_rank(self, plan: Plan, global_batch: int) -> list[memory.RankMemory]:
         """The memory of every pipeline rank as ``estimate`` prices it (``autoplan memcheck``

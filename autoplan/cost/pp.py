@@ -152,9 +152,11 @@ def simulation_args(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: in
     return (schedule, plan.pp, m, plan.vpp, f, b, w, bnd[1], f_comm, b_comm), bnd
 
 
-def price_pipeline(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int, hidden: int,
-                   *, detail: bool) -> Pipeline:
-    args, (act_bytes, p2p, hop, gather) = simulation_args(comms, plan, mesh, bags, m, seq_len, hidden)
+def price_pipeline(comms: Comms, plan: Plan, bags: list[Bag], simulation: tuple[tuple, tuple], *,
+                   detail: bool) -> Pipeline:
+    """The priced pipeline of ``plan`` from its ``simulation_args`` ``simulation``; with ``detail``,
+    also the exposed share of stage-to-stage P2P (a second simulation, without it)."""
+    args, (act_bytes, p2p, hop, gather) = simulation
     f, b, w = args[4:7]
     sim = comms.simulate(*args)
     p2p_exposed = 0.0

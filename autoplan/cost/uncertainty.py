@@ -28,7 +28,6 @@ from autoplan.errors import UserError
 from autoplan.cost.comms import AxisPricer, simulate_paired
 from autoplan.cost.estimator import Estimator
 from autoplan.cost.params import Params, Range, ranges
-from autoplan.cost.pp import simulation_args
 from autoplan.cost.reprice import evaluate, template
 from autoplan.cost.tp import BlockLayouts
 from autoplan.cost.types import Estimate
@@ -128,9 +127,7 @@ class Sampler:
 def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple:
     """(comms, arguments) of the one simulation ``est.step_time_s(plan, global_batch)`` runs."""
     est.check(plan, global_batch)
-    mesh = Mesh.of(plan)
-    args, _ = simulation_args(est.comms, plan, mesh, est.stage_bags(plan, mesh), plan.microbatches(global_batch),
-                              est.model.sample_positions, est.hidden)
+    args, _ = est.simulation_args(plan, Mesh.of(plan), plan.microbatches(global_batch))
     return est.comms, args
 
 

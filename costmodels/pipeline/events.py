@@ -38,6 +38,7 @@ class Compiled:
     last_pos: list[int]
     ops: list[tuple[tuple[int, int, int], ...]]   # ops of each action, for the timeline
     peak: tuple[int, ...]
+    op_table: np.ndarray         # (actions, 2, 3): each action's ops (kind, micro-batch, stage); no second: −1
 
 
 def _deadlock_error(schedule: str, orders, ptr) -> RuntimeError:
@@ -83,8 +84,11 @@ def compile_schedule(schedule: str, p: int, m: int, v: int) -> Compiled:
     second[act2[has_first]], second_b[act2[has_first]] = src[two][has_first], bnd[two][has_first]
     first[act2[~has_first]], first_b[act2[~has_first]] = src[two][~has_first], bnd[two][~has_first]
     topo, pos = _topological(schedule, orders, rank_ids, first, second)
+    table = np.full((n, 2, 3), -1, dtype=np.int64)
+    table[ops[~later, 0], 0] = ops[~later, 1:]
+    table[ops[later, 0], 1] = ops[later, 1:]
     return _flat(schedule, orders, act_ops, rank, rank_ids, topo, pos, (first, first_b, second, second_b),
-                 _peaks_of(ops, rank, p))
+                 _peaks_of(ops, rank, p), table)
 
 
 def _inputs(schedule: str, ops: np.ndarray, n_stages: int, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +167,7 @@ def _peaks_of(ops: np.ndarray, act_rank: np.ndarray, p: int) -> tuple[int, ...]:
 
 
 def _flat(schedule: str, orders, act_ops, act_rank: np.ndarray, rank_ids, topo: np.ndarray, pos: np.ndarray,
-          inputs, peak: tuple[int, ...]) -> Compiled:
+          inputs, peak: tuple[int, ...], table: np.ndarray) -> Compiled:
     """The ``Compiled`` arrays in topological order.  Inputs on the same rank ran earlier in its
     order (the sort checked it), so the rank's own clock already covers them; only remote inputs
     are kept."""
@@ -176,17 +180,27 @@ def _flat(schedule: str, orders, act_ops, act_rank: np.ndarray, rank_ids, topo: 
     dep2 = np.where(cross1 & cross2, pos[np.maximum(second, 0)], -1)
     bnd2 = np.where(cross1 & cross2, second_b, -1)
     ops = [act_ops[a] for a in topo.tolist()]
-    op_kind = np.array([act[0][0] if len(act) == 1 else -1 for act in ops], dtype=np.int64)
-    op_stage = np.array([act[0][2] for act in ops], dtype=np.int64)
-    pairs = [(q, act[0][2], act[1][2]) for q, act in enumerate(ops) if len(act) != 1]
-    for q, act in enumerate(ops):
-        if len(act) != 1 and (act[0][0], act[1][0]) != (F, BW):
-            raise RuntimeError(f"{schedule}: overlapped pair must be (F, BW), got {act}")
-    pair_arr = np.array(pairs, dtype=np.int64).reshape(-1, 3)
-    return Compiled(rank.tolist(), dep1.tolist(), dep2.tolist(), bnd1, bnd2, op_kind, op_stage,
-                    pair_arr[:, 0], pair_arr[:, 1], pair_arr[:, 2],
+    table = table[topo]
+    paired = table[:, 1, 0] >= 0
+    bad = np.flatnonzero(paired & ((table[:, 0, 0] != F) | (table[:, 1, 0] != BW)))
+    if bad.size:
+        raise RuntimeError(f"{schedule}: overlapped pair must be (F, BW), got {ops[int(bad[0])]}")
+    pair_pos = np.flatnonzero(paired)
+    return Compiled(rank.tolist(), dep1.tolist(), dep2.tolist(), bnd1, bnd2, np.where(paired, -1, table[:, 0, 0]),
+                    table[:, 0, 2].copy(), pair_pos, table[pair_pos, 0, 2], table[pair_pos, 1, 2],
                     [int(pos[ids[0]]) for ids in rank_ids], [int(pos[ids[-1]]) for ids in rank_ids],
-                    ops, peak)
+                    ops, peak, table)
+
+
+def rank_predecessors(comp: Compiled) -> np.ndarray:
+    """Per action (topological order) the position of its rank's previous action, −1 for a
+    rank's first: the topological order keeps each rank's order."""
+    rank = np.asarray(comp.rank)
+    order = np.argsort(rank, kind="stable")
+    prev = np.full(len(rank), -1, dtype=np.int64)
+    same = rank[order][1:] == rank[order][:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
 
 
 def _peak_in_flight(orders) -> tuple[int, ...]:

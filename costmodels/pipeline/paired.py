@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from costmodels.pipeline import steady
-from costmodels.pipeline.events import Compiled, StageTimes, compile_schedule, durations
+from costmodels.pipeline.events import Compiled, StageTimes, compile_schedule, durations, rank_predecessors
 
 
 def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTimes]) -> list:
@@ -96,12 +96,7 @@ def simulate_all(schedule: str, p: int, m: int, v: int, times: list[StageTimes])
 def _whole_step_levels(comp: Compiled):
     """``_run_levels``' tables of every action of ``comp``: its rank predecessor is the rank's
     previous action in the topological order (which keeps each rank's order)."""
-    rank = np.asarray(comp.rank)
-    order = np.argsort(rank, kind="stable")
-    prev = np.full(len(rank), -1, dtype=np.int64)
-    same = rank[order][1:] == rank[order][:-1]
-    prev[order[1:][same]] = order[:-1][same]
-    return _levels_of(steady.part_of(comp, prev, np.arange(len(rank))), len(rank))
+    return _levels_of(steady.part_of(comp, rank_predecessors(comp), np.arange(len(comp.rank))), len(comp.rank))
 
 
 FORMS_PER_BATCH = 1 << 18      # period-matrix forms built at once (floats): more leave the cache and run slower

@@ -46,7 +46,7 @@ from functools import lru_cache
 import numpy as np
 
 from costmodels.pipeline.events import (Compiled, StageTimes, compile_schedule, durations,
-                                        run_compiled)
+                                        rank_predecessors, run_compiled)
 from costmodels.pipeline.schedules import get_spec, interleaved_group_size
 from costmodels.pipeline.shared import shared
 
@@ -151,12 +151,8 @@ class _Graph:
 def _graph(schedule: str, p: int, m_s: int, v: int) -> _Graph:
     comp = compile_schedule(schedule, p, m_s, v)
     n = len(comp.ops)
-    none = (-1, -1, -1)
-    ops = np.array([act[0] + (act[1] if len(act) > 1 else none) for act in comp.ops],
-                   dtype=np.int64).reshape(n, 2, 3)
-    prev, last = [-1] * n, [-1] * p
-    for q, r in enumerate(comp.rank):
-        prev[q], last[r] = last[r], q
+    ops = comp.op_table
+    prev = rank_predecessors(comp).tolist()
     reach = ops[:, 0, 1].tolist()
     for q, a, b, c in zip(range(n - 1, -1, -1), reversed(prev), reversed(comp.dep1), reversed(comp.dep2)):
         rq = reach[q]                    # successors sit later in the topological order
