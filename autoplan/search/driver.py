@@ -186,11 +186,10 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
     bounded = []
     pruned_memory = 0
     for mesh in meshes:
-        lb, states_gib = lower_bound(est, mesh, global_batch, options.mbs)
-        if states_gib > est.usable_bytes / GIB:
+        if states_floor(est, mesh, global_batch, options.mbs) > est.usable_bytes / GIB:
             pruned_memory += 1
             continue
-        bounded.append((lb, _mesh_sort_key(mesh), mesh))
+        bounded.append((lower_bound(est, mesh, global_batch, options.mbs), _mesh_sort_key(mesh), mesh))
     bounded.sort(key=lambda t: (t[0], t[1]))
     global _WORKER_ESTIMATOR
     _WORKER_ESTIMATOR = est
@@ -358,18 +357,25 @@ def _solve_layout_jobs(jobs):
     return [_WORKER_ESTIMATOR.solve_layout(kind, plan) for kind, plan in jobs]
 
 
-def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> tuple[float, float]:
-    """(lower bound on the step time of any plan of ``mesh``, model-state GiB per GPU it cannot avoid):
-    the smallest ``step_lower_bound`` and ``states_lower_bound`` over the micro-batch sizes the
-    search may pick."""
-    best = states = float("inf")
-    for mbs in mbs_choices:
-        if (global_batch // mesh.dp) % mbs:
-            continue
-        plan = mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",))
-        best = min(best, step_lower_bound(est, plan, global_batch))
-        states = min(states, states_lower_bound(est, plan, global_batch) / GIB)
-    return best, (states if states < float("inf") else 0.0)        # no size runs: nothing to bound
+def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> float:
+    """A lower bound on the step time of any plan of ``mesh``: the smallest ``step_lower_bound``
+    over the micro-batch sizes the search may pick."""
+    return min((step_lower_bound(est, plan, global_batch) for plan in _mbs_plans(mesh, global_batch, mbs_choices)),
+               default=float("inf"))
+
+
+def states_floor(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> float:
+    """Model-state GiB per GPU no plan of ``mesh`` can avoid: the smallest ``states_lower_bound``
+    over the micro-batch sizes the search may pick (0 when none runs: nothing to bound).  The
+    states read the micro-batch size only through whether a step has one micro-batch."""
+    plans = {plan.microbatches(global_batch) == 1: plan for plan in _mbs_plans(mesh, global_batch, mbs_choices)}
+    return min((states_lower_bound(est, plan, global_batch) / GIB for plan in plans.values()), default=0.0)
+
+
+def _mbs_plans(mesh: MeshChoice, global_batch: int, mbs_choices) -> list[Plan]:
+    """The mesh's plan at each micro-batch size that divides its local batch (1F1B, no recompute)."""
+    return [mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",)) for mbs in mbs_choices
+            if (global_batch // mesh.dp) % mbs == 0]
 
 
 def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions, pool=None,
@@ -690,7 +696,7 @@ def _progress(enabled: bool, total: int, started: float | None = None):
 def _no_fit_message(est: Estimator, meshes, shortfall: float, global_batch: int, mbs_choices) -> str:
     hbm = est.usable_bytes / GIB
     if shortfall == float("inf"):
-        best_states = min(lower_bound(est, m, global_batch, mbs_choices)[1] for m in meshes)
+        best_states = min(states_floor(est, m, global_batch, mbs_choices) for m in meshes)
         shortfall = best_states - hbm
     return (f"{est.model.model.name} fits no plan on {est.cluster.name}: the closest plan needs "
             f"{shortfall:.1f} GiB more than the {hbm:.1f} GiB of HBM per GPU left by the "

@@ -10,8 +10,13 @@ without this each worker rebuilt the shapes a sibling had already built.
 opens it before it forks its workers, which inherit it), a miss reads
 ``directory/<fn>-<digest of its arguments>.pkl`` where a sibling wrote it, else computes the
 result and writes it (to a temporary name, then renamed: a reader sees a whole file or none).
-The results are pure functions of their arguments, so which process built one changes no
-number; with no directory open, ``fn`` runs as written.
+A process about to compute claims the name first (``<name>.claim``, created exclusively); a
+sibling that finds the claim waits for the file instead of building the same shape at the same
+time, and builds it itself if the claim goes away without one (the builder failed) or after
+``WAIT_S``.  Waits cannot cycle: a shared function only calls shared functions of later stages
+(in-flight counts → period → compiled order), and a process waits on nothing while it holds a
+claim of the last stage.  The results are pure functions of their arguments, so which process
+built one changes no number; with no directory open, ``fn`` runs as written.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 
 _DIRECTORY: str | None = None
@@ -36,21 +42,72 @@ def shared(fn):
         if directory is None:
             return fn(*args)
         path = os.path.join(directory, f"{name}-{hashlib.sha1(repr(args).encode()).hexdigest()}.pkl")
+        hit = _read(path)
+        if hit is None and not _claim(path):
+            hit = _wait(path)
+        if hit is not None:
+            return hit[0]
         try:
-            with open(path, "rb") as f:
-                return pickle.load(f)
-        except (FileNotFoundError, EOFError, pickle.UnpicklingError):
-            pass
-        out = fn(*args)
-        partial = f"{path}.{os.getpid()}"
-        try:
-            with open(partial, "wb") as f:
-                pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(partial, path)
-        except OSError:          # a full or vanished directory: the result still stands
-            pass
+            out = fn(*args)
+            partial = f"{path}.{os.getpid()}"
+            try:
+                with open(partial, "wb") as f:
+                    pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+                os.replace(partial, path)
+            except OSError:          # a full or vanished directory: the result still stands
+                pass
+        finally:
+            _release(path)
         return out
     return wrapper
+
+
+WAIT_S = 60.0           # longest wait for a sibling's claimed result before building it here
+POLL_S = 0.001
+
+
+def _read(path: str) -> tuple | None:
+    """(the result at ``path``,) where a process wrote it, else None."""
+    try:
+        with open(path, "rb") as f:
+            return (pickle.load(f),)
+    except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def _claim(path: str) -> bool:
+    """Claim the building of ``path``: True where this process is to build it (also where the
+    directory cannot take the claim), False where a sibling claimed it first."""
+    try:
+        os.close(os.open(f"{path}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+
+
+def _release(path: str) -> None:
+    try:
+        os.unlink(f"{path}.claim")
+    except OSError:
+        pass
+
+
+def _wait(path: str) -> tuple | None:
+    """The result a sibling claimed, once written; None (build it here) where its claim is gone
+    without a result or ``WAIT_S`` passed, after claiming it where it is free."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        hit = _read(path)
+        if hit is not None:
+            return hit
+        if not os.path.exists(f"{path}.claim"):
+            hit = _read(path)       # written and released between the two looks
+            if hit is not None or _claim(path):
+                return hit
+        time.sleep(POLL_S)
+    return None
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 built in one process is read, not rebuilt, in another, and equals the one built in place."""
 import multiprocessing as mp
 import os
+import time
 
 import numpy as np
 
@@ -34,6 +35,54 @@ def test_a_result_built_in_a_forked_worker_is_read_not_rebuilt():
         assert _square(8) == 64 and CALLS == [8]
     assert not os.path.exists(directory)            # removed with the context
     assert _square(7) == 49 and CALLS == [8, 7]     # no directory: built where asked
+
+
+BUILT = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"autoplan-test-built-{os.getpid()}")
+
+
+@shared.shared
+def _slow_cube(x: int) -> int:
+    with open(BUILT, "a") as f:          # one line per build, whichever process builds
+        f.write(f"{os.getpid()}\n")
+    time.sleep(0.3)
+    if x < 0:
+        raise ValueError("no cube of a negative number here")
+    return x ** 3
+
+
+def _cube_in_child(x: int):
+    try:
+        return _slow_cube(x)
+    except ValueError as err:
+        return str(err)
+
+
+def test_two_workers_asking_at_once_build_a_shape_once():
+    """The second asker finds the first's claim and waits for its file instead of building."""
+    if os.path.exists(BUILT):
+        os.remove(BUILT)
+    try:
+        with shared.sharing() as directory:
+            with mp.get_context("fork").Pool(2) as pool:
+                assert pool.map(_cube_in_child, [3, 3], chunksize=1) == [27, 27]
+            assert not [n for n in os.listdir(directory) if n.endswith(".claim")]
+        with open(BUILT) as f:
+            assert len(f.readlines()) == 1
+    finally:
+        os.remove(BUILT)
+
+
+def test_a_failed_build_releases_its_claim_and_the_waiter_builds_it():
+    if os.path.exists(BUILT):
+        os.remove(BUILT)
+    try:
+        with shared.sharing():
+            with mp.get_context("fork").Pool(2) as pool:
+                assert pool.map(_cube_in_child, [-1, -1], chunksize=1) == ["no cube of a negative number here"] * 2
+        with open(BUILT) as f:
+            assert len(f.readlines()) == 2          # the waiter built it too, and failed the same way
+    finally:
+        os.remove(BUILT)
 
 
 def _period_in_child(args):
