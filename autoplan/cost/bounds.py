@@ -23,6 +23,8 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.cost import dp, fsdp, memory, pp
 from autoplan.cost.estimator import Estimator
@@ -137,8 +139,11 @@ def plan_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
     shape = _shape(est, plan, global_batch)
     pol = fsdp.policy(est.options, plan)
     states = [memory.bag_states(plan, bag, last, pol=pol, **shape.inputs) for bag, last in shape.groups]
-    totals = [memory.rank_total(states[g], live) for g, live in zip(shape.of_rank, shape.live)]
-    return Memory(max(totals) <= est.usable_bytes, max(totals) / GIB, tuple(t / GIB for t in totals),
+    params, grads, optimizer, last, other = np.array([x[:5] for x in states])[list(shape.of_rank)].T
+    # memory.rank_total of every rank at once: the same sums in the same order
+    totals = params + grads + optimizer + (np.asarray(shape.live) + last) + np.maximum(0.0, other - last)
+    peak = float(totals.max())
+    return Memory(peak <= est.usable_bytes, peak / GIB, tuple((totals / GIB).tolist()),
                   tuple((x[5], x[6]) for x in states))
 
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.cost.fsdp import Policy
-from autoplan.cost.pp import Pipeline
+from autoplan.cost.pp import Pipeline, per_bag
 from autoplan.cost.types import DEFAULT_MARGIN_GIB, Part  # noqa: F401  (DEFAULT_MARGIN_GIB: documented here)
 from autoplan.errors import UserError
 from autoplan.plan import SCHEDULE_SPECS, Plan
@@ -235,7 +235,7 @@ def model_states(plan: Plan, dense: float, expert: float, *, dense_dp: int, expe
 
 def chunk_saved_bytes(bags) -> list[float]:
     """One micro-batch's saved bytes of every virtual stage (model order)."""
-    return [sum(p.saved_bytes * n for p, n in bag) for bag in bags]
+    return per_bag(bags, lambda bag: sum(p.saved_bytes * n for p, n in bag))
 
 
 def splits_backward(plan: Plan) -> bool:
@@ -256,7 +256,7 @@ def walk_bytes(bags, loss: float) -> tuple[list[float], list[float], list[float]
     no input gradient, so torch's ``PipelineStage.backward_one_chunk`` skips its B and runs its
     whole backward at W (torch 2.13 ``pipelining/stage.py``)."""
     def after_first(attr: str) -> list[float]:
-        return [0.0 if s == 0 else sum(getattr(p, attr) * n for p, n in bag) for s, bag in enumerate(bags)]
+        return [0.0] + per_bag(bags[1:], lambda bag: sum(getattr(p, attr) * n for p, n in bag))
 
     losses = [0.0] * (len(bags) - 1) + [loss]
     return chunk_saved_bytes(bags), after_first("wgrad_held_bytes"), after_first("b_freed_bytes"), losses

@@ -53,3 +53,18 @@ def test_pipeline_bound_is_below_every_plans_peak(setup, zero, pp, schedule, vpp
             assert bound <= est.estimate(plan, batch).memory_gib * GIB
             assert bound == pytest.approx(expected_states(graph.param_count / pp, zero, dp, pp,
                                                           plan.microbatches(batch)), rel=1e-9)
+
+
+@pytest.mark.parametrize("spec", ["dp=2,pp=4,zero=1,recompute=none", "dp=2,pp=4,zero=3,schedule=zbv,vpp=2",
+                                  "dp=4,pp=2,zero=2,schedule=interleaved,vpp=2,recompute=full",
+                                  "dp=2,pp=4,zero=1,recompute=none-selective-op-full,layers=1-3-2-2"])
+def test_plan_memory_is_the_estimates_to_the_bit(setup, spec):
+    """What the stage search reads before simulating (``plan_memory``: per-rank totals at once)
+    is the estimate's memory, every rank to the bit."""
+    from autoplan.cost.bounds import plan_memory
+
+    _, _, est = setup(LLAMA, "h100x8", seq=512)
+    plan = Plan.parse(spec)
+    e, mem = est.estimate(plan, 32), plan_memory(est, plan, 32)
+    assert mem.memory_per_stage_gib == e.memory_per_stage_gib
+    assert (mem.memory_gib, mem.fits) == (e.memory_gib, e.fits)
