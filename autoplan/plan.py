@@ -83,6 +83,7 @@ def expand_layers(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=1024)
 def _even_layers(num_layers: int, chunks: int) -> tuple[int, ...]:
     """The even split: ``num_layers // chunks`` each, the remainder one each to the middle
     chunks (the first and last stages carry the embedding and the head)."""

@@ -178,13 +178,18 @@ def rank_groups(bags, rank_chunks) -> tuple[tuple[tuple[list, bool], ...], tuple
     """The distinct rank bags of a pipeline, (bag, holds the last stage) in first-rank order, and
     each rank's index among them (``rank_bag``'s key)."""
     index: dict[tuple, int] = {}
+    by_lists: dict[tuple, int] = {}          # ranks holding the very same bag lists: one key
     groups, of_rank = [], []
     for chunks in rank_chunks:
-        bag, key = rank_bag(bags, chunks)
-        if key not in index:
-            index[key] = len(groups)
-            groups.append((bag, key[1]))
-        of_rank.append(index[key])
+        lists = tuple(id(bags[c]) for c in chunks)
+        group = by_lists.get(lists)
+        if group is None:
+            bag, key = rank_bag(bags, chunks)
+            if key not in index:
+                index[key] = len(groups)
+                groups.append((bag, key[1]))
+            group = by_lists[lists] = index[key]
+        of_rank.append(group)
     return tuple(groups), tuple(of_rank)
 
 
