@@ -238,11 +238,6 @@ def model_states(plan: Plan, dense: float, expert: float, *, dense_dp: int, expe
     return st_dense.params + st_exp.params, grads, st_dense.optimizer + st_exp.optimizer
 
 
-def chunk_saved_bytes(bags) -> list[float]:
-    """One micro-batch's saved bytes of every virtual stage (model order)."""
-    return per_bag(bags, lambda bag: sum(p.saved_bytes * n for p, n in bag))
-
-
 def splits_backward(plan: Plan) -> bool:
     """Whether the plan's pipeline runs B and W apart (a split-backward schedule, pp > 1).  Then
     the pipeline walk prices the last stage's loss buffers (they live at the start of that
@@ -253,18 +248,18 @@ def splits_backward(plan: Plan) -> bool:
 
 def walk_bytes(bags, loss: float) -> tuple[list[float], list[float], list[float], list[float]]:
     """What ``costmodels.pipeline.live`` walks per virtual stage (model order), one micro-batch:
-    the saved bytes (``chunk_saved_bytes``), the input gradients kept from B to W under a split
+    the saved bytes, the input gradients kept from B to W under a split
     backward (``Part.wgrad_held_bytes``), the part of the saved bytes B frees
     (``Part.b_freed_bytes``: the loss's, on the last virtual stage) and the loss buffers
     (``loss_bytes``, on the last virtual stage; the walk reads them under a split backward
     only, ``splits_backward``).  The first virtual stage has neither held nor freed bytes: it sends
     no input gradient, so torch's ``PipelineStage.backward_one_chunk`` skips its B and runs its
     whole backward at W (torch 2.13 ``pipelining/stage.py``)."""
-    def after_first(attr: str) -> list[float]:
-        return [0.0] + per_bag(bags[1:], lambda bag: sum(getattr(p, attr) * n for p, n in bag))
-
+    saved, held, freed = per_bag(bags, lambda bag: (sum(p.saved_bytes * n for p, n in bag),
+                                                    sum(p.wgrad_held_bytes * n for p, n in bag),
+                                                    sum(p.b_freed_bytes * n for p, n in bag)))
     losses = [0.0] * (len(bags) - 1) + [loss]
-    return chunk_saved_bytes(bags), after_first("wgrad_held_bytes"), after_first("b_freed_bytes"), losses
+    return saved, [0.0] + held[1:], [0.0] + freed[1:], losses
 
 
 def _numel(p: Part) -> float:

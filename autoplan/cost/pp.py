@@ -104,25 +104,21 @@ def _chunk_kinds(order: tuple[str, ...], layers: tuple[int, ...]) -> tuple[tuple
     return tuple(out)
 
 
-def per_bag(bags: list[Bag], fn: Callable[[Bag], float]) -> list[float]:
-    """``[fn(bag) for bag in bags]``, ``fn`` once per distinct bag: ``stage_bags`` gives the inner
-    virtual stages of the same layers and policy one shared list."""
-    seen: dict[int, float] = {}
-    out = []
-    for bag in bags:
-        hit = seen.get(id(bag))
-        if hit is None:
-            hit = seen[id(bag)] = fn(bag)
-        out.append(hit)
-    return out
+def per_bag(bags: list[Bag], fn: Callable[[Bag], tuple]) -> list[list]:
+    """``fn(bag)`` (a tuple of sums) of every bag, ``fn`` once per distinct bag (``stage_bags``
+    gives the inner virtual stages of the same layers and policy one shared list), as one list
+    per entry of the tuple."""
+    seen: dict[int, tuple] = {}
+    rows = [seen[k] if (k := id(bag)) in seen else seen.setdefault(k, fn(bag)) for bag in bags]
+    return [list(column) for column in zip(*rows)] if rows else []
 
 
 def stage_times(bags: list[Bag], wpass: float = 1.0) -> tuple[list[float], list[float], list[float]]:
     """Per virtual stage F (forward + exposed forward communication), B (input gradient +
     exposed backward communication) and W (weight gradient, × ``wpass``), seconds per micro-batch."""
-    f = per_bag(bags, lambda bag: sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag))
-    b = per_bag(bags, lambda bag: sum((p.backward_s + p.exposed_bwd_s) * n for p, n in bag))
-    w = per_bag(bags, lambda bag: sum(p.wgrad_s * n for p, n in bag) * wpass)
+    f, b, w = per_bag(bags, lambda bag: (sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag),
+                                         sum((p.backward_s + p.exposed_bwd_s) * n for p, n in bag),
+                                         sum(p.wgrad_s * n for p, n in bag) * wpass))
     return f, b, w
 
 
