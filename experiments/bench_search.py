@@ -12,12 +12,12 @@ issue 13); the table gives both and their ratio (issue 13: ≤ 1.3).  ``--no-ban
 the second.
 
 Worst cases (``--worst``, issue 17): where memory is tight and pipelines run hundreds of
-micro-batches.  Each case runs in a fresh process that traces once, then searches twice: the
-reference path (``costmodels.pipeline.simulator.EXTRAPOLATE`` and ``autoplan.search.stages
-.REUSE`` off: every pipeline step simulated event by event, every variant and recompute policy
-priced) and the current one; it reports both wall and CPU times (the search process and its
-workers: the steadier figure on a shared machine), their ratios, and whether the top-K JSON
-is byte-identical; ``--write`` puts the table into RESULTS.md and a paragraph (the headline
+micro-batches.  Each case searches twice, each search cold in its own fresh process (which
+traces first, untimed): the reference path (``costmodels.pipeline.simulator.EXTRAPOLATE`` and
+``autoplan.search.stages.REUSE`` off: every pipeline step simulated event by event, every
+variant and recompute policy priced), then the current one; it reports both wall and CPU times
+(the search process and its workers: the steadier figure on a shared machine), their ratios,
+and whether the top-K JSON is byte-identical; ``--write`` puts the table into RESULTS.md and a paragraph (the headline
 rows and the slowest one) into the README.  ``--case`` picks rows (e.g. ``--case gpt3-175b@h100x1024``); the trace
 cache follows the environment (``AUTOPLAN_NO_CACHE=1`` for cold traces).
 
@@ -95,9 +95,8 @@ from autoplan.workload import load_cluster
 from autoplan.cost import rounded
 from autoplan.search import search, SearchOptions
 from autoplan.search import stages
-from autoplan.sharding import ilp, prepare, relaxation, solve
-from costmodels.pipeline import bounds, live, paired, simulator, steady
-model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+from costmodels.pipeline import simulator
+model, cluster, seq, batch, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 t0 = time.perf_counter()
 g = trace(model, seq=seq)
 out = {"trace_s": time.perf_counter() - t0}
@@ -109,34 +108,27 @@ def cpu():
     return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
-for name, on in (("old", False), ("new", True)):
-    simulator.EXTRAPOLATE = stages.REUSE = on
-    # each path starts cold: no compiled order, period, live walk or ILP solution left by the other
-    for cache in (simulator._compile, steady.find_period, steady._graph, steady.short_size, steady._period_rows, steady._parts,
-                  stages.balanced_cuts, bounds.peak_activations, live._events, live._walk, live._peaks,
-                  live._bytes, paired._level_tables, paired._whole_step_levels):
-        cache.cache_clear()
-    for memo in (solve._SOLVED, solve._LAYOUT_READS, solve._TENSOR_SHAPES, ilp._SKELETONS, relaxation._LP_SKELETONS,
-                 prepare._PREPARED, prepare._SCALED):
-        memo.clear()
-    t1, c1 = time.perf_counter(), cpu()
-    r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
-    out[name] = {"search_s": time.perf_counter() - t1, "cpu_s": cpu() - c1, "priced": r.stats.plans_priced,
-                 "best": r.candidates[0].plan.to_string(),
-                 "json": json.dumps([rounded(c.to_dict()) for c in r.candidates], indent=2, sort_keys=True)}
+simulator.EXTRAPOLATE = stages.REUSE = name == "new"
+t1, c1 = time.perf_counter(), cpu()
+r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
+out[name] = {"search_s": time.perf_counter() - t1, "cpu_s": cpu() - c1, "priced": r.stats.plans_priced,
+             "best": r.candidates[0].plan.to_string(),
+             "json": json.dumps([rounded(c.to_dict()) for c in r.candidates], indent=2, sort_keys=True)}
 print(json.dumps(out))
 """
 
 
 def worst(cases) -> list[dict]:
-    """Reference path vs current path, same process (see module docstring)."""
+    """Reference path vs current path, each search cold in its own process (see module docstring)."""
     rows = []
     env = dict(os.environ, PYTHONPATH=REPO)
     for model, cluster, seq, batch in cases:
         load = os.getloadavg()[0]
-        out = subprocess.run([sys.executable, "-c", _COMPARE, model, cluster, str(seq), str(batch)],
-                             capture_output=True, text=True, env=env, check=True)
-        r = json.loads(out.stdout)
+        r = {}
+        for name in ("old", "new"):          # each search cold in a fresh process
+            out = subprocess.run([sys.executable, "-c", _COMPARE, model, cluster, str(seq), str(batch), name],
+                                 capture_output=True, text=True, env=env, check=True)
+            r.update(json.loads(out.stdout))
         row = {"model": model, "cluster": cluster, "seq": seq, "batch": batch, "trace_s": r["trace_s"],
                "load": (load, os.getloadavg()[0]),
                "old_s": r["old"]["search_s"], "new_s": r["new"]["search_s"],
@@ -156,9 +148,10 @@ def worst(cases) -> list[dict]:
 def worst_markdown(rows, cmd: str = "") -> str:
     lines = [f"Worst cases (`python experiments/bench_search.py --worst{cmd}`, {_machine()}; 2 search workers; "
              "the machine is shared with other jobs, so wall seconds vary 1-3x run to run: CPU seconds (the search "
-             "process and its workers) and the ratios, measured in one process, are the steadier figures): "
+             "process and its workers) and the ratios are the steadier figures): "
              "reference path (every pipeline step simulated event by event, every variant and recompute policy "
-             "priced) vs current; trace once (its seconds: trace s), search seconds exclude it; load: the machine's "
+             "priced) vs current, each search cold in a fresh process that traces first (trace s: the current "
+             "path's), search seconds exclude it; load: the machine's "
              "1-minute load average before and after the row (2 cores: above 2, other jobs share them); "
              "target: search ≤ 10 s:", "",
              "| model | cluster | seq × batch | old search s | new search s | old / new | old CPU s | new CPU s | "
@@ -313,7 +306,8 @@ def readme_summary(rows) -> str:
             f"2 search workers, shared with other jobs{load}): {head or 'no headline row run'}.  Worst of the "
             f"{len(rows)} rows (memory-tight, hundreds of micro-batches per pipeline): {fig(worst)} (its trace "
             f"{worst['trace_s']:.1f} s more), {worst['ratio']:.1f}x faster in wall time and "
-            f"{worst['cpu_ratio']:.1f}x in CPU time than the reference path in the same run.  Top-K JSON "
+            f"{worst['cpu_ratio']:.1f}x in CPU time than the reference path in the same run (each search "
+            f"cold in a fresh process).  Top-K JSON "
             f"byte-identical to the reference path in {same} of {len(rows)} rows.  Every row: "
             f"`experiments/RESULTS.md`.\n")
 
