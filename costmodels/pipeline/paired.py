@@ -14,8 +14,10 @@ period matrices are built the same way, the samples a leading axis of the same l
 forms (``steady._period_matrix``), as many samples at once as fit the cache; the iteration A^J ⊗ x and its cycle check stay per sample
 (batched over samples, its products reduce a 3-D array along its middle axis: slower).
 
-``simulate_all`` is the same for a shape that does not extrapolate (GPipe; too few periods to
-pay off): the whole step's levels, every sample at once, each end time the same max of the
+Where the period matrix would not pay off, the periods run one at a time, every sample at
+once (``_run_periods_many``: ``steady._run_periods``' sums, level by level).
+``simulate_all`` is the same for a shape that does not extrapolate (GPipe; no short step with
+a period): the whole step's levels, every sample at once, each end time the same max of the
 same sums as ``events._run`` takes, so every entry is ``simulator._simulated``'s to the bit.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from costmodels.pipeline.events import Compiled, StageTimes, compile_schedule, d
 
 def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTimes]) -> list:
     """``steady.extrapolate`` of every entry of ``times`` (module docstring); all None where the
-    shape does not extrapolate (no qualifying m_s, or it would not pay off)."""
+    shape does not extrapolate (no qualifying m_s)."""
     c = steady.period_microbatches(schedule, p, m)
     sizes = steady.reduced_sizes(schedule, p, m, v)
     none = [None] * len(times)
@@ -38,10 +40,12 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
         return none
     m_s = sizes[0]
     per = steady.find_period(schedule, p, m_s, v, c)
-    if per is None or not steady._pays_off(per, m, m_s, c):
+    if per is None:
         return none
     comp = compile_schedule(schedule, p, m_s, v)
     durs = [durations(comp, t) for t in times]
+    if not steady._pays_off(per, m, m_s, c):
+        return _run_periods_many(comp, per, p, (m - m_s) // c, durs, times)
     group = max(1, FORMS_PER_BATCH // ((len(per.frontier) + len(per.period) + 1) * len(per.frontier)))
     matrices = [_period_matrices(comp, per, durs[lo:lo + group], times[lo:lo + group])
                 for lo in range(0, len(times), group)]
@@ -68,6 +72,35 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
         end[per.image, k] = x
     _run_levels(tail_levels, dur, end, p2p)
     return [steady.summary(comp, per, rank, durs[k], end[:n, k], periods, p) for k in range(len(times))]
+
+
+def _run_periods_many(comp: Compiled, per: steady.Period, p: int, periods: int, durs: list[np.ndarray],
+                      times: list[StageTimes]) -> list:
+    """``steady.extrapolate``'s periods run one by one (``steady._run_periods``) for every sample at
+    once, a level at a time; None each where an input of the period lies out of reach."""
+    if steady._period_rows(comp, per) is None:
+        return [None] * len(times)
+    n = len(comp.rank)
+    dur = np.stack(durs, axis=1)
+    p2p = np.stack([t.p2p for t in times], axis=1)
+    end = np.zeros((n + 2, len(times)))       # row n: 0 (no rank predecessor), row n + 1: −inf (no input)
+    end[n + 1] = -np.inf
+    head_levels, tail_levels = _level_tables(comp, per)
+    _run_levels(head_levels, dur, end, p2p)
+    work = end.copy()
+    for _ in range(periods):
+        work[per.frontier] = work[per.image]
+        _run_levels(_period_levels(comp, per), dur, work, p2p)
+    end[per.image] = work[per.image]
+    _run_levels(tail_levels, dur, end, p2p)
+    rank = np.asarray(comp.rank)
+    return [steady.summary(comp, per, rank, d, end[:n, k], periods, p, in_order=True) for k, d in enumerate(durs)]
+
+
+@lru_cache(maxsize=256)
+def _period_levels(comp: Compiled, per: steady.Period):
+    """``_run_levels``' tables of one period's actions (``steady.period_part``)."""
+    return _levels_of(steady.period_part(comp, per), len(comp.rank))
 
 
 def simulate_all(schedule: str, p: int, m: int, v: int, times: list[StageTimes]) -> list:

@@ -207,46 +207,87 @@ def _shift_map(g: _Graph, c: int) -> np.ndarray:
 def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
                 always: bool = False):
     """(step_time, steady_step_time, busy, peak_activations) of an m step from a shorter
-    simulated one, or None where no m_s qualifies or (unless ``always``) it would not be
-    faster than the full simulation (``_pays_off``).
+    simulated one, or None where no m_s qualifies.
 
     The frontier's end times after J = (m − m_s) / c more periods are A^J ⊗ (its times in
     the short step), A the max-plus matrix of one period (``_period_matrix``); applied J
-    times, or fewer once the iterates repeat (``_advance``).  The tail is then re-run
-    from that frontier (``_run_part``)."""
+    times, or fewer once the iterates repeat (``_advance``).  Where the matrix would not pay
+    off (``_pays_off``; unless ``always``), the J periods are run one by one instead, on the
+    short step's compiled order (``_run_periods``): the event-by-event simulation's sums in its
+    order, with no order of all m micro-batches to compile.  The tail is then re-run from that
+    frontier (``_run_part``)."""
     c = period_microbatches(schedule, p, m)
     for m_s in reduced_sizes(schedule, p, m, v):
         per = find_period(schedule, p, m_s, v, c)
-        if per is None or not (always or _pays_off(per, m, m_s, c)):
+        if per is None:
             return None
         comp = compile_schedule(schedule, p, m_s, v)
         dur_arr = durations(comp, times)
-        matrix = _period_matrix(comp, per, dur_arr, times)
-        if matrix is None:
-            return None
         periods = (m - m_s) // c
         head, tail, rank = _parts(comp, per)
         end = ends_list(len(dur_arr))
         image = per.image.tolist()
-        _run_part(head, dur_arr, end, times)            # the short step's past C_T
-        known = max(end)                                # ≤ the short step's largest end ≤ ``upper``
-        x = _advance(matrix, np.array([end[q] for q in image]), periods, known,
-                     upper=_tail_bound(tail, dur_arr, times, known))
-        if x is None:                                   # the exact scale decides: the short step's tail
-            _run_part(tail, dur_arr, end, times)
-            x = _advance(matrix, np.array([end[q] for q in image]), periods, max(end))
-        for q, value in zip(image, x.tolist()):
+        matrix_path = always or _pays_off(per, m, m_s, c)
+        if not matrix_path:
+            if _period_rows(comp, per) is None:      # an input out of reach: the full simulation
+                return None
+            _run_part(head, dur_arr, end, times)
+            x = _run_periods(per, period_part(comp, per), dur_arr, end, times, periods)
+        else:
+            matrix = _period_matrix(comp, per, dur_arr, times)
+            if matrix is None:
+                return None
+            _run_part(head, dur_arr, end, times)            # the short step's past C_T
+            known = max(end)                                # ≤ the short step's largest end ≤ ``upper``
+            x = _advance(matrix, np.array([end[q] for q in image]), periods, known,
+                         upper=_tail_bound(tail, dur_arr, times, known))
+            if x is None:                                   # the exact scale decides: the short step's tail
+                _run_part(tail, dur_arr, end, times)
+                x = _advance(matrix, np.array([end[q] for q in image]), periods, max(end))
+            x = x.tolist()
+        for q, value in zip(image, x):
             end[q] = value
         _run_part(tail, dur_arr, end, times)
-        return summary(comp, per, rank, dur_arr, end, periods, p)
+        return summary(comp, per, rank, dur_arr, end, periods, p, in_order=not matrix_path)
     return None
 
 
-def summary(comp: Compiled, per: Period, rank: np.ndarray, dur_arr: np.ndarray, end, periods: int, p: int):
+def _run_periods(per: Period, part: "_Part", dur_arr: np.ndarray, end: list[float], times: StageTimes,
+                 periods: int) -> list[float]:
+    """The frontier's end times after ``periods`` more periods, one at a time: the frontier F_S
+    takes the times of its images σ F_S, then the period's actions run again (their inputs lie
+    in F_S and the period), so its images hold the next period's; ``end`` (the short step's
+    past C_T) is left as it was."""
+    work = list(end)
+    front, image = per.frontier.tolist(), per.image.tolist()
+    for _ in range(periods):
+        x = [work[q] for q in image]
+        for q, value in zip(front, x):
+            work[q] = value
+        _run_part(part, dur_arr, work, times)
+    return [work[q] for q in image]
+
+
+@lru_cache(maxsize=256)
+def period_part(comp: Compiled, per: Period) -> "_Part":
+    """The ``_Part`` of one period's actions (C_T − C_S)."""
+    return part_of(comp, np.asarray(per.prev), per.period)
+
+
+def summary(comp: Compiled, per: Period, rank: np.ndarray, dur_arr: np.ndarray, end, periods: int, p: int,
+            in_order: bool = False):
     """(step, steady step, busy per rank, peak) of an extrapolated run: ``end`` holds every
-    action's end time with the ``periods`` skipped periods applied."""
-    busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
-        rank[per.period], weights=dur_arr[per.period], minlength=p)
+    action's end time with the ``periods`` skipped periods applied.  ``in_order``: each rank's
+    busy time summed action by action in its order (the past C_T, the inserted periods, the
+    tail: a rank's actions in each come after the ones before, C_T being down-closed), as the
+    event-by-event simulation sums it, rather than periods × one period's."""
+    if in_order:
+        head, tail, _ = _parts(comp, per)
+        order = np.concatenate([head.at, np.tile(per.period, periods), tail.at])
+        busy = np.bincount(rank[order], weights=dur_arr[order], minlength=p)
+    else:
+        busy = np.bincount(rank, weights=dur_arr, minlength=p) + periods * np.bincount(
+            rank[per.period], weights=dur_arr[per.period], minlength=p)
     starts = [end[q] - dur_arr[q] for q in comp.first_pos]
     ends = [end[q] for q in comp.last_pos]
     step = max(ends) - min(starts)

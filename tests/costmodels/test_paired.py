@@ -33,7 +33,17 @@ def test_paired_extrapolation_is_each_samples_own_bit_for_bit(schedule, p, m, v)
     assert got == want
 
 
-@pytest.mark.parametrize("schedule,p,m,v", SHAPES + [("gpipe", 4, 16, 1), ("1f1b", 4, 5, 1)])
+PERIOD_BY_PERIOD = [("interleaved", 8, 40, 2), ("1f1b", 8, 12, 1), ("zbv", 4, 12, 2), ("dualpipev", 4, 13, 2)]
+
+
+@pytest.mark.parametrize("schedule,p,m,v", PERIOD_BY_PERIOD)
+def test_these_shapes_run_their_periods_one_by_one(schedule, p, m, v):
+    c = steady.period_microbatches(schedule, p, m)
+    m_s = steady.reduced_sizes(schedule, p, m, v)[0]
+    assert not steady._pays_off(steady.find_period(schedule, p, m_s, v, c), m, m_s, c)
+
+
+@pytest.mark.parametrize("schedule,p,m,v", SHAPES + PERIOD_BY_PERIOD + [("gpipe", 4, 16, 1), ("1f1b", 4, 5, 1)])
 def test_simulate_many_is_simulate_per_sample(schedule, p, m, v):
     rng = np.random.default_rng(7)
     n = p * v

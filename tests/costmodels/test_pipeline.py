@@ -11,7 +11,7 @@ import pytest
 from costmodels.pipeline import (SCHEDULES, PipelineResult, closed_form_bubble,
                                  closed_form_peak_activations, simulate, stage_rank)
 from costmodels.pipeline import schedules as schedules_mod
-from costmodels.pipeline import steady
+from costmodels.pipeline import simulator, steady
 from costmodels.pipeline.events import StageTimes
 from costmodels.pipeline.simulator import _compile
 
@@ -340,6 +340,34 @@ def test_extrapolated_step_equals_full_simulation(schedule):
                         _assert_same(PipelineResult(schedule, p, m, v, *fast), full, where)
     if schedule != "gpipe":    # GPipe's two steady states: always the full simulation
         assert extrapolated >= 100
+
+
+@pytest.mark.parametrize("schedule", sorted(set(CHUNKS) - {"gpipe"}))
+def test_periods_run_one_by_one_give_the_full_simulation_to_the_bit(schedule, monkeypatch):
+    """Where the period matrix would not pay off, the inserted periods run one at a time on the
+    short step's order (``steady._run_periods``): every field equals the event-by-event step's
+    exactly (its sums in its order, each rank's busy time too), with no m-step order compiled."""
+    rng = np.random.default_rng(5)
+    checked = 0
+    for p in (2, 4, 6, 8):
+        for v in ((2, 3) if schedule == "interleaved" else (CHUNKS[schedule],)):
+            for m in range(p, 12 * p + 1, p if schedule == "interleaved" else 1):
+                c = steady.period_microbatches(schedule, p, m)
+                sizes = steady.reduced_sizes(schedule, p, m, v)
+                per = steady.find_period(schedule, p, sizes[0], v, c) if sizes else None
+                if per is None or steady._pays_off(per, m, sizes[0], c):
+                    continue
+                for mode in ("uneven", "head"):
+                    f, b, w, p2p = _stage_times(rng, p * v, mode)
+                    kw = dict(stages=p, microbatches=m, chunks=v, f=f, b=b, w=w, p2p=p2p)
+                    if schedule == "dualpipev":
+                        kw.update(f_comm=f * 0.3, b_comm=b * 0.2)
+                    with monkeypatch.context() as patch:           # no order of all m compiled
+                        patch.setattr(simulator, "_compile", lambda *a: pytest.fail(f"compiled {a}"))
+                        fast = simulate(schedule, **kw)
+                    assert fast == simulate(schedule, full=True, **kw), (p, v, m, mode)
+                    checked += 1
+    assert checked >= 20
 
 
 @pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved", 3), ("zb-h1", 1),
