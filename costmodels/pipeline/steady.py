@@ -299,16 +299,10 @@ def _pays_off(per: Period, m: int, m_s: int, c: int) -> bool:
     """Whether the J = (m − m_s)/c inserted periods are worth A, in units of one
     event-simulated action: building A costs ~16 a period action (numpy on frontier-long
     rows), re-running the tail its length, fixed overheads ~1,000 (measured on pp = 8..32,
-    every schedule).  Simulating the J periods instead costs J·|P| a run, but first the
-    m order must be compiled, ~18 runs' worth (``events.compile_schedule``, pure Python,
-    cached per shape), and a search prices each shape a few times (after its bounds, about
-    4): so J·|P|·(1 + 18/4) against 16·|P| + |tail| + 1000."""
+    every schedule).  Running the J periods one by one instead (``_run_periods``, on the short
+    step's compiled order) costs J·|P|: so J·|P| against 16·|P| + |tail| + 1000."""
     size, periods = len(per.period), (m - m_s) // c
-    return periods * size * (1 + COMPILE_RUNS / RUNS_PER_SHAPE) > 16 * size + per.tail_size + 1000
-
-
-COMPILE_RUNS = 18        # compiling a step's order costs this many runs of it (measured, pp = 16..128)
-RUNS_PER_SHAPE = 4       # simulations per compiled shape in a search (gpt-1t on h100x1024: 359 on 88)
+    return periods * size > 16 * size + per.tail_size + 1000
 
 
 def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):

@@ -10,8 +10,9 @@ from costmodels.pipeline.events import StageTimes
 from costmodels.pipeline.paired import extrapolate_many
 from costmodels.pipeline.simulator import _boundaries
 
-SHAPES = [("1f1b", 8, 64, 1), ("zb-h1", 6, 48, 1), ("zbv", 8, 96, 2), ("dualpipev", 6, 60, 2),
-          ("zb-h2", 4, 64, 1), ("interleaved", 4, 64, 2), ("interleaved", 8, 96, 3), ("1f1b", 16, 256, 1)]
+# long enough that the period matrix pays off (``steady._pays_off``): the matrix path is exercised
+SHAPES = [("1f1b", 8, 256, 1), ("zb-h1", 6, 160, 1), ("zbv", 8, 96, 2), ("dualpipev", 6, 240, 2),
+          ("zb-h2", 4, 192, 1), ("interleaved", 4, 176, 2), ("interleaved", 8, 208, 3), ("1f1b", 16, 256, 1)]
 
 
 def _times(rng, schedule: str, n: int, trial: int) -> StageTimes:
@@ -27,6 +28,9 @@ def _times(rng, schedule: str, n: int, trial: int) -> StageTimes:
 def test_paired_extrapolation_is_each_samples_own_bit_for_bit(schedule, p, m, v):
     rng = np.random.default_rng(p * 100 + m + v)
     times = [_times(rng, schedule, p * v, trial) for trial in range(7)]
+    c = steady.period_microbatches(schedule, p, m)
+    m_s = steady.reduced_sizes(schedule, p, m, v)[0]
+    assert steady._pays_off(steady.find_period(schedule, p, m_s, v, c), m, m_s, c)     # the matrix path
     got = extrapolate_many(schedule, p, m, v, times)
     want = [steady.extrapolate(schedule, p, m, v, t) for t in times]
     assert all(w is not None for w in want)       # the shapes extrapolate: the paired path is exercised
