@@ -36,7 +36,10 @@ C_T (the m_s step is the shortest with a split: ~pp micro-batches for 1F1B, up t
 interleaved), the period's matrix and one pass over the tail, independent of m.  The cycle
 tolerance's scale, the m_s step's largest end, is bracketed by C_T's largest end and a
 level-wise bound on the tail's (``_tail_bound``); the m_s step's tail is simulated for it
-only where some comparison falls between the two tolerances (``_advance``).
+only where some comparison falls between the two tolerances (``_advance``).  Where J is so
+small that building A costs more (``_pays_off``), the J periods are run one by one on the m_s
+step's order instead (``_run_periods``): the event-by-event simulation's floats, at no more
+than the matrix's cost, and still no order of all m micro-batches to compile.
 """
 from __future__ import annotations
 
