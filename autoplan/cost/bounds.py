@@ -139,9 +139,7 @@ def plan_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
     shape = _shape(est, plan, global_batch)
     pol = fsdp.policy(est.options, plan)
     states = [memory.bag_states(plan, bag, last, pol=pol, **shape.inputs) for bag, last in shape.groups]
-    params, grads, optimizer, last, other = np.array([x[:5] for x in states])[list(shape.of_rank)].T
-    # memory.rank_total of every rank at once: the same sums in the same order
-    totals = params + grads + optimizer + (np.asarray(shape.live) + last) + np.maximum(0.0, other - last)
+    totals = memory.rank_total(np.array([x[:5] for x in states])[list(shape.of_rank)].T, np.asarray(shape.live))
     peak = float(totals.max())
     return Memory(peak <= est.usable_bytes, peak / GIB, tuple((totals / GIB).tolist()),
                   tuple((x[5], x[6]) for x in states))

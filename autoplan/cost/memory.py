@@ -51,6 +51,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from autoplan.cost.fsdp import Policy
 from autoplan.cost.pp import Pipeline, per_bag
 from autoplan.cost.types import DEFAULT_MARGIN_GIB, Part  # noqa: F401  (DEFAULT_MARGIN_GIB: documented here)
@@ -193,11 +195,12 @@ def rank_groups(bags, rank_chunks) -> tuple[tuple[tuple[list, bool], ...], tuple
     return tuple(groups), tuple(of_rank)
 
 
-def rank_total(states: tuple[float, ...], live_bytes: float) -> float:
-    """``RankMemory.total`` of a rank with ``bag_states`` ``states`` and ``live_bytes`` of
-    activations at its peak, to the bit (the same sums in the same order)."""
+def rank_total(states, live_bytes):
+    """``RankMemory.total`` of ranks with ``bag_states`` ``states`` (its first five entries; each
+    a number, or an array with one per rank) and ``live_bytes`` of activations at their peaks,
+    to the bit (the same sums in the same order)."""
     params, grads, optimizer, last, other = states[:5]
-    return params + grads + optimizer + (live_bytes + last) + max(0.0, other - last)
+    return params + grads + optimizer + (live_bytes + last) + np.maximum(0.0, other - last)
 
 
 def rank_numels(pipe: Pipeline, rank: int) -> tuple[float, float]:

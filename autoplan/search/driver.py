@@ -185,8 +185,11 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
     _solve_ilps(est, meshes, global_batch, options.mbs, workers)
     bounded = []
     pruned_memory = 0
+    least_states = float("inf")          # GiB: what the no-fit message reports where nothing was priced
     for mesh in meshes:
-        if states_floor(est, mesh, global_batch, options.mbs) > est.usable_bytes / GIB:
+        states = states_floor(est, mesh, global_batch, options.mbs)
+        least_states = min(least_states, states)
+        if states > est.usable_bytes / GIB:
             pruned_memory += 1
             continue
         bounded.append((lower_bound(est, mesh, global_batch, options.mbs), _mesh_sort_key(mesh), mesh))
@@ -200,7 +203,7 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
         results, evaluated, priced, pruned_bound, shortfall, variants = _explore(est, bounded, global_batch, options,
                                                                                  procs, start)
         if not results:
-            raise UserError(_no_fit_message(est, meshes, shortfall, global_batch, options.mbs), _no_fit_fix(est))
+            raise UserError(_no_fit_message(est, shortfall, least_states), _no_fit_fix(est))
         ranked = sorted(results.values(), key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
         candidates, pool = _choose(est, ranked, variants, global_batch, options, procs)
     finally:
@@ -698,11 +701,12 @@ def _progress(enabled: bool, total: int, started: float | None = None):
     return _RichProgress(total, started) if enabled else _NoProgress()
 
 
-def _no_fit_message(est: Estimator, meshes, shortfall: float, global_batch: int, mbs_choices) -> str:
+def _no_fit_message(est: Estimator, shortfall: float, least_states: float) -> str:
+    """``shortfall``: the least GiB over HBM of a plan priced (inf: none was), else
+    ``least_states``, the smallest model-state floor of any mesh (``states_floor``)."""
     hbm = est.usable_bytes / GIB
     if shortfall == float("inf"):
-        best_states = min(states_floor(est, m, global_batch, mbs_choices) for m in meshes)
-        shortfall = best_states - hbm
+        shortfall = least_states - hbm
     return (f"{est.model.model.name} fits no plan on {est.cluster.name}: the closest plan needs "
             f"{shortfall:.1f} GiB more than the {hbm:.1f} GiB of HBM per GPU left by the "
             f"{est.options.memory_margin_gib:g} GiB memory margin")

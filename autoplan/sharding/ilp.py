@@ -142,7 +142,7 @@ def solve(problem: IlpProblem, backend: str = "cpsat", time_limit_s: float = 30.
         return solvers[backend](problem, time_limit_s)
     except IlpInfeasible as failed:
         hint = _greedy_choice(problem)
-        if _feasible(problem, hint):
+        if feasible(problem, hint):
             obj = evaluate(problem, hint)
             return IlpSolution(hint, obj, min(obj, _lp_bound(problem)), "feasible",
                                time.perf_counter() - start, backend, f"{failed}: used the greedy start")
@@ -166,7 +166,7 @@ def load_backend(backend: str) -> None:
         import pulp  # noqa: F401
 
 
-def _feasible(problem: IlpProblem, choice: Sequence[int]) -> bool:
+def feasible(problem: IlpProblem, choice: Sequence[int]) -> bool:
     """Every constraint met: no forbidden strategy or redistribution, ties kept, memory row."""
     if any(s in n.forbidden for n, s in zip(problem.nodes, choice)):
         return False

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from autoplan.sharding.ilp import IlpProblem, IlpSolution, Skeleton, _feasible, built_variables, evaluate, per_structure
+from autoplan.sharding.ilp import IlpProblem, IlpSolution, Skeleton, built_variables, evaluate, feasible, per_structure
 
 INTEGRAL_TOL = 1e-6      # an x within this of 0 or 1 is read as that integer
 REL_TOL = 1e-9           # the certificate: the assignment's objective within this of the LP bound
@@ -116,7 +116,7 @@ def solve_relaxation(problem: IlpProblem) -> IlpSolution | None:
     if any(abs(val - round(val)) > INTEGRAL_TOL for row in rows for val in row):
         return None
     choice = tuple(max(range(len(row)), key=lambda s: row[s]) for row in rows)
-    if not _feasible(problem, choice):        # the LP's rows hold it; checked on the assignment itself
+    if not feasible(problem, choice):        # the LP's rows hold it; checked on the assignment itself
         return None
     bound = float(solver.objective_value())
     objective = evaluate(problem, choice)

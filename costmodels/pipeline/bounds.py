@@ -41,7 +41,7 @@ from typing import Sequence
 
 from costmodels.pipeline import steady
 from costmodels.pipeline.events import _peak_in_flight, compile_schedule
-from costmodels.pipeline.schedules import shared_orders, get_spec, stage_rank
+from costmodels.pipeline.schedules import get_spec, shared_orders, stage_rank
 from costmodels.pipeline.shared import shared
 
 

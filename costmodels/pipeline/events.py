@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, shared_orders, get_spec,
+from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, get_spec, shared_orders,
                                            stage_rank)
 from costmodels.pipeline.shared import shared
 

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodels.pipeline.schedules import B, BW, F, W, build_orders, shared_orders, get_spec
+from costmodels.pipeline.schedules import B, BW, F, W, build_orders, get_spec, shared_orders
 from costmodels.pipeline.shared import shared
 from costmodels.pipeline.steady import reduced_sizes
 

@@ -15,7 +15,7 @@ forms (``steady._period_matrix``), as many samples at once as fit the cache; the
 (batched over samples, its products reduce a 3-D array along its middle axis: slower).
 
 Where the period matrix would not pay off, the periods run one at a time, every sample at
-once (``_run_periods_many``: ``steady._run_periods``' sums, level by level).
+once (``steady._run_periods``' sums, level by level).
 ``simulate_all`` is the same for a shape that does not extrapolate (GPipe; no short step with
 a period): the whole step's levels, every sample at once, each end time the same max of the
 same sums as ``events._run`` takes, so every entry is ``simulator._simulated``'s to the bit.
@@ -32,7 +32,7 @@ from costmodels.pipeline.events import Compiled, StageTimes, compile_schedule, d
 
 def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTimes]) -> list:
     """``steady.extrapolate`` of every entry of ``times`` (module docstring); all None where the
-    shape does not extrapolate (no qualifying m_s)."""
+    shape does not extrapolate (no qualifying m_s, or an input of its period out of reach)."""
     c = steady.period_microbatches(schedule, p, m)
     sizes = steady.reduced_sizes(schedule, p, m, v)
     none = [None] * len(times)
@@ -43,58 +43,46 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
     if per is None:
         return none
     comp = compile_schedule(schedule, p, m_s, v)
-    durs = [durations(comp, t) for t in times]
-    if not steady._pays_off(per, m, m_s, c):
-        return _run_periods_many(comp, per, p, (m - m_s) // c, durs, times)
-    group = max(1, FORMS_PER_BATCH // ((len(per.frontier) + len(per.period) + 1) * len(per.frontier)))
-    matrices = [_period_matrices(comp, per, durs[lo:lo + group], times[lo:lo + group])
-                for lo in range(0, len(times), group)]
-    if matrices[0] is None:
+    if steady._period_rows(comp, per) is None:
         return none
-    matrices = [a for batch in matrices for a in batch]
+    durs = [durations(comp, t) for t in times]
     periods = (m - m_s) // c
     _, tail, rank = steady._parts(comp, per)
     head_levels, tail_levels = _level_tables(comp, per)
-    n = len(comp.rank)
-    dur = np.stack(durs, axis=1)
-    p2p = np.stack([t.p2p for t in times], axis=1)
-    end = np.zeros((n + 2, len(times)))       # row n: 0 (no rank predecessor), row n + 1: −inf (no input)
-    end[n + 1] = -np.inf
+    n, dur, p2p, end = _columns(comp, durs, times)
     _run_levels(head_levels, dur, end, p2p)
-    for k, (d, t) in enumerate(zip(durs, times)):
-        known = float(end[:n, k].max())
-        x = steady._advance(matrices[k], end[per.image, k], periods, known,
-                            upper=steady._tail_bound(tail, d, t, known))
-        if x is None:                          # the exact scale: this sample's short-step tail
-            short = end[:n, k].copy()
-            steady._run_part(tail, durs[k], short, times[k])
-            x = steady._advance(matrices[k], short[per.image], periods, float(short.max()))
-        end[per.image, k] = x
+    matrix_path = steady._pays_off(per, m, m_s, c)
+    if matrix_path:
+        group = max(1, FORMS_PER_BATCH // ((len(per.frontier) + len(per.period) + 1) * len(per.frontier)))
+        matrices = [a for lo in range(0, len(times), group)
+                    for a in _period_matrices(comp, per, durs[lo:lo + group], times[lo:lo + group])]
+        for k, (d, t) in enumerate(zip(durs, times)):
+            known = float(end[:n, k].max())
+            x = steady._advance(matrices[k], end[per.image, k], periods, known,
+                                upper=steady._tail_bound(tail, d, t, known))
+            if x is None:                          # the exact scale: this sample's short-step tail
+                short = end[:n, k].copy()
+                steady._run_part(tail, durs[k], short, times[k])
+                x = steady._advance(matrices[k], short[per.image], periods, float(short.max()))
+            end[per.image, k] = x
+    else:                                      # the periods one by one (``steady._run_periods``)
+        work, levels = end.copy(), _period_levels(comp, per)
+        for _ in range(periods):
+            work[per.frontier] = work[per.image]
+            _run_levels(levels, dur, work, p2p)
+        end[per.image] = work[per.image]
     _run_levels(tail_levels, dur, end, p2p)
-    return [steady.summary(comp, per, rank, durs[k], end[:n, k], periods, p) for k in range(len(times))]
+    return [steady.summary(comp, per, rank, d, end[:n, k], periods, p, in_order=not matrix_path)
+            for k, d in enumerate(durs)]
 
 
-def _run_periods_many(comp: Compiled, per: steady.Period, p: int, periods: int, durs: list[np.ndarray],
-                      times: list[StageTimes]) -> list:
-    """``steady.extrapolate``'s periods run one by one (``steady._run_periods``) for every sample at
-    once, a level at a time; None each where an input of the period lies out of reach."""
-    if steady._period_rows(comp, per) is None:
-        return [None] * len(times)
+def _columns(comp: Compiled, durs: list[np.ndarray], times: list[StageTimes]):
+    """(actions n, durations and p2p with the samples as columns, ``_run_levels``' end array:
+    row n 0 (no rank predecessor), row n + 1 −inf (no input))."""
     n = len(comp.rank)
-    dur = np.stack(durs, axis=1)
-    p2p = np.stack([t.p2p for t in times], axis=1)
-    end = np.zeros((n + 2, len(times)))       # row n: 0 (no rank predecessor), row n + 1: −inf (no input)
+    end = np.zeros((n + 2, len(times)))
     end[n + 1] = -np.inf
-    head_levels, tail_levels = _level_tables(comp, per)
-    _run_levels(head_levels, dur, end, p2p)
-    work = end.copy()
-    for _ in range(periods):
-        work[per.frontier] = work[per.image]
-        _run_levels(_period_levels(comp, per), dur, work, p2p)
-    end[per.image] = work[per.image]
-    _run_levels(tail_levels, dur, end, p2p)
-    rank = np.asarray(comp.rank)
-    return [steady.summary(comp, per, rank, d, end[:n, k], periods, p, in_order=True) for k, d in enumerate(durs)]
+    return n, np.stack(durs, axis=1), np.stack([t.p2p for t in times], axis=1), end
 
 
 @lru_cache(maxsize=256)
@@ -108,11 +96,7 @@ def simulate_all(schedule: str, p: int, m: int, v: int, times: list[StageTimes])
     ``simulator._simulated`` prices one run (module docstring)."""
     comp = compile_schedule(schedule, p, m, v)
     durs = [durations(comp, t) for t in times]
-    n = len(comp.rank)
-    dur = np.stack(durs, axis=1)
-    p2p = np.stack([t.p2p for t in times], axis=1)
-    end = np.zeros((n + 2, len(times)))       # row n: 0 (no rank predecessor), row n + 1: −inf (no input)
-    end[n + 1] = -np.inf
+    _, dur, p2p, end = _columns(comp, durs, times)
     _run_levels(_whole_step_levels(comp), dur, end, p2p)
     rank = np.asarray(comp.rank)
     out = []

@@ -35,9 +35,8 @@ References (read to get the orders right; the code below is our own):
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 F, B, W, BW = 0, 1, 2, 3

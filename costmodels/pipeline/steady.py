@@ -225,22 +225,19 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
         if per is None:
             return None
         comp = compile_schedule(schedule, p, m_s, v)
+        if _period_rows(comp, per) is None:             # an input out of reach: the full simulation
+            return None
         dur_arr = durations(comp, times)
         periods = (m - m_s) // c
         head, tail, rank = _parts(comp, per)
         end = ends_list(len(dur_arr))
         image = per.image.tolist()
+        _run_part(head, dur_arr, end, times)            # the short step's past C_T
         matrix_path = always or _pays_off(per, m, m_s, c)
         if not matrix_path:
-            if _period_rows(comp, per) is None:      # an input out of reach: the full simulation
-                return None
-            _run_part(head, dur_arr, end, times)
             x = _run_periods(per, period_part(comp, per), dur_arr, end, times, periods)
         else:
             matrix = _period_matrix(comp, per, dur_arr, times)
-            if matrix is None:
-                return None
-            _run_part(head, dur_arr, end, times)            # the short step's past C_T
             known = max(end)                                # ≤ the short step's largest end ≤ ``upper``
             x = _advance(matrix, np.array([end[q] for q in image]), periods, known,
                          upper=_tail_bound(tail, dur_arr, times, known))

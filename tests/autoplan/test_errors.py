@@ -287,7 +287,7 @@ def test_ilp_failure_with_infeasible_greedy_start_tries_the_other_backend(monkey
     problem = random_problem(5, memory=True)
 
     monkeypatch.setattr(ilp, "_greedy_choice", lambda p: tuple(len(n.cost) - 1 for n in p.nodes))
-    if ilp._feasible(problem, ilp._greedy_choice(problem)):
+    if ilp.feasible(problem, ilp._greedy_choice(problem)):
         pytest.skip("this seed's greedy start fits the budget")
 
     def fail(problem, time_limit_s):

@@ -24,13 +24,18 @@ def _times(rng, schedule: str, n: int, trial: int) -> StageTimes:
     return StageTimes(f, 2 * f, 0.5 * f, comm, 1.3 * comm, _boundaries(rng.uniform(0, 0.05, n - 1), n))
 
 
+def _takes_the_matrix(schedule: str, p: int, m: int, v: int) -> bool:
+    """Whether the shape's extrapolation builds the period matrix (``steady._pays_off``)."""
+    c = steady.period_microbatches(schedule, p, m)
+    m_s = steady.reduced_sizes(schedule, p, m, v)[0]
+    return steady._pays_off(steady.find_period(schedule, p, m_s, v, c), m, m_s, c)
+
+
 @pytest.mark.parametrize("schedule,p,m,v", SHAPES)
 def test_paired_extrapolation_is_each_samples_own_bit_for_bit(schedule, p, m, v):
     rng = np.random.default_rng(p * 100 + m + v)
     times = [_times(rng, schedule, p * v, trial) for trial in range(7)]
-    c = steady.period_microbatches(schedule, p, m)
-    m_s = steady.reduced_sizes(schedule, p, m, v)[0]
-    assert steady._pays_off(steady.find_period(schedule, p, m_s, v, c), m, m_s, c)     # the matrix path
+    assert _takes_the_matrix(schedule, p, m, v)
     got = extrapolate_many(schedule, p, m, v, times)
     want = [steady.extrapolate(schedule, p, m, v, t) for t in times]
     assert all(w is not None for w in want)       # the shapes extrapolate: the paired path is exercised
@@ -42,9 +47,7 @@ PERIOD_BY_PERIOD = [("interleaved", 8, 40, 2), ("1f1b", 8, 12, 1), ("zbv", 4, 12
 
 @pytest.mark.parametrize("schedule,p,m,v", PERIOD_BY_PERIOD)
 def test_these_shapes_run_their_periods_one_by_one(schedule, p, m, v):
-    c = steady.period_microbatches(schedule, p, m)
-    m_s = steady.reduced_sizes(schedule, p, m, v)[0]
-    assert not steady._pays_off(steady.find_period(schedule, p, m_s, v, c), m, m_s, c)
+    assert not _takes_the_matrix(schedule, p, m, v)
 
 
 @pytest.mark.parametrize("schedule,p,m,v", SHAPES + PERIOD_BY_PERIOD + [("gpipe", 4, 16, 1), ("1f1b", 4, 5, 1)])
