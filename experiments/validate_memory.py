@@ -1,15 +1,23 @@
 """Price the public memory rows of ../shared/reference/regime_runs.json and compare.
 
-    python experiments/validate_memory.py [--json] [--write]
+    python experiments/validate_memory.py [--json] [--reserved] [--write]
 
 Rows: every row with a published peak (``mem_gib``: torchtitan's Dec 2024 H100 T1/T3 runs) and
 every ``group=memory-must-fit`` row (layouts that ran on 80 GB: they must fit).  Mapping, the same
 for every row: a row whose note says "selective (op)" ran torchtitan's selective op
 checkpointing, priced as ``recompute=op`` (the JSON's ``selective`` is the engine's word for
-it); everything else as written.  The prediction is the peak *allocated* memory (what torch's
-``MemTracker`` measures: ``autoplan memcheck``); torchtitan's figure is its device-memory
-monitor's peak *reserved* memory (``torch.cuda.max_memory_reserved``), which adds the caching
-allocator's cached blocks; a must-fit row must fit HBM less the whole margin.
+it); everything else as written.  The estimate is the peak *allocated* memory (what torch's
+``MemTracker`` measures: ``autoplan memcheck``); a must-fit row must fit HBM less the whole margin.
+
+torchtitan's figure is its device-memory monitor's peak *reserved* memory
+(``torch.cuda.max_memory_reserved``), which adds the caching allocator's cached blocks.  With
+``--reserved`` (and always with ``--write``) such a row is also run by ``autoplan memcheck`` at
+the row's plan, the whole model on fake tensors, and the run's allocator requests are replayed
+through torch's CUDA caching allocator (``costmodels.allocator``): the predicted reserved peak is
+the estimate plus the replay's gap (reserved − allocated), under expandable segments, which
+torchtitan's launcher sets (``run_llama_train.sh`` at 9628a18, the Dec 2024 layout:
+``PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"``); the classic allocator, torch's default,
+is shown beside it.  No parameter is fitted: the replay is the allocator's algorithm.
 
 A row whose run published its configuration is priced with it (``published_regimes.RUN_SETTINGS``,
 shared with the step-time regime table):
@@ -67,7 +75,12 @@ def memory_rows(path: str | None = None) -> list[dict]:
     return rows
 
 
-def price(row: dict, options: EstimateOptions = EstimateOptions()) -> dict:
+RESERVED_ALLOCATOR = "expandable"      # torchtitan's launcher (module docstring)
+
+
+def price(row: dict, options: EstimateOptions = EstimateOptions(), *, reserved: bool = False) -> dict:
+    """The row's estimate beside its published figure; with ``reserved`` and a published
+    (reserved) peak, also the allocator replay (``reserved_gap``) and the error against it."""
     options = dataclasses.replace(options, **row.get("options", {}))
     cluster = pr._cluster(row["cluster"])
     est = Estimator(pr._model(row["model"], row["seq"]), cluster, options)
@@ -77,21 +90,47 @@ def price(row: dict, options: EstimateOptions = EstimateOptions()) -> dict:
            "limit_gib": round(e.memory_limit_gib, 2), "fits": e.fits, "must_fit": row["must_fit"],
            "published_gib": row["published_gib"], "options": row.get("options", {}), "alive": [list(a) for a in e.activations_alive]}
     if row["published_gib"]:
-        out["error"] = round(e.memory_gib / row["published_gib"] - 1.0, 4)
+        out["error"] = out["allocated_error"] = round(e.memory_gib / row["published_gib"] - 1.0, 4)
+        if reserved:
+            gaps = reserved_gap(row, cluster)
+            out["reserved"] = {name: {"gap_gib": round(g, 2), "predicted_gib": round(e.memory_gib + g, 2)}
+                               for name, g in gaps.items()}
+            out["predicted_reserved_gib"] = out["reserved"][RESERVED_ALLOCATOR]["predicted_gib"]
+            out["error"] = round((e.memory_gib + gaps[RESERVED_ALLOCATOR]) / row["published_gib"] - 1.0, 4)
     return out
 
 
+def reserved_gap(row: dict, cluster) -> dict[str, float]:
+    """GiB the caching allocator reserves beyond the allocated peak on the row's plan, per
+    allocator (``autoplan.apply.memcheck.measure`` with ``reserved``: rank 0, the whole model)."""
+    from autoplan.apply.memcheck import GIB, measure
+
+    plan = Plan.parse(row["plan"], num_gpus=cluster.num_gpus)
+    got = measure(row["model"], plan, seq=row["seq"], global_batch=row["global_batch"], rank=0, reserved=True,
+                  hbm_bytes=cluster.gpu.hbm_bytes)
+    return {name: (r["reserved_peak"] - r["allocated_peak"]) / GIB for name, r in got["reserved"].items()}
+
+
 def markdown(results: list[dict]) -> str:
-    """The rows as a RESULTS.md table (GiB; limit = HBM less the margin)."""
-    lines = ["| row | published | predicted | error | limit | fits | params / grads / optimizer / activations / "
-             "other | priced plan (run settings) |", "|" + "---|" * 8]
+    """The rows as a RESULTS.md table (GiB; limit = HBM less the margin).  A reserved row priced
+    with ``reserved`` shows the allocator replay's gap under expandable segments (classic)."""
+    lines = ["| row | published | estimate (allocated) | + allocator gap, expandable (classic) | predicted | error | "
+             "limit | fits | params / grads / optimizer / activations / other | priced plan (run settings) |",
+             "|" + "---|" * 10]
     for r in results:
         pub = f"{r['published_gib']:.1f} (reserved)" if r["published_gib"] else "ran: must fit"
         err = f"{r['error']:+.1%}" if "error" in r else ""
+        gap = predicted = ""
+        if "reserved" in r:
+            gap = f"{r['reserved']['expandable']['gap_gib']:.1f} ({r['reserved']['classic']['gap_gib']:.1f})"
+            predicted = f"{r['predicted_reserved_gib']:.1f} (reserved)"
+        elif r["published_gib"] is None:
+            predicted = f"{r['predicted_gib']:.1f}"
         b = " / ".join(f"{r['breakdown_gib'][k]:.1f}" for k in ("params", "grads", "optimizer", "activations", "other"))
         opts = ", ".join(f"{k}={v}" for k, v in sorted(r["options"].items()))
-        lines.append(f"| {r['id']} | {pub} | {r['predicted_gib']:.1f} | {err} | {r['limit_gib']:.1f} | "
-                     f"{'yes' if r['fits'] else '**no**'} | {b} | `{_short(r['plan'])}`{' (' + opts + ')' if opts else ''} |")
+        lines.append(f"| {r['id']} | {pub} | {r['predicted_gib']:.1f} | {gap} | {predicted} | {err} | "
+                     f"{r['limit_gib']:.1f} | {'yes' if r['fits'] else '**no**'} | {b} | "
+                     f"`{_short(r['plan'])}`{' (' + opts + ')' if opts else ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -115,9 +154,11 @@ def _short(plan: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--write", action="store_true", help="write the table into experiments/RESULTS.md")
+    ap.add_argument("--reserved", action="store_true",
+                    help="replay the caching allocator on the rows with a reserved peak (memcheck, minutes)")
+    ap.add_argument("--write", action="store_true", help="write the table into experiments/RESULTS.md (implies --reserved)")
     args = ap.parse_args(argv)
-    results = [price(r) for r in memory_rows()]
+    results = [price(r, reserved=args.reserved or args.write) for r in memory_rows()]
     if args.write:
         write_section("validate_memory", "Public memory rows (`python experiments/validate_memory.py --write`)",
                       markdown(results))
@@ -129,7 +170,8 @@ def main(argv=None) -> int:
         pub = f"{r['published_gib']:.1f}" if r["published_gib"] else ("must fit" if r["must_fit"] else "-")
         err = f"{r['error']:+.1%}" if "error" in r else ""
         b = " ".join(f"{k} {v:.1f}" for k, v in r["breakdown_gib"].items())
-        print(f"{r['id']:<26} {pub:>10} {r['predicted_gib']:>10.1f} "
+        predicted = r.get("predicted_reserved_gib", r["predicted_gib"])
+        print(f"{r['id']:<26} {pub:>10} {predicted:>10.1f} "
               f"{err:>8} {r['limit_gib']:>7.1f}  {'yes' if r['fits'] else 'NO ':<4}  {b}")
     return 0
 

@@ -47,6 +47,15 @@ untracked optimizer step on zero gradients and one step is tracked; under FSDP i
 mode (FSDP's all-gather buffers, ordinary CPU tensors outside it, are then fake: 0.8 GB per
 llama3-405b layer at tp=8, per rank kind, in RAM otherwise), else outside it (``_pipeline_child``).
 
+Reserved memory (``measure(reserved=True)``, ``autoplan memcheck --allocator``): the tracker sees
+every storage the run creates, resizes and frees, in program order and with the stream current
+at the time (``record_requests``); those requests replayed through torch's CUDA caching
+allocator (``costmodels.allocator``, classic and with expandable segments) give the reserved
+peak trainers log (``torch.cuda.max_memory_reserved``).  The model then runs whole: the holes a
+layer leaves depend on every request before it, so a cut model's reserved bytes do not
+extrapolate.  Not in the requests: what a CUDA kernel allocates for itself (cuBLAS workspaces)
+and what NCCL allocates outside the caching allocator.
+
 Zero 0/1 runs Megatron-Core's engine (``apply.distributed_optimizer``: bf16 parameters, a
 persistent fp32 gradient buffer, fp32 master weights and Adam moments of the rank's 1/d range
 under the distributed optimizer), whose buffers and masters ``track_model_states`` registers as
@@ -81,6 +90,7 @@ CATEGORIES = {
     "activations": ("Activation", "Inputs"),
 }
 STEPS = 2
+ALLOCATORS = {"classic": False, "expandable": True}     # name → expandable segments (costmodels.allocator)
 _BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 
 
@@ -139,15 +149,23 @@ def _config(model: str, seq: int, layers: int | None = None):
     return cfg if cfg is None or layers is None else replace(cfg, layers=layers)
 
 
-def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, timeout_s: float = 1800) -> dict:
+def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, reserved: bool = False,
+            hbm_bytes: int | None = None, timeout_s: float = 1800) -> dict:
     """Peak bytes by category of ``rank``, extrapolated from two cut models when the model's
     layers allow (``layer_counts``; see the module docstring).  Under pp > 1 the rank's stages
     run whole (a rank holds L/pp layers; the step is one rank's, ``memcheck_pipeline``), and the
-    answer also carries ``in_flight``: the chunk-micro-batches torch's order holds at most."""
+    answer also carries ``in_flight``: the chunk-micro-batches torch's order holds at most.
+    With ``reserved`` the model runs whole and the answer also carries ``reserved``: for each of
+    ``ALLOCATORS``, the run's requests replayed through torch's CUDA caching allocator on a device
+    of ``hbm_bytes`` (``replay_reserved``).  A cut model does not do for this: the holes a
+    layer leaves depend on what came before it (llama3-8b FSDP8, expandable segments: 1.37 and
+    1.54 GiB more reserved from 2 to 3 and from 3 to 4 layers)."""
     counts = layer_counts(model, seq)
-    if counts is None or plan.pp > 1:
-        out = _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None, timeout_s=timeout_s)
-        return {**out["peak"], "in_flight": out["in_flight"]} if plan.pp > 1 else out["peak"]
+    if counts is None or plan.pp > 1 or reserved:
+        out = _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None, timeout_s=timeout_s,
+                       reserved=reserved, hbm_bytes=hbm_bytes)
+        extra = {key: out[key] for key in ("in_flight", "reserved") if key in out}
+        return {**out["peak"], **extra}
     k, k1, total = counts
     a, b = (_measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=n, timeout_s=timeout_s)
             for n in (k, k1))
@@ -162,10 +180,10 @@ def extrapolate(a: dict, b: dict, extra: int) -> dict[str, float]:
 
 
 def _measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, layers: int | None,
-             timeout_s: float) -> dict:
+             timeout_s: float, reserved: bool = False, hbm_bytes: int | None = None) -> dict:
     """One child process's peak by category (``_child``)."""
     args = json.dumps({"model": model, "plan": plan.to_string(), "seq": seq, "global_batch": global_batch,
-                       "rank": rank, "layers": layers})
+                       "rank": rank, "layers": layers, "reserved": reserved, "hbm_bytes": hbm_bytes})
     out = subprocess.run([sys.executable, "-m", "autoplan.apply.memcheck", args], capture_output=True, text=True,
                          timeout=timeout_s)
     if out.returncode != 0:
@@ -291,25 +309,48 @@ def _child(spec: dict) -> dict:
     opt = pm.optimizer("adamw", 1e-3)
     with gpu_functionals():
         if plan.pp > 1:
-            return _pipeline_child(pm, opt, mode, seq=spec["seq"], hidden=hidden)
-        return _flat_child(pm, opt, mode, batch=spec["global_batch"] // plan.dp, seq=spec["seq"])
+            return _pipeline_child(pm, opt, mode, seq=spec["seq"], hidden=hidden, replay=_replayer(spec))
+        return _flat_child(pm, opt, mode, batch=spec["global_batch"] // plan.dp, seq=spec["seq"],
+                           replay=_replayer(spec))
 
 
-def _flat_child(pm, opt, mode, *, batch: int, seq: int) -> dict:
-    """pp = 1: two steps of ``batch`` sequences under the tracker; its aligned moments."""
+def _replayer(spec: dict):
+    """The child's replay of its requests under every allocator (``replay_reserved``), or None."""
+    if not spec.get("reserved"):
+        return None
+    return lambda events: {name: replay_reserved(events, allocator=name, hbm_bytes=spec.get("hbm_bytes"))
+                           for name in ALLOCATORS}
+
+
+def replay_reserved(events: list, *, allocator: str, hbm_bytes: int | None) -> dict:
+    """A run's allocator requests (``record_requests``) replayed through torch's CUDA caching
+    allocator (``costmodels.allocator``): {allocator, allocated_peak, reserved_peak,
+    reserved_at_allocated_peak, over_capacity}, bytes."""
+    from costmodels.allocator import replay
+
+    out = replay(events, expandable=ALLOCATORS[allocator], capacity=hbm_bytes)
+    return {"allocator": allocator, "allocated_peak": out.allocated_peak, "reserved_peak": out.reserved_peak,
+            "reserved_at_allocated_peak": out.reserved_at_allocated_peak, "over_capacity": out.over_capacity}
+
+
+def _flat_child(pm, opt, mode, *, batch: int, seq: int, replay=None) -> dict:
+    """pp = 1: two steps of ``batch`` sequences under the tracker; its aligned moments, and
+    with ``replay`` (``replay_reserved``) the reserved bytes of the steps' requests."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
     with mode:      # this rank's rows; under cp its two sequence chunks (ParallelModel.local_batch)
         ids = torch.zeros(batch, seq // pm.plan.cp, dtype=torch.long)
     tracker = MemTracker()      # FSDPMemTracker refuses a module run more than once (micro-batches, steps)
+    events = record_requests(tracker) if replay else None
     track_model_states(tracker, pm, opt)
     with tracker:
         for _ in range(STEPS):
             pm.forward_backward(ids, ids, read_loss=False, before_microbatch=tracker.reset_mod_stats)
             opt.step()
             opt.zero_grad()
-    return moments(tracker)
+    out = moments(tracker)
+    return {**out, "reserved": replay(events)} if replay else out
 
 
 def track_model_states(tracker, pm, opt) -> None:
@@ -331,6 +372,47 @@ def track_model_states(tracker, pm, opt) -> None:
         tracker._update_and_maybe_create_winfos(master, _MemRefType.OPT)
 
 
+def record_requests(tracker) -> list:
+    """The allocator requests behind ``tracker``'s bookkeeping, in program order
+    (``costmodels.allocator.Event``): a storage's first tracked size is an ``alloc``, its
+    finalization a ``free``, a resize (FSDP2 frees and re-allocates unsharded parameters with
+    ``UntypedStorage.resize_``) a ``free`` and an ``alloc``.  Each request is tagged with the
+    stream current when it was made (``torch.cpu.current_stream()``: FSDP2 enters its
+    all-gather and reduce-scatter streams with ``device_handle.stream`` on CPU as on CUDA), 0
+    for the default stream.  Private torch 2.13 API: ``MemTracker._update_snap`` and its
+    ``_UpdateType``, wrapped on this instance (test: ``test_record_requests_...``)."""
+    import torch
+    from torch.distributed._tools.mem_tracker import _UpdateType
+
+    from costmodels.allocator import Event
+
+    events: list[Event] = []
+    keys: dict[int, int] = {}
+    streams: dict[int, tuple[int, object]] = {id(torch.cpu.current_stream()): (0, torch.cpu.current_stream())}
+    original = tracker._update_snap
+
+    def alloc(winfo) -> None:
+        current = torch.cpu.current_stream()
+        stream = streams.setdefault(id(current), (len(streams), current))[0]
+        keys[id(winfo)] = key = len(events)
+        events.append(Event("alloc", key, winfo.mem_consumed, stream))
+
+    def free(winfo) -> None:
+        key = keys.pop(id(winfo), None)
+        if key is not None:
+            events.append(Event("free", key))
+
+    def update(u_type, winfo, old_mem_consumed=None, old_reftype=None):
+        original(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
+        if u_type in (_UpdateType.DEL, _UpdateType.SIZE):
+            free(winfo)
+        if u_type in (_UpdateType.ADD, _UpdateType.SIZE) and winfo.mem_consumed > 0:
+            alloc(winfo)
+
+    tracker._update_snap = update
+    return events
+
+
 def _hidden(model) -> int:
     """The residual stream's width: the token embedding's row size (``nn.Embedding``)."""
     from torch import nn
@@ -338,7 +420,7 @@ def _hidden(model) -> int:
     return next(m.embedding_dim for m in model.modules() if isinstance(m, nn.Embedding))
 
 
-def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
+def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int, replay=None) -> dict:
     """pp > 1: the optimizer state made by an untracked step on zero gradients (what a first step
     leaves), then one step of this pipeline rank in torch's order (``memcheck_pipeline``) under
     the tracker.  Under FSDP (zero ≥ 2 at dp > 1) the tracker is entered inside the fake mode, so
@@ -361,6 +443,7 @@ def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
         opt.zero_grad()
         ids = torch.zeros(plan.mbs, seq // plan.cp, dtype=torch.long)     # this rank's chunks under cp
     tracker = mp.step_tracker()
+    events = record_requests(tracker) if replay else None
     track_model_states(tracker, pm, opt)
     local = seq // plan.cp
     stream = (plan.mbs, local // plan.tp if plan.sp and plan.tp > 1 else local, hidden)
@@ -370,7 +453,8 @@ def _pipeline_child(pm, opt, mode, *, seq: int, hidden: int) -> dict:
         opt.step()
         opt.zero_grad()
     peak = categorize(max(tracker.get_tracker_snapshot("peak").values(), key=lambda d: d.get("Total", 0)))
-    return {"peak": peak, "in_flight": mp.peak_in_flight(mp.torch_order(pm.schedule, pm.coords["pp"]))}
+    out = {"peak": peak, "in_flight": mp.peak_in_flight(mp.torch_order(pm.schedule, pm.coords["pp"]))}
+    return {**out, "reserved": replay(events)} if replay else out
 
 
 def _block_role(index: int, depth: int) -> str:

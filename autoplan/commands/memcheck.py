@@ -12,8 +12,15 @@ nothing is allocated.
 Printed per rank kind and category (params, grads, optimizer, activations, other): the
 tracker's peak, the estimator's prediction and the difference.  A plan apply cannot run on fake
 tensors (see ``autoplan.apply.memcheck.unsupported``) gets its prediction and the reason.
+``--allocator classic|expandable`` also replays the run's allocator requests through torch's
+CUDA caching allocator (``costmodels.allocator``; ``expandable`` is
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as torchtitan's launcher sets it) and
+prints the *reserved* peak (``torch.cuda.max_memory_reserved``, what torchtitan and most
+trainers log) beside the allocated one; the model then runs whole, not cut and extrapolated.
 ``--json``: {plan, skipped, rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error,
-in_flight: {estimate, torch} (pp > 1: the most chunk-micro-batches alive)}]}.
+in_flight: {estimate, torch} (pp > 1: the most chunk-micro-batches alive), reserved (with
+``--allocator``: {allocator, allocated_peak_gib, reserved_peak_gib, gap_gib, estimate_gib,
+over_capacity})}]}.
 """
 from __future__ import annotations
 
@@ -38,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pp-ranks", metavar="LIST", default=None,
                    help="pipeline ranks to run, comma-separated (default: all up to pp=4, else the first, second, "
                         "middle, last and the one the estimate puts highest)")
+    p.add_argument("--allocator", choices=("classic", "expandable"), default=None,
+                   help="also replay torch's CUDA caching allocator over the run and report reserved memory: "
+                        "classic (torch's default) or expandable (expandable_segments:True, torchtitan's launcher); "
+                        "runs the whole model")
     add_margin_arg(p)
     p.add_argument("--json", action="store_true", help="print the comparison as JSON (sorted keys)")
     p.set_defaults(func=run)
@@ -56,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
     result = compare(w, args.model, plan, seq=args.seq, global_batch=args.global_batch, margin_gib=margin,
-                     pp_ranks=args.pp_ranks)
+                     pp_ranks=args.pp_ranks, allocator=args.allocator)
     if args.json:
         print(json.dumps(rounded(result), sort_keys=True))
         return 0
@@ -65,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: float,
-            pp_ranks: str | None = None) -> dict:
+            pp_ranks: str | None = None, allocator: str | None = None) -> dict:
     """The memcheck of ``plan`` on workload ``w`` (``model``: its zoo name, family spec or file):
     {plan, skipped, memory_limit_gib, rank_kinds} as ``--json`` prints it (GiB; the limit is HBM
-    less ``margin_gib``); ``pp_ranks`` as ``--pp-ranks``."""
+    less ``margin_gib``); ``pp_ranks`` as ``--pp-ranks``, ``allocator`` as ``--allocator``."""
     from autoplan.apply.memcheck import GIB, measure, rank_kinds, unsupported
     from autoplan.cost import EstimateOptions
 
@@ -82,16 +93,32 @@ def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: flo
         mem = by_rank[pp_rank]
         predicted = {**{k: v / GIB for k, v in mem.breakdown().items()}, "total": mem.total / GIB}
         row = {"pp_rank": pp_rank, "rank": rank, "predicted_gib": predicted, "measured_gib": None, "error": None,
-               "in_flight": {"estimate": sum(n for _, n in mem.alive), "torch": None} if plan.pp > 1 else None}
+               "in_flight": {"estimate": sum(n for _, n in mem.alive), "torch": None} if plan.pp > 1 else None,
+               "reserved": None}
         if skipped is None and pp_rank in chosen:
-            got = measure(model, plan, seq=seq, global_batch=global_batch, rank=rank)
+            got = measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, reserved=allocator is not None,
+                          hbm_bytes=w.cluster.gpu.hbm_bytes)
             if plan.pp > 1:
                 row["in_flight"]["torch"] = got.pop("in_flight")
+            if allocator is not None:
+                row["reserved"] = reserved_row(got.pop("reserved")[allocator], predicted["total"])
             row["measured_gib"] = {k: v / GIB for k, v in got.items()}
             row["error"] = predicted["total"] / row["measured_gib"]["total"] - 1.0
         kinds.append(row)
     return {"plan": plan.to_string(), "skipped": skipped, "rank_kinds": kinds,
             "memory_limit_gib": est.memory_limit_gib}
+
+
+def reserved_row(replayed: dict, estimate_gib: float) -> dict:
+    """The allocator replay of one rank (``apply.memcheck.replay_reserved``, bytes) in GiB, with
+    the estimate carried to reserved memory: the estimate plus the replay's gap (reserved −
+    allocated peak), the cached blocks a run holds beyond what it allocates."""
+    from autoplan.apply.memcheck import GIB
+
+    gap = (replayed["reserved_peak"] - replayed["allocated_peak"]) / GIB
+    return {"allocator": replayed["allocator"], "allocated_peak_gib": replayed["allocated_peak"] / GIB,
+            "reserved_peak_gib": replayed["reserved_peak"] / GIB, "gap_gib": gap, "estimate_gib": estimate_gib + gap,
+            "over_capacity": replayed["over_capacity"]}
 
 
 def _pp_ranks(text: str | None, pp: int, highest: int) -> set[int]:
@@ -128,6 +155,13 @@ def _print(w, cluster, args, result: dict) -> None:
             steps = "one step after an optimizer step" if len(rows) > 1 else "two steps"
             console.print(f"estimate / tracker − 1 = {row['error']:+.1%} (tracker: allocations of one rank on fake "
                           f"tensors, {steps}; limit {result['memory_limit_gib']:.1f} GiB)")
+        if row["reserved"] is not None:
+            r = row["reserved"]
+            console.print(f"reserved ({r['allocator']} caching allocator replayed over the run): "
+                          f"{r['reserved_peak_gib']:.2f} GiB peak, {r['gap_gib']:.2f} above the allocated "
+                          f"{r['allocated_peak_gib']:.2f}; the estimate carried to reserved: {r['estimate_gib']:.2f} GiB"
+                          + (" [yellow](past HBM: the allocator would free cached blocks and retry)[/yellow]"
+                             if r["over_capacity"] else ""))
         if row["in_flight"] and row["in_flight"]["torch"] is not None:
             console.print(f"chunk-micro-batches in flight at most: torch's order {row['in_flight']['torch']}, "
                           f"the estimate's peak {row['in_flight']['estimate']}")

@@ -56,3 +56,22 @@ def test_markdown_table_folds_the_layer_list_and_marks_misses(rows, experiment):
     assert "layers=0-1x126-0" in line and "**no**" in line and "ran: must fit" in line
     t1 = next(l for l in text.splitlines() if l.startswith("| tt-h100-T1-8b-fsdp8 "))
     assert f"{rows['tt-h100-T1-8b-fsdp8']['error']:+.1%}" in t1
+
+
+def test_a_reserved_row_adds_the_allocator_replays_gap_to_the_estimate(experiment):
+    """The replay path of the torchtitan rows (``--reserved``, ``--write``), on a small model:
+    memcheck runs the plan whole and replays its requests through both allocators."""
+    vm = experiment("validate_memory")
+    row = {"id": "small", "model": "llama:layers=4,hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=8192",
+           "cluster": "h100x8", "seq": 2048, "global_batch": 16, "plan": "dp=8,zero=3,mbs=2,recompute=op",
+           "published_gib": 1.0, "must_fit": False, "options": {}}
+    r = vm.price(row, reserved=True)
+    assert set(r["reserved"]) == {"expandable", "classic"}
+    for got in r["reserved"].values():
+        assert 0 < got["gap_gib"] < r["predicted_gib"]
+        assert got["predicted_gib"] == pytest.approx(r["predicted_gib"] + got["gap_gib"], abs=0.011)
+    assert r["predicted_reserved_gib"] == r["reserved"]["expandable"]["predicted_gib"]
+    assert r["error"] == pytest.approx(r["predicted_reserved_gib"] - 1.0, abs=0.011)
+    assert r["allocated_error"] == pytest.approx(r["predicted_gib"] - 1.0, abs=0.006)     # GiB rounded to 0.01
+    line = next(l for l in vm.markdown([r]).splitlines() if l.startswith("| small "))
+    assert f"{r['predicted_reserved_gib']:.1f} (reserved)" in line

@@ -162,3 +162,20 @@ def _pp2_zero1_rank_kinds(cli, schedule: str) -> list[dict]:
     d = json.loads(out.stdout)
     assert d["skipped"] is None and [r["pp_rank"] for r in d["rank_kinds"]] == [0, 1]
     return d["rank_kinds"]
+
+
+def test_the_allocator_replay_reports_reserved_memory_beside_the_allocated_peak(cli):
+    d = json.loads(memcheck(cli, "dp=8,zero=3,mbs=2,recompute=op", "--allocator", "expandable", "--json").stdout)
+    row = d["rank_kinds"][0]
+    r, measured = row["reserved"], row["measured_gib"]
+    # the whole model ran (no cut extrapolation): the replay's allocated peak is the tracker's,
+    # each request rounded up to 512 B
+    assert r["allocator"] == "expandable"
+    assert measured["total"] <= r["allocated_peak_gib"] <= measured["total"] * (1 + 1e-4)
+    # whole 2 MiB / 20 MiB pages, above the allocated peak; the estimate moves by the same gap
+    pages = r["reserved_peak_gib"] * 1024 / 2                    # 2 MiB pages (the JSON is rounded)
+    assert pages == pytest.approx(round(pages), abs=0.01)
+    assert r["reserved_peak_gib"] - r["allocated_peak_gib"] == pytest.approx(r["gap_gib"], abs=1e-5)
+    assert 0 < r["gap_gib"] < r["allocated_peak_gib"]
+    assert r["estimate_gib"] == pytest.approx(row["predicted_gib"]["total"] + r["gap_gib"], abs=1e-5)
+    assert not r["over_capacity"]
