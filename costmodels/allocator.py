@@ -29,7 +29,14 @@ The algorithm is ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.5 – 2.13), for
   fits (``get_free_block``: blocks are compared by the size they can expand to).  Mapped pages
   stay mapped.
 
-*Reserved* is the bytes of all segments (classic) or all mapped pages (expandable).  Not
+*Reserved* is the bytes of all segments (classic) or all mapped pages (expandable).  Reserved
+bytes are no requirement: a full device frees cached blocks and retries before it fails.  What a
+run *needs* (``least_capacity``) is the smallest device on which the replay never fails — found
+by bisection under classic segments, whose release frees only wholly free segments, so the
+holes inside the others are a real cost; under expandable segments the release unmaps every
+free page, so what must stay mapped is the pages that hold an allocated byte, whose high-water
+``Replay.touched_peak`` is taken as the need (a lower bound: the replay does not move later
+blocks into unmapped holes as the allocator would).  Not
 modelled: ``max_split_size_mb``, ``roundup_power2_divisions``, the garbage-collection
 threshold, CUDA graph pools, the events that keep a block freed on another stream cached until
 that stream passes (FSDP2 holds its tensors until then instead of ``record_stream``), and
@@ -63,14 +70,16 @@ class Event:
 
 @dataclass(frozen=True)
 class Replay:
-    """What a replay left, bytes: the peaks of allocated and reserved memory, and the reserved
-    bytes at the moment of the allocated peak (the gap there is the cached free blocks)."""
+    """What a replay left, bytes: the peaks of allocated and reserved memory, the reserved bytes
+    at the moment of the allocated peak (the gap there is the cached free blocks), and under
+    expandable segments the peak of the pages holding an allocated byte (0 under classic)."""
 
     allocated_peak: int
     reserved_peak: int
     reserved_at_allocated_peak: int
     segments: int
     over_capacity: bool
+    touched_peak: int = 0
 
 
 def round_size(nbytes: int) -> int:
@@ -109,6 +118,8 @@ class CachingAllocator:
     def __init__(self, *, expandable: bool, capacity: int | None = None):
         self.expandable, self.capacity = expandable, capacity
         self.allocated = self.reserved = 0
+        self.touched = self.touched_peak = 0      # expandable: bytes of pages holding an allocated byte
+        self._page_users: dict[int, int] = {}     # page start → allocated blocks on it
         self.over_capacity = False
         self._free: dict[tuple[int, bool], list[tuple[int, int]]] = {}     # pool → sorted (size, ptr)
         self._blocks: dict[int, _Block] = {}                               # ptr → free block
@@ -134,11 +145,15 @@ class CachingAllocator:
             self._give(tail)
         block.allocated = True
         self.allocated += block.size
+        if self.expandable:
+            self._count_pages(block, +1)
         return block
 
     def free(self, block: _Block) -> None:
         block.allocated = False
         self.allocated -= block.size
+        if self.expandable:
+            self._count_pages(block, -1)
         for other in (block.prev, block.next):
             if other is not None and not other.allocated:
                 self._take(other)
@@ -197,6 +212,20 @@ class CachingAllocator:
         self._give(tail)
         return tail
 
+    def _count_pages(self, block: _Block, delta: int) -> None:
+        page = SMALL_BUFFER if block.segment.pool[1] else LARGE_BUFFER
+        users = self._page_users
+        for start in range(block.ptr - block.ptr % page, block.ptr + block.size, page):
+            n = users.get(start, 0) + delta
+            if n == 0:
+                del users[start]
+                self.touched -= page
+            else:
+                if n == delta:
+                    self.touched += page
+                users[start] = n
+        self.touched_peak = max(self.touched_peak, self.touched)
+
     def _at_end(self, block: _Block) -> bool:
         return block.segment.last is block
 
@@ -253,4 +282,24 @@ def replay(events, *, expandable: bool, capacity: int | None = None) -> Replay:
             allocated_peak, reserved_then = allocator.allocated, allocator.reserved
         reserved_peak = max(reserved_peak, allocator.reserved)
     segments = len(allocator._classic) + len(allocator._segments)
-    return Replay(allocated_peak, reserved_peak, reserved_then, segments, allocator.over_capacity)
+    return Replay(allocated_peak, reserved_peak, reserved_then, segments, allocator.over_capacity,
+                  allocator.touched_peak)
+
+
+def least_capacity(events, *, expandable: bool) -> int:
+    """The bytes of device memory the run needs under the allocator (module docstring): under
+    classic segments the smallest multiple of 2 MiB at which ``replay`` never runs out, by
+    bisection between the allocated and the reserved peak (running out is taken as monotone in
+    the capacity); under expandable segments the peak of the pages holding an allocated byte."""
+    free_run = replay(events, expandable=expandable)
+    if expandable:
+        return free_run.touched_peak
+    lo = free_run.allocated_peak // ROUND_LARGE              # runs out below its allocated peak
+    hi = -(-free_run.reserved_peak // ROUND_LARGE)           # never releases at its reserved peak
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if replay(events, expandable=False, capacity=mid * ROUND_LARGE).over_capacity:
+            lo = mid
+        else:
+            hi = mid
+    return hi * ROUND_LARGE

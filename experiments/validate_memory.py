@@ -17,7 +17,9 @@ through torch's CUDA caching allocator (``costmodels.allocator``): the predicted
 the estimate plus the replay's gap (reserved − allocated), under expandable segments, which
 torchtitan's launcher sets (``run_llama_train.sh`` at 9628a18, the Dec 2024 layout:
 ``PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"``); the classic allocator, torch's default,
-is shown beside it.  No parameter is fitted: the replay is the allocator's algorithm.
+is shown beside it.  No parameter is fitted: the replay is the allocator's algorithm.  Beside it,
+what the run *needs* under each allocator (``costmodels.allocator.least_capacity``: the least
+device on which the replay does not run out, cached blocks released as torch releases them).
 
 A row whose run published its configuration is priced with it (``published_regimes.RUN_SETTINGS``,
 shared with the step-time regime table):
@@ -92,43 +94,49 @@ def price(row: dict, options: EstimateOptions = EstimateOptions(), *, reserved: 
     if row["published_gib"]:
         out["error"] = out["allocated_error"] = round(e.memory_gib / row["published_gib"] - 1.0, 4)
         if reserved:
-            gaps = reserved_gap(row, cluster)
-            out["reserved"] = {name: {"gap_gib": round(g, 2), "predicted_gib": round(e.memory_gib + g, 2)}
-                               for name, g in gaps.items()}
+            replays = allocator_replays(row, cluster)
+            out["reserved"] = {name: {"gap_gib": round(r["gap"], 2), "predicted_gib": round(e.memory_gib + r["gap"], 2),
+                                      "needs_gib": round(r["needs"], 2), "allocated_gib": round(r["allocated"], 2)}
+                               for name, r in replays.items()}
             out["predicted_reserved_gib"] = out["reserved"][RESERVED_ALLOCATOR]["predicted_gib"]
-            out["error"] = round((e.memory_gib + gaps[RESERVED_ALLOCATOR]) / row["published_gib"] - 1.0, 4)
+            gap = replays[RESERVED_ALLOCATOR]["gap"]
+            out["error"] = round((e.memory_gib + gap) / row["published_gib"] - 1.0, 4)
     return out
 
 
-def reserved_gap(row: dict, cluster) -> dict[str, float]:
-    """GiB the caching allocator reserves beyond the allocated peak on the row's plan, per
-    allocator (``autoplan.apply.memcheck.measure`` with ``reserved``: rank 0, the whole model)."""
+def allocator_replays(row: dict, cluster) -> dict[str, dict[str, float]]:
+    """Per allocator, GiB on the row's plan (``autoplan.apply.memcheck.measure`` with
+    ``reserved``: rank 0, the whole model): ``gap``, reserved beyond the allocated peak;
+    ``needs``, the least device the run does not run out on; ``allocated``, the tracked peak."""
     from autoplan.apply.memcheck import GIB, measure
 
     plan = Plan.parse(row["plan"], num_gpus=cluster.num_gpus)
     got = measure(row["model"], plan, seq=row["seq"], global_batch=row["global_batch"], rank=0, reserved=True,
                   hbm_bytes=cluster.gpu.hbm_bytes)
-    return {name: (r["reserved_peak"] - r["allocated_peak"]) / GIB for name, r in got["reserved"].items()}
+    return {name: {"gap": (r["reserved_peak"] - r["allocated_peak"]) / GIB, "needs": r["needs"] / GIB,
+                   "allocated": r["allocated_peak"] / GIB} for name, r in got["reserved"].items()}
 
 
 def markdown(results: list[dict]) -> str:
     """The rows as a RESULTS.md table (GiB; limit = HBM less the margin).  A reserved row priced
     with ``reserved`` shows the allocator replay's gap under expandable segments (classic)."""
     lines = ["| row | published | estimate (allocated) | + allocator gap, expandable (classic) | predicted | error | "
-             "limit | fits | params / grads / optimizer / activations / other | priced plan (run settings) |",
-             "|" + "---|" * 10]
+             "needs under pressure, expandable (classic) | limit | fits | params / grads / optimizer / activations / "
+             "other | priced plan (run settings) |", "|" + "---|" * 11]
     for r in results:
         pub = f"{r['published_gib']:.1f} (reserved)" if r["published_gib"] else "ran: must fit"
         err = f"{r['error']:+.1%}" if "error" in r else ""
-        gap = predicted = ""
+        gap = predicted = needs = ""
         if "reserved" in r:
-            gap = f"{r['reserved']['expandable']['gap_gib']:.1f} ({r['reserved']['classic']['gap_gib']:.1f})"
+            x, c = r["reserved"]["expandable"], r["reserved"]["classic"]
+            gap = f"{x['gap_gib']:.1f} ({c['gap_gib']:.1f})"
+            needs = f"{x['needs_gib']:.1f} ({c['needs_gib']:.1f}) for {x['allocated_gib']:.1f} allocated"
             predicted = f"{r['predicted_reserved_gib']:.1f} (reserved)"
         elif r["published_gib"] is None:
             predicted = f"{r['predicted_gib']:.1f}"
         b = " / ".join(f"{r['breakdown_gib'][k]:.1f}" for k in ("params", "grads", "optimizer", "activations", "other"))
         opts = ", ".join(f"{k}={v}" for k, v in sorted(r["options"].items()))
-        lines.append(f"| {r['id']} | {pub} | {r['predicted_gib']:.1f} | {gap} | {predicted} | {err} | "
+        lines.append(f"| {r['id']} | {pub} | {r['predicted_gib']:.1f} | {gap} | {predicted} | {err} | {needs} | "
                      f"{r['limit_gib']:.1f} | {'yes' if r['fits'] else '**no**'} | {b} | "
                      f"`{_short(r['plan'])}`{' (' + opts + ')' if opts else ''} |")
     return "\n".join(lines) + "\n"

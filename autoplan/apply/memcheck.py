@@ -325,12 +325,15 @@ def _replayer(spec: dict):
 def replay_reserved(events: list, *, allocator: str, hbm_bytes: int | None) -> dict:
     """A run's allocator requests (``record_requests``) replayed through torch's CUDA caching
     allocator (``costmodels.allocator``): {allocator, allocated_peak, reserved_peak,
-    reserved_at_allocated_peak, over_capacity}, bytes."""
-    from costmodels.allocator import replay
+    reserved_at_allocated_peak, over_capacity, needs}, bytes; ``needs`` is the least device the
+    run does not run out on (``least_capacity``)."""
+    from costmodels.allocator import least_capacity, replay
 
-    out = replay(events, expandable=ALLOCATORS[allocator], capacity=hbm_bytes)
+    expandable = ALLOCATORS[allocator]
+    out = replay(events, expandable=expandable, capacity=hbm_bytes)
     return {"allocator": allocator, "allocated_peak": out.allocated_peak, "reserved_peak": out.reserved_peak,
-            "reserved_at_allocated_peak": out.reserved_at_allocated_peak, "over_capacity": out.over_capacity}
+            "reserved_at_allocated_peak": out.reserved_at_allocated_peak, "over_capacity": out.over_capacity,
+            "needs": least_capacity(events, expandable=expandable)}
 
 
 def _flat_child(pm, opt, mode, *, batch: int, seq: int, replay=None) -> dict:

@@ -20,7 +20,7 @@ trainers log) beside the allocated one; the model then runs whole, not cut and e
 ``--json``: {plan, skipped, rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error,
 in_flight: {estimate, torch} (pp > 1: the most chunk-micro-batches alive), reserved (with
 ``--allocator``: {allocator, allocated_peak_gib, reserved_peak_gib, gap_gib, estimate_gib,
-over_capacity})}]}.
+over_capacity, needs_gib})}]}.
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def reserved_row(replayed: dict, estimate_gib: float) -> dict:
     gap = (replayed["reserved_peak"] - replayed["allocated_peak"]) / GIB
     return {"allocator": replayed["allocator"], "allocated_peak_gib": replayed["allocated_peak"] / GIB,
             "reserved_peak_gib": replayed["reserved_peak"] / GIB, "gap_gib": gap, "estimate_gib": estimate_gib + gap,
-            "over_capacity": replayed["over_capacity"]}
+            "over_capacity": replayed["over_capacity"], "needs_gib": replayed["needs"] / GIB}
 
 
 def _pp_ranks(text: str | None, pp: int, highest: int) -> set[int]:
@@ -162,6 +162,10 @@ def _print(w, cluster, args, result: dict) -> None:
                           f"{r['allocated_peak_gib']:.2f}; the estimate carried to reserved: {r['estimate_gib']:.2f} GiB"
                           + (" [yellow](past HBM: the allocator would free cached blocks and retry)[/yellow]"
                              if r["over_capacity"] else ""))
+            console.print(f"needs {r['needs_gib']:.2f} GiB of device memory under that allocator "
+                          f"({r['needs_gib'] - r['allocated_peak_gib']:+.2f} beyond the allocated peak: the least device "
+                          f"the replay does not run out on; {cluster.gpu.hbm_bytes / 2 ** 30:.1f} GiB here, of which "
+                          f"the CUDA context and NCCL take some outside the allocator)")
         if row["in_flight"] and row["in_flight"]["torch"] is not None:
             console.print(f"chunk-micro-batches in flight at most: torch's order {row['in_flight']['torch']}, "
                           f"the estimate's peak {row['in_flight']['estimate']}")

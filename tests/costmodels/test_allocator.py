@@ -94,3 +94,19 @@ def test_a_repeated_pattern_reserves_no_more_after_its_first_round():
     rounds = [Event(e.kind, e.key + 10 * r, e.nbytes, e.stream) for r in range(5) for e in one]
     for expandable in (True, False):
         assert replay(rounds, expandable=expandable).reserved_peak == replay(one, expandable=expandable).reserved_peak
+
+
+def test_the_least_capacity_is_the_smallest_device_the_replay_fits():
+    """Classic: a 30 MiB block is freed but a 2 MiB tensor allocated after it lands in its cached
+    segment and pins it (the segment is split, never wholly free), so a 40 MiB request needs a
+    new segment beside it: 70 MiB.  Expandable: the 2 MiB tensor shares a page with nothing
+    else allocated, and the 40 MiB block takes two pages: 60 MiB of pages hold allocated bytes."""
+    from costmodels.allocator import least_capacity
+
+    events = [Event("alloc", 0, 30 * MiB), Event("free", 0), Event("alloc", 1, 2 * MiB), Event("alloc", 2, 40 * MiB)]
+    assert least_capacity(events, expandable=False) == 70 * MiB
+    assert replay(events, expandable=False, capacity=68 * MiB).over_capacity
+    assert not replay(events, expandable=False, capacity=70 * MiB).over_capacity
+    out = replay(events, expandable=True)
+    assert least_capacity(events, expandable=True) == out.touched_peak == 60 * MiB
+    assert out.allocated_peak == 42 * MiB

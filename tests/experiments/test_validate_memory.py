@@ -70,6 +70,7 @@ def test_a_reserved_row_adds_the_allocator_replays_gap_to_the_estimate(experimen
     for got in r["reserved"].values():
         assert 0 < got["gap_gib"] < r["predicted_gib"]
         assert got["predicted_gib"] == pytest.approx(r["predicted_gib"] + got["gap_gib"], abs=0.011)
+        assert got["allocated_gib"] <= got["needs_gib"] <= got["allocated_gib"] + got["gap_gib"] + 0.01
     assert r["predicted_reserved_gib"] == r["reserved"]["expandable"]["predicted_gib"]
     assert r["error"] == pytest.approx(r["predicted_reserved_gib"] - 1.0, abs=0.011)
     assert r["allocated_error"] == pytest.approx(r["predicted_gib"] - 1.0, abs=0.006)     # GiB rounded to 0.01

@@ -32,3 +32,15 @@ def test_in_worker_reads_the_environment(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert in_worker()
+
+
+def test_ranks_run_expandable_segments_unless_the_caller_chose_an_allocator(monkeypatch):
+    check = ("import os, sys; sys.exit(0 if os.environ.get('PYTORCH_CUDA_ALLOC_CONF') == {!r} else 9)")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    assert launch(["-c", check.format("expandable_segments:True")], 1) == 0
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    assert launch(["-c", check.format("max_split_size_mb:128")], 1) == 0
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")
+    assert launch(["-c", check.format(None)], 1) == 0

@@ -179,3 +179,5 @@ def test_the_allocator_replay_reports_reserved_memory_beside_the_allocated_peak(
     assert 0 < r["gap_gib"] < r["allocated_peak_gib"]
     assert r["estimate_gib"] == pytest.approx(row["predicted_gib"]["total"] + r["gap_gib"], abs=1e-5)
     assert not r["over_capacity"]
+    # what the run needs lies between what it allocates and what it reserves unpressed
+    assert r["allocated_peak_gib"] <= r["needs_gib"] <= r["reserved_peak_gib"]
