@@ -23,7 +23,10 @@ No module names are assumed.  The probe finds
     (vocabulary-parallel logits), and so is any weight passed to ``F.linear``
     after the blocks (a head applied functionally, tied or not);
   - an ``nn.Embedding`` is vocabulary-parallel (weight ``S(0)``);
-  - every other parameter (norms, raw expert tensors) is replicated.
+  - the weights of an experts module (``expert_parallel.expert_count``: own parameters ≥3-D with
+    one leading size E) are sharded by expert (``S(0)``) when tp divides E (what the block ILP
+    picks for the zoo's MoE, so a bare plan runs the layout its estimate priced);
+  - every other parameter (norms) is replicated.
 
 Dependencies are tracked with a ``TorchFunctionMode`` that labels every tensor a
 torch function returns with the union of its inputs' labels; a Linear's output

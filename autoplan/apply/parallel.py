@@ -365,7 +365,7 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     resolved = {}
     if tp_mesh is not None:
         register_cpu_attention_sharding()
-        resolved = tensor_parallel.resolve_placements(model, layout, plan.tp, placements)
+        resolved = tensor_parallel.resolve_placements(model, layout, plan.tp, placements, plan.ep)
     stream = (Shard(1),) if plan.sp else (Replicate(),)
     vocab_parallel = tp_mesh is not None and loss_fn is cross_entropy and layout.vocab > 0
     if vocab_parallel:

@@ -16,6 +16,8 @@ nn.Linear       S(1)    input S(-1); output reduced to R, or       RowwiseParall
                         reduce-scattered to S(1) with sp
 nn.Linear       R       as propagated                             (replicated)
 nn.Embedding    S(0)    ids R; output R, or S(seq dim) with sp    RowwiseParallel, vocab-parallel
+experts         S(0)    as propagated: each tp rank runs E/tp     (experts over tp)
+                        experts on the replicated token buffer
 other           any     as propagated: a norm on the sp residual  SequenceParallel
                         stream runs on its sequence shard
 ==============  ======  ========================================  ===========================
@@ -49,6 +51,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
 
+from autoplan.apply.expert_parallel import expert_count
 from autoplan.apply.layout import COLWISE, EMBEDDING, ROWWISE, ModelLayout
 from autoplan.errors import UserError
 
@@ -76,8 +79,9 @@ def parse_placement(text: str, shape: torch.Size, tp: int, name: str) -> Placeme
 
 
 def default_placement(layout: ModelLayout, module_name: str, module: nn.Module, param: str,
-                      tensor: torch.Tensor, tp: int) -> str:
-    """Megatron's rule for one parameter (see layout.py), falling back to R when tp does not divide."""
+                      tensor: torch.Tensor, tp: int, ep: int = 1) -> str:
+    """Megatron's rule for one parameter (see layout.py), falling back to R when tp does not divide
+    (an experts module's E/ep local experts, under expert parallelism ``ep``)."""
     fqn = f"{module_name}.{param}" if module_name else param
     if fqn in layout.head_weights and tensor.dim() == 2:
         return "S(0)" if tensor.shape[0] % tp == 0 else "R"
@@ -91,11 +95,13 @@ def default_placement(layout: ModelLayout, module_name: str, module: nn.Module, 
     if role == EMBEDDING and param == "weight":
         rows, cols = tensor.shape
         return "S(0)" if rows % tp == 0 else ("S(1)" if cols % tp == 0 else "R")
+    if tensor.dim() >= 3 and (experts := expert_count(module)):
+        return "S(0)" if experts % ep == 0 and (experts // ep) % tp == 0 else "R"
     return "R"
 
 
 def resolve_placements(model: nn.Module, layout: ModelLayout, tp: int,
-                       placements: PlacementsArg) -> dict[str, str]:
+                       placements: PlacementsArg, ep: int = 1) -> dict[str, str]:
     """Placement of every parameter (model FQN → "R" | "S(d)").
 
     ``placements`` maps parameter names *within a block* (``attn.q_proj.weight``)
@@ -104,7 +110,8 @@ def resolve_placements(model: nn.Module, layout: ModelLayout, tp: int,
     callable ``(block_index, block) -> mapping`` instead.  A given mapping must cover
     every parameter of every block, except that a missing ``X.bias`` follows its
     ``X.weight`` (``S(0)`` if the weight is ``S(0)``, else ``R``); parameters outside
-    the blocks default to Megatron's rule.  ``None``: Megatron's rule everywhere.
+    the blocks default to Megatron's rule.  ``None``: Megatron's rule everywhere.  ``ep``: the
+    expert-parallel degree (tp must divide the E/ep experts a rank keeps to shard them).
     """
     modules = dict(model.named_modules())
     blocks = modules[layout.blocks_path]
@@ -112,7 +119,7 @@ def resolve_placements(model: nn.Module, layout: ModelLayout, tp: int,
     for mod_name, module in modules.items():
         for pname, tensor in module.named_parameters(recurse=False):
             fqn = f"{mod_name}.{pname}" if mod_name else pname
-            out[fqn] = default_placement(layout, mod_name, module, pname, tensor, tp)
+            out[fqn] = default_placement(layout, mod_name, module, pname, tensor, tp, ep)
     if placements is None:
         return out
     for i, block in enumerate(blocks):

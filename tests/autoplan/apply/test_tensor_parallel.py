@@ -39,6 +39,18 @@ def test_megatron_defaults_for_llama_head_and_fallback_when_tp_does_not_divide()
     assert set(pl3.values()) == {"R"}
 
 
+def test_experts_are_sharded_by_expert_when_tp_divides_the_local_experts():
+    """The block ILP's choice for the zoo's MoE (``S(0)`` on the expert dim), so a bare plan runs
+    the layout its estimate priced; under ep the local E/ep experts must divide by tp."""
+    model, layout = _model("moe:layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,experts=4,topk=2,moe_ffn=32")
+    experts = [n for n in dict(model.named_parameters()) if ".moe.routed." in n]
+    assert len(experts) == 6
+    assert {resolve_placements(model, layout, 2, None)[n] for n in experts} == {"S(0)"}
+    assert {resolve_placements(model, layout, 2, None, ep=2)[n] for n in experts} == {"S(0)"}   # 2 local
+    assert {resolve_placements(model, layout, 2, None, ep=4)[n] for n in experts} == {"R"}      # 1 local
+    assert resolve_placements(model, layout, 2, None)["layers.0.moe.router.weight"] == "R"
+
+
 def test_explicit_block_placements_apply_to_every_block_and_may_name_outside_parameters():
     model, layout = _model(GPT)
     given = {n: "R" for n in layout.block_params[0]}
