@@ -7,7 +7,9 @@ later request could use: holes a transient left between tensors that outlived it
 cached in one stream's pool that another stream's requests cannot take.  It depends on the
 order and size of every request, so it is replayed, not fitted.
 
-The algorithm is ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.5 – 2.13), for one device:
+The algorithm is ``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch, torch 2.5 – 2.13:
+``round_size``, ``get_allocation_size``, ``should_split``, ``get_free_block``,
+``try_allocate_expandable_block``, ``release_cached_blocks``), for one device:
 
 * A request of ``n`` bytes is rounded up to a multiple of 512 B (``kMinBlockSize``).  Requests of
   at most 1 MiB (``kSmallSize``) use the *small* pool, the rest the *large* pool; every pool is
@@ -35,8 +37,8 @@ run *needs* (``least_capacity``) is the smallest device on which the replay neve
 by bisection under classic segments, whose release frees only wholly free segments, so the
 holes inside the others are a real cost; under expandable segments the release unmaps every
 free page, so what must stay mapped is the pages that hold an allocated byte, whose high-water
-``Replay.touched_peak`` is taken as the need (a lower bound: the replay does not move later
-blocks into unmapped holes as the allocator would).  Not
+``Replay.touched_peak`` is taken as the need (an estimate: the replay does not move later
+blocks into unmapped holes as the allocator under pressure would, which may touch other pages).  Not
 modelled: ``max_split_size_mb``, ``roundup_power2_divisions``, the garbage-collection
 threshold, CUDA graph pools, the events that keep a block freed on another stream cached until
 that stream passes (FSDP2 holds its tensors until then instead of ``record_stream``), and
@@ -46,6 +48,7 @@ when that point was reached).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_BLOCK = 512                 # kMinBlockSize
@@ -71,8 +74,10 @@ class Event:
 @dataclass(frozen=True)
 class Replay:
     """What a replay left, bytes: the peaks of allocated and reserved memory, the reserved bytes
-    at the moment of the allocated peak (the gap there is the cached free blocks), and under
-    expandable segments the peak of the pages holding an allocated byte (0 under classic)."""
+    at the moment of the allocated peak (the gap there is the cached free blocks), the segments
+    at the end, whether reserved bytes ever passed the capacity (classic: after releasing the
+    wholly free segments, i.e. the run would fail), and under expandable segments the peak of
+    the pages holding an allocated byte (0 under classic)."""
 
     allocated_peak: int
     reserved_peak: int
@@ -213,9 +218,12 @@ class CachingAllocator:
         return tail
 
     def _count_pages(self, block: _Block, delta: int) -> None:
+        """Pages (counted from the segment's base, where mapping starts) holding ``block``."""
         page = SMALL_BUFFER if block.segment.pool[1] else LARGE_BUFFER
         users = self._page_users
-        for start in range(block.ptr - block.ptr % page, block.ptr + block.size, page):
+        base = block.segment.base
+        first = base + (block.ptr - base) // page * page
+        for start in range(first, block.ptr + block.size, page):
             n = users.get(start, 0) + delta
             if n == 0:
                 del users[start]
@@ -267,15 +275,17 @@ class CachingAllocator:
         return base
 
 
-def replay(events, *, expandable: bool, capacity: int | None = None) -> Replay:
-    """Run ``events`` (``Event``, in program order) through a fresh allocator.  A ``free`` of a
-    key never allocated is ignored (a tensor that existed before the trace began)."""
+def replay(events: Sequence[Event], *, expandable: bool, capacity: int | None = None) -> Replay:
+    """Run ``events`` (in program order) through a fresh allocator.  A ``free`` of a key never
+    allocated is ignored (a tensor that existed before the trace began)."""
     allocator = CachingAllocator(expandable=expandable, capacity=capacity)
     live: dict[int, _Block] = {}
     allocated_peak = reserved_peak = reserved_then = 0
     for event in events:
         if event.kind == "alloc":
             live[event.key] = allocator.malloc(event.nbytes, event.stream)
+        elif event.kind != "free":
+            raise ValueError(f"event kind {event.kind!r} is neither alloc nor free")
         elif event.key in live:
             allocator.free(live.pop(event.key))
         if allocator.allocated > allocated_peak:
@@ -286,7 +296,7 @@ def replay(events, *, expandable: bool, capacity: int | None = None) -> Replay:
                   allocator.touched_peak)
 
 
-def least_capacity(events, *, expandable: bool) -> int:
+def least_capacity(events: Sequence[Event], *, expandable: bool) -> int:
     """The bytes of device memory the run needs under the allocator (module docstring): under
     classic segments the smallest multiple of 2 MiB at which ``replay`` never runs out, by
     bisection between the allocated and the reserved peak (running out is taken as monotone in
@@ -294,7 +304,7 @@ def least_capacity(events, *, expandable: bool) -> int:
     free_run = replay(events, expandable=expandable)
     if expandable:
         return free_run.touched_peak
-    lo = free_run.allocated_peak // ROUND_LARGE              # runs out below its allocated peak
+    lo = (free_run.allocated_peak - 1) // ROUND_LARGE        # runs out below its allocated peak
     hi = -(-free_run.reserved_peak // ROUND_LARGE)           # never releases at its reserved peak
     while hi - lo > 1:
         mid = (lo + hi) // 2

@@ -107,14 +107,17 @@ def price(row: dict, options: EstimateOptions = EstimateOptions(), *, reserved: 
 def allocator_replays(row: dict, cluster) -> dict[str, dict[str, float]]:
     """Per allocator, GiB on the row's plan (``autoplan.apply.memcheck.measure`` with
     ``reserved``: rank 0, the whole model): ``gap``, reserved beyond the allocated peak;
-    ``needs``, the least device the run does not run out on; ``allocated``, the tracked peak."""
-    from autoplan.apply.memcheck import GIB, measure
+    ``needs``, the least device the run does not run out on; ``allocated``, the tracked peak
+    (``commands.memcheck.reserved_row``)."""
+    from autoplan.apply.memcheck import measure
+    from autoplan.commands.memcheck import reserved_row
 
     plan = Plan.parse(row["plan"], num_gpus=cluster.num_gpus)
     got = measure(row["model"], plan, seq=row["seq"], global_batch=row["global_batch"], rank=0, reserved=True,
                   hbm_bytes=cluster.gpu.hbm_bytes)
-    return {name: {"gap": (r["reserved_peak"] - r["allocated_peak"]) / GIB, "needs": r["needs"] / GIB,
-                   "allocated": r["allocated_peak"] / GIB} for name, r in got["reserved"].items()}
+    rows = {name: reserved_row(r, 0.0) for name, r in got["reserved"].items()}
+    return {name: {"gap": r["gap_gib"], "needs": r["needs_gib"], "allocated": r["allocated_peak_gib"]}
+            for name, r in rows.items()}
 
 
 def markdown(results: list[dict]) -> str:

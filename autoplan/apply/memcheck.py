@@ -379,7 +379,8 @@ def record_requests(tracker) -> list:
     """The allocator requests behind ``tracker``'s bookkeeping, in program order
     (``costmodels.allocator.Event``): a storage's first tracked size is an ``alloc``, its
     finalization a ``free``, a resize (FSDP2 frees and re-allocates unsharded parameters with
-    ``UntypedStorage.resize_``) a ``free`` and an ``alloc``.  Each request is tagged with the
+    ``UntypedStorage.resize_``, between 0 and full size) a ``free`` and an ``alloc`` (a resize
+    between two nonzero sizes would allocate before it frees; FSDP2 makes none).  Each request is tagged with the
     stream current when it was made (``torch.cpu.current_stream()``: FSDP2 enters its
     all-gather and reduce-scatter streams with ``device_handle.stream`` on CPU as on CUDA), 0
     for the default stream.  Private torch 2.13 API: ``MemTracker._update_snap`` and its

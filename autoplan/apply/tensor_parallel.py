@@ -95,7 +95,7 @@ def default_placement(layout: ModelLayout, module_name: str, module: nn.Module, 
     if role == EMBEDDING and param == "weight":
         rows, cols = tensor.shape
         return "S(0)" if rows % tp == 0 else ("S(1)" if cols % tp == 0 else "R")
-    if tensor.dim() >= 3 and (experts := expert_count(module)):
+    if tensor.dim() >= 3 and layout.block_of(module_name) is not None and (experts := expert_count(module)):
         return "S(0)" if experts % ep == 0 and (experts // ep) % tp == 0 else "R"
     return "R"
 

@@ -28,7 +28,6 @@ def test_expandable_segments_map_pages_at_the_end_and_pass_over_the_growable_blo
     assert (a.reserved, a.allocated) == (80 * MiB, 36 * MiB)
     z = a.malloc(4 * MiB)                  # fits the hole (30) and the end (14): the hole is taken
     assert z.ptr == x.ptr and a.reserved == 80 * MiB
-    del y
 
 
 def test_classic_segments_split_a_cached_block_and_keep_streams_apart():
@@ -81,11 +80,44 @@ def test_replay_invariants(requests, expandable):
     # remainder of up to 1 MiB, which torch counts as allocated too (block->size)
     assert out.allocated_peak == peak if expandable else out.allocated_peak >= peak
     assert out.reserved_peak >= out.reserved_at_allocated_peak >= out.allocated_peak
-    if expandable:                                      # whole pages only
+    if expandable:                                      # whole pages only, and never fewer than those in use
         assert out.reserved_peak % SMALL_BUFFER == 0
+        assert out.allocated_peak <= out.touched_peak <= out.reserved_peak
     else:                                               # a classic segment is never smaller than its request's
         assert out.reserved_peak >= max((segment_size(round_size(e.nbytes)) for e in events if e.kind == "alloc"),
                                         default=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_requests, st.booleans(), st.one_of(st.none(), st.integers(8, 200)))
+def test_segments_stay_consistent_after_every_request(requests, expandable, capacity_mib):
+    """After each request: every segment is tiled by its blocks without gaps, no two free blocks
+    touch, the free lists hold exactly the free blocks, and pages holding allocated bytes are
+    never more than the pages mapped — with and without a device that fills up."""
+    a = CachingAllocator(expandable=expandable, capacity=None if capacity_mib is None else capacity_mib * MiB)
+    live = []
+    for is_alloc, nbytes, stream, pick in requests:
+        if is_alloc or not live:
+            live.append(a.malloc(nbytes, stream))
+        else:
+            a.free(live.pop(pick % len(live)))
+        segments = list(a._segments.values()) + a._classic
+        free = set()
+        for seg in segments:
+            blocks, b = [], seg.last
+            while b is not None:
+                blocks.append(b)
+                b = b.prev
+            blocks.reverse()
+            assert blocks[0].ptr == seg.base and sum(b.size for b in blocks) == seg.size
+            assert all(x.ptr + x.size == y.ptr and x.next is y for x, y in zip(blocks, blocks[1:]))
+            assert not any(not x.allocated and not y.allocated for x, y in zip(blocks, blocks[1:]))
+            free |= {(b.segment.pool, b.size, b.ptr) for b in blocks if not b.allocated}
+        listed = {(pool, size, ptr) for pool, entries in a._free.items() for size, ptr in entries}
+        assert listed == free
+        assert a.allocated == sum(b.size for b in live)
+        assert a.reserved == sum(seg.size for seg in segments)
+        assert a.touched <= a.reserved if expandable else a.touched == 0
 
 
 def test_a_repeated_pattern_reserves_no_more_after_its_first_round():
@@ -99,12 +131,15 @@ def test_a_repeated_pattern_reserves_no_more_after_its_first_round():
 def test_the_least_capacity_is_the_smallest_device_the_replay_fits():
     """Classic: a 30 MiB block is freed but a 2 MiB tensor allocated after it lands in its cached
     segment and pins it (the segment is split, never wholly free), so a 40 MiB request needs a
-    new segment beside it: 70 MiB.  Expandable: the 2 MiB tensor shares a page with nothing
-    else allocated, and the 40 MiB block takes two pages: 60 MiB of pages hold allocated bytes."""
+    new segment beside it: 70 MiB.  Expandable: the 2 MiB tensor takes [0, 2) MiB of the 30 MiB
+    hole and the 40 MiB request grows the free end block from 2 MiB to [2, 42) MiB: pages
+    [0, 20), [20, 40) and [40, 60) hold allocated bytes, 60 MiB."""
     from costmodels.allocator import least_capacity
 
     events = [Event("alloc", 0, 30 * MiB), Event("free", 0), Event("alloc", 1, 2 * MiB), Event("alloc", 2, 40 * MiB)]
     assert least_capacity(events, expandable=False) == 70 * MiB
+    exact = [Event("alloc", 0, 12 * MiB), Event("free", 0), Event("alloc", 1, 14 * MiB)]
+    assert least_capacity(exact, expandable=False) == 14 * MiB      # a device of exactly the peak fits
     assert replay(events, expandable=False, capacity=68 * MiB).over_capacity
     assert not replay(events, expandable=False, capacity=70 * MiB).over_capacity
     out = replay(events, expandable=True)
