@@ -150,25 +150,26 @@ def _config(model: str, seq: int, layers: int | None = None):
 
 
 def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, reserved: bool = False,
-            hbm_bytes: int | None = None, timeout_s: float = 1800) -> dict:
+            hbm_bytes: int | None = None, placements: dict[str, str] | None = None, timeout_s: float = 1800) -> dict:
     """Peak bytes by category of ``rank``, extrapolated from two cut models when the model's
     layers allow (``layer_counts``; see the module docstring).  Under pp > 1 the rank's stages
     run whole (a rank holds L/pp layers; the step is one rank's, ``memcheck_pipeline``), and the
     answer also carries ``in_flight``: the chunk-micro-batches torch's order holds at most.
     With ``reserved`` the model runs whole and the answer also carries ``reserved``: for each of
     ``ALLOCATORS``, the run's requests replayed through torch's CUDA caching allocator on a device
-    of ``hbm_bytes`` (``replay_reserved``).  A cut model does not do for this: the holes a
+    of ``hbm_bytes`` (``replay_reserved``).  ``placements``: the tp placements to apply (a
+    searched ``Layout``'s); None: apply's rule (``tensor_parallel.default_placement``).  A cut model does not do for this: the holes a
     layer leaves depend on what came before it (llama3-8b FSDP8, expandable segments: 1.37 and
     1.54 GiB more reserved from 2 to 3 and from 3 to 4 layers)."""
     counts = layer_counts(model, seq)
     if counts is None or plan.pp > 1 or reserved:
         out = _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None, timeout_s=timeout_s,
-                       reserved=reserved, hbm_bytes=hbm_bytes)
+                       reserved=reserved, hbm_bytes=hbm_bytes, placements=placements)
         extra = {key: out[key] for key in ("in_flight", "reserved") if key in out}
         return {**out["peak"], **extra}
     k, k1, total = counts
-    a, b = (_measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=n, timeout_s=timeout_s)
-            for n in (k, k1))
+    a, b = (_measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=n, timeout_s=timeout_s,
+                     placements=placements) for n in (k, k1))
     return extrapolate(a, b, total - k1)
 
 
@@ -180,10 +181,12 @@ def extrapolate(a: dict, b: dict, extra: int) -> dict[str, float]:
 
 
 def _measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, layers: int | None,
-             timeout_s: float, reserved: bool = False, hbm_bytes: int | None = None) -> dict:
+             timeout_s: float, reserved: bool = False, hbm_bytes: int | None = None,
+             placements: dict[str, str] | None = None) -> dict:
     """One child process's peak by category (``_child``)."""
     args = json.dumps({"model": model, "plan": plan.to_string(), "seq": seq, "global_batch": global_batch,
-                       "rank": rank, "layers": layers, "reserved": reserved, "hbm_bytes": hbm_bytes})
+                       "rank": rank, "layers": layers, "reserved": reserved, "hbm_bytes": hbm_bytes,
+                       "placements": placements})
     out = subprocess.run([sys.executable, "-m", "autoplan.apply.memcheck", args], capture_output=True, text=True,
                          timeout=timeout_s)
     if out.returncode != 0:
@@ -304,7 +307,7 @@ def _child(spec: dict) -> dict:
     fakeify_module(model, mode, torch.float32)
     hidden = _hidden(model)
     pm = apply(model, plan, device_mesh(plan, "cpu"), global_batch=spec["global_batch"], seq=spec["seq"],
-               mixed_precision=True)
+               placements=spec.get("placements"), mixed_precision=True)
     del model
     opt = pm.optimizer("adamw", 1e-3)
     with gpu_functionals():

@@ -17,7 +17,9 @@ CUDA caching allocator (``costmodels.allocator``; ``expandable`` is
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as torchtitan's launcher sets it) and
 prints the *reserved* peak (``torch.cuda.max_memory_reserved``, what torchtitan and most
 trainers log) beside the allocated one; the model then runs whole, not cut and extrapolated.
-``--json``: {plan, skipped, rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error,
+``--layout searched`` applies the block ILP's tp layout the estimate priced (what ``autoplan run
+plans.json`` runs) instead of apply's rule for a bare plan (what ``autoplan run`` runs).
+``--json``: {plan, skipped, placements (with ``--layout searched``), rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error,
 in_flight: {estimate, torch} (pp > 1: the most chunk-micro-batches alive), reserved (with
 ``--allocator``: {allocator, allocated_peak_gib, reserved_peak_gib, gap_gib, estimate_gib,
 over_capacity, needs_gib})}]}.
@@ -45,6 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pp-ranks", metavar="LIST", default=None,
                    help="pipeline ranks to run, comma-separated (default: all up to pp=4, else the first, second, "
                         "middle, last and the one the estimate puts highest)")
+    p.add_argument("--layout", choices=("rule", "searched"), default="rule",
+                   help="tp placements to apply: rule (apply's Megatron-style rule, as `autoplan run` runs a bare "
+                        "plan) or searched (the block ILP's layout the estimate priced, as `autoplan run plans.json` "
+                        "runs a search result)")
     p.add_argument("--allocator", choices=("classic", "expandable"), default=None,
                    help="also replay torch's CUDA caching allocator over the run and report reserved memory: "
                         "classic (torch's default) or expandable (expandable_segments:True, torchtitan's launcher); "
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
     result = compare(w, args.model, plan, seq=args.seq, global_batch=args.global_batch, margin_gib=margin,
-                     pp_ranks=args.pp_ranks, allocator=args.allocator)
+                     pp_ranks=args.pp_ranks, allocator=args.allocator, layout=args.layout)
     if args.json:
         print(json.dumps(rounded(result), sort_keys=True))
         return 0
@@ -76,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: float,
-            pp_ranks: str | None = None, allocator: str | None = None) -> dict:
+            pp_ranks: str | None = None, allocator: str | None = None, layout: str = "rule") -> dict:
     """The memcheck of ``plan`` on workload ``w`` (``model``: its zoo name, family spec or file):
     {plan, skipped, memory_limit_gib, rank_kinds} as ``--json`` prints it (GiB; the limit is HBM
-    less ``margin_gib``); ``pp_ranks`` as ``--pp-ranks``, ``allocator`` as ``--allocator``."""
+    less ``margin_gib``); ``pp_ranks`` as ``--pp-ranks``, ``allocator`` as ``--allocator``,
+    ``layout`` as ``--layout``."""
     from autoplan.apply.memcheck import GIB, measure, rank_kinds, unsupported
     from autoplan.cost import EstimateOptions
 
@@ -87,6 +94,8 @@ def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: flo
     est = estimator.estimate(plan, global_batch, detail=False)
     by_rank = estimator.memory_by_rank(plan, global_batch)
     skipped = unsupported(plan)
+    searched = estimator.layout(plan) if layout == "searched" and plan.tp > 1 and skipped is None else None
+    placements = searched.placements() if searched is not None else None
     chosen = _pp_ranks(pp_ranks, plan.pp, max(range(plan.pp), key=lambda r: by_rank[r].total))
     kinds = []
     for pp_rank, rank in enumerate(rank_kinds(plan)):
@@ -97,7 +106,7 @@ def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: flo
                "reserved": None}
         if skipped is None and pp_rank in chosen:
             got = measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, reserved=allocator is not None,
-                          hbm_bytes=w.cluster.gpu.hbm_bytes)
+                          hbm_bytes=w.cluster.gpu.hbm_bytes, placements=placements)
             if plan.pp > 1:
                 row["in_flight"]["torch"] = got.pop("in_flight")
             if allocator is not None:
@@ -106,7 +115,7 @@ def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: flo
             row["error"] = predicted["total"] / row["measured_gib"]["total"] - 1.0
         kinds.append(row)
     return {"plan": plan.to_string(), "skipped": skipped, "rank_kinds": kinds,
-            "memory_limit_gib": est.memory_limit_gib}
+            "memory_limit_gib": est.memory_limit_gib, "placements": placements}
 
 
 def reserved_row(replayed: dict, estimate_gib: float) -> dict:

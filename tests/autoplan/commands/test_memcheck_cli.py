@@ -195,3 +195,12 @@ def test_moe_experts_on_tp_are_measured_as_the_estimate_prices_them(cli):
     for k in ("params", "grads", "optimizer"):
         assert row["predicted_gib"][k] == pytest.approx(row["measured_gib"][k], rel=0.02, abs=1e-3)
     assert abs(row["error"]) < 0.05
+
+
+def test_the_searched_layout_is_applied_and_measured_beside_its_estimate(cli):
+    """``--layout searched``: the block ILP's tp layout (here it shards the embedding over the
+    hidden dim, where apply's rule shards the vocabulary) is what apply runs."""
+    d = json.loads(memcheck(cli, "tp=2,dp=4,zero=1,sp=on,mbs=1", "--layout", "searched", "--json").stdout)
+    assert d["placements"]["tok_embeddings.weight"] == "S(1)"
+    assert d["placements"]["attention.o_proj.weight"] == "S(1)"
+    assert abs(d["rank_kinds"][0]["error"]) < 0.05
