@@ -4,6 +4,7 @@ import pytest
 
 from autoplan.cost import EstimateOptions, Estimator
 from autoplan.cost.fsdp import Policy, Unit, policy, step_exposure
+from autoplan.cost.memory import fsdp_staging_bytes
 from autoplan.plan import Plan
 
 MODEL = "llama:layers=8,hidden=1024,heads=16,kv_heads=4,ffn=4096,vocab=8000"
@@ -81,8 +82,27 @@ def test_zero3_under_pipeline_gathers_once_and_reduces_once_per_step(fsdp16):
 def test_deeper_prefetch_holds_more_gathered_layers(fsdp16):
     one = _est(fsdp16, "dp=16,mbs=1,zero=3")
     two = _est(fsdp16, "dp=16,mbs=1,zero=3", fsdp_prefetch=2)
-    assert two.memory_gib > one.memory_gib
+    assert two.memory_gib >= one.memory_gib         # here the loss buffers, not FSDP, set the peak
     assert two.time_breakdown_s["dp_exposed"] <= one.time_breakdown_s["dp_exposed"] + 1e-12
+    plan = Plan.parse("dp=16,mbs=1,zero=3", num_gpus=16)
+    staged = [fsdp_staging_bytes(plan, 100.0, 10.0, Policy(depth, True, True)) for depth in (1, 2)]
+    assert staged[1] - staged[0] == pytest.approx(2 * 100.0)    # one more block of bf16 parameters
+
+
+@pytest.mark.parametrize("freed, want", [(0.0, 6 * 100 + 2 * (100 + 10)),        # after the backward
+                                         (500.0, 2 * (2 * 100 + 10)),            # during it
+                                         (1e9, 2 * (2 * 100 + 10))])
+def test_staging_is_the_larger_of_two_moments_of_a_blocks_backward(freed, want):
+    """zero 3, a reduce-scatter every micro-batch, prefetch 1, a block of 100 parameters, a root
+    of 10: during its backward the gathered block, the prefetched one and the root (2 B each);
+    after it, its activations (``freed``) gone and the block resharded, its bf16 gradient and the
+    fp32 reduce-scatter input (6 B per parameter) beside the prefetched block and the root."""
+    plan = Plan.parse("dp=16,mbs=1,zero=3", num_gpus=16)
+    assert fsdp_staging_bytes(plan, 100.0, 10.0, Policy(1, True, True), freed=freed) == pytest.approx(want)
+    # zero 2 keeps the parameters gathered: only the gradient staging, after the backward
+    zero2 = Plan.parse("dp=16,mbs=1,zero=2", num_gpus=16)
+    assert fsdp_staging_bytes(zero2, 100.0, 10.0, Policy(1, False, True), freed=freed) == pytest.approx(
+        max(0.0, 600.0 - freed))
 
 
 def test_zero2_is_fsdp_that_never_reshards_and_exposes_each_backwards_last_reduce_scatter():
