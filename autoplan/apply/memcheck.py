@@ -24,8 +24,10 @@ FlashAttention with in-kernel dropout, ``native_dropout``), its RMSNorms as the 
 Layers of one kind are identical, so a rank's peak is affine in its layer count (the states of
 each layer, its saved activations and its transients repeat; the peak moment, the loss backward
 of the last micro-batch, is the same place).  ``measure`` therefore runs the model cut to
-``k`` and ``k + 1`` layers (``k`` = the leading dense layers + 2, so that a first, a middle and a
-last block exist) and extrapolates every category to the model's own count (when L > 2k + 1;
+``k`` and ``k + 1`` layers (``k`` = the leading dense layers + 3, so that both cuts have a first,
+a middle and a last block: with k = 2 the 2-layer cut has no middle block, and a MoE FSDP
+plan's step peak fell at another place in it than in the deeper cuts, read 12.59 GiB where the
+whole 8-layer model holds 11.02) and extrapolates every category to the model's own count (when L > 2k + 1;
 shallower models run whole, which is cheaper):
 ``M(L) = M(k + 1) + (L − k − 1)·(M(k + 1) − M(k))``.  Exact for zoo and family-spec models (their
 configs say the layer count); a ``model.py`` runs whole.  Profiling the whole-model run
@@ -134,7 +136,7 @@ def layer_counts(model: str, seq: int = 0) -> tuple[int, int, int] | None:
     cfg = _config(model, seq)
     if cfg is None:
         return None
-    k = getattr(cfg, "dense_layers", 0) + 2
+    k = getattr(cfg, "dense_layers", 0) + 3     # both cuts have a first, a middle and a last block
     return (k, k + 1, cfg.layers) if cfg.layers > 2 * k + 1 else None   # else the whole model is cheaper
 
 
