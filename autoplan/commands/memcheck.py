@@ -89,13 +89,17 @@ def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: flo
     ``layout`` as ``--layout``."""
     from autoplan.apply.memcheck import GIB, measure, rank_kinds, unsupported
     from autoplan.cost import EstimateOptions
+    from autoplan.errors import UserError
 
     estimator = w.estimator(EstimateOptions(memory_margin_gib=margin_gib))
     est = estimator.estimate(plan, global_batch, detail=False)
     by_rank = estimator.memory_by_rank(plan, global_batch)
     skipped = unsupported(plan)
     searched = estimator.layout(plan) if layout == "searched" and plan.tp > 1 and skipped is None else None
-    placements = searched.placements() if searched is not None else None
+    try:
+        placements = searched.placements() if searched is not None else None
+    except UserError as e:
+        raise UserError(e.problem, "run memcheck with --layout rule (apply's rule for a bare plan)") from None
     chosen = _pp_ranks(pp_ranks, plan.pp, max(range(plan.pp), key=lambda r: by_rank[r].total))
     kinds = []
     for pp_rank, rank in enumerate(rank_kinds(plan)):

@@ -217,3 +217,12 @@ def test_the_cut_models_extrapolate_to_the_whole_models_peak(cli):
     cut, whole = (json.loads(cli(*args, *extra).stdout)["rank_kinds"][0]["measured_gib"]["total"]
                   for extra in ((), ("--allocator", "classic")))
     assert cut == pytest.approx(whole, rel=0.01)
+
+
+def test_a_searched_layout_apply_cannot_take_is_one_clear_error(cli):
+    """GPT's tied embedding: the ILP places it over the hidden dim where it is read and over the
+    vocabulary in the head, which one placement per parameter cannot say."""
+    out = cli("memcheck", "tp=2,dp=4,zero=1", "--model", "gpt:layers=2,hidden=256,heads=4,vocab=1024",
+              "--cluster", "h100x8", "--seq", "256", "--global-batch", "8", "--layout", "searched")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--layout rule" in out.stderr
