@@ -67,8 +67,11 @@ Context parallelism runs on the rank's two sequence chunks (s/cp tokens; ring an
 exchanges move fake tensors like any collective), except under FSDP (zero 2/3 at dp > 1): apply
 shards FSDP over the dp axis alone, where the estimate prices torchtitan's cp·dp sharding.
 
-What it does not run: expert parallelism (its all-to-all routes by token values), cp under
-FSDP, and DualPipeV (its overlapped forward-backward pairs).  ``unsupported`` names the first of these a
+Expert parallelism runs for the zoo's MoE, whose experts take a capacity buffer [E, C, h] and
+exchange it with equal-split all-to-alls (``apply.expert_parallel``): no shape depends on token
+values.  What it does not run: expert parallelism on a ``model.py`` whose experts route dropless
+(the all-to-all's split sizes are token counts, which fake tensors do not have), cp under FSDP,
+and DualPipeV (its overlapped forward-backward pairs).  ``unsupported`` names the first of these a
 plan uses.
 """
 from __future__ import annotations
@@ -99,13 +102,14 @@ _BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "zb-h2")   # F, B, I, W (memcheck_pipeline)
 
 
-def unsupported(plan: Plan) -> str | None:
-    """Why memcheck cannot measure ``plan`` (see the module docstring), or None."""
+def unsupported(plan: Plan, model: str | None = None) -> str | None:
+    """Why memcheck cannot measure ``plan`` of ``model`` (see the module docstring), or None."""
     if plan.cp > 1 and plan.dp > 1 and plan.zero >= 2:
         return (f"cp={plan.cp} with zero={plan.zero}: apply's FSDP shards over the dp axis alone, the estimate "
                 "(torchtitan's dp_shard_cp mesh) over cp·dp")
-    if plan.ep > 1:
-        return f"ep={plan.ep}: expert parallelism routes by token values"
+    if plan.ep > 1 and (model is None or _config(model, 0) is None):
+        return (f"ep={plan.ep} on a model.py: its experts' dropless routing sizes the all-to-all by token "
+                "values, which fake tensors do not have (the zoo's capacity-buffer MoE runs)")
     from autoplan.apply.parallel import recompute_refusal
 
     if plan.pp > 1 and (refusal := recompute_refusal(plan)):

@@ -94,7 +94,7 @@ def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: flo
     estimator = w.estimator(EstimateOptions(memory_margin_gib=margin_gib))
     est = estimator.estimate(plan, global_batch, detail=False)
     by_rank = estimator.memory_by_rank(plan, global_batch)
-    skipped = unsupported(plan)
+    skipped = unsupported(plan, model)
     searched = estimator.layout(plan) if layout == "searched" and plan.tp > 1 and skipped is None else None
     try:
         placements = searched.placements() if searched is not None else None

@@ -226,3 +226,21 @@ def test_a_searched_layout_apply_cannot_take_is_one_clear_error(cli):
               "--cluster", "h100x8", "--seq", "256", "--global-batch", "8", "--layout", "searched")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--layout rule" in out.stderr
+
+
+def test_expert_parallel_zoo_moe_is_measured(cli):
+    """The zoo's MoE exchanges capacity buffers with equal splits, so ep runs on fake tensors; a
+    model.py's dropless experts (split sizes from token counts) are refused with the reason."""
+    moe = "moe:layers=4,hidden=1024,heads=8,kv_heads=4,ffn=2816,vocab=8192,experts=8,topk=2,moe_ffn=1024"
+    out = cli("memcheck", "dp=8,ep=4,zero=1,mbs=1", "--model", moe, "--cluster", "h100x8", "--seq", "2048",
+              "--global-batch", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["skipped"] is None
+    row = d["rank_kinds"][0]
+    for k in ("params", "grads", "optimizer"):     # each ep rank's 2 of 8 experts, the dense part whole
+        assert row["predicted_gib"][k] == pytest.approx(row["measured_gib"][k], rel=0.02, abs=1e-3)
+    assert abs(row["error"]) < 0.05
+    from autoplan.apply.memcheck import unsupported
+    from autoplan.plan import Plan
+    assert "model.py" in unsupported(Plan.parse("dp=8,ep=4", num_gpus=8), "models/hf_mixtral.py")
