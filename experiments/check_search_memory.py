@@ -16,9 +16,9 @@ checked, so that every case measures something.
 
 No MoE case: when this table was written memcheck did not run expert parallelism, and every
 one of mixtral-8x7b's top-5 on h100x64 (seq 4096, global batch 128) uses ep > 1.  Since stop 32
-memcheck runs ep for the zoo's capacity-buffer MoE (``apply.memcheck.unsupported``); a MoE case
-waits for the next run of this script, and for apply to shard dense parameters over the whole
-dense dp group under ep + FSDP (RESULTS, "MoE, stop 32").  The gpt3-175b case's global batch (64) keeps its pipeline ranks' runs short.
+memcheck runs ep for the zoo's capacity-buffer MoE (``apply.memcheck.unsupported``), and apply
+shards ep + FSDP as torchtitan does (RESULTS, "MoE, stop 32"); a MoE case waits for the next run
+of this script.  The gpt3-175b case's global batch (64) keeps its pipeline ranks' runs short.
 
 A pipeline plan runs two pipeline ranks, the one the estimate puts highest and the last (the
 loss), each a row (a rank's run takes about 0.4 s per layer and micro-batch on 2 shared cores:

@@ -65,3 +65,13 @@ def register_cpu_attention_sharding() -> None:
         return strategies(args, 3, attn_mask)
 
     _registered = True
+
+
+def flat_mesh(mesh, names: tuple[str, ...]):
+    """The 1-D mesh over the named axes of ``mesh`` together (listed in ``mesh``'s order), e.g.
+    FSDP's dense group ep·dp under expert parallelism.  ``DeviceMesh._flatten`` is private
+    (torch 2.13); a single axis is returned as it is."""
+    names = tuple(n for n in mesh.mesh_dim_names if n in names)
+    if len(names) == 1:
+        return mesh[names[0]]
+    return mesh[names]._flatten("_".join(names))

@@ -40,13 +40,18 @@ def grad_of(p: nn.Parameter) -> torch.Tensor | None:
 
 
 def shard_fsdp(stage: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, zero: int,
-               mixed_precision: bool = False) -> None:
-    """FSDP2 units: each block, then the stage (the outside parameters it owns).
-    ``mixed_precision``: torchtitan's policy — fp32 sharded parameters, computed in bf16,
-    gradients reduced in fp32 (what ``costmodels.memory`` prices for zero 2/3)."""
+               mixed_precision: bool = False, experts: list[nn.Module] = (),
+               expert_mesh: DeviceMesh | None = None) -> None:
+    """FSDP2 units: each experts module over ``expert_mesh`` (its ep rank's experts, sharded over
+    the ranks holding the same ones, as torchtitan's ``dp_mod_ep`` mesh), then each block and the
+    stage (the outside parameters it owns) over ``dp_mesh``.  ``mixed_precision``: torchtitan's
+    policy — fp32 sharded parameters, computed in bf16, gradients reduced in fp32 (what
+    ``costmodels.memory`` prices for zero 2/3)."""
     reshard = zero >= 3
     kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
         if mixed_precision else {}
+    for module in experts:
+        fully_shard(module, mesh=expert_mesh, reshard_after_forward=reshard, **kw)
     for block in blocks:
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
     fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, **kw)

@@ -1,7 +1,8 @@
 """torch process groups over sets of mesh axes, and the gradient reductions of a plan.
 
 Gradients are averaged over every rank that computed them from other data (cp, ep, dp), except
-over the axes FSDP2 already averages (its mesh is the dp axis, of size dp/ep, under zero ≥ 2):
+over the axes FSDP2 already averages under zero ≥ 2 (a dense parameter's mesh is ep·dp, all of
+the dense data-parallel ranks but cp's; an expert parameter's is the dp axis, of size dp/ep):
 
 * a dense parameter: all-reduce over the ``DENSE_DP`` axes (cp, ep, dp) less FSDP's, divided
   by the group size;
@@ -75,9 +76,10 @@ class GroupMaker:
 
 def gradient_reductions(plan: Plan, groups: GroupMaker, fsdp: bool) -> tuple[Reduction, Reduction]:
     """(dense, expert) reductions of a plan (see the module docstring)."""
-    skip = ("dp",) if fsdp else ()
+    dense_skip = (("ep", "dp") if plan.ep > 1 else ("dp",)) if fsdp else ()
+    expert_skip = ("dp",) if fsdp else ()
     out = []
-    for axes, extra in ((GROUP_AXES[DENSE_DP], 1), (GROUP_AXES[EXPERT_DP], plan.ep)):
+    for axes, extra, skip in ((GROUP_AXES[DENSE_DP], 1, dense_skip), (GROUP_AXES[EXPERT_DP], plan.ep, expert_skip)):
         pg, ranks = groups.group(tuple(a for a in axes if a not in skip))
         divisor = len(ranks) * extra
         out.append(Reduction(pg if len(ranks) > 1 else None, ranks, divisor))

@@ -26,7 +26,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from autoplan.apply import (context_parallel, data_parallel, distributed_optimizer, expert_parallel, pipeline, recompute,
                             tensor_parallel)
-from autoplan.apply._torch import plain_tensors_are_replicated, register_cpu_attention_sharding
+from autoplan.apply._torch import flat_mesh, plain_tensors_are_replicated, register_cpu_attention_sharding
 from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
 from autoplan.apply.groups import GroupMaker, Reduction, gradient_reductions
 from autoplan.apply.layout import ModelLayout, probe
@@ -396,7 +396,12 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
         blocks = stage.stage_blocks(layout)
         recompute.recompute_blocks(blocks, plan.recompute_of_stage(coords["pp"]))
         if plan.dp > 1 and plan.zero >= 2:
-            data_parallel.shard_fsdp(stage, blocks, mesh["dp"], plan.zero, mixed_precision)
+            if ep_group is None:
+                data_parallel.shard_fsdp(stage, blocks, mesh["dp"], plan.zero, mixed_precision)
+            else:       # dense parameters over every rank of ep·dp, experts over dp (= dp/ep)
+                experts = [copy.get_submodule(n) for n in expert_parallel.find_experts(copy, layout.blocks_path)]
+                data_parallel.shard_fsdp(stage, blocks, flat_mesh(mesh, ("ep", "dp")), plan.zero, mixed_precision,
+                                         experts=experts, expert_mesh=mesh["dp"])
         elif megatron:
             distributed_optimizer.to_bf16(stage)
         stages.append(stage)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from autoplan.apply._torch import plain_tensors_are_replicated, register_cpu_attention_sharding
+from autoplan.apply._torch import flat_mesh, plain_tensors_are_replicated, register_cpu_attention_sharding
 
 
 def test_plain_tensors_count_as_replicated_only_inside_the_context(single_rank):
@@ -38,3 +38,13 @@ def test_cpu_flash_attention_runs_on_batch_or_head_sharded_dtensors(single_rank,
     torch.testing.assert_close(out.full_tensor(), ref)
     torch.testing.assert_close(dq.grad.full_tensor(), q.grad)
     torch.testing.assert_close(dv.grad.full_tensor(), v.grad)
+
+
+def test_flat_mesh_joins_named_axes_in_the_meshs_order(single_rank):
+    """``DeviceMesh._flatten`` behind ``flat_mesh`` (FSDP's dense group ep·dp under expert
+    parallelism; the 4- and 8-rank runs of test_expert_parallel.py exercise it at size > 1)."""
+    mesh = init_device_mesh("cpu", (1, 1, 1), mesh_dim_names=("pp", "dp", "ep"))
+    joined = flat_mesh(mesh, ("ep", "dp"))                  # asked in any order, joined in the mesh's
+    assert joined.mesh_dim_names == ("dp_ep",) and joined.size() == 1
+    assert flat_mesh(mesh, ("dp",)) is mesh["dp"] or flat_mesh(mesh, ("dp",)).mesh_dim_names == ("dp",)
+
