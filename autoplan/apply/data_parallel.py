@@ -1,7 +1,9 @@
 """Data parallelism at the plan's ZeRO level, on the plan's dp axis.
 
 * ``zero=3``: FSDP2 ``fully_shard`` on every block and on the stage, parameters
-  resharded after forward (all-gathered again for backward).
+  resharded after forward (all-gathered again for backward).  Under expert parallelism the
+  blocks and the stage shard over every dense data-parallel rank (ep·dp) and each experts
+  module is its own unit over the ranks holding the same experts (dp/ep), as torchtitan does.
 * ``zero=2``: the same with ``reshard_after_forward=False``: parameters stay
   gathered from forward to backward, gradients are reduce-scattered and the
   optimizer state is sharded.
