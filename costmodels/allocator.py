@@ -74,15 +74,14 @@ class Event:
 @dataclass(frozen=True)
 class Replay:
     """What a replay left, bytes: the peaks of allocated and reserved memory, the reserved bytes
-    at the moment of the allocated peak (the gap there is the cached free blocks), the segments
-    at the end, whether reserved bytes ever passed the capacity (classic: after releasing the
+    at the moment of the allocated peak (the gap there is the cached free blocks), whether
+    reserved bytes ever passed the capacity (classic: after releasing the
     wholly free segments, i.e. the run would fail), and under expandable segments the peak of
     the pages holding an allocated byte (0 under classic)."""
 
     allocated_peak: int
     reserved_peak: int
     reserved_at_allocated_peak: int
-    segments: int
     over_capacity: bool
     touched_peak: int = 0
 
@@ -137,8 +136,11 @@ class CachingAllocator:
     def malloc(self, nbytes: int, stream: int = 0) -> _Block:
         size = round_size(nbytes)
         pool = (stream, size <= SMALL_SIZE)
-        block = self._best_fit(pool, size) or self._grow(pool, size)
-        self._take(block)
+        block = self._best_fit(pool, size)
+        if block is not None:
+            self._take(block)
+        else:
+            block = self._grow(pool, size)      # a free block outside the free lists
         rest = block.size - size
         if (rest >= MIN_BLOCK) if pool[1] or self.expandable else (rest > SMALL_SIZE):     # should_split
             tail = _Block(block.ptr + size, rest, block.segment, block, block.next)
@@ -178,6 +180,7 @@ class CachingAllocator:
         return block
 
     def _grow(self, pool: tuple[int, bool], size: int) -> _Block:
+        """A free block of at least ``size`` bytes from new memory, not in the free lists."""
         if self.expandable:
             return self._map(pool, size)
         need = segment_size(size)
@@ -189,7 +192,6 @@ class CachingAllocator:
         segment.last = block
         self._classic.append(segment)
         self.reserved += need
-        self._give(block)
         return block
 
     def _map(self, pool: tuple[int, bool], size: int) -> _Block:
@@ -214,7 +216,6 @@ class CachingAllocator:
             if end is not None:
                 end.next = tail
             segment.last = tail
-        self._give(tail)
         return tail
 
     def _count_pages(self, block: _Block, delta: int) -> None:
@@ -291,17 +292,16 @@ def replay(events: Sequence[Event], *, expandable: bool, capacity: int | None = 
         if allocator.allocated > allocated_peak:
             allocated_peak, reserved_then = allocator.allocated, allocator.reserved
         reserved_peak = max(reserved_peak, allocator.reserved)
-    segments = len(allocator._classic) + len(allocator._segments)
-    return Replay(allocated_peak, reserved_peak, reserved_then, segments, allocator.over_capacity,
-                  allocator.touched_peak)
+    return Replay(allocated_peak, reserved_peak, reserved_then, allocator.over_capacity, allocator.touched_peak)
 
 
-def least_capacity(events: Sequence[Event], *, expandable: bool) -> int:
+def least_capacity(events: Sequence[Event], *, expandable: bool, free_run: Replay | None = None) -> int:
     """The bytes of device memory the run needs under the allocator (module docstring): under
     classic segments the smallest multiple of 2 MiB at which ``replay`` never runs out, by
     bisection between the allocated and the reserved peak (running out is taken as monotone in
-    the capacity); under expandable segments the peak of the pages holding an allocated byte."""
-    free_run = replay(events, expandable=expandable)
+    the capacity); under expandable segments the peak of the pages holding an allocated byte.
+    ``free_run``: the replay of ``events`` on a device that never fills, if the caller has it."""
+    free_run = free_run or replay(events, expandable=expandable)
     if expandable:
         return free_run.touched_peak
     lo = (free_run.allocated_peak - 1) // ROUND_LARGE        # runs out below its allocated peak

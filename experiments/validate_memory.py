@@ -82,7 +82,7 @@ RESERVED_ALLOCATOR = "expandable"      # torchtitan's launcher (module docstring
 
 def price(row: dict, options: EstimateOptions = EstimateOptions(), *, reserved: bool = False) -> dict:
     """The row's estimate beside its published figure; with ``reserved`` and a published
-    (reserved) peak, also the allocator replay (``reserved_gap``) and the error against it."""
+    (reserved) peak, also the allocator replay (``allocator_replays``) and the error against it."""
     options = dataclasses.replace(options, **row.get("options", {}))
     cluster = pr._cluster(row["cluster"])
     est = Estimator(pr._model(row["model"], row["seq"]), cluster, options)
@@ -95,29 +95,27 @@ def price(row: dict, options: EstimateOptions = EstimateOptions(), *, reserved: 
         out["error"] = out["allocated_error"] = round(e.memory_gib / row["published_gib"] - 1.0, 4)
         if reserved:
             replays = allocator_replays(row, cluster)
-            out["reserved"] = {name: {"gap_gib": round(r["gap"], 2), "predicted_gib": round(e.memory_gib + r["gap"], 2),
-                                      "needs_gib": round(r["needs"], 2), "allocated_gib": round(r["allocated"], 2)}
+            out["reserved"] = {name: {"gap_gib": round(r["gap_gib"], 2),
+                                      "predicted_gib": round(e.memory_gib + r["gap_gib"], 2),
+                                      "needs_gib": round(r["needs_gib"], 2),
+                                      "allocated_gib": round(r["allocated_peak_gib"], 2)}
                                for name, r in replays.items()}
             out["predicted_reserved_gib"] = out["reserved"][RESERVED_ALLOCATOR]["predicted_gib"]
-            gap = replays[RESERVED_ALLOCATOR]["gap"]
+            gap = replays[RESERVED_ALLOCATOR]["gap_gib"]
             out["error"] = round((e.memory_gib + gap) / row["published_gib"] - 1.0, 4)
     return out
 
 
-def allocator_replays(row: dict, cluster) -> dict[str, dict[str, float]]:
-    """Per allocator, GiB on the row's plan (``autoplan.apply.memcheck.measure`` with
-    ``reserved``: rank 0, the whole model): ``gap``, reserved beyond the allocated peak;
-    ``needs``, the least device the run does not run out on; ``allocated``, the tracked peak
-    (``commands.memcheck.reserved_row``)."""
+def allocator_replays(row: dict, cluster) -> dict[str, dict]:
+    """Per allocator, ``commands.memcheck.reserved_row`` of the row's plan (GiB;
+    ``autoplan.apply.memcheck.measure`` with ``reserved``: rank 0, the whole model)."""
     from autoplan.apply.memcheck import measure
     from autoplan.commands.memcheck import reserved_row
 
     plan = Plan.parse(row["plan"], num_gpus=cluster.num_gpus)
     got = measure(row["model"], plan, seq=row["seq"], global_batch=row["global_batch"], rank=0, reserved=True,
                   hbm_bytes=cluster.gpu.hbm_bytes)
-    rows = {name: reserved_row(r, 0.0) for name, r in got["reserved"].items()}
-    return {name: {"gap": r["gap_gib"], "needs": r["needs_gib"], "allocated": r["allocated_peak_gib"]}
-            for name, r in rows.items()}
+    return {name: reserved_row(r, 0.0) for name, r in got["reserved"].items()}
 
 
 def markdown(results: list[dict]) -> str:

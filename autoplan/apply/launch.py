@@ -44,7 +44,7 @@ def launch(argv: list[str], nproc: int, *, threads: int = 1, timeout: float | No
     port = free_port()
     procs: list[subprocess.Popen] = []
     for rank in range(nproc):
-        env = dict(os.environ, **allocator_env(), **rank_env(rank, nproc, port, threads))
+        env = dict(os.environ, **rank_env(rank, nproc, port, threads))
         procs.append(subprocess.Popen([sys.executable, *argv], env=env))
     return _wait(procs, lambda p: p.poll(), lambda p: p.returncode, timeout)
 
@@ -63,9 +63,9 @@ def allocator_env() -> dict[str, str]:
 
 
 def rank_env(rank: int, nproc: int, port: int, threads: int) -> dict[str, str]:
-    """torchrun's variables for one local rank."""
+    """torchrun's variables for one local rank, and the allocator setting (``allocator_env``)."""
     return dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads), **allocator_env())
 
 
 def launch_function(target: Callable[..., None], args: tuple, nproc: int, *, threads: int = 1,
@@ -77,8 +77,7 @@ def launch_function(target: Callable[..., None], args: tuple, nproc: int, *, thr
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(target, args, {**allocator_env(), **rank_env(rank, nproc, port,
-                                                                                                  threads)}))
+    procs = [ctx.Process(target=_rank_main, args=(target, args, rank_env(rank, nproc, port, threads)))
              for rank in range(nproc)]
     for p in procs:
         p.start()

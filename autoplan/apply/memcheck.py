@@ -163,10 +163,10 @@ def measure(model: str, plan: Plan, *, seq: int, global_batch: int, rank: int, r
     answer also carries ``in_flight``: the chunk-micro-batches torch's order holds at most.
     With ``reserved`` the model runs whole and the answer also carries ``reserved``: for each of
     ``ALLOCATORS``, the run's requests replayed through torch's CUDA caching allocator on a device
-    of ``hbm_bytes`` (``replay_reserved``).  ``placements``: the tp placements to apply (a
-    searched ``Layout``'s); None: apply's rule (``tensor_parallel.default_placement``).  A cut model does not do for this: the holes a
-    layer leaves depend on what came before it (llama3-8b FSDP8, expandable segments: 1.37 and
-    1.54 GiB more reserved from 2 to 3 and from 3 to 4 layers)."""
+    of ``hbm_bytes`` (``replay_reserved``); a cut model does not do for this, as the holes a layer
+    leaves depend on what came before it (llama3-8b FSDP8, expandable segments: 1.37 and 1.54 GiB
+    more reserved from 2 to 3 and from 3 to 4 layers).  ``placements``: the tp placements to apply
+    (a searched ``Layout``'s); None: apply's rule (``tensor_parallel.default_placement``)."""
     counts = layer_counts(model, seq)
     if counts is None or plan.pp > 1 or reserved:
         out = _measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, layers=None, timeout_s=timeout_s,
@@ -339,10 +339,13 @@ def replay_reserved(events: list, *, allocator: str, hbm_bytes: int | None) -> d
     from costmodels.allocator import least_capacity, replay
 
     expandable = ALLOCATORS[allocator]
-    out = replay(events, expandable=expandable, capacity=hbm_bytes)
+    free_run = replay(events, expandable=expandable)
+    # a device that never fills behaves the same up to its capacity: replay again only past it
+    fits = hbm_bytes is None or free_run.reserved_peak <= hbm_bytes
+    out = free_run if fits else replay(events, expandable=expandable, capacity=hbm_bytes)
     return {"allocator": allocator, "allocated_peak": out.allocated_peak, "reserved_peak": out.reserved_peak,
             "reserved_at_allocated_peak": out.reserved_at_allocated_peak, "over_capacity": out.over_capacity,
-            "needs": least_capacity(events, expandable=expandable)}
+            "needs": least_capacity(events, expandable=expandable, free_run=free_run)}
 
 
 def _flat_child(pm, opt, mode, *, batch: int, seq: int, replay=None) -> dict:

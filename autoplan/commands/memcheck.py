@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 
+from autoplan.apply.memcheck import ALLOCATORS, GIB
 from autoplan.commands.common import add_margin_arg
 from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
@@ -51,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="tp placements to apply: rule (apply's Megatron-style rule, as `autoplan run` runs a bare "
                         "plan) or searched (the block ILP's layout the estimate priced, as `autoplan run plans.json` "
                         "runs a search result)")
-    p.add_argument("--allocator", choices=("classic", "expandable"), default=None,
+    p.add_argument("--allocator", choices=tuple(ALLOCATORS), default=None,
                    help="also replay torch's CUDA caching allocator over the run and report reserved memory: "
                         "classic (torch's default) or expandable (expandable_segments:True, torchtitan's launcher); "
                         "runs the whole model")
@@ -87,7 +88,7 @@ def compare(w, model: str, plan, *, seq: int, global_batch: int, margin_gib: flo
     {plan, skipped, memory_limit_gib, rank_kinds} as ``--json`` prints it (GiB; the limit is HBM
     less ``margin_gib``); ``pp_ranks`` as ``--pp-ranks``, ``allocator`` as ``--allocator``,
     ``layout`` as ``--layout``."""
-    from autoplan.apply.memcheck import GIB, measure, rank_kinds, unsupported
+    from autoplan.apply.memcheck import measure, rank_kinds, unsupported
     from autoplan.cost import EstimateOptions
     from autoplan.errors import UserError
 
@@ -126,8 +127,6 @@ def reserved_row(replayed: dict, estimate_gib: float) -> dict:
     """The allocator replay of one rank (``apply.memcheck.replay_reserved``, bytes) in GiB, with
     the estimate carried to reserved memory: the estimate plus the replay's gap (reserved −
     allocated peak), the cached blocks a run holds beyond what it allocates."""
-    from autoplan.apply.memcheck import GIB
-
     gap = (replayed["reserved_peak"] - replayed["allocated_peak"]) / GIB
     return {"allocator": replayed["allocator"], "allocated_peak_gib": replayed["allocated_peak"] / GIB,
             "reserved_peak_gib": replayed["reserved_peak"] / GIB, "gap_gib": gap, "estimate_gib": estimate_gib + gap,
@@ -177,7 +176,7 @@ def _print(w, cluster, args, result: dict) -> None:
                              if r["over_capacity"] else ""))
             console.print(f"needs {r['needs_gib']:.2f} GiB of device memory under that allocator "
                           f"({r['needs_gib'] - r['allocated_peak_gib']:+.2f} beyond the allocated peak: the least device "
-                          f"the replay does not run out on; {cluster.gpu.hbm_bytes / 2 ** 30:.1f} GiB here, of which "
+                          f"the replay does not run out on; {cluster.gpu.hbm_bytes / GIB:.1f} GiB here, of which "
                           f"the CUDA context and NCCL take some outside the allocator)")
         if row["in_flight"] and row["in_flight"]["torch"] is not None:
             console.print(f"chunk-micro-batches in flight at most: torch's order {row['in_flight']['torch']}, "
