@@ -1,0 +1,197 @@
+"""Does a refactor change any number?  The JSON of the README's examples, the bench's quick suite
+and the worst search rows, byte for byte, against another commit, and the worst rows' search time.
+
+    python experiments/check_identical.py --base REV [--only readme,quick,worst] [--time] [--repeat N]
+
+The commit ``REV`` is checked out into a temporary git worktree; every command runs in a fresh
+process, once on ``REV`` and once on the working tree, each with its own trace cache (a cold
+trace is not timed: ``--time`` runs the search in-process after tracing).  A row is "same" when
+the two outputs are identical bytes; timing fields of the bench record (``*_s``, ``cpus``) are
+dropped before comparing.  With ``--time``, each worst row's search seconds (wall and CPU of the
+search process and its workers) on both trees, interleaved ``--repeat`` times (default 3), the
+ratio of medians new / old.  Exit status 1 when any output differs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+README = [
+    ("search gpt3-175b h100x1024", ["search", "gpt3-175b", "--cluster", "h100x1024", "--json"]),
+    ("search nic.yaml", ["search", "gpt3-175b", "--cluster", "h100x1024", "--params",
+                         "experiments/perturbations/nic.yaml", "--json"]),
+    ("estimate gpt3-175b interleaved", ["estimate", "gpt3-175b", "--cluster", "h100x1024", "--plan",
+                                        "tp=8,pp=8,vpp=3,schedule=interleaved,recompute=selective", "--json"]),
+    ("search llama3-8b 32K", ["search", "llama3-8b", "--cluster", "h100x256", "--seq", "32768",
+                              "--global-batch", "256", "--json"]),
+    ("search point objective", ["search", "gpt3-175b", "--cluster", "h100x1024", "--samples", "0",
+                                "--objective", "point", "--json"]),
+    ("search workers 1", ["search", "llama3-8b", "--cluster", "h100x64", "--workers", "1", "--json"]),
+]
+WORST = [            # model, cluster, seq, global batch: experiments/bench_search.py's WORST_CASES
+    ("gpt3-175b", "h100x16384", 2048, 1536),
+    ("gpt3-175b", "h100x1024", 2048, 1536),
+    ("gpt3-175b", "h100x256", 2048, 1536),
+    ("llama3-405b", "h100x16384", 8192, 2048),
+    ("llama3-405b", "h100x1024", 8192, 2048),
+    ("gpt-529.6b", "h100x1024", 2048, 1536),
+    ("gpt-1t", "h100x1024", 2048, 1536),
+    ("llama3-405b", "h100x131072", 8192, 2048),
+    ("deepseek-v3", "h100x2048", 4096, 4096),
+]
+TIMING_KEYS = {"cpus"}
+
+_TIMED = """
+import json, os, resource, sys, time
+from autoplan.frontend import trace
+from autoplan.workload import load_cluster
+from autoplan.search import search
+model, cluster, seq, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+g = trace(model, seq=seq)
+cpu0 = os.times()
+t0 = time.perf_counter()
+r = search(g, load_cluster(cluster), global_batch=batch)
+wall = time.perf_counter() - t0
+cpu1 = os.times()
+cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system) + (cpu1.children_user - cpu0.children_user) \
+    + (cpu1.children_system - cpu0.children_system)
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "best": r.candidates[0].plan.to_string()}))
+"""
+
+
+def _env(tree: str, cache: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=tree, AUTOPLAN_CACHE_DIR=cache, PYTHONHASHSEED="0")
+    env.pop("AUTOPLAN_NO_CACHE", None)
+    return env
+
+
+def _cli(tree: str, cache: str, args: list[str]) -> bytes:
+    proc = subprocess.run([sys.executable, "-m", "autoplan", *args], cwd=tree, env=_env(tree, cache),
+                          capture_output=True, timeout=1800)
+    return proc.stdout + f"\n[exit {proc.returncode}]".encode() + (proc.stderr[-2000:] if proc.returncode else b"")
+
+
+def _strip_timing(x):
+    if isinstance(x, dict):
+        return {k: _strip_timing(v) for k, v in x.items() if not (k.endswith("_s") and k in _TIMING_S)
+                and k not in TIMING_KEYS}
+    if isinstance(x, list):
+        return [_strip_timing(v) for v in x]
+    return x
+
+
+_TIMING_S = {"trace_s", "search_s", "seconds", "ilp_seconds", "wall_s", "total_s", "grid_s", "recipes_s",
+             "elapsed_s", "solve_seconds"}
+
+
+def _bench_quick(tree: str, cache: str) -> bytes:
+    with tempfile.TemporaryDirectory() as out:
+        proc = subprocess.run([sys.executable, "-m", "autoplan", "bench", "--suite", "quick", "--out", out,
+                               "--force", "--json"], cwd=tree, env=_env(tree, cache), capture_output=True,
+                              timeout=3600)
+        records = []
+        for name in sorted(os.listdir(out)):
+            if name.endswith(".json"):
+                with open(os.path.join(out, name)) as f:
+                    records.append((name, _strip_timing(json.load(f))))
+        return json.dumps(records, sort_keys=True, indent=1).encode() + f"\n[exit {proc.returncode}]".encode()
+
+
+def _rows(only: set[str]) -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = []
+    if "readme" in only:
+        rows += [(name, args) for name, args in README]
+    if "quick" in only:
+        rows.append(("bench --suite quick", "bench-quick"))
+    if "worst" in only:
+        rows += [(f"worst {m}@{c}", ["search", m, "--cluster", c, "--seq", str(s), "--global-batch", str(b),
+                                     "--json"]) for m, c, s, b in WORST]
+    return rows
+
+
+def _run(tree: str, cache: str, what) -> bytes:
+    return _bench_quick(tree, cache) if what == "bench-quick" else _cli(tree, cache, what)
+
+
+def _timed(tree: str, cache: str, row: tuple) -> dict:
+    m, c, s, b = row
+    proc = subprocess.run([sys.executable, "-c", _TIMED, m, c, str(s), str(b)], cwd=tree, env=_env(tree, cache),
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _old(base: str, name: str, run) -> bytes:
+    """``run()`` on the base commit, remembered under its full hash (a commit's output does not change)."""
+    sha = subprocess.run(["git", "-C", REPO, "rev-parse", base], capture_output=True, text=True).stdout.strip()
+    path = os.path.join(tempfile.gettempdir(), "autoplan-identical", sha, name.replace(" ", "_").replace("/", "_"))
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return f.read()
+    out = run()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the commit to compare against (e.g. HEAD~3)")
+    ap.add_argument("--only", default="readme,quick,worst", help="comma-separated: readme, quick, worst")
+    ap.add_argument("--time", action="store_true", help="also time the worst rows' search, old vs new")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", metavar="DIR", help="write each output as DIR/{old,new}/<row>.txt")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+    base = tempfile.mkdtemp(prefix="autoplan-base-")
+    caches = {tree: tempfile.mkdtemp(prefix="autoplan-cache-") for tree in ("old", "new")}
+    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", base, args.base], check=True,
+                   capture_output=True)
+    trees = {"old": base, "new": REPO}
+    differ = 0
+    try:
+        for name, what in _rows(only):
+            outs = {"old": _old(args.base, name, lambda: _run(base, caches["old"], what)),
+                    "new": _run(REPO, caches["new"], what)}
+            same = outs["old"] == outs["new"]
+            differ += not same
+            print(f"{'same   ' if same else 'DIFFERS'} {name}", flush=True)
+            if args.keep:
+                for k, out in outs.items():
+                    os.makedirs(os.path.join(args.keep, k), exist_ok=True)
+                    with open(os.path.join(args.keep, k, name.replace(" ", "_").replace("/", "_") + ".txt"),
+                              "wb") as f:
+                        f.write(out)
+        if args.time:
+            print("\n| row | old wall s | new wall s | new/old wall | old CPU s | new CPU s | new/old CPU |")
+            print("|---|---|---|---|---|---|---|")
+            for row in WORST:
+                runs: dict[str, list[dict]] = {"old": [], "new": []}
+                for _ in range(args.repeat):
+                    for k in ("old", "new"):
+                        runs[k].append(_timed(trees[k], caches[k], row))
+                med = {k: (statistics.median(r["wall_s"] for r in v), statistics.median(r["cpu_s"] for r in v))
+                       for k, v in runs.items()}
+                print(f"| {row[0]}@{row[1]} | {med['old'][0]:.2f} | {med['new'][0]:.2f} | "
+                      f"{med['new'][0] / med['old'][0]:.3f} | {med['old'][1]:.2f} | {med['new'][1]:.2f} | "
+                      f"{med['new'][1] / med['old'][1]:.3f} |", flush=True)
+    finally:
+        subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", base], capture_output=True)
+        for d in caches.values():
+            shutil.rmtree(d, ignore_errors=True)
+    print(f"\n{differ} differ" if differ else "\nall identical")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
