@@ -4,7 +4,7 @@
 
 For every case of ``CASES`` (zoo model, cluster, sequence, global batch): ``search`` with its
 default options (``SearchOptions()``: the 4 GiB margin, the robust objective) and its top-K; then
-``autoplan memcheck`` (``commands.memcheck.compare``: the plan applied on fake tensors under the
+``autoplan memcheck`` (``apply.memcheck_compare.compare``: the plan applied on fake tensors under the
 fake process group at its full world size, two steps under ``MemTracker``) on every plan memcheck
 can run.  One row per plan and measured rank kind: the estimate, the tracker's peak, HBM, the margin,
 HBM − margin and whether the tracker's peak is at most HBM − margin.  A plan memcheck cannot run
@@ -121,7 +121,7 @@ def measured_ranks(w, plan, global_batch: int, margin_gib: float) -> str | None:
 
 def check_candidate(case: Case, w, source: str, candidate) -> list[Row]:
     """memcheck of one search result: a row per measured rank kind, or one row saying why not."""
-    from autoplan.commands.memcheck import compare
+    from autoplan.apply.memcheck_compare import compare
     from autoplan.errors import UserError
 
     e = candidate.estimate

@@ -107,10 +107,10 @@ def price(row: dict, options: EstimateOptions = EstimateOptions(), *, reserved: 
 
 
 def allocator_replays(row: dict, cluster) -> dict[str, dict]:
-    """Per allocator, ``commands.memcheck.reserved_row`` of the row's plan (GiB;
+    """Per allocator, ``apply.memcheck_compare.reserved_row`` of the row's plan (GiB;
     ``autoplan.apply.memcheck.measure`` with ``reserved``: rank 0, the whole model)."""
     from autoplan.apply.memcheck import measure
-    from autoplan.commands.memcheck import reserved_row
+    from autoplan.apply.memcheck_compare import reserved_row
 
     plan = Plan.parse(row["plan"], num_gpus=cluster.num_gpus)
     got = measure(row["model"], plan, seq=row["seq"], global_batch=row["global_batch"], rank=0, reserved=True,
