@@ -147,11 +147,6 @@ class Plan:
     def model_parallel(self) -> int:
         return self.tp * self.cp * self.pp
 
-    @property
-    def expert_dp(self) -> int:
-        """Data-parallel degree of expert parameters (dp / ep)."""
-        return self.dp // self.ep
-
     def stage_rank(self, stage: int) -> int:
         """Pipeline rank holding virtual stage ``stage`` (0 … pp·vpp−1, model order): looped
         (stage mod pp), or V-shaped for zbv/dualpipev (rank r holds r and 2·pp−1−r)."""

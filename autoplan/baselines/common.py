@@ -10,7 +10,7 @@ Vocabulary: *axis* = a mesh axis (tp, cp, ep, dp, pp); *degree* = its size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from autoplan.errors import UserError
 from autoplan.ir import BlockGraph, ModelInfo
@@ -46,9 +46,6 @@ class RecipeContext:
     @property
     def layers(self) -> int:
         return self.model.num_layers
-
-
-RecipeFn = Callable[..., Plan]
 
 
 def divisors(n: int) -> list[int]:

@@ -65,10 +65,6 @@ def _cell(v):
 
 # --- Markdown ------------------------------------------------------------------------------------
 
-def _pct(x) -> str:
-    return "—" if x is None else f"{x:.1%}"
-
-
 def _ratio(x) -> str:
     return "—" if x is None else f"{x:.2f}"
 
