@@ -36,15 +36,15 @@ from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from autoplan.axes import AXES
 from autoplan.errors import UserError
 from autoplan.plan_notation import DEFAULT_ORDER as NOTATION_ORDER
 from autoplan.plan_notation import NOTATION_GRAMMAR, compact_tokens, complete_order, is_compact, parse_compact, run_length
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
-from costmodels.pipeline import stage_rank
+from costmodels.pipeline import V_SCHEDULES, ScheduleSpec, stage_rank
 
 SCHEMA_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")
-V_SCHEDULES = ("zbv", "dualpipev")          # two chunks per rank placed in a V
+SCHEDULES = tuple(SCHEDULE_SPECS)           # the registry's schedules, in the order plans list them
 RECOMPUTE = ("none", "selective", "op", "full")   # the searched policies, weakest → strongest memory saving
 RECOMPUTE_SYNTAX = "none, selective, op, full, or full:N (N ≥ 1 layers per virtual stage)"
 CP_ALGOS = ("ring", "ulysses", "usp")
@@ -52,7 +52,6 @@ CP_ALGOS = ("ring", "ulysses", "usp")
 # (warm-up min(pp - rank - 1, m)) and DeepSpeed's pipeline engine run it — it degenerates to
 # GPipe's order.  (torch.distributed.pipelining's Schedule1F1B refuses it: ``apply`` says so.)
 FEWER_MICROBATCHES_THAN_STAGES = ("gpipe", "1f1b")
-AXES = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = NOTATION_ORDER
 KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "schedule", "recompute", "layers",
         "sp", "zero", "cp_algo", "order")
@@ -146,6 +145,11 @@ class Plan:
     @property
     def model_parallel(self) -> int:
         return self.tp * self.cp * self.pp
+
+    @property
+    def schedule_spec(self) -> ScheduleSpec:
+        """The schedule's registry entry (``costmodels.pipeline.SCHEDULES``): placement, split backward, …"""
+        return SCHEDULE_SPECS[self.schedule]
 
     def stage_rank(self, stage: int) -> int:
         """Pipeline rank holding virtual stage ``stage`` (0 … pp·vpp−1, model order): looped

@@ -20,10 +20,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
+from costmodels.pipeline import V_SCHEDULES
+
 MESH_ORDER = ("tp", "cp", "pp", "dp", "ep")
 DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
-SCHEDULE_WORDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev")
-V_WORDS = ("zbv", "dualpipev")
+SCHEDULE_WORDS = tuple(SCHEDULE_SPECS)
 CP_WORDS = ("ulysses", "usp", "ring")
 _AXIS_TOKEN = re.compile(r"(tp|cp|pp|dp|ep)(\d+)$")
 _MESH = re.compile(r"^(tp|cp|pp|dp|ep)\d+([·.](tp|cp|pp|dp|ep)\d+)*$")
@@ -72,7 +74,7 @@ def compact_tokens(plan: Any) -> tuple[str, ...]:
     tokens.append(f"mbs{plan.mbs}")
     if plan.pp > 1 or plan.schedule != "1f1b":
         tokens.append(plan.schedule)
-    if plan.vpp != (2 if plan.schedule in V_WORDS else 1):
+    if plan.vpp != (2 if plan.schedule in V_SCHEDULES else 1):
         tokens.append(f"vpp{plan.vpp}")
     if plan.cp_algo != "ring":
         tokens.append(plan.cp_algo)

@@ -85,7 +85,7 @@ import sys
 
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
-from autoplan.plan import Plan
+from autoplan.plan import SCHEDULE_SPECS, Plan
 
 GIB = 1024 ** 3
 CATEGORIES = {
@@ -99,7 +99,8 @@ ALLOCATORS = {"classic": False, "expandable": True}     # name → expandable se
 _BLOCK = re.compile(r"\.layers\.(\d+)")      # a block's index in a module name
 
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "zb-h2")   # F, B, I, W (memcheck_pipeline)
+# F, B, I, W actions (memcheck_pipeline): every schedule but those of overlapped forward-backward pairs
+PIPELINE_SCHEDULES = tuple(n for n, spec in SCHEDULE_SPECS.items() if not spec.overlapped_pairs)
 
 
 def unsupported(plan: Plan, model: str | None = None) -> str | None:

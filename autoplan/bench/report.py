@@ -333,7 +333,7 @@ def _beyond_megatron(records: list[dict]) -> str:
     if not plans:
         return ""
     n = len(plans)
-    found = [(sum(p.schedule in ("zb-h1", "zb-h2", "zbv", "dualpipev") for p, _ in plans),
+    found = [(sum(p.schedule_spec.split_backward for p, _ in plans),
               "zero-bubble or V-shaped pipeline schedules"),
              (sum(p.cp > 1 and seq <= 8192 for p, seq in plans), "context parallelism at ≤ 8K tokens"),
              (sum(p.zero >= 2 for p, _ in plans), "ZeRO-2/3"),

@@ -35,12 +35,13 @@ from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.rules import first_crossing_group
 from autoplan.rules import per_layer_groups as per_layer_groups_of
+from costmodels.pipeline import SPLIT_BACKWARD
 from topologies.cluster import LEVELS, Cluster
 
 SP_ATTENTION_SHARE = 0.30
 CP_ATTENTION_SHARE = 0.50
 CP_SEQ = 32768
-ZERO_BUBBLE = ("zb-h1", "zb-h2", "zbv", "dualpipev")
+ZERO_BUBBLE = SPLIT_BACKWARD      # the schedules that fill the bubble with weight-gradient work
 MFU_BAND = {"dense": (0.40, 0.55), "moe": (0.25, 0.45)}
 CAUSES = {   # time_breakdown_s key → what an engineer calls it
     "pp_bubble": "pipeline bubble",

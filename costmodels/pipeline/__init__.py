@@ -12,10 +12,11 @@ simulator is tested against (closed_form.py).
 """
 from costmodels.pipeline.closed_form import (ClosedFormBubble, closed_form_bubble,
                                              closed_form_peak_activations)
-from costmodels.pipeline.schedules import (SCHEDULES, ScheduleSpec, interleaved_group_size,
-                                           stage_rank)
+from costmodels.pipeline.schedules import (SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, ScheduleSpec,
+                                           interleaved_group_size, stage_rank)
 from costmodels.pipeline.simulator import PipelineResult, TimelineEntry, simulate, simulate_many
 
-__all__ = ["ClosedFormBubble", "PipelineResult", "SCHEDULES", "ScheduleSpec", "TimelineEntry",
+__all__ = ["ClosedFormBubble", "PipelineResult", "SCHEDULES", "SPLIT_BACKWARD", "ScheduleSpec", "TimelineEntry",
+           "V_SCHEDULES",
            "closed_form_bubble", "closed_form_peak_activations", "interleaved_group_size",
            "simulate", "simulate_many", "stage_rank"]

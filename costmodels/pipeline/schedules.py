@@ -402,13 +402,13 @@ def _any_m(p: int) -> int:
     return 1
 
 
+# The one registry of schedules, in the order plans list them and the search tries them; the
+# V placements, the split-backward (zero-bubble) set and the plan grammar are read off it.
 SCHEDULES: dict[str, ScheduleSpec] = {
-    "1f1b": ScheduleSpec("1f1b", "looped", 1, 1, False, False, _any_m,
-                         "Narayanan et al. SC'21 (PipeDream-flush)"),
-    "dualpipev": ScheduleSpec("dualpipev", "v", 2, 2, True, True, lambda p: 2 * p,
-                              "DeepSeek-V3 report §3.2.1; deepseek-ai/DualPipe"),
     "gpipe": ScheduleSpec("gpipe", "looped", 1, 1, False, False, _any_m,
                           "Huang et al. NeurIPS'19"),
+    "1f1b": ScheduleSpec("1f1b", "looped", 1, 1, False, False, _any_m,
+                         "Narayanan et al. SC'21 (PipeDream-flush)"),
     "interleaved": ScheduleSpec("interleaved", "looped", 2, None, False, False, _any_m,
                                 "Narayanan et al. SC'21 §2.2; Megatron-LM schedules.py"),
     "zb-h1": ScheduleSpec("zb-h1", "looped", 1, 1, True, False, _any_m,
@@ -417,7 +417,13 @@ SCHEDULES: dict[str, ScheduleSpec] = {
                           "Qi et al. ICLR'24 §2.2"),
     "zbv": ScheduleSpec("zbv", "v", 2, 2, True, False, _any_m,
                         "Qi et al. arXiv 2401.10241 §6 (ZB-V)"),
+    "dualpipev": ScheduleSpec("dualpipev", "v", 2, 2, True, True, lambda p: 2 * p,
+                              "DeepSeek-V3 report §3.2.1; deepseek-ai/DualPipe"),
 }
+
+
+V_SCHEDULES: tuple[str, ...] = tuple(n for n, spec in SCHEDULES.items() if spec.placement == "v")
+SPLIT_BACKWARD: tuple[str, ...] = tuple(n for n, spec in SCHEDULES.items() if spec.split_backward)
 
 
 def build_orders(schedule: str, stages: int, microbatches: int, chunks: int) -> list[RankOrder]:

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from costmodels.pipeline import (SCHEDULES, PipelineResult, closed_form_bubble,
+from costmodels.pipeline import (SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, PipelineResult, closed_form_bubble,
                                  closed_form_peak_activations, simulate, stage_rank)
 from costmodels.pipeline import schedules as schedules_mod
 from costmodels.pipeline import simulator, steady
@@ -410,8 +410,10 @@ def test_bad_input_raises_value_error():
 # --- registry, determinism, speed, no torch -------------------------------------------------
 
 def test_registry_lists_every_schedule_with_its_constraints():
-    assert sorted(SCHEDULES) == list(SCHEDULES)
+    # the order plans list them and the search tries them (autoplan.plan.SCHEDULES reads it)
+    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev"]
     assert set(SCHEDULES) == set(CHUNKS)
+    assert V_SCHEDULES == ("zbv", "dualpipev") and SPLIT_BACKWARD == ("zb-h1", "zb-h2", "zbv", "dualpipev")
     for name, spec in SCHEDULES.items():
         assert spec.name == name
         assert spec.min_chunks <= CHUNKS[name] <= (spec.max_chunks or CHUNKS[name])
