@@ -47,7 +47,9 @@ WORST = [            # model, cluster, seq, global batch: experiments/bench_sear
     ("llama3-405b", "h100x131072", 8192, 2048),
     ("deepseek-v3", "h100x2048", 4096, 4096),
 ]
-TIMING_KEYS = {"cpus"}
+# what a bench record measures of the machine or the run rather than computes (seconds, cores, its --out)
+TIMING_KEYS = {"cpus", "command", "trace_s", "search_s", "case_s", "recipe_s", "seconds", "ilp_seconds", "solve_seconds",
+               "wall_s", "total_s"}
 
 _TIMED = """
 import json, os, resource, sys, time
@@ -81,15 +83,10 @@ def _cli(tree: str, cache: str, args: list[str]) -> bytes:
 
 def _strip_timing(x):
     if isinstance(x, dict):
-        return {k: _strip_timing(v) for k, v in x.items() if not (k.endswith("_s") and k in _TIMING_S)
-                and k not in TIMING_KEYS}
+        return {k: _strip_timing(v) for k, v in x.items() if k not in TIMING_KEYS}
     if isinstance(x, list):
         return [_strip_timing(v) for v in x]
     return x
-
-
-_TIMING_S = {"trace_s", "search_s", "seconds", "ilp_seconds", "wall_s", "total_s", "grid_s", "recipes_s",
-             "elapsed_s", "solve_seconds"}
 
 
 def _bench_quick(tree: str, cache: str) -> bytes:
@@ -134,7 +131,7 @@ def _old(base: str, name: str, run) -> bytes:
     """``run()`` on the base commit, remembered under its full hash (a commit's output does not change)."""
     sha = subprocess.run(["git", "-C", REPO, "rev-parse", base], capture_output=True, text=True).stdout.strip()
     path = os.path.join(tempfile.gettempdir(), "autoplan-identical", sha, name.replace(" ", "_").replace("/", "_"))
-    if os.path.exists(path):
+    if os.path.exists(path) and os.path.getmtime(path) > os.path.getmtime(__file__):
         with open(path, "rb") as f:
             return f.read()
     out = run()
