@@ -10,11 +10,16 @@ run can end into one exit code:
   quietly (their parent reports), and output files are written whole or not at all
   (``autoplan.atomic``);
 * stdout closed by the reader (``autoplan clusters --json | head -c 1``): exit 0, silent.
+
+Every command takes ``-v`` (what the engine decided: the search's passes, bounds and prunings,
+the ILPs it solved; ``logging.INFO``) and ``-vv`` (each plan priced and why one was skipped;
+``logging.DEBUG``), on stderr through the ``autoplan`` logger.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import math
 import os
 import signal
@@ -76,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not built yet
             raise
         module.add_parser(sub)
+        sub.choices[name].add_argument(
+            "-v", "--verbose", action="count", default=0,
+            help="log what the engine decides on stderr (-v: passes, bounds, ILPs; -vv: every plan priced)")
         if name in TRACING:
             sub.choices[name].add_argument(
                 "--trace-timeout", type=float, default=DEFAULT_TRACE_TIMEOUT_S, metavar="S",
@@ -107,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _own_sigint()
+    _log_to_stderr(getattr(args, "verbose", 0))
     try:
         check_bounds(args)
         if getattr(args, "trace_timeout", None) is not None:
@@ -128,6 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, TopologyError):   # the hardware layer cannot import UserError
             return _fail(err.problem, err.fix, 2)
         raise
+
+
+def _log_to_stderr(verbosity: int) -> None:
+    """The ``autoplan`` logger (every module logs under it) on stderr: warnings by default,
+    INFO with ``-v``, DEBUG with ``-vv``."""
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logger = logging.getLogger("autoplan")
+    logger.setLevel(level)
+    if not any(getattr(h, "autoplan_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(relativeCreated)7.0f ms  %(name)s: %(message)s"))
+        handler.autoplan_cli = True          # type: ignore[attr-defined]
+        logger.addHandler(handler)
 
 
 def _fail(problem: str, fix: str, code: int) -> int:

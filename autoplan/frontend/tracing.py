@@ -17,6 +17,7 @@ Tracing cost is one block per kind, so it is nearly flat in depth.
 """
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import signal
@@ -51,6 +52,8 @@ DTYPES = tuple(TORCH_DTYPES)
 _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode",
                    "DynamicOutputShapeException", "UnsupportedOperatorException")
 
+log = logging.getLogger(__name__)
+
 
 def trace(model: str, *, seq: int = 2048, batch: int = 1, dtype: str = "bf16") -> BlockGraph:
     """Trace ``model`` (model.py path, zoo name or family spec) into a BlockGraph.
@@ -80,13 +83,17 @@ def _trace_cached(model: str, seq: int, batch: int, dtype: str, use_cache: bool)
     key = cache.cache_key(source.fingerprint, seq, batch, dtype, model_path=source.path)
     cached = cache.load(key) if use_cache else None
     if cached is not None:
+        log.info("%s at seq %d: traced graph from the cache (%s)", source.name, seq, key[:12])
         return cached, True
+    log.info("%s at seq %d: tracing (%s)", source.name, seq, "cache off" if not use_cache else "not cached")
     start = time.perf_counter()
     with cyclic_gc_paused():
         graph = trace_source(source, seq=seq, batch=batch, dtype=dtype)
     graph = replace(graph, trace_seconds=round(time.perf_counter() - start, 3),
                     trace_peak_rss_bytes=peak_rss_bytes())
     cache.store(key, graph)
+    log.info("%s: %d block kinds, %d layers traced in %.1f s", source.name, len(graph.blocks), graph.num_layers,
+             graph.trace_seconds)
     return graph, False
 
 
