@@ -239,60 +239,70 @@ def zbv_orders(p: int, m: int, v: int) -> list[RankOrder]:
     dropped, as PyTorch does, so any m works.
     """
     n = max(m, 2 * p - 1)
-    s_last = 2 * p - 1
-    orders = []
-    for r in range(p):
-        s0, s1 = r, s_last - r
-        acts: RankOrder = []
-        f0 = f1 = b0 = b1 = 0
+    return [_zbv_rank_order(p, m, n, r) for r in range(p)]
 
-        def add(kind: int, mb: int, s: int) -> None:
-            if mb < m:
-                acts.append(((kind, mb, s),))
 
-        for _ in range(2 * (p - r) - 1):
-            add(F, f0, s0)
-            f0 += 1
-        for _ in range(r):
-            add(F, f1, s1)
-            f1 += 1
-            add(F, f0, s0)
-            f0 += 1
-        for _ in range(p - r):
-            add(F, f1, s1)
-            f1 += 1
-            add(B, b1, s1)
-            add(W, b1, s1)
-            b1 += 1
-        while f1 < f0 or f0 < n:
-            if f0 < n:
-                add(F, f0, s0)
-                f0 += 1
-            add(B, b0, s0)
-            add(W, b0, s0)
-            b0 += 1
-            add(F, f1, s1)
-            f1 += 1
-            add(B, b1, s1)
-            add(W, b1, s1)
-            b1 += 1
-        w0, w1 = b0, b1
-        for _ in range(r):
-            add(B, b0, s0)
-            b0 += 1
-            add(B, b1, s1)
-            b1 += 1
-        for _ in range(p - r):
-            add(B, b0, s0)
-            b0 += 1
-            add(W, w0, s0)
-            w0 += 1
-        for i in range(w1, b1):
-            add(W, i, s1)
-        for i in range(w0, b0):
-            add(W, i, s0)
-        orders.append(acts)
-    return orders
+class _VRankOrder:
+    """One rank's order under construction in V placement: chunk 0 = stage ``s0``, chunk 1 =
+    stage ``s1``, with the next F, B and W micro-batch of each chunk.  Ops of micro-batches ≥ m
+    are counted but not added (the order is built for more micro-batches than run)."""
+
+    def __init__(self, m: int, s0: int, s1: int) -> None:
+        self.m = m
+        self.stage = (s0, s1)
+        self.acts: RankOrder = []
+        self.f = [0, 0]
+        self.b = [0, 0]
+        self.w = [0, 0]
+
+    def _add(self, kind: int, mb: int, chunk: int) -> None:
+        if mb < self.m:
+            self.acts.append(((kind, mb, self.stage[chunk]),))
+
+    def forward(self, chunk: int) -> None:
+        self._add(F, self.f[chunk], chunk)
+        self.f[chunk] += 1
+
+    def backward(self, chunk: int) -> None:
+        self._add(B, self.b[chunk], chunk)
+        self.b[chunk] += 1
+
+    def weight(self, chunk: int) -> None:
+        self._add(W, self.w[chunk], chunk)
+        self.w[chunk] += 1
+
+
+def _zbv_rank_order(p: int, m: int, n: int, r: int) -> RankOrder:
+    """Rank ``r``'s ZB-V order over ``n`` micro-batches (ops of those ≥ ``m`` dropped)."""
+    o = _VRankOrder(m, r, 2 * p - 1 - r)
+    for _ in range(2 * (p - r) - 1):
+        o.forward(0)
+    for _ in range(r):
+        o.forward(1)
+        o.forward(0)
+    for _ in range(p - r):
+        o.forward(1)
+        o.backward(1)
+        o.weight(1)
+    while o.f[1] < o.f[0] or o.f[0] < n:
+        if o.f[0] < n:
+            o.forward(0)
+        o.backward(0)
+        o.weight(0)
+        o.forward(1)
+        o.backward(1)
+        o.weight(1)
+    for _ in range(r):                      # cool-down: W's held back, then drained
+        o.backward(0)
+        o.backward(1)
+    for _ in range(p - r):
+        o.backward(0)
+        o.weight(0)
+    while o.w[1] < o.b[1]:
+        o.weight(1)
+    while o.w[0] < o.b[0]:
+        o.weight(0)
+    return o.acts
 
 
 def dualpipev_orders(p: int, m: int, v: int) -> list[RankOrder]:
