@@ -326,71 +326,90 @@ def dualpipev_orders(p: int, m: int, v: int) -> list[RankOrder]:
     Needs m >= 2p.  Peak in flight 2p+1 chunks on every rank (the report's "PP+1" with PP =
     2p virtual stages), counting a pair's forward before its backward frees memory.
     """
-    s_last = 2 * p - 1
-    orders = []
-    for r in range(p):
-        s0, s1 = r, s_last - r
-        acts: RankOrder = []
-        nxt = {(F, s0): 0, (F, s1): 0, (B, s0): 0, (B, s1): 0}
-        pending_w: list[tuple[int, int]] = []
+    return [_dualpipev_rank_order(p, m, r) for r in range(p)]
 
-        def take(kind: int, s: int) -> int:
-            key = (F if kind == F else B, s)
-            i = nxt[key]
-            nxt[key] = i + 1
-            return i
 
-        def single(kind: int, s: int) -> None:
-            i = take(kind, s)
-            acts.append(((kind, i, s),))
-            if kind == B:
-                pending_w.append((i, s))
+class _DualPipeVRankOrder:
+    """One rank's DualPipeV order under construction: chunk 0 = stage ``s0``, chunk 1 = stage
+    ``s1``, the next micro-batch of each (forward | backward, stage), and the W's queued behind
+    input-only B's (oldest first)."""
 
-        def pair(fs: int, bs: int) -> None:
-            acts.append(((F, take(F, fs), fs), (BW, take(BW, bs), bs)))
+    def __init__(self, s0: int, s1: int) -> None:
+        self.s0, self.s1 = s0, s1
+        self.acts: RankOrder = []
+        self.nxt = {(F, s0): 0, (F, s1): 0, (B, s0): 0, (B, s1): 0}
+        self.pending_w: list[tuple[int, int]] = []
 
-        def pop_w() -> None:
-            if pending_w:
-                i, s = pending_w.pop(0)
-                acts.append(((W, i, s),))
+    def _take(self, kind: int, s: int) -> int:
+        key = (F if kind == F else B, s)
+        i = self.nxt[key]
+        self.nxt[key] = i + 1
+        return i
 
-        for _ in range(2 * (p - r - 1)):
-            single(F, s0)
-        for _ in range(r + 1):
-            single(F, s0)
-            single(F, s1)
-        for _ in range(p - r - 1):
-            single(B, s1)
-            pop_w()
-            single(F, s1)
-        for k in range(m - 2 * p + r + 1):
-            if k == 0 and r == p - 1:
-                single(F, s0)
-                single(BW, s1)
-            else:
-                pair(s0, s1)
-            pair(s1, s0)
-        for _ in range(p - r - 1):
-            single(BW, s1)
-            pair(s1, s0)
-        split = False
-        steps6 = r + 1
-        for k in range(steps6):
-            if k == steps6 // 2 and r % 2 == 1:
-                split = True
-            single(B if split else BW, s1)
-            if k == steps6 // 2 and r % 2 == 0:
-                split = True
-            single(B if split else BW, s0)
-        for _ in range(p - r - 1):
-            pop_w()
-            single(B if split else BW, s0)
-        for _ in range(r + 1):
-            pop_w()
-        while pending_w:
-            pop_w()
-        orders.append(acts)
-    return orders
+    def single(self, kind: int, s: int) -> None:
+        """One op alone; an input-only B queues its W."""
+        i = self._take(kind, s)
+        self.acts.append(((kind, i, s),))
+        if kind == B:
+            self.pending_w.append((i, s))
+
+    def pair(self, fs: int, bs: int) -> None:
+        """An overlapped pair: the forward of stage ``fs`` with the full backward of stage ``bs``."""
+        self.acts.append(((F, self._take(F, fs), fs), (BW, self._take(BW, bs), bs)))
+
+    def pop_w(self) -> None:
+        """The oldest queued W, if any."""
+        if self.pending_w:
+            i, s = self.pending_w.pop(0)
+            self.acts.append(((W, i, s),))
+
+
+def _dualpipev_rank_order(p: int, m: int, r: int) -> RankOrder:
+    """Rank ``r``'s DualPipeV order: the eight phases of ``dualpipev_orders``."""
+    o = _DualPipeVRankOrder(r, 2 * p - 1 - r)
+    s0, s1 = o.s0, o.s1
+    for _ in range(2 * (p - r - 1)):                 # 1
+        o.single(F, s0)
+    for _ in range(r + 1):                           # 2
+        o.single(F, s0)
+        o.single(F, s1)
+    for _ in range(p - r - 1):                       # 3
+        o.single(B, s1)
+        o.pop_w()
+        o.single(F, s1)
+    for k in range(m - 2 * p + r + 1):               # 4
+        if k == 0 and r == p - 1:
+            o.single(F, s0)
+            o.single(BW, s1)
+        else:
+            o.pair(s0, s1)
+        o.pair(s1, s0)
+    for _ in range(p - r - 1):                       # 5
+        o.single(BW, s1)
+        o.pair(s1, s0)
+    _dualpipev_cooldown(o, p, r)
+    return o.acts
+
+
+def _dualpipev_cooldown(o: _DualPipeVRankOrder, p: int, r: int) -> None:
+    """Phases 6-8: backwards of both chunks, input-only from the middle step on (odd ranks one
+    op earlier), then W's interleaved with chunk 0's last backwards, then the queued W's."""
+    split = False
+    steps6 = r + 1
+    for k in range(steps6):                          # 6
+        if k == steps6 // 2 and r % 2 == 1:
+            split = True
+        o.single(B if split else BW, o.s1)
+        if k == steps6 // 2 and r % 2 == 0:
+            split = True
+        o.single(B if split else BW, o.s0)
+    for _ in range(p - r - 1):                       # 7
+        o.pop_w()
+        o.single(B if split else BW, o.s0)
+    for _ in range(r + 1):                           # 8
+        o.pop_w()
+    while o.pending_w:
+        o.pop_w()
 
 
 # ---------------------------------------------------------------------------------------
