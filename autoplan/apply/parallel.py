@@ -187,6 +187,11 @@ class ParallelModel:
                    vocab_parallel_loss=ctx.vocab_parallel, cp_groups=ctx.cp_groups,
                    expert_names=ctx.expert_names, _groups=groups, _main_grads=main_grads)
 
+    @property
+    def gradient_buffers(self) -> tuple[distributed_optimizer.MainGrads, ...]:
+        """Megatron's fp32 gradient buffers of this rank (zero 0/1 under mixed precision; else none)."""
+        return tuple(g for g in self._main_grads if g is not None)
+
     # --- where this rank sits -------------------------------------------------
     @property
     def has_first_stage(self) -> bool:
@@ -227,9 +232,8 @@ class ParallelModel:
         if self.cp_groups is not None:
             stack.enter_context(unpacked_sequences())      # positions of a chunk pair are not a packed batch
             stack.enter_context(context_parallel.ContextParallelAttention(self.cp_groups, self.mesh["cp"]))
-        main_grads = [g for g in self._main_grads if g is not None]
-        if main_grads:
-            stack.enter_context(distributed_optimizer.split_weight_gradients_folded(main_grads))
+        if self.gradient_buffers:
+            stack.enter_context(distributed_optimizer.split_weight_gradients_folded(list(self.gradient_buffers)))
         return stack
 
     def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor, *, read_loss: bool = True,
