@@ -35,11 +35,13 @@ is labelled with the Linear itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
 from torch.utils._pytree import tree_flatten
 
 from autoplan.errors import UserError
@@ -147,101 +149,121 @@ def probe_on_meta(build, mbs: int) -> tuple[nn.Module, ModelLayout]:
 def probe(model: nn.Module, example_ids: torch.Tensor) -> ModelLayout:
     """Run ``model(example_ids)`` once (no grad) and read its layout."""
     blocks_path, blocks = find_blocks(model)
-    param_names = {id(p): n for n, p in model.named_parameters()}
-    modules = dict(model.named_modules())
-    block_ids = {id(b): i for i, b in enumerate(blocks)}
-    mode = _Labels(param_names)
-    roles: dict[str, str] = {}
-    open_linears: set[str] = set()
-    index_ndim: dict[str, int] = {}
-    stream_shaped: set[str] = set()
-    state: dict = {"stream": None, "vocab": 0}
-    handles = []
-
-    def block_pre(module, args):
-        mode.region = "block"
-        mode.labels.clear()
-        mode.alive.clear()
-        open_linears.clear()
-        if state["stream"] is None and args and isinstance(args[0], torch.Tensor):
-            state["stream"] = tuple(args[0].shape)
-
-    def block_post(module, args, output):
-        for name in open_linears:                # first of a pair that never met its second
-            roles[name] = REPLICATE
-        open_linears.clear()
-        if block_ids[id(module)] == len(blocks) - 1:
-            mode.region = "post"
-
-    def linear_pre(name):
-        def hook(module, args):
-            if mode.region != "block":
-                roles[name] = COLWISE if mode.region == "post" else REPLICATE
-                return
-            feeding = {n for n in mode.labels_of(args) if n in open_linears}
-            if feeding:
-                roles[name] = ROWWISE
-                for n in feeding:
-                    roles[n] = COLWISE
-                    open_linears.discard(n)
-            else:
-                open_linears.add(name)
-        return hook
-
-    def linear_post(name):
-        def hook(module, args, output):
-            if mode.region == "block" and isinstance(output, torch.Tensor):
-                mode.label(output, frozenset({name}))
-        return hook
-
-    def embedding_pre(name):
-        def hook(module, args):
-            roles[name] = EMBEDDING
-            index_ndim[name] = args[0].dim()
-            if not state["vocab"] and mode.region == "pre":
-                state["vocab"] = module.num_embeddings
-        return hook
-
-    def any_post(name):
-        def hook(module, args, output):
-            if isinstance(output, torch.Tensor) and tuple(output.shape) == state["stream"]:
-                stream_shaped.add(name)
-        return hook
-
-    for i, block in enumerate(blocks):
-        handles.append(block.register_forward_pre_hook(block_pre))
-        handles.append(block.register_forward_hook(block_post))
-    for name, module in modules.items():
-        if isinstance(module, nn.Linear):
-            handles.append(module.register_forward_pre_hook(linear_pre(name)))
-            handles.append(module.register_forward_hook(linear_post(name)))
-        elif isinstance(module, nn.Embedding):
-            handles.append(module.register_forward_pre_hook(embedding_pre(name)))
-        handles.append(module.register_forward_hook(any_post(name)))
-    try:
-        with torch.no_grad(), mode:
-            model(example_ids)
-    finally:
-        for h in handles:
-            h.remove()
-    if state["stream"] is None:
+    recorder = _LayoutRecorder(model, blocks)
+    recorder.run(model, example_ids)
+    if recorder.stream is None:
         raise UserError(f"{type(model).__name__}.forward never called its blocks ({blocks_path})",
                         "forward() must run the blocks of the nn.ModuleList in order")
+    return ModelLayout(blocks_path=blocks_path, num_blocks=len(blocks),
+                       pre=_read_in("pre", recorder.mode.used, blocks_path),
+                       post=_read_in("post", recorder.mode.used, blocks_path),
+                       roles=dict(sorted(recorder.roles.items())), index_ndim=recorder.index_ndim,
+                       stream_shaped=frozenset(recorder.stream_shaped),
+                       head_weights=frozenset(recorder.mode.head_weights), vocab=recorder.vocab,
+                       block_params={i: tuple(n for n, _ in block.named_parameters())
+                                     for i, block in enumerate(blocks)})
 
-    pre, post = set(), set()
-    for name, regions in mode.used.items():
-        if name.startswith(blocks_path + "."):
-            continue
-        if "pre" in regions:
-            pre.add(name)
-        if "post" in regions:
-            post.add(name)
-    block_params = {i: tuple(n for n, _ in block.named_parameters()) for i, block in enumerate(blocks)}
-    return ModelLayout(blocks_path=blocks_path, num_blocks=len(blocks), pre=frozenset(pre),
-                       post=frozenset(post), roles=dict(sorted(roles.items())),
-                       index_ndim=index_ndim, stream_shaped=frozenset(stream_shaped),
-                       head_weights=frozenset(mode.head_weights), vocab=state["vocab"],
-                       block_params=block_params)
+
+def _read_in(region: str, used: dict[str, set[str]], blocks_path: str) -> frozenset[str]:
+    """Parameters outside the blocks that some torch function read in ``region`` (pre | post)."""
+    return frozenset(name for name, regions in used.items()
+                     if not name.startswith(blocks_path + ".") and region in regions)
+
+
+class _LayoutRecorder:
+    """The forward hooks ``probe`` installs, and what they record while the model runs once.
+
+    A block's pre-hook enters the ``block`` region (forgetting the previous block's labels), the
+    last block's post-hook enters ``post``.  Linear hooks pair each Linear with the Linears of
+    its block that feed it (row-parallel after column-parallel); a Linear left unpaired when its
+    block ends is replicated.  Embedding hooks record the index rank and the vocabulary; every
+    module's post-hook notes an output shaped like the residual stream.
+    """
+
+    def __init__(self, model: nn.Module, blocks: nn.Module) -> None:
+        self.blocks = blocks
+        self.block_ids = {id(b): i for i, b in enumerate(blocks)}
+        self.mode = _Labels({id(p): n for n, p in model.named_parameters()})
+        self.roles: dict[str, str] = {}
+        self.open_linears: set[str] = set()        # Linears of this block awaiting their row-parallel pair
+        self.index_ndim: dict[str, int] = {}
+        self.stream_shaped: set[str] = set()
+        self.stream: tuple[int, ...] | None = None  # shape of the first block's first argument
+        self.vocab = 0
+
+    def run(self, model: nn.Module, example_ids: torch.Tensor) -> None:
+        """One no-grad forward under the labelling mode, with every hook installed."""
+        handles = self._install(model)
+        try:
+            with torch.no_grad(), self.mode:
+                model(example_ids)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _install(self, model: nn.Module) -> list[RemovableHandle]:
+        handles = []
+        for block in self.blocks:
+            handles.append(block.register_forward_pre_hook(self.block_pre))
+            handles.append(block.register_forward_hook(self.block_post))
+        for name, module in dict(model.named_modules()).items():
+            if isinstance(module, nn.Linear):
+                handles.append(module.register_forward_pre_hook(self.linear_pre(name)))
+                handles.append(module.register_forward_hook(self.linear_post(name)))
+            elif isinstance(module, nn.Embedding):
+                handles.append(module.register_forward_pre_hook(self.embedding_pre(name)))
+            handles.append(module.register_forward_hook(self.any_post(name)))
+        return handles
+
+    def block_pre(self, module: nn.Module, args: tuple) -> None:
+        self.mode.region = "block"
+        self.mode.labels.clear()
+        self.mode.alive.clear()
+        self.open_linears.clear()
+        if self.stream is None and args and isinstance(args[0], torch.Tensor):
+            self.stream = tuple(args[0].shape)
+
+    def block_post(self, module: nn.Module, args: tuple, output: object) -> None:
+        for name in self.open_linears:                # first of a pair that never met its second
+            self.roles[name] = REPLICATE
+        self.open_linears.clear()
+        if self.block_ids[id(module)] == len(self.blocks) - 1:
+            self.mode.region = "post"
+
+    def linear_pre(self, name: str) -> Callable[[nn.Module, tuple], None]:
+        def hook(module: nn.Module, args: tuple) -> None:
+            if self.mode.region != "block":
+                self.roles[name] = COLWISE if self.mode.region == "post" else REPLICATE
+                return
+            feeding = {n for n in self.mode.labels_of(args) if n in self.open_linears}
+            if feeding:
+                self.roles[name] = ROWWISE
+                for n in feeding:
+                    self.roles[n] = COLWISE
+                    self.open_linears.discard(n)
+            else:
+                self.open_linears.add(name)
+        return hook
+
+    def linear_post(self, name: str) -> Callable[[nn.Module, tuple, object], None]:
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            if self.mode.region == "block" and isinstance(output, torch.Tensor):
+                self.mode.label(output, frozenset({name}))
+        return hook
+
+    def embedding_pre(self, name: str) -> Callable[[nn.Module, tuple], None]:
+        def hook(module: nn.Module, args: tuple) -> None:
+            self.roles[name] = EMBEDDING
+            self.index_ndim[name] = args[0].dim()
+            if not self.vocab and self.mode.region == "pre":
+                self.vocab = module.num_embeddings
+        return hook
+
+    def any_post(self, name: str) -> Callable[[nn.Module, tuple, object], None]:
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            if isinstance(output, torch.Tensor) and tuple(output.shape) == self.stream:
+                self.stream_shaped.add(name)
+        return hook
 
 
 def count_blocks(model: str) -> int:

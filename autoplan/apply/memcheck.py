@@ -381,8 +381,8 @@ def track_model_states(tracker, pm, opt) -> None:
     parts = getattr(opt, "parts", [opt])
     inner = [getattr(o, "inner", o) for o in parts]
     tracker.track_external(*pm.stages, *[o for o in inner if o is not None])
-    for grads in pm._main_grads:
-        for g in grads.tensors if grads is not None else ():
+    for grads in pm.gradient_buffers:
+        for g in grads.tensors:
             tracker._update_and_maybe_create_winfos(g, _MemRefType.GRAD)
     for master in (m for o in parts for m in getattr(o, "masters", ())):
         tracker._update_and_maybe_create_winfos(master, _MemRefType.OPT)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autoplan.apply import (context_parallel, data_parallel, distributed_optimizer, expert_parallel, pipeline, recompute,
@@ -127,13 +127,27 @@ def recompute_refusal(plan: Plan) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class StepGroups:
+    """The process groups a training step of this rank reduces over (``_step_groups`` makes them)."""
+
+    tied: object | None                       # the first and last pipeline rank holding a tied weight
+    dense_dp: object | None                   # the data group: cp·ep·dp ranks (DENSE_DP)
+    dense_dp_ranks: tuple[int, ...]
+    expert_dp: object | None                  # EXPERT_DP: the ranks holding the same experts
+    expert_dp_ranks: tuple[int, ...]
+    ep: object | None
+    reductions: tuple[Reduction, Reduction]   # gradient averages: dense, expert (``groups.py``)
+
+
 @dataclass
 class ParallelModel:
     """This rank's share of the model under a plan, and how to run a training step on it.
 
     ``stages`` are this rank's pipeline stages (``StageModule``; one unless the
     schedule is interleaved or V-shaped); ``schedule`` is the torch pipelining
-    schedule (None when pp = 1).
+    schedule (None when pp = 1).  ``build`` makes it (``apply`` calls it) and alone sets the
+    private state: the process groups of a step and Megatron's fp32 gradient buffers.
     """
 
     plan: Plan
@@ -144,18 +158,39 @@ class ParallelModel:
     loss_fn: LossFn
     microbatches: int
     coords: dict[str, int]
+    _groups: StepGroups = field(repr=False)
     tied: tuple[str, ...] = ()
     vocab_parallel_loss: bool = False       # the last stage keeps logits split over tp (see vocab_parallel_cross_entropy)
     cp_groups: context_parallel.CPGroups | None = None
     expert_names: frozenset[str] = frozenset()   # parameters sharded over ep (empty when ep = 1)
-    _tied_group: object | None = None
-    _dp_group: object | None = field(default=None, repr=False)   # the data group: cp·ep·dp ranks (DENSE_DP)
-    _dp_ranks: tuple[int, ...] = ()
-    _expert_dp: tuple[object | None, tuple[int, ...]] = (None, ())   # EXPERT_DP group and ranks
-    _ep_group: object | None = field(default=None, repr=False)
-    _reductions: tuple[Reduction, Reduction] | None = field(default=None, repr=False)   # dense, expert
     # zero 0/1 under mixed precision: Megatron's fp32 gradient buffers (dense, expert; None: no such parameters)
     _main_grads: tuple[distributed_optimizer.MainGrads | None, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def build(cls, ctx: ApplyContext, stages: list[pipeline.StageModule], global_batch: int) -> ParallelModel:
+        """This rank's parallelised ``stages`` with their pipeline schedule, the process groups of a
+        step (``_step_groups``: collective) and, under Megatron's engine, the fp32 gradient buffers."""
+        plan = ctx.plan
+        microbatches = plan.microbatches(global_batch)
+        schedule = None
+        if plan.pp > 1:
+            schedule = pipeline.build_schedule(plan, stages, ctx.mesh["pp"].get_group(), ctx.device, microbatches,
+                                               ctx.loss_fn)
+        tied = tuple(sorted(ctx.layout.pre & ctx.layout.post))
+        groups = _step_groups(ctx, tied)
+        main_grads: tuple[distributed_optimizer.MainGrads | None, ...] = ()
+        if ctx.megatron:
+            split = _dense_and_expert(_unique_parameters(stages), ctx.expert_names)
+            main_grads = tuple(distributed_optimizer.MainGrads(ps) if ps else None for ps in split)
+        return cls(plan=plan, mesh=ctx.mesh, layout=ctx.layout, stages=stages, schedule=schedule,
+                   loss_fn=ctx.loss_fn, microbatches=microbatches, coords=ctx.coords, tied=tied,
+                   vocab_parallel_loss=ctx.vocab_parallel, cp_groups=ctx.cp_groups,
+                   expert_names=ctx.expert_names, _groups=groups, _main_grads=main_grads)
+
+    @property
+    def gradient_buffers(self) -> tuple[distributed_optimizer.MainGrads, ...]:
+        """Megatron's fp32 gradient buffers of this rank (zero 0/1 under mixed precision; else none)."""
+        return tuple(g for g in self._main_grads if g is not None)
 
     # --- where this rank sits -------------------------------------------------
     @property
@@ -173,13 +208,7 @@ class ParallelModel:
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(model FQN, parameter) of every parameter on this rank, each once."""
-        out, seen = [], set()
-        for stage in self.stages:
-            for name, p in stage.model.named_parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    out.append((name, p))
-        return out
+        return _unique_parameters(self.stages)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for _, p in self.named_parameters()]
@@ -203,9 +232,8 @@ class ParallelModel:
         if self.cp_groups is not None:
             stack.enter_context(unpacked_sequences())      # positions of a chunk pair are not a packed batch
             stack.enter_context(context_parallel.ContextParallelAttention(self.cp_groups, self.mesh["cp"]))
-        main_grads = [g for g in self._main_grads if g is not None]
-        if main_grads:
-            stack.enter_context(distributed_optimizer.split_weight_gradients_folded(main_grads))
+        if self.gradient_buffers:
+            stack.enter_context(distributed_optimizer.split_weight_gradients_folded(list(self.gradient_buffers)))
         return stack
 
     def forward_backward(self, ids: torch.Tensor, targets: torch.Tensor, *, read_loss: bool = True,
@@ -238,9 +266,7 @@ class ParallelModel:
 
     def _split(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(dense, expert) parameters of this rank."""
-        named = self.named_parameters()
-        return ([p for n, p in named if n not in self.expert_names],
-                [p for n, p in named if n in self.expert_names])
+        return _dense_and_expert(self.named_parameters(), self.expert_names)
 
     def _finish_gradients(self) -> None:
         """tp partial sums settled, then the dense and expert averages of ``groups.py``, then tied sums."""
@@ -248,11 +274,11 @@ class ParallelModel:
         if self._main_grads:
             # the schedule's 1/m scaling (scale_grads) reads .grad, which the buffer's hooks free
             extra = self.microbatches if self.schedule is not None else 1
-            for grads, reduction in zip(self._main_grads, self._reductions):
+            for grads, reduction in zip(self._main_grads, self._groups.reductions):
                 if grads is not None:
                     grads.average(reduction.group, reduction.divisor * extra)
-        elif self._reductions is not None:
-            for params, reduction in zip(self._split(), self._reductions):
+        else:
+            for params, reduction in zip(self._split(), self._groups.reductions):
                 data_parallel.reduce_gradients(params, reduction.group, reduction.divisor)
         self._sum_tied_gradients()
 
@@ -267,15 +293,15 @@ class ParallelModel:
                 grads[0].add_(grads[1])
                 grads[1].copy_(grads[0])
             elif grads:
-                dist.all_reduce(grads[0], group=self._tied_group)
+                dist.all_reduce(grads[0], group=self._groups.tied)
 
     def global_loss(self, loss: float) -> float:
         """Average of a last-stage rank's loss over the dp and cp axes (call on last-stage ranks only)."""
-        if len(self._dp_ranks) == 1:
+        if len(self._groups.dense_dp_ranks) == 1:
             return loss
         t = torch.tensor([loss], dtype=torch.float64, device=self._device())
-        dist.all_reduce(t, group=self._dp_group)
-        return t.item() / len(self._dp_ranks)
+        dist.all_reduce(t, group=self._groups.dense_dp)
+        return t.item() / len(self._groups.dense_dp_ranks)
 
     def _device(self) -> torch.device:
         return next(iter(self.stages[0].parameters()), torch.empty(0)).device
@@ -286,12 +312,13 @@ class ParallelModel:
         (under mixed precision: Megatron's distributed optimizer over the fp32 gradient buffers)."""
         if self._main_grads:
             return self._distributed_optimizer(kind, lr)
-        if self.plan.zero != 1 or len(self._dp_ranks) == 1:
+        if self.plan.zero != 1 or len(self._groups.dense_dp_ranks) == 1:
             return make_optimizer(kind, self.parameters(), lr)
         dense, experts = self._split()
         parts = []
         # expert shards differ across ep: each is sharded over its own replicas (EXPERT_DP)
-        for params, (group, ranks) in ((dense, (self._dp_group, self._dp_ranks)), (experts, self._expert_dp)):
+        for params, group, ranks in ((dense, self._groups.dense_dp, self._groups.dense_dp_ranks),
+                                     (experts, self._groups.expert_dp, self._groups.expert_dp_ranks)):
             if not params:
                 continue
             parts.append(data_parallel.ZeroOneOptimizer(params, lambda ps: make_optimizer(kind, ps, lr), group, ranks)
@@ -302,7 +329,7 @@ class ParallelModel:
         """``distributed_optimizer.DistributedOptimizer`` per gradient buffer, sharded over its
         reduction's ranks under zero=1, whole under zero=0."""
         parts = []
-        for grads, reduction in zip(self._main_grads, self._reductions):
+        for grads, reduction in zip(self._main_grads, self._groups.reductions):
             if grads is not None:
                 ranks = reduction.ranks if self.plan.zero == 1 else (dist.get_rank(),)
                 parts.append(distributed_optimizer.DistributedOptimizer(
@@ -321,7 +348,7 @@ class ParallelModel:
             full = (g.full_tensor() if isinstance(g, DTensor) else g).detach().contiguous()
             if name in self.expert_names:
                 parts = [torch.empty_like(full) for _ in range(self.plan.ep)]
-                dist.all_gather(parts, full, group=self._ep_group)
+                dist.all_gather(parts, full, group=self._groups.ep)
                 full = torch.cat(parts)
             out[name] = full.clone()
         return out
@@ -346,82 +373,195 @@ def apply(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, *, globa
     """
     check_supported(plan, global_batch, seq)
     training_config(model)
-    if not dist.is_initialized():
-        raise UserError("apply needs an initialised process group",
-                        "call torch.distributed.init_process_group first (autoplan run does)")
-    device_type = next(model.parameters()).device.type
-    mesh = mesh if mesh is not None else device_mesh(plan, device_type)
-    _check_mesh(mesh, plan)
+    ctx = _apply_context(model, plan, mesh, global_batch=global_batch, seq=seq, placements=placements,
+                         loss_fn=loss_fn, mixed_precision=mixed_precision)
+    bounds = pipeline.stage_bounds(plan, ctx.layout.num_blocks)
+    stages = [_parallelize_stage(model, sid, bounds, ctx) for sid in plan.stages_of_rank(ctx.coords["pp"])]
+    return ParallelModel.build(ctx, stages, global_batch)
+
+
+@dataclass(frozen=True)
+class ApplyContext:
+    """What ``apply`` finds once for this rank, read by every stage step and ``ParallelModel.build``."""
+
+    plan: Plan
+    mesh: DeviceMesh
+    layout: ModelLayout
+    seq: int
+    device: torch.device
+    rank: int
+    coords: dict[str, int]
+    groups: GroupMaker
+    ep_group: object | None                   # None when ep = 1
+    expert_names: frozenset[str]              # parameters sharded over ep
+    tp_mesh: DeviceMesh | None                # None when tp = 1
+    placements: dict[str, str]                # tp placement of every parameter (empty when tp = 1)
+    stream: tuple[Placement, ...]             # the residual stream between stages: Shard(1) under sp
+    loss_fn: LossFn
+    vocab_parallel: bool                      # the last stage keeps logits split over tp
+    cp_groups: context_parallel.CPGroups | None
+    positions: torch.Tensor | None            # this cp rank's token positions (None when cp = 1)
+    mixed_precision: bool
+
+    @property
+    def fsdp(self) -> bool:
+        """FSDP2 shards the stages (zero 2/3 with dp > 1)."""
+        return self.plan.dp > 1 and self.plan.zero >= 2
+
+    @property
+    def megatron(self) -> bool:
+        """Megatron's engine (zero 0/1 under mixed precision): bf16 stages, fp32 gradient buffers."""
+        return self.mixed_precision and self.plan.zero <= 1
+
+
+def _apply_context(model: nn.Module, plan: Plan, mesh: DeviceMesh | None, *, global_batch: int, seq: int,
+                   placements: PlacementsArg, loss_fn: LossFn, mixed_precision: bool) -> ApplyContext:
+    """The checked mesh, the probed layout, and this rank's coordinates, groups and placements."""
+    mesh = _checked_mesh(model, plan, mesh)
     device = next(model.parameters()).device
-    layout = probe(model, torch.zeros(plan.mbs, seq, dtype=torch.long, device=device))
-    plan.validate(num_gpus=dist.get_world_size(), num_layers=layout.num_blocks, heads=0, seq=seq,
-                  global_batch=global_batch, experts=expert_parallel.model_experts(model, layout.blocks_path))
+    layout = _validated_layout(model, plan, global_batch=global_batch, seq=seq, device=device)
     rank = dist.get_rank()
     coords = Mesh.of(plan).coords(rank)
     groups = GroupMaker(plan, mesh, rank)
     ep_group = mesh["ep"].get_group() if plan.ep > 1 else None
     expert_names = expert_parallel.expert_parameter_names(model, layout.blocks_path) if ep_group else frozenset()
     tp_mesh = mesh["tp"] if plan.tp > 1 else None
-    resolved = {}
-    if tp_mesh is not None:
-        register_cpu_attention_sharding()
-        resolved = tensor_parallel.resolve_placements(model, layout, plan.tp, placements, plan.ep)
-    stream = (Shard(1),) if plan.sp else (Replicate(),)
+    resolved = _tp_placements(model, layout, plan, tp_mesh, placements)
     vocab_parallel = tp_mesh is not None and loss_fn is cross_entropy and layout.vocab > 0
     if vocab_parallel:
         loss_fn = vocab_parallel_cross_entropy(tp_mesh, layout.vocab)
-    cp_groups = None
-    if plan.cp > 1:
-        context_parallel.check_model(model)
-        cp_groups = context_parallel.build_groups(plan, rank)
-        positions = context_parallel.local_positions(seq, plan.cp, coords["cp"], device)
-    megatron = mixed_precision and plan.zero <= 1        # Megatron's engine: bf16 stages (distributed_optimizer)
-    bf16_stage = torch.bfloat16 if megatron else None
-    bounds = pipeline.stage_bounds(plan, layout.num_blocks)
-    num_stages = len(bounds)
-    stages = []
-    for sid in plan.stages_of_rank(coords["pp"]):
-        first, end = bounds[sid]
-        copy, inject = pipeline.cut_stage(model, layout, first, end, owns_pre=sid == 0,
-                                          owns_post=sid == num_stages - 1, stub_dtype=bf16_stage)
-        if cp_groups is not None:
-            context_parallel.route_whole_sequence(copy, plan.cp, coords["cp"], mesh["cp"].get_group(), seq)
-        if ep_group is not None:
-            expert_parallel.shard_model_experts(copy, layout.blocks_path, plan.ep, coords["ep"], ep_group)
-        if tp_mesh is not None:
-            tensor_parallel.shard_module_tree(copy, layout, resolved, tp_mesh, plan.sp)
-        stage = pipeline.StageModule(copy, inject, index=sid, first=sid == 0, last=sid == num_stages - 1,
-                                     seq=seq // plan.cp, tp_mesh=tp_mesh, stream=stream,
-                                     keep_vocab_shard=vocab_parallel, positions=positions if cp_groups else None)
-        blocks = stage.stage_blocks(layout)
-        recompute.recompute_blocks(blocks, plan.recompute_of_stage(coords["pp"]))
-        if plan.dp > 1 and plan.zero >= 2:
-            if ep_group is None:
-                data_parallel.shard_fsdp(stage, blocks, mesh["dp"], plan.zero, mixed_precision)
-            else:       # dense parameters over every rank of ep·dp, experts over dp (= dp/ep)
-                experts = [copy.get_submodule(n) for n in expert_parallel.find_experts(copy, layout.blocks_path)]
-                data_parallel.shard_fsdp(stage, blocks, flat_mesh(mesh, ("ep", "dp")), plan.zero, mixed_precision,
-                                         experts=experts, expert_mesh=mesh["dp"])
-        elif megatron:
-            distributed_optimizer.to_bf16(stage)
-        stages.append(stage)
+    cp_groups = _cp_groups(model, plan, rank)
+    positions = context_parallel.local_positions(seq, plan.cp, coords["cp"], device) if cp_groups else None
+    return ApplyContext(plan=plan, mesh=mesh, layout=layout, seq=seq, device=device, rank=rank, coords=coords,
+                        groups=groups, ep_group=ep_group, expert_names=expert_names, tp_mesh=tp_mesh,
+                        placements=resolved, stream=(Shard(1),) if plan.sp else (Replicate(),),
+                        loss_fn=loss_fn, vocab_parallel=vocab_parallel, cp_groups=cp_groups,
+                        positions=positions, mixed_precision=mixed_precision)
 
-    microbatches = plan.microbatches(global_batch)
-    schedule = None
-    if plan.pp > 1:
-        schedule = pipeline.build_schedule(plan, stages, mesh["pp"].get_group(), device, microbatches, loss_fn)
-    tied = tuple(sorted(layout.pre & layout.post))
-    tied_group = _tied_group(plan, rank) if tied and plan.pp > 1 else None
-    dp_group, dp_ranks = groups.named(DENSE_DP)
-    pm = ParallelModel(plan=plan, mesh=mesh, layout=layout, stages=stages, schedule=schedule,
-                         loss_fn=loss_fn, microbatches=microbatches, coords=coords, tied=tied,
-                         vocab_parallel_loss=vocab_parallel, cp_groups=cp_groups, expert_names=expert_names,
-                         _tied_group=tied_group, _dp_group=dp_group, _dp_ranks=dp_ranks,
-                         _expert_dp=groups.named(EXPERT_DP), _ep_group=ep_group,
-                         _reductions=gradient_reductions(plan, groups, fsdp=plan.dp > 1 and plan.zero >= 2))
-    if megatron:
-        pm._main_grads = tuple(distributed_optimizer.MainGrads(ps) if ps else None for ps in pm._split())
-    return pm
+
+def _checked_mesh(model: nn.Module, plan: Plan, mesh: DeviceMesh | None) -> DeviceMesh:
+    """The given mesh, checked against the plan, or the plan's mesh on the model's device type."""
+    if not dist.is_initialized():
+        raise UserError("apply needs an initialised process group",
+                        "call torch.distributed.init_process_group first (autoplan run does)")
+    device_type = next(model.parameters()).device.type
+    mesh = mesh if mesh is not None else device_mesh(plan, device_type)
+    _check_mesh(mesh, plan)
+    return mesh
+
+
+def _validated_layout(model: nn.Module, plan: Plan, *, global_batch: int, seq: int,
+                      device: torch.device) -> ModelLayout:
+    """The model's layout (``probe``) and the plan validated against its blocks and experts."""
+    layout = probe(model, torch.zeros(plan.mbs, seq, dtype=torch.long, device=device))
+    plan.validate(num_gpus=dist.get_world_size(), num_layers=layout.num_blocks, heads=0, seq=seq,
+                  global_batch=global_batch, experts=expert_parallel.model_experts(model, layout.blocks_path))
+    return layout
+
+
+def _tp_placements(model: nn.Module, layout: ModelLayout, plan: Plan, tp_mesh: DeviceMesh | None,
+                   placements: PlacementsArg) -> dict[str, str]:
+    """Every parameter's tp placement (``tensor_parallel.resolve_placements``); none without tp."""
+    if tp_mesh is None:
+        return {}
+    register_cpu_attention_sharding()
+    return tensor_parallel.resolve_placements(model, layout, plan.tp, placements, plan.ep)
+
+
+def _cp_groups(model: nn.Module, plan: Plan, rank: int) -> context_parallel.CPGroups | None:
+    """This rank's context-parallel exchange groups (collective), None when cp = 1."""
+    if plan.cp == 1:
+        return None
+    context_parallel.check_model(model)
+    return context_parallel.build_groups(plan, rank)
+
+
+def _parallelize_stage(model: nn.Module, sid: int, bounds: list[tuple[int, int]],
+                       ctx: ApplyContext) -> pipeline.StageModule:
+    """Virtual stage ``sid`` cut from ``model`` and parallelised in torchtitan's order
+    (``parallelize_llama``): cp routing, experts over ep, tp, recompute, then FSDP (or, under
+    Megatron's engine, bf16 parameters)."""
+    first, end = bounds[sid]
+    last = sid == len(bounds) - 1
+    copy, inject = pipeline.cut_stage(model, ctx.layout, first, end, owns_pre=sid == 0, owns_post=last,
+                                      stub_dtype=torch.bfloat16 if ctx.megatron else None)
+    _apply_cp(copy, ctx)
+    _apply_ep(copy, ctx)
+    _apply_tp(copy, ctx)
+    stage = pipeline.StageModule(copy, inject, index=sid, first=sid == 0, last=last, seq=ctx.seq // ctx.plan.cp,
+                                 tp_mesh=ctx.tp_mesh, stream=ctx.stream, keep_vocab_shard=ctx.vocab_parallel,
+                                 positions=ctx.positions)
+    blocks = stage.stage_blocks(ctx.layout)
+    _apply_ac(blocks, ctx)
+    if ctx.fsdp:
+        _apply_fsdp(stage, blocks, ctx)
+    elif ctx.megatron:
+        distributed_optimizer.to_bf16(stage)
+    return stage
+
+
+def _apply_cp(module: nn.Module, ctx: ApplyContext) -> None:
+    """Under cp, every capacity-routed MoE queues the whole sequence's tokens, as in one process."""
+    if ctx.cp_groups is not None:
+        context_parallel.route_whole_sequence(module, ctx.plan.cp, ctx.coords["cp"], ctx.mesh["cp"].get_group(),
+                                              ctx.seq)
+
+
+def _apply_ep(module: nn.Module, ctx: ApplyContext) -> None:
+    """Under ep, each experts module keeps this ep rank's experts (``expert_parallel``)."""
+    if ctx.ep_group is not None:
+        expert_parallel.shard_model_experts(module, ctx.layout.blocks_path, ctx.plan.ep, ctx.coords["ep"],
+                                            ctx.ep_group)
+
+
+def _apply_tp(module: nn.Module, ctx: ApplyContext) -> None:
+    """Under tp, parameters become DTensors with their resolved placements (``tensor_parallel``)."""
+    if ctx.tp_mesh is not None:
+        tensor_parallel.shard_module_tree(module, ctx.layout, ctx.placements, ctx.tp_mesh, ctx.plan.sp)
+
+
+def _apply_ac(blocks: list[nn.Module], ctx: ApplyContext) -> None:
+    """Activation recomputation of the plan's policy for this pipeline rank (``recompute``)."""
+    recompute.recompute_blocks(blocks, ctx.plan.recompute_of_stage(ctx.coords["pp"]))
+
+
+def _apply_fsdp(stage: pipeline.StageModule, blocks: list[nn.Module], ctx: ApplyContext) -> None:
+    """FSDP2 over dp; under ep the dense parameters over every rank of ep·dp and each experts
+    module over dp (= dp/ep), as torchtitan shards them."""
+    if ctx.ep_group is None:
+        data_parallel.shard_fsdp(stage, blocks, ctx.mesh["dp"], ctx.plan.zero, ctx.mixed_precision)
+        return
+    experts = [stage.model.get_submodule(n) for n in expert_parallel.find_experts(stage.model, ctx.layout.blocks_path)]
+    data_parallel.shard_fsdp(stage, blocks, flat_mesh(ctx.mesh, ("ep", "dp")), ctx.plan.zero, ctx.mixed_precision,
+                             experts=experts, expert_mesh=ctx.mesh["dp"])
+
+
+def _step_groups(ctx: ApplyContext, tied: tuple[str, ...]) -> StepGroups:
+    """The groups of a step; ``new_group`` is collective, so every rank makes them in this order."""
+    plan = ctx.plan
+    tied_group = _tied_group(plan, ctx.rank) if tied and plan.pp > 1 else None
+    dense_dp, dense_dp_ranks = ctx.groups.named(DENSE_DP)
+    expert_dp, expert_dp_ranks = ctx.groups.named(EXPERT_DP)
+    return StepGroups(tied=tied_group, dense_dp=dense_dp, dense_dp_ranks=dense_dp_ranks, expert_dp=expert_dp,
+                      expert_dp_ranks=expert_dp_ranks, ep=ctx.ep_group,
+                      reductions=gradient_reductions(plan, ctx.groups, fsdp=ctx.fsdp))
+
+
+def _unique_parameters(stages: list[pipeline.StageModule]) -> list[tuple[str, nn.Parameter]]:
+    """(model FQN, parameter) of every parameter of ``stages``, each once."""
+    out, seen = [], set()
+    for stage in stages:
+        for name, p in stage.model.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((name, p))
+    return out
+
+
+def _dense_and_expert(named: list[tuple[str, nn.Parameter]],
+                      expert_names: frozenset[str]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(dense, expert) parameters of ``named``."""
+    return ([p for n, p in named if n not in expert_names], [p for n, p in named if n in expert_names])
 
 
 def _check_mesh(mesh: DeviceMesh, plan: Plan) -> None:

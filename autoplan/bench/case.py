@@ -53,84 +53,33 @@ from autoplan.cost import Estimate, Estimator
 from autoplan.cost.params import ranges
 from autoplan.cost.uncertainty import Sampler, quantile
 from autoplan.frontend import trace
+from autoplan.ir import BlockGraph
 from autoplan.plan import Plan
-from autoplan.search import SearchOptions
+from autoplan.search import SearchOptions, SearchResult
+from topologies.cluster import Cluster
 
 CONTENDERS = ("auto", "grid") + tuple(RECIPES)
 MISMATCH_TOLERANCE = 1e-9      # relative: the search's own estimate vs the harness's re-pricing
 
 
 def run_case(case: Case, *, workers: int = 0, search_timeout_s: float = 900.0) -> dict:
-    """The case's record: its setup, one row per contender, the ratios, and timings (seconds)."""
+    """The case's record: its setup, one row per contender, the ratios, and timings (seconds).
+
+    Each step below writes its own keys into the record, in the record's key order."""
     start = time.perf_counter()
     record: dict = {"case": case.to_dict(), "status": "ok", "error": None, "warnings": []}
     try:
         cluster = load_cluster(case.cluster)
-        t0 = time.perf_counter()
-        graph = trace(case.model, seq=case.seq)
-        record["trace_s"] = time.perf_counter() - t0
+        graph = _traced(case, record)
     except Exception as e:          # a failing case is logged, the suite goes on
         return _failed(record, e, start)
     record.update(gpus=cluster.num_gpus, gpu=cluster.gpu.name, nvlink_domain=cluster.nvlink_domain,
                   cluster_name=cluster.name, params=graph.param_count, model_name=graph.model.name)
     estimator = Estimator(graph, cluster)
-    rows: dict[str, dict] = {}
-
-    # auto: the search, bounded in time
-    t0 = time.perf_counter()
-    try:
-        result = search_with_limit(graph, cluster, global_batch=case.global_batch,
-                                   options=SearchOptions(workers=workers), limit_s=search_timeout_s)
-        record["search_s"] = result.stats.seconds
-        record["search_stats"] = {"meshes_generated": result.stats.space.generated,
-                                  "meshes_evaluated": result.stats.meshes_evaluated,
-                                  "plans_priced": result.stats.plans_priced,
-                                  "pruned_bound": result.stats.pruned_bound,
-                                  "pruned_memory": result.stats.pruned_memory,
-                                  "max_ilp_gap": result.max_ilp_gap,
-                                  "ilp_seconds": sum(i.solve_seconds for i in result.stats.ilps),
-                                  "cpus": os.cpu_count()}
-        record["search_top"] = [{"plan": c.plan.to_string(), "step_time_s": c.estimate.step_time_s,
-                                 "mfu": c.estimate.mfu} for c in result.candidates]
-        best = result.candidates[0]
-        record["auto_evidence"] = [f.regime for f in best.evidence]
-        rows["auto"] = _priced("auto", "auto", estimator, best.plan, case.global_batch)
-        repriced = rows["auto"].get("step_time_s")
-        if repriced is not None and abs(repriced - best.estimate.step_time_s) > \
-                MISMATCH_TOLERANCE * best.estimate.step_time_s:
-            record["warnings"].append(f"search priced its best plan at {best.estimate.step_time_s:.6g} s, "
-                                      f"the harness's Estimator at {repriced:.6g} s")
-    except Exception as e:
-        record["search_s"] = time.perf_counter() - t0
-        rows["auto"] = _row("auto", "auto", status="error", error=_message(e))
-        record["status"], record["error"] = "error", f"search: {_message(e)}"
-
-    # grid
-    grid = search_grid(estimator, case.global_batch, case.grid_cp)
-    record["grid"] = grid.to_dict()
-    if grid.best is not None:
-        rows["grid"] = _priced("grid", "grid", estimator, grid.best, case.global_batch)
-    else:
-        why = ("no grid plan fits in HBM" if not grid.fitting else
-               "every grid plan that fits breaks the NVLink rule")
-        rows["grid"] = _row("grid", "grid", status="n/a", error=f"{why} ({grid.valid} valid of {grid.plans})")
-
-    # hand-written recipes
-    record["recipe_s"] = {}
-    for name in RECIPES:
-        t0 = time.perf_counter()
-        try:
-            plan = baseline(name, graph, cluster, seq=case.seq, global_batch=case.global_batch,
-                            estimator=estimator)
-        except UserError as e:
-            rows[name] = _row(name, "recipe", status="n/a", error=e.problem)
-        except Exception as e:
-            rows[name] = _row(name, "recipe", status="error", error=_message(e))
-        else:
-            rows[name] = _priced(name, "recipe", estimator, plan, case.global_batch)
-        record["recipe_s"][name] = time.perf_counter() - t0
-        rows[name]["credible"] = credible(name, graph)
-
+    rows = {"auto": _auto_row(case, graph, cluster, estimator, record, workers=workers,
+                              limit_s=search_timeout_s)}
+    rows["grid"] = _grid_row(case, estimator, record)
+    rows.update(_recipe_rows(case, graph, cluster, estimator, record))
     record["profile_residuals"] = _residuals(cluster.gpu.name)
     record["contenders"] = [rows[c] for c in CONTENDERS]
     record.update(_ratios(rows))
@@ -140,6 +89,87 @@ def run_case(case: Case, *, workers: int = 0, search_timeout_s: float = 900.0) -
     record.update(_bands(estimator, rows, record["band_hand"], case.global_batch, cluster.num_gpus))
     record["case_s"] = time.perf_counter() - start
     return record
+
+
+def _traced(case: Case, record: dict) -> BlockGraph:
+    t0 = time.perf_counter()
+    graph = trace(case.model, seq=case.seq)
+    record["trace_s"] = time.perf_counter() - t0
+    return graph
+
+
+# --- contenders -----------------------------------------------------------------------------------
+
+def _auto_row(case: Case, graph: BlockGraph, cluster: Cluster, estimator: Estimator, record: dict, *,
+              workers: int, limit_s: float) -> dict:
+    """The search's best plan re-priced by the harness; the search's statistics, top plans and
+    evidence go to the record, and a search failure fails the case."""
+    t0 = time.perf_counter()
+    try:
+        result = search_with_limit(graph, cluster, global_batch=case.global_batch,
+                                   options=SearchOptions(workers=workers), limit_s=limit_s)
+        record["search_s"] = result.stats.seconds
+        record["search_stats"] = _search_stats(result)
+        record["search_top"] = [{"plan": c.plan.to_string(), "step_time_s": c.estimate.step_time_s,
+                                 "mfu": c.estimate.mfu} for c in result.candidates]
+        best = result.candidates[0]
+        record["auto_evidence"] = [f.regime for f in best.evidence]
+        row = _priced("auto", "auto", estimator, best.plan, case.global_batch)
+        repriced = row.get("step_time_s")
+        if repriced is not None and abs(repriced - best.estimate.step_time_s) > \
+                MISMATCH_TOLERANCE * best.estimate.step_time_s:
+            record["warnings"].append(f"search priced its best plan at {best.estimate.step_time_s:.6g} s, "
+                                      f"the harness's Estimator at {repriced:.6g} s")
+        return row
+    except Exception as e:
+        record["search_s"] = time.perf_counter() - t0
+        record["status"], record["error"] = "error", f"search: {_message(e)}"
+        return _row("auto", "auto", status="error", error=_message(e))
+
+
+def _search_stats(result: SearchResult) -> dict:
+    return {"meshes_generated": result.stats.space.generated,
+            "meshes_evaluated": result.stats.meshes_evaluated,
+            "plans_priced": result.stats.plans_priced,
+            "pruned_bound": result.stats.pruned_bound,
+            "pruned_memory": result.stats.pruned_memory,
+            "max_ilp_gap": result.max_ilp_gap,
+            "ilp_seconds": sum(i.solve_seconds for i in result.stats.ilps),
+            "cpus": os.cpu_count()}
+
+
+def _grid_row(case: Case, estimator: Estimator, record: dict) -> dict:
+    """The best plan of the Megatron grid (``bench.grid``), whose summary goes to the record."""
+    grid = search_grid(estimator, case.global_batch, case.grid_cp)
+    record["grid"] = grid.to_dict()
+    if grid.best is not None:
+        return _priced("grid", "grid", estimator, grid.best, case.global_batch)
+    why = ("no grid plan fits in HBM" if not grid.fitting else
+           "every grid plan that fits breaks the NVLink rule")
+    return _row("grid", "grid", status="n/a", error=f"{why} ({grid.valid} valid of {grid.plans})")
+
+
+def _recipe_rows(case: Case, graph: BlockGraph, cluster: Cluster, estimator: Estimator,
+                 record: dict) -> dict[str, dict]:
+    """One row per hand-written recipe (``n/a`` where it cannot apply); each one's seconds go to the record."""
+    rows: dict[str, dict] = {}
+    record["recipe_s"] = {}
+    for name in RECIPES:
+        t0 = time.perf_counter()
+        rows[name] = _recipe_row(name, case, graph, cluster, estimator)
+        record["recipe_s"][name] = time.perf_counter() - t0
+        rows[name]["credible"] = credible(name, graph)
+    return rows
+
+
+def _recipe_row(name: str, case: Case, graph: BlockGraph, cluster: Cluster, estimator: Estimator) -> dict:
+    try:
+        plan = baseline(name, graph, cluster, seq=case.seq, global_batch=case.global_batch, estimator=estimator)
+    except UserError as e:
+        return _row(name, "recipe", status="n/a", error=e.problem)
+    except Exception as e:
+        return _row(name, "recipe", status="error", error=_message(e))
+    return _priced(name, "recipe", estimator, plan, case.global_batch)
 
 
 # --- rows -----------------------------------------------------------------------------------------

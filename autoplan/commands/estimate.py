@@ -18,8 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autoplan.commands.common import add_band_args, add_engine_args, add_margin_arg, add_workload_args
+from autoplan.errors import UserError
+
+if TYPE_CHECKING:
+    from autoplan.cost import Estimate, Estimator
+    from autoplan.cost.evidence import Flag
+    from autoplan.cost.uncertainty import Sampler
+    from autoplan.ir import BlockGraph
+    from autoplan.plan import Plan
+    from autoplan.workload import Workload
+    from topologies.cluster import Cluster
 
 MAX_FSDP_PREFETCH = 64
 
@@ -50,13 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoplan.baselines.common import price
-    from autoplan.commands.common import memory_margin, print_estimate, run_header, wide_console
-    from autoplan.cost import EstimateOptions, rounded
-    from autoplan.cost.evidence import flags
-    from autoplan.cost.params import NOMINAL, load_override
-    from autoplan.cost.uncertainty import Sampler
-    from autoplan.errors import UserError
+    from autoplan.commands.common import memory_margin
     from autoplan.export.load import load_plan, load_plans
     from autoplan.workload import Workload, load_cluster
 
@@ -70,43 +76,86 @@ def run(args: argparse.Namespace) -> int:
     else:
         plans = [load_plan(args.plan, num_gpus=cluster.num_gpus)]
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
-    graph = w.model
+    pricer = _pricer(args, w, margin)
+    if args.plans:
+        print(json.dumps(_priced_file(args.plans, plans, pricer), sort_keys=True))
+        return 0
+    priced = pricer.price(plans[0])
+    if args.json:
+        print(json.dumps(priced.to_json(), sort_keys=True))
+    else:
+        _print_table(priced, w.model, cluster, args.global_batch)
+    return 0
+
+
+@dataclass(frozen=True)
+class _Priced:
+    """One plan's estimate, its band (None without samples) and its evidence flags."""
+
+    plan: Plan
+    estimate: Estimate
+    band: dict | None
+    evidence: tuple[Flag, ...]
+
+    def to_json(self) -> dict:
+        from autoplan.cost import rounded
+
+        return rounded({**self.estimate.to_dict(), **(self.band or {}),
+                        "evidence": [f.to_dict() for f in self.evidence]})
+
+
+@dataclass(frozen=True)
+class _Pricer:
+    """Prices plans of one workload: one estimator, one sampler (None without ``--samples``)."""
+
+    estimator: Estimator
+    sampler: Sampler | None
+    global_batch: int
+    moe: bool
+
+    def price(self, plan: Plan) -> _Priced:
+        from autoplan.baselines.common import price
+        from autoplan.cost.evidence import flags
+
+        est = price(self.estimator, plan, self.global_batch)
+        band = self.sampler.band(plan, self.global_batch, est).fields() if self.sampler else None
+        return _Priced(plan=plan, estimate=est, band=band, evidence=flags(plan, est, moe=self.moe))
+
+
+def _pricer(args: argparse.Namespace, workload: Workload, margin: float) -> _Pricer:
+    """The estimator of the command line's options, and the sampler of its band options."""
+    from autoplan.cost import EstimateOptions
+    from autoplan.cost.params import NOMINAL, load_override
+    from autoplan.cost.uncertainty import Sampler
+
     params = load_override(args.params) if args.params else NOMINAL
-    estimator = w.estimator(EstimateOptions(
+    estimator = workload.estimator(EstimateOptions(
         overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile, fsdp_prefetch=args.fsdp_prefetch,
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync,
         kernels=args.kernels,
         memory_margin_gib=margin, params=params))
     sampler = Sampler(estimator, args.samples, args.seed) if args.samples else None
+    return _Pricer(estimator=estimator, sampler=sampler, global_batch=args.global_batch,
+                   moe=bool(workload.model.model.experts))
 
-    def priced(plan):
-        """The plan's estimate, its band (None without samples) and its evidence flags."""
-        est = price(estimator, plan, args.global_batch)
-        band = sampler.band(plan, args.global_batch, est).fields() if sampler else None
-        return est, band, flags(plan, est, moe=bool(graph.model.experts))
 
-    def as_json(est, band, evidence) -> dict:
-        return rounded({**est.to_dict(), **(band or {}), "evidence": [f.to_dict() for f in evidence]})
+def _priced_file(path: str, plans: list[Plan], pricer: _Pricer) -> list[dict]:
+    """The JSON estimate of every plan of a ``--plans`` file; an error names the plan's line."""
+    out = []
+    for i, plan in enumerate(plans):
+        try:
+            out.append(pricer.price(plan).to_json())
+        except UserError as e:
+            raise UserError(f"plans file {path}, plan {i + 1} ({plan.to_string()}): {e.problem}", e.fix) from None
+    return out
 
-    if args.plans:
-        ests = []
-        for i, plan in enumerate(plans):
-            try:
-                ests.append(as_json(*priced(plan)))
-            except UserError as e:
-                raise UserError(f"plans file {args.plans}, plan {i + 1} ({plan.to_string()}): {e.problem}",
-                                e.fix) from None
-        print(json.dumps(ests, sort_keys=True))
-        return 0
-    plan = plans[0]
-    est, band, evidence = priced(plan)
-    if args.json:
-        print(json.dumps(as_json(est, band, evidence), sort_keys=True))
-        return 0
+
+def _print_table(priced: _Priced, graph: BlockGraph, cluster: Cluster, global_batch: int) -> None:
+    from autoplan.commands.common import print_estimate, run_header, wide_console
+
     console = wide_console()
-    console.print(run_header(graph, cluster, args.global_batch))
-    print_estimate(console, plan, est, band=band)
-    for f in evidence:
+    console.print(run_header(graph, cluster, global_batch))
+    print_estimate(console, priced.plan, priced.estimate, band=priced.band)
+    for f in priced.evidence:
         console.print(f"[yellow]evidence[/yellow] {f.regime}: {f.text}")
-    return 0

@@ -21,6 +21,27 @@ class Export:
     warnings: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One engine setting: a flag or key and its value (None: a bare switch such as
+    ``--sequence-parallel``)."""
+
+    name: str
+    value: object = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Engine settings in output order and the warnings on what they cannot express: an exporter
+    makes one per part of the plan and adds them up in order."""
+
+    items: tuple[Setting, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def __add__(self, other: Settings) -> Settings:
+        return Settings(self.items + other.items, self.warnings + other.warnings)
+
+
 def uniform_recompute(plan: Plan) -> tuple[str, str | None]:
     """One recompute mode for all stages, and a warning if the plan had several.
 

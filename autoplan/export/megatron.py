@@ -29,7 +29,7 @@ Mapping (plan → flags):
 """
 from __future__ import annotations
 
-from autoplan.export.base import Export, stage_layers, uniform_recompute
+from autoplan.export.base import Export, Setting, Settings, stage_layers, uniform_recompute
 from autoplan.plan import recompute_layers
 from autoplan.plan import DEFAULT_ORDER, Plan
 
@@ -48,72 +48,119 @@ def pipeline_layout(layers: tuple[int, ...]) -> str:
 
 def to_megatron(plan: Plan, *, num_layers: int | None = None, global_batch: int | None = None,
                 seq: int | None = None) -> Export:
-    warnings: list[str] = []
-    args: list[tuple[str, object]] = []
-    if num_layers is not None:
-        args.append(("--num-layers", num_layers))
-    if seq is not None:
-        args.append(("--seq-length", seq))
-    args.append(("--tensor-model-parallel-size", plan.tp))
-    if plan.sp:
-        args.append(("--sequence-parallel", None))
-    args.append(("--pipeline-model-parallel-size", plan.pp))
-    if plan.pp > 1:
-        layers = stage_layers(plan, num_layers)
-        vpp = plan.vpp
-        if plan.schedule in ("zbv", "dualpipev"):
-            warnings.append(f"schedule={plan.schedule} (V placement) is not in Megatron-LM: interleaved 1F1B "
-                            "with 2 model chunks per rank in loop placement")
-        elif plan.schedule in ("zb-h1", "zb-h2"):
-            warnings.append(f"schedule={plan.schedule} is not in Megatron-LM: 1F1B (same stages)")
-        elif plan.schedule == "gpipe":
-            warnings.append("schedule=gpipe is not in Megatron-LM: 1F1B (same result, "
-                            "fewer micro-batches in flight)")
-        if layers is not None and len(set(layers)) > 1:
-            args.append(("--pipeline-model-parallel-layout", f'"{pipeline_layout(layers)}"'))
-        elif vpp > 1 and layers is not None:
-            args.append(("--num-layers-per-virtual-pipeline-stage", layers[0]))
-        elif vpp > 1:
-            args.append(("--num-virtual-stages-per-pipeline-rank", vpp))
-    if plan.cp > 1:
-        args.append(("--context-parallel-size", plan.cp))
-        args.append(("--cp-comm-type", CP_COMM[plan.cp_algo]))
-        if plan.cp_algo == "usp":
-            warnings.append("cp_algo=usp: also pass --hierarchical-context-parallel-sizes "
-                            "<a2a size> <p2p size> (the plan does not record the split)")
-    if plan.ep > 1:
-        args.append(("--expert-model-parallel-size", plan.ep))
-    if plan.dp > 1:
-        if plan.zero == 1:
-            args.append(("--use-distributed-optimizer", None))
-        elif plan.zero >= 2:
-            args.append(("--use-megatron-fsdp", None))
-            args.append(("--data-parallel-sharding-strategy",
-                         "optim_grads_params" if plan.zero >= 3 else "optim_grads"))
+    """``plan`` as Megatron-LM arguments, one group of flags per part of the plan (module docstring)."""
+    flags = (_size_flags(num_layers, seq) + _tensor_flags(plan) + _pipeline_flags(plan, num_layers)
+             + _context_flags(plan) + _expert_flags(plan) + _data_parallel_flags(plan) + _recompute_flags(plan)
+             + _batch_flags(plan, global_batch) + _order_flags(plan))
+    return Export(engine="megatron", text=_command_line(plan, flags.items), warnings=flags.warnings)
+
+
+def _size_flags(num_layers: int | None, seq: int | None) -> Settings:
+    items = [Setting("--num-layers", num_layers)] if num_layers is not None else []
+    items += [Setting("--seq-length", seq)] if seq is not None else []
+    return Settings(tuple(items))
+
+
+def _tensor_flags(plan: Plan) -> Settings:
+    items = [Setting("--tensor-model-parallel-size", plan.tp)]
+    items += [Setting("--sequence-parallel")] if plan.sp else []
+    return Settings(tuple(items))
+
+
+def _pipeline_flags(plan: Plan, num_layers: int | None) -> Settings:
+    """pp, and the virtual stages: even (layers per virtual stage, or stages per rank when the
+    layer count is unknown) or uneven (the layout string)."""
+    size = Settings((Setting("--pipeline-model-parallel-size", plan.pp),))
+    if plan.pp == 1:
+        return size
+    layers = stage_layers(plan, num_layers)
+    if layers is not None and len(set(layers)) > 1:
+        cuts = (Setting("--pipeline-model-parallel-layout", f'"{pipeline_layout(layers)}"'),)
+    elif plan.vpp > 1 and layers is not None:
+        cuts = (Setting("--num-layers-per-virtual-pipeline-stage", layers[0]),)
+    elif plan.vpp > 1:
+        cuts = (Setting("--num-virtual-stages-per-pipeline-rank", plan.vpp),)
+    else:
+        cuts = ()
+    return size + Settings(cuts, _schedule_warnings(plan.schedule))
+
+
+def _schedule_warnings(schedule: str) -> tuple[str, ...]:
+    """What Megatron-LM runs instead of a schedule it lacks."""
+    if schedule in ("zbv", "dualpipev"):
+        return (f"schedule={schedule} (V placement) is not in Megatron-LM: interleaved 1F1B "
+                "with 2 model chunks per rank in loop placement",)
+    if schedule in ("zb-h1", "zb-h2"):
+        return (f"schedule={schedule} is not in Megatron-LM: 1F1B (same stages)",)
+    if schedule == "gpipe":
+        return ("schedule=gpipe is not in Megatron-LM: 1F1B (same result, "
+                "fewer micro-batches in flight)",)
+    return ()
+
+
+def _context_flags(plan: Plan) -> Settings:
+    if plan.cp == 1:
+        return Settings()
+    warnings = ("cp_algo=usp: also pass --hierarchical-context-parallel-sizes "
+                "<a2a size> <p2p size> (the plan does not record the split)",) if plan.cp_algo == "usp" else ()
+    return Settings((Setting("--context-parallel-size", plan.cp), Setting("--cp-comm-type", CP_COMM[plan.cp_algo])),
+                    warnings)
+
+
+def _expert_flags(plan: Plan) -> Settings:
+    return Settings((Setting("--expert-model-parallel-size", plan.ep),) if plan.ep > 1 else ())
+
+
+def _data_parallel_flags(plan: Plan) -> Settings:
+    """zero 1: the distributed optimizer; zero 2/3: Megatron-FSDP."""
+    if plan.dp == 1 or plan.zero == 0:
+        return Settings()
+    if plan.zero == 1:
+        return Settings((Setting("--use-distributed-optimizer"),))
+    strategy = "optim_grads_params" if plan.zero >= 3 else "optim_grads"
+    return Settings((Setting("--use-megatron-fsdp"), Setting("--data-parallel-sharding-strategy", strategy)))
+
+
+def _recompute_flags(plan: Plan) -> Settings:
+    """The plan's one recompute mode (``uniform_recompute``); op, which Megatron lacks, runs as full."""
     mode, note = uniform_recompute(plan)
-    if note:
-        warnings.append(note)
+    warnings = (note,) if note else ()
     if mode == "op":
-        warnings.append("recompute=op (torchtitan's selective op checkpointing) is not in Megatron-LM: "
-                        "--recompute-granularity full on every layer")
+        warnings += ("recompute=op (torchtitan's selective op checkpointing) is not in Megatron-LM: "
+                     "--recompute-granularity full on every layer",)
         mode = "full"
     if recompute_layers(mode) is not None:
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
-                 ("--recompute-num-layers", recompute_layers(mode))]
+        items = (Setting("--recompute-granularity", "full"), Setting("--recompute-method", "block"),
+                 Setting("--recompute-num-layers", recompute_layers(mode)))
+    elif mode == "full":
+        items = (Setting("--recompute-granularity", mode), Setting("--recompute-method", "uniform"),
+                 Setting("--recompute-num-layers", 1))
     elif mode != "none":
-        args.append(("--recompute-granularity", mode))
-        if mode == "full":
-            args += [("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
-    args.append(("--micro-batch-size", plan.mbs))
-    if global_batch is not None:
-        args.append(("--global-batch-size", global_batch))
+        items = (Setting("--recompute-granularity", mode),)
+    else:
+        items = ()
+    return Settings(items, warnings)
+
+
+def _batch_flags(plan: Plan, global_batch: int | None) -> Settings:
+    items = [Setting("--micro-batch-size", plan.mbs)]
+    items += [Setting("--global-batch-size", global_batch)] if global_batch is not None else []
+    return Settings(tuple(items))
+
+
+def _order_flags(plan: Plan) -> Settings:
+    """Megatron lays ranks out in its default order or, with a flag, tp-cp-ep-pp-dp; nothing else."""
     if plan.order == TP_PP_DP_ORDER:
-        args.append(("--use-tp-pp-dp-mapping", None))
-    elif plan.order != DEFAULT_ORDER:
-        warnings.append(f"order={'-'.join(plan.order)} is not expressible: Megatron-LM lays ranks out as "
-                        f"{'-'.join(DEFAULT_ORDER)} or {'-'.join(TP_PP_DP_ORDER)} (innermost first)")
+        return Settings((Setting("--use-tp-pp-dp-mapping"),))
+    if plan.order != DEFAULT_ORDER:
+        return Settings(warnings=(f"order={'-'.join(plan.order)} is not expressible: Megatron-LM lays ranks out as "
+                                  f"{'-'.join(DEFAULT_ORDER)} or {'-'.join(TP_PP_DP_ORDER)} (innermost first)",))
+    return Settings()
+
+
+def _command_line(plan: Plan, flags: tuple[Setting, ...]) -> str:
+    """Two comment lines, then one flag per line joined by backslash continuations."""
     lines = [f"# autoplan plan {plan.to_string()}",
              f"# Megatron-LM arguments (megatron/training/arguments.py @ {MEGATRON_COMMIT[:12]})"]
-    lines += [flag if value is None else f"{flag} {value}" for flag, value in args]
-    text = lines[0] + "\n" + lines[1] + "\n" + " \\\n".join(lines[2:]) + "\n"
-    return Export(engine="megatron", text=text, warnings=tuple(warnings))
+    lines += [f.name if f.value is None else f"{f.name} {f.value}" for f in flags]
+    return lines[0] + "\n" + lines[1] + "\n" + " \\\n".join(lines[2:]) + "\n"

@@ -27,7 +27,7 @@ Mapping (plan → key):
 """
 from __future__ import annotations
 
-from autoplan.export.base import Export, default_order_warning, stage_layers, uniform_recompute
+from autoplan.export.base import Export, Setting, Settings, default_order_warning, stage_layers, uniform_recompute
 from autoplan.plan import recompute_layers
 from autoplan.plan import DEFAULT_ORDER, Plan
 
@@ -71,70 +71,99 @@ def model_parts(layers: tuple[int, ...]) -> list[list[str]]:
 
 def to_torchtitan(plan: Plan, *, num_layers: int | None = None, global_batch: int | None = None,
                   seq: int | None = None) -> Export:
-    warnings: list[str] = []
-    par: dict[str, object] = {}
-    if plan.zero == 0:
-        par["data_parallel_replicate_degree"] = plan.dp
-        par["data_parallel_shard_degree"] = 1
-    else:
-        par["data_parallel_replicate_degree"] = 1
-        par["data_parallel_shard_degree"] = plan.dp
-        if plan.dp > 1:
-            par["fsdp_reshard_after_forward"] = "always" if plan.zero >= 3 else "never"
-            if plan.zero == 1:
-                warnings.append("zero=1 has no torchtitan form: FSDP with fsdp_reshard_after_forward = "
-                                "\"never\" (zero=2: gradients sharded too)")
-    par["tensor_parallel_degree"] = plan.tp
-    if plan.tp > 1 and not plan.sp:
-        warnings.append("sp=off is not expressible: torchtitan always applies sequence parallelism with TP")
-    par["pipeline_parallel_degree"] = plan.pp
-    if plan.pp > 1:
-        par["pipeline_parallel_schedule"] = SCHEDULES[plan.schedule]
-        par["pipeline_parallel_microbatch_size"] = plan.mbs
-        if plan.schedule == "zb-h2":
-            warnings.append("schedule=zb-h2 is not in torch pipelining: InterleavedZeroBubble "
-                            "(ZB1P, one model chunk per rank)")
-        layers = stage_layers(plan, num_layers)
-        if layers is not None:
-            par["module_fqns_per_model_part"] = model_parts(layers)
-        else:
-            warnings.append("stage cuts left to torchtitan (its default split) because the layer "
-                            "count is unknown: pass --model to pin them")
-    par["context_parallel_degree"] = plan.cp
-    if plan.cp > 1:
-        par["context_parallel_rotate_method"] = "alltoall"
-        if plan.cp_algo != "ring":
-            warnings.append(f"cp_algo={plan.cp_algo} is not in torchtitan: ring attention "
-                            "(context_parallel_rotate_method = \"alltoall\")")
-    par["expert_parallel_degree"] = plan.ep
-    order = default_order_warning(plan, "torchtitan", DEFAULT_ORDER)
-    if order:
-        warnings.append(order)
-
-    mode, note = uniform_recompute(plan)
-    if note:
-        warnings.append(note)
-    if recompute_layers(mode) is not None:
-        warnings.append(f"recompute={mode} (the first N layers of each stage) is not in torchtitan: "
-                        "mode = \"full\" on every layer")
-        mode = "full"
-    ac: dict[str, object] = {"mode": "selective" if mode == "op" else mode}
-    if mode in ("selective", "op"):
-        ac["selective_ac_option"] = "op"
-
-    training: dict[str, object] = {}
-    if global_batch is not None:
-        per_dp = global_batch // plan.dp
-        training["local_batch_size"] = per_dp if plan.pp > 1 else plan.mbs
-        training["global_batch_size"] = global_batch
-    if seq is not None:
-        training["seq_len"] = seq
-
+    """``plan`` as torchtitan TOML: [parallelism] one group of keys per parallelism, then
+    [activation_checkpoint] and [training] (module docstring)."""
+    parallelism = (_data_parallel_keys(plan) + _tensor_parallel_keys(plan) + _pipeline_keys(plan, num_layers)
+                   + _context_parallel_keys(plan) + _expert_and_order_keys(plan))
+    checkpoint = _activation_checkpoint_keys(plan)
+    training = _training_keys(plan, global_batch, seq)
     lines = [f"# autoplan plan {plan.to_string()}",
-             f"# torchtitan TOML JobConfig (torchtitan/config/job_config.py @ {TORCHTITAN_COMMIT[:12]})",
-             "[parallelism]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in par.items()]
-    lines += ["", "[activation_checkpoint]"] + [f"{k} = {_toml(v)}" for k, v in ac.items()]
-    if training:
-        lines += ["", "[training]"] + [f"{k} = {_toml(v)}" for k, v in training.items()]
-    return Export(engine="torchtitan", text="\n".join(lines) + "\n", warnings=tuple(warnings))
+             f"# torchtitan TOML JobConfig (torchtitan/config/job_config.py @ {TORCHTITAN_COMMIT[:12]})"]
+    lines += _table("parallelism", parallelism) + [""] + _table("activation_checkpoint", checkpoint)
+    if training.items:
+        lines += [""] + _table("training", training)
+    return Export(engine="torchtitan", text="\n".join(lines) + "\n",
+                  warnings=parallelism.warnings + checkpoint.warnings)
+
+
+def _table(name: str, keys: Settings) -> list[str]:
+    return [f"[{name}]"] + [f"{k.name} = {_toml(k.value)}" for k in keys.items]
+
+
+def _data_parallel_keys(plan: Plan) -> Settings:
+    """zero 0: DDP over dp; zero 2/3 (and 1, warned): FSDP2 over dp, resharding after forward under zero 3."""
+    if plan.zero == 0:
+        return Settings((Setting("data_parallel_replicate_degree", plan.dp), Setting("data_parallel_shard_degree", 1)))
+    keys = Settings((Setting("data_parallel_replicate_degree", 1), Setting("data_parallel_shard_degree", plan.dp)))
+    if plan.dp == 1:
+        return keys
+    warnings = ("zero=1 has no torchtitan form: FSDP with fsdp_reshard_after_forward = "
+                "\"never\" (zero=2: gradients sharded too)",) if plan.zero == 1 else ()
+    return keys + Settings((Setting("fsdp_reshard_after_forward", "always" if plan.zero >= 3 else "never"),),
+                           warnings)
+
+
+def _tensor_parallel_keys(plan: Plan) -> Settings:
+    warnings = (("sp=off is not expressible: torchtitan always applies sequence parallelism with TP",)
+                if plan.tp > 1 and not plan.sp else ())
+    return Settings((Setting("tensor_parallel_degree", plan.tp),), warnings)
+
+
+def _pipeline_keys(plan: Plan, num_layers: int | None) -> Settings:
+    """pp, its torch schedule and micro-batch size, and the stage cuts as module FQNs when the
+    layer count is known."""
+    degree = Settings((Setting("pipeline_parallel_degree", plan.pp),))
+    if plan.pp == 1:
+        return degree
+    keys = degree + Settings((Setting("pipeline_parallel_schedule", SCHEDULES[plan.schedule]),
+                              Setting("pipeline_parallel_microbatch_size", plan.mbs)))
+    if plan.schedule == "zb-h2":
+        keys += Settings(warnings=("schedule=zb-h2 is not in torch pipelining: InterleavedZeroBubble "
+                                   "(ZB1P, one model chunk per rank)",))
+    layers = stage_layers(plan, num_layers)
+    if layers is None:
+        return keys + Settings(warnings=("stage cuts left to torchtitan (its default split) because the layer "
+                                         "count is unknown: pass --model to pin them",))
+    return keys + Settings((Setting("module_fqns_per_model_part", model_parts(layers)),))
+
+
+def _context_parallel_keys(plan: Plan) -> Settings:
+    """cp, ring attention passing K/V around the ring (all-to-all rotation); Ulysses/USP run as ring."""
+    degree = Settings((Setting("context_parallel_degree", plan.cp),))
+    if plan.cp == 1:
+        return degree
+    warnings = ((f"cp_algo={plan.cp_algo} is not in torchtitan: ring attention "
+                 "(context_parallel_rotate_method = \"alltoall\")",) if plan.cp_algo != "ring" else ())
+    return degree + Settings((Setting("context_parallel_rotate_method", "alltoall"),), warnings)
+
+
+def _expert_and_order_keys(plan: Plan) -> Settings:
+    """ep (carved out of dp), and a warning when the plan's axis order is not torchtitan's."""
+    order = default_order_warning(plan, "torchtitan", DEFAULT_ORDER)
+    return Settings((Setting("expert_parallel_degree", plan.ep),), (order,) if order else ())
+
+
+def _activation_checkpoint_keys(plan: Plan) -> Settings:
+    """The plan's one recompute mode (``uniform_recompute``); full:N, which torchtitan lacks, runs as full."""
+    mode, note = uniform_recompute(plan)
+    warnings = (note,) if note else ()
+    if recompute_layers(mode) is not None:
+        warnings += (f"recompute={mode} (the first N layers of each stage) is not in torchtitan: "
+                     "mode = \"full\" on every layer",)
+        mode = "full"
+    keys = (Setting("mode", "selective" if mode == "op" else mode),)
+    if mode in ("selective", "op"):
+        keys += (Setting("selective_ac_option", "op"),)
+    return Settings(keys, warnings)
+
+
+def _training_keys(plan: Plan, global_batch: int | None, seq: int | None) -> Settings:
+    """Batch sizes (a rank's local batch is its share of the global one under pp, else one micro-batch)
+    and the sequence length, where given."""
+    keys: tuple[Setting, ...] = ()
+    if global_batch is not None:
+        keys += (Setting("local_batch_size", global_batch // plan.dp if plan.pp > 1 else plan.mbs),
+                 Setting("global_batch_size", global_batch))
+    if seq is not None:
+        keys += (Setting("seq_len", seq),)
+    return Settings(keys)

@@ -324,11 +324,11 @@ def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> Bl
         roles = RoleSource(sizes=sizes, alt=alt.get(name), alt_sizes=sizes2,
                            experts_alt=experts_alt.get(name), expert_count=info.experts,
                            expert_modules=expert_modules(layer, info.experts) if layer is not None else ())
-        graph, guessed = to_opgraph(tr, table, roles, seq_len=seq, dtype=dtype, batch=batch)
-        if guessed:
-            notes.append(f"{name}: dim roles of {guessed} node(s) guessed from sizes "
+        converted = to_opgraph(tr, table, roles, seq_len=seq, dtype=dtype, batch=batch)
+        if converted.guessed_nodes:
+            notes.append(f"{name}: dim roles of {converted.guessed_nodes} node(s) guessed from sizes "
                          "(no counterpart in the second trace)")
-        return graph
+        return converted.graph
 
     pre = convert("pre") if "pre" in main else OpGraph(nodes=(), seq_len=seq, dtype=dtype, batch=batch)
     post = convert("post")

@@ -239,60 +239,70 @@ def zbv_orders(p: int, m: int, v: int) -> list[RankOrder]:
     dropped, as PyTorch does, so any m works.
     """
     n = max(m, 2 * p - 1)
-    s_last = 2 * p - 1
-    orders = []
-    for r in range(p):
-        s0, s1 = r, s_last - r
-        acts: RankOrder = []
-        f0 = f1 = b0 = b1 = 0
+    return [_zbv_rank_order(p, m, n, r) for r in range(p)]
 
-        def add(kind: int, mb: int, s: int) -> None:
-            if mb < m:
-                acts.append(((kind, mb, s),))
 
-        for _ in range(2 * (p - r) - 1):
-            add(F, f0, s0)
-            f0 += 1
-        for _ in range(r):
-            add(F, f1, s1)
-            f1 += 1
-            add(F, f0, s0)
-            f0 += 1
-        for _ in range(p - r):
-            add(F, f1, s1)
-            f1 += 1
-            add(B, b1, s1)
-            add(W, b1, s1)
-            b1 += 1
-        while f1 < f0 or f0 < n:
-            if f0 < n:
-                add(F, f0, s0)
-                f0 += 1
-            add(B, b0, s0)
-            add(W, b0, s0)
-            b0 += 1
-            add(F, f1, s1)
-            f1 += 1
-            add(B, b1, s1)
-            add(W, b1, s1)
-            b1 += 1
-        w0, w1 = b0, b1
-        for _ in range(r):
-            add(B, b0, s0)
-            b0 += 1
-            add(B, b1, s1)
-            b1 += 1
-        for _ in range(p - r):
-            add(B, b0, s0)
-            b0 += 1
-            add(W, w0, s0)
-            w0 += 1
-        for i in range(w1, b1):
-            add(W, i, s1)
-        for i in range(w0, b0):
-            add(W, i, s0)
-        orders.append(acts)
-    return orders
+class _VRankOrder:
+    """One rank's order under construction in V placement: chunk 0 = stage ``s0``, chunk 1 =
+    stage ``s1``, with the next F, B and W micro-batch of each chunk.  Ops of micro-batches ≥ m
+    are counted but not added (the order is built for more micro-batches than run)."""
+
+    def __init__(self, m: int, s0: int, s1: int) -> None:
+        self.m = m
+        self.stage = (s0, s1)
+        self.acts: RankOrder = []
+        self.f = [0, 0]
+        self.b = [0, 0]
+        self.w = [0, 0]
+
+    def _add(self, kind: int, mb: int, chunk: int) -> None:
+        if mb < self.m:
+            self.acts.append(((kind, mb, self.stage[chunk]),))
+
+    def forward(self, chunk: int) -> None:
+        self._add(F, self.f[chunk], chunk)
+        self.f[chunk] += 1
+
+    def backward(self, chunk: int) -> None:
+        self._add(B, self.b[chunk], chunk)
+        self.b[chunk] += 1
+
+    def weight(self, chunk: int) -> None:
+        self._add(W, self.w[chunk], chunk)
+        self.w[chunk] += 1
+
+
+def _zbv_rank_order(p: int, m: int, n: int, r: int) -> RankOrder:
+    """Rank ``r``'s ZB-V order over ``n`` micro-batches (ops of those ≥ ``m`` dropped)."""
+    o = _VRankOrder(m, r, 2 * p - 1 - r)
+    for _ in range(2 * (p - r) - 1):
+        o.forward(0)
+    for _ in range(r):
+        o.forward(1)
+        o.forward(0)
+    for _ in range(p - r):
+        o.forward(1)
+        o.backward(1)
+        o.weight(1)
+    while o.f[1] < o.f[0] or o.f[0] < n:
+        if o.f[0] < n:
+            o.forward(0)
+        o.backward(0)
+        o.weight(0)
+        o.forward(1)
+        o.backward(1)
+        o.weight(1)
+    for _ in range(r):                      # cool-down: W's held back, then drained
+        o.backward(0)
+        o.backward(1)
+    for _ in range(p - r):
+        o.backward(0)
+        o.weight(0)
+    while o.w[1] < o.b[1]:
+        o.weight(1)
+    while o.w[0] < o.b[0]:
+        o.weight(0)
+    return o.acts
 
 
 def dualpipev_orders(p: int, m: int, v: int) -> list[RankOrder]:
@@ -316,71 +326,90 @@ def dualpipev_orders(p: int, m: int, v: int) -> list[RankOrder]:
     Needs m >= 2p.  Peak in flight 2p+1 chunks on every rank (the report's "PP+1" with PP =
     2p virtual stages), counting a pair's forward before its backward frees memory.
     """
-    s_last = 2 * p - 1
-    orders = []
-    for r in range(p):
-        s0, s1 = r, s_last - r
-        acts: RankOrder = []
-        nxt = {(F, s0): 0, (F, s1): 0, (B, s0): 0, (B, s1): 0}
-        pending_w: list[tuple[int, int]] = []
+    return [_dualpipev_rank_order(p, m, r) for r in range(p)]
 
-        def take(kind: int, s: int) -> int:
-            key = (F if kind == F else B, s)
-            i = nxt[key]
-            nxt[key] = i + 1
-            return i
 
-        def single(kind: int, s: int) -> None:
-            i = take(kind, s)
-            acts.append(((kind, i, s),))
-            if kind == B:
-                pending_w.append((i, s))
+class _DualPipeVRankOrder:
+    """One rank's DualPipeV order under construction: chunk 0 = stage ``s0``, chunk 1 = stage
+    ``s1``, the next micro-batch of each (forward | backward, stage), and the W's queued behind
+    input-only B's (oldest first)."""
 
-        def pair(fs: int, bs: int) -> None:
-            acts.append(((F, take(F, fs), fs), (BW, take(BW, bs), bs)))
+    def __init__(self, s0: int, s1: int) -> None:
+        self.s0, self.s1 = s0, s1
+        self.acts: RankOrder = []
+        self.nxt = {(F, s0): 0, (F, s1): 0, (B, s0): 0, (B, s1): 0}
+        self.pending_w: list[tuple[int, int]] = []
 
-        def pop_w() -> None:
-            if pending_w:
-                i, s = pending_w.pop(0)
-                acts.append(((W, i, s),))
+    def _take(self, kind: int, s: int) -> int:
+        key = (F if kind == F else B, s)
+        i = self.nxt[key]
+        self.nxt[key] = i + 1
+        return i
 
-        for _ in range(2 * (p - r - 1)):
-            single(F, s0)
-        for _ in range(r + 1):
-            single(F, s0)
-            single(F, s1)
-        for _ in range(p - r - 1):
-            single(B, s1)
-            pop_w()
-            single(F, s1)
-        for k in range(m - 2 * p + r + 1):
-            if k == 0 and r == p - 1:
-                single(F, s0)
-                single(BW, s1)
-            else:
-                pair(s0, s1)
-            pair(s1, s0)
-        for _ in range(p - r - 1):
-            single(BW, s1)
-            pair(s1, s0)
-        split = False
-        steps6 = r + 1
-        for k in range(steps6):
-            if k == steps6 // 2 and r % 2 == 1:
-                split = True
-            single(B if split else BW, s1)
-            if k == steps6 // 2 and r % 2 == 0:
-                split = True
-            single(B if split else BW, s0)
-        for _ in range(p - r - 1):
-            pop_w()
-            single(B if split else BW, s0)
-        for _ in range(r + 1):
-            pop_w()
-        while pending_w:
-            pop_w()
-        orders.append(acts)
-    return orders
+    def single(self, kind: int, s: int) -> None:
+        """One op alone; an input-only B queues its W."""
+        i = self._take(kind, s)
+        self.acts.append(((kind, i, s),))
+        if kind == B:
+            self.pending_w.append((i, s))
+
+    def pair(self, fs: int, bs: int) -> None:
+        """An overlapped pair: the forward of stage ``fs`` with the full backward of stage ``bs``."""
+        self.acts.append(((F, self._take(F, fs), fs), (BW, self._take(BW, bs), bs)))
+
+    def pop_w(self) -> None:
+        """The oldest queued W, if any."""
+        if self.pending_w:
+            i, s = self.pending_w.pop(0)
+            self.acts.append(((W, i, s),))
+
+
+def _dualpipev_rank_order(p: int, m: int, r: int) -> RankOrder:
+    """Rank ``r``'s DualPipeV order: the eight phases of ``dualpipev_orders``."""
+    o = _DualPipeVRankOrder(r, 2 * p - 1 - r)
+    s0, s1 = o.s0, o.s1
+    for _ in range(2 * (p - r - 1)):                 # 1
+        o.single(F, s0)
+    for _ in range(r + 1):                           # 2
+        o.single(F, s0)
+        o.single(F, s1)
+    for _ in range(p - r - 1):                       # 3
+        o.single(B, s1)
+        o.pop_w()
+        o.single(F, s1)
+    for k in range(m - 2 * p + r + 1):               # 4
+        if k == 0 and r == p - 1:
+            o.single(F, s0)
+            o.single(BW, s1)
+        else:
+            o.pair(s0, s1)
+        o.pair(s1, s0)
+    for _ in range(p - r - 1):                       # 5
+        o.single(BW, s1)
+        o.pair(s1, s0)
+    _dualpipev_cooldown(o, p, r)
+    return o.acts
+
+
+def _dualpipev_cooldown(o: _DualPipeVRankOrder, p: int, r: int) -> None:
+    """Phases 6-8: backwards of both chunks, input-only from the middle step on (odd ranks one
+    op earlier), then W's interleaved with chunk 0's last backwards, then the queued W's."""
+    split = False
+    steps6 = r + 1
+    for k in range(steps6):                          # 6
+        if k == steps6 // 2 and r % 2 == 1:
+            split = True
+        o.single(B if split else BW, o.s1)
+        if k == steps6 // 2 and r % 2 == 0:
+            split = True
+        o.single(B if split else BW, o.s0)
+    for _ in range(p - r - 1):                       # 7
+        o.pop_w()
+        o.single(B if split else BW, o.s0)
+    for _ in range(r + 1):                           # 8
+        o.pop_w()
+    while o.pending_w:
+        o.pop_w()
 
 
 # ---------------------------------------------------------------------------------------
