@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from autoplan.export.base import Export, Setting, Settings, stage_layers, uniform_recompute
 from autoplan.plan import recompute_layers
-from autoplan.plan import DEFAULT_ORDER, Plan
+from autoplan.plan import DEFAULT_ORDER, SCHEDULE_SPECS, Plan
 
 MEGATRON_COMMIT = "000c4ac24f61159c138b0975def722c65245983c"
 CP_COMM = {"ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p"}
@@ -87,10 +87,11 @@ def _pipeline_flags(plan: Plan, num_layers: int | None) -> Settings:
 
 def _schedule_warnings(schedule: str) -> tuple[str, ...]:
     """What Megatron-LM runs instead of a schedule it lacks."""
-    if schedule in ("zbv", "dualpipev"):
+    spec = SCHEDULE_SPECS[schedule]
+    if spec.placement == "v":
         return (f"schedule={schedule} (V placement) is not in Megatron-LM: interleaved 1F1B "
                 "with 2 model chunks per rank in loop placement",)
-    if schedule in ("zb-h1", "zb-h2"):
+    if spec.split_backward:
         return (f"schedule={schedule} is not in Megatron-LM: 1F1B (same stages)",)
     if schedule == "gpipe":
         return ("schedule=gpipe is not in Megatron-LM: 1F1B (same result, "
