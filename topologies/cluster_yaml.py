@@ -60,9 +60,9 @@ from topologies.errors import TopologyError
 from topologies.gpus import GPUSpec, gpu_spec
 
 INT_KEYS = ("num_gpus", "gpus_per_node", "nvlink_domain", "nics_per_node", "leaf_nodes", "pod_size")
-FLOAT_KEYS = ("nic_bw", "nic_efficiency", "pod_oversubscription", "nvlink_efficiency",
-              "nvls_efficiency", "launch_latency", "nvlink_latency", "rail_latency",
-              "spine_latency", "pod_latency")
+FLOAT_KEYS: tuple[str, ...] = ("nic_bw", "nic_efficiency", "pod_oversubscription", "nvlink_efficiency",
+                               "nvls_efficiency", "launch_latency", "nvlink_latency", "rail_latency",
+                               "spine_latency", "pod_latency")
 BOOL_KEYS = ("nvls", "sharp")
 GPU_OVERRIDES = {"gpu_hbm_bytes": "hbm_bytes", "gpu_hbm_bw": "hbm_bw", "gpu_bf16_flops": "bf16_flops"}
 """Cluster keys that override a field of the catalog GPUSpec (key -> GPUSpec field)."""
@@ -183,7 +183,7 @@ def from_mapping(raw: Mapping[str, Any], *, default_name: str, source: str) -> C
 
 def _gpu_with_overrides(gpu: GPUSpec, values: dict[str, Any], source: str) -> GPUSpec:
     """The catalog spec with the cluster's ``gpu_*`` overrides applied (each must be > 0)."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for key, field in GPU_OVERRIDES.items():
         if key in values:
             if values[key] <= 0:
