@@ -102,14 +102,18 @@ def segment_size(size: int) -> int:
 
 class _Block:
     __slots__ = ("ptr", "size", "allocated", "prev", "next", "segment")
+    prev: _Block | None
+    next: _Block | None
 
-    def __init__(self, ptr: int, size: int, segment: "_Segment", prev=None, next=None):
+    def __init__(self, ptr: int, size: int, segment: "_Segment", prev: _Block | None = None,
+                 next: _Block | None = None):
         self.ptr, self.size, self.allocated, self.segment = ptr, size, False, segment
         self.prev, self.next = prev, next
 
 
 class _Segment:
     __slots__ = ("pool", "base", "size", "last")
+    last: _Block | None
 
     def __init__(self, pool: tuple[int, bool], base: int, size: int):
         self.pool, self.base, self.size, self.last = pool, base, size, None
@@ -242,6 +246,7 @@ class CachingAllocator:
         kept = []
         for segment in self._classic:
             block = segment.last
+            assert block is not None    # a classic segment is born with its one block
             if block.prev is None and not block.allocated:
                 self._take(block)
                 self.reserved -= segment.size

@@ -70,7 +70,8 @@ class Table(Generic[T]):
 
     def __post_init__(self) -> None:
         _TABLES.add(self)
-        REGISTRY.setdefault(f"table:{self.name}", lambda name=self.name: _clear_tables(name))
+        # ignore[misc]: mypy cannot infer the type of a lambda whose parameter has a default
+        REGISTRY.setdefault(f"table:{self.name}", lambda name=self.name: _clear_tables(name))  # type: ignore[misc]
 
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
         try:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import yaml
@@ -176,7 +176,8 @@ def gemm_model_seconds(p: float, half_dim: float, m: np.ndarray, n: np.ndarray, 
     eff = p * (m / (m + half_dim)) * (n / (n + half_dim)) * (k / (k + half_dim))
     t_compute = 2.0 * m * n * k / (peak_flops * eff)
     t_memory = BYTES_PER_ELEMENT * (m * k + k * n + m * n) / (hbm_bw * memory_fraction)
-    return np.maximum(t_compute, t_memory) + overhead_s
+    seconds: np.ndarray = np.maximum(t_compute, t_memory) + overhead_s   # numpy types np.maximum as Any
+    return seconds
 
 
 def fit_gemm(samples: tuple[GemmSample, ...], *, peak_flops: float, hbm_bw: float,
@@ -277,8 +278,9 @@ _TABLES = {
     "tiny": (TinySample, ("kernel", "seconds")),
 }
 _HEADER = ("device", "software", "attention_kernel", "timing")
-_POSITIVE_INT = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer")
-_COLUMN_CHECKS = {   # (predicate, what it wants); any other column: _POSITIVE_INT
+_Check = tuple[Callable[[Any], bool], str]
+_POSITIVE_INT: _Check = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer")
+_COLUMN_CHECKS: dict[str, _Check] = {   # (predicate, what it wants); any other column: _POSITIVE_INT
     "seconds": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
                 "a positive number"),
     "causal": (lambda v: isinstance(v, bool), "true or false"),
@@ -310,14 +312,14 @@ def measurements_from_mapping(data: Any) -> Measurements:
         raise ValueError(f"'measurements' lacks {', '.join(missing)}")
     if data["dtype"] != "bf16":
         raise ValueError(f"'measurements' dtype is {data['dtype']!r}; only bf16 is supported")
-    tables = {}
+    values: dict[str, Any] = {key: str(data[key]) for key in _HEADER}   # then one tuple per table
     for key, (cls, columns) in _TABLES.items():
         table = data[key]
         if not isinstance(table, dict) or list(table.get("columns") or ()) != list(columns):
             raise ValueError(f"'measurements.{key}' must have columns {list(columns)}")
-        tables[key] = tuple(_sample(cls, key, columns, i, row)
+        values[key] = tuple(_sample(cls, key, columns, i, row)
                             for i, row in enumerate(table.get("rows") or ()))
-    return Measurements(**{key: str(data[key]) for key in _HEADER}, **tables)
+    return Measurements(**values)
 
 
 def _sample(cls: type, table: str, columns: tuple[str, ...], i: int, row: Any) -> Any:
