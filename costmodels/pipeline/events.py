@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, get_spec, shared_orders,
-                                           stage_rank)
+from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, Action, RankOrder, get_spec,
+                                           shared_orders, stage_rank)
 from costmodels.pipeline.shared import shared
 
 
@@ -41,7 +41,7 @@ class Compiled:
     op_table: np.ndarray         # (actions, 2, 3): each action's ops (kind, micro-batch, stage); no second: −1
 
 
-def _deadlock_error(schedule: str, orders, ptr) -> RuntimeError:
+def _deadlock_error(schedule: str, orders: list[RankOrder], ptr: list[int]) -> RuntimeError:
     heads = [f"rank {r}: {KIND_NAMES[o[ptr[r]][0][0]]}(mb {o[ptr[r]][0][1]}, "
              f"stage {o[ptr[r]][0][2]})" for r, o in enumerate(orders) if ptr[r] < len(o)]
     return RuntimeError(f"pipeline schedule {schedule!r} deadlocks (a bug in its order); "
@@ -57,7 +57,9 @@ def compile_schedule(schedule: str, p: int, m: int, v: int) -> Compiled:
     orders = shared_orders(schedule, p, m, v)
     n_stages = p * v
     place = np.array([stage_rank(s, p, get_spec(schedule).placement) for s in range(n_stages)], dtype=np.int64)
-    rank_ids, act_ops, act_rank = [], [], []
+    rank_ids: list[list[int]] = []
+    act_ops: list[Action] = []
+    act_rank: list[int] = []
     for r, acts in enumerate(orders):
         rank_ids.append(list(range(len(act_ops), len(act_ops) + len(acts))))
         act_ops.extend(acts)
@@ -109,8 +111,9 @@ def _inputs(schedule: str, ops: np.ndarray, n_stages: int, m: int) -> tuple[np.n
         kk, rest = divmod(int(np.flatnonzero(provider < 0)[0]), n_stages * m)
         raise RuntimeError(f"{schedule}: {KIND_NAMES[kk]}(mb {rest % m}, stage {rest // m}) is never scheduled")
 
-    def at(kind, stage):
-        return provider[(kind * n_stages + np.clip(stage, 0, n_stages - 1)) * m + i]
+    def at(kind: int, stage: np.ndarray) -> np.ndarray:
+        got: np.ndarray = provider[(kind * n_stages + np.clip(stage, 0, n_stages - 1)) * m + i]
+        return got
 
     last = s == n_stages - 1
     src = np.where(k == F, np.where(s == 0, -1, at(F, s - 1)),
@@ -119,7 +122,8 @@ def _inputs(schedule: str, ops: np.ndarray, n_stages: int, m: int) -> tuple[np.n
     return src, bnd
 
 
-def _topological(schedule: str, orders, rank_ids, first: np.ndarray, second: np.ndarray):
+def _topological(schedule: str, orders: list[RankOrder], rank_ids: list[list[int]], first: np.ndarray,
+                 second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Advance every rank as far as its inputs allow, repeat (an input later in the same rank's
     order, or a cycle across ranks, stalls every rank): (actions in that order, each action's
     position)."""
@@ -166,8 +170,10 @@ def _peaks_of(ops: np.ndarray, act_rank: np.ndarray, p: int) -> tuple[int, ...]:
     return tuple(int(x) for x in peak)
 
 
-def _flat(schedule: str, orders, act_ops, act_rank: np.ndarray, rank_ids, topo: np.ndarray, pos: np.ndarray,
-          inputs, peak: tuple[int, ...], table: np.ndarray) -> Compiled:
+def _flat(schedule: str, orders: list[RankOrder], act_ops: list[Action], act_rank: np.ndarray,
+          rank_ids: list[list[int]], topo: np.ndarray, pos: np.ndarray,
+          inputs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], peak: tuple[int, ...],
+          table: np.ndarray) -> Compiled:
     """The ``Compiled`` arrays in topological order.  Inputs on the same rank ran earlier in its
     order (the sort checked it), so the rank's own clock already covers them; only remote inputs
     are kept."""
@@ -203,7 +209,7 @@ def rank_predecessors(comp: Compiled) -> np.ndarray:
     return prev
 
 
-def _peak_in_flight(orders) -> tuple[int, ...]:
+def _peak_in_flight(orders: list[RankOrder]) -> tuple[int, ...]:
     """Per-rank peak of live forward chunks: F adds one, BW (or W) frees one.  Within an
     overlapped pair the forward counts before the backward frees (conservative)."""
     peaks = []

@@ -29,8 +29,12 @@ import numpy as np
 from costmodels.pipeline import steady
 from costmodels.pipeline.events import Compiled, StageTimes, compile_schedule, durations, rank_predecessors
 
+_Levels = tuple[tuple[np.ndarray, ...], ...]
+"""Per level of a part: (positions, rank predecessor, input 1, its p2p boundary, input 2, its boundary)."""
 
-def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTimes]) -> list:
+
+def extrapolate_many(schedule: str, p: int, m: int, v: int,
+                     times: list[StageTimes]) -> list[steady.Summary] | list[None]:
     """``steady.extrapolate`` of every entry of ``times`` (module docstring); all None where the
     shape does not extrapolate (no qualifying m_s, or an input of its period out of reach)."""
     c = steady.period_microbatches(schedule, p, m)
@@ -39,6 +43,7 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
     if not sizes:
         return none
     m_s = sizes[0]
+    assert c is not None                        # reduced_sizes is empty where c is None
     per = steady.find_period(schedule, p, m_s, v, c)
     if per is None:
         return none
@@ -54,8 +59,10 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
     matrix_path = steady._pays_off(per, m, m_s, c)
     if matrix_path:
         group = max(1, FORMS_PER_BATCH // ((len(per.frontier) + len(per.period) + 1) * len(per.frontier)))
+        # ignore: not None, extrapolate_many returned above where _period_rows is None
         matrices = [a for lo in range(0, len(times), group)
-                    for a in _period_matrices(comp, per, durs[lo:lo + group], times[lo:lo + group])]
+                    for a in _period_matrices(comp, per, durs[lo:lo + group],  # type: ignore[union-attr]
+                                              times[lo:lo + group])]
         for k, (d, t) in enumerate(zip(durs, times)):
             known = float(end[:n, k].max())
             x = steady._advance(matrices[k], end[per.image, k], periods, known,
@@ -76,7 +83,8 @@ def extrapolate_many(schedule: str, p: int, m: int, v: int, times: list[StageTim
             for k, d in enumerate(durs)]
 
 
-def _columns(comp: Compiled, durs: list[np.ndarray], times: list[StageTimes]):
+def _columns(comp: Compiled, durs: list[np.ndarray],
+             times: list[StageTimes]) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """(actions n, durations and p2p with the samples as columns, ``_run_levels``' end array:
     row n 0 (no rank predecessor), row n + 1 −inf (no input))."""
     n = len(comp.rank)
@@ -86,12 +94,12 @@ def _columns(comp: Compiled, durs: list[np.ndarray], times: list[StageTimes]):
 
 
 @lru_cache(maxsize=256)
-def _period_levels(comp: Compiled, per: steady.Period):
+def _period_levels(comp: Compiled, per: steady.Period) -> _Levels:
     """``_run_levels``' tables of one period's actions (``steady.period_part``)."""
     return _levels_of(steady.period_part(comp, per), len(comp.rank))
 
 
-def simulate_all(schedule: str, p: int, m: int, v: int, times: list[StageTimes]) -> list:
+def simulate_all(schedule: str, p: int, m: int, v: int, times: list[StageTimes]) -> list[steady.Summary]:
     """(step, steady_step, busy, peak) of the whole m step under every entry of ``times``, as
     ``simulator._simulated`` prices one run (module docstring)."""
     comp = compile_schedule(schedule, p, m, v)
@@ -110,7 +118,7 @@ def simulate_all(schedule: str, p: int, m: int, v: int, times: list[StageTimes])
 
 
 @lru_cache(maxsize=64)
-def _whole_step_levels(comp: Compiled):
+def _whole_step_levels(comp: Compiled) -> _Levels:
     """``_run_levels``' tables of every action of ``comp``: its rank predecessor is the rank's
     previous action in the topological order (which keeps each rank's order)."""
     return _levels_of(steady.part_of(comp, rank_predecessors(comp), np.arange(len(comp.rank))), len(comp.rank))
@@ -119,7 +127,8 @@ def _whole_step_levels(comp: Compiled):
 FORMS_PER_BATCH = 1 << 18      # period-matrix forms built at once (floats): more leave the cache and run slower
 
 
-def _period_matrices(comp: Compiled, per: steady.Period, durs: list[np.ndarray], times: list[StageTimes]):
+def _period_matrices(comp: Compiled, per: steady.Period, durs: list[np.ndarray],
+                     times: list[StageTimes]) -> np.ndarray | None:
     """``steady._period_matrix`` of every sample, stacked (sample, row, column): the same
     forms, level by level, with the samples as a leading axis; None where the period's
     structure has an input out of reach (a property of the shape).  The caller keeps the
@@ -143,7 +152,7 @@ def _period_matrices(comp: Compiled, per: steady.Period, durs: list[np.ndarray],
 
 
 @lru_cache(maxsize=256)
-def _level_tables(comp: Compiled, per: steady.Period):
+def _level_tables(comp: Compiled, per: steady.Period) -> tuple[_Levels, ...]:
     """Per part (the past C_T, the tail): per level (positions, rank predecessor, remote inputs
     1 and 2, their p2p boundaries), the missing predecessor mapped to row n (end 0) and a missing
     input to row n + 1 (end −inf) of ``_run_levels``' end array."""
@@ -151,7 +160,7 @@ def _level_tables(comp: Compiled, per: steady.Period):
     return tuple(_levels_of(part, n) for part in steady._parts(comp, per)[:2])
 
 
-def _levels_of(part, n: int) -> tuple[tuple[np.ndarray, ...], ...]:
+def _levels_of(part: steady._Part, n: int) -> _Levels:
     at = np.asarray(part.at, dtype=np.int64)
     prev = np.asarray(part.prev, dtype=np.int64)
     dep1 = np.asarray(part.dep1, dtype=np.int64)
@@ -167,7 +176,7 @@ def _levels_of(part, n: int) -> tuple[tuple[np.ndarray, ...], ...]:
     return tuple(out)
 
 
-def _run_levels(levels, dur: np.ndarray, end: np.ndarray, p2p: np.ndarray) -> None:
+def _run_levels(levels: _Levels, dur: np.ndarray, end: np.ndarray, p2p: np.ndarray) -> None:
     """End times of a part's actions for every sample (columns), a level at a time:
     end = max(end[predecessor], end[input 1] + p2p, end[input 2] + p2p) + duration."""
     for q, prev, d1, b1, d2, b2 in levels:

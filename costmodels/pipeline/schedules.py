@@ -95,7 +95,8 @@ def stage_rank(stage: int, stages: int, placement: str) -> int:
 
 def gpipe_orders(p: int, m: int, v: int) -> list[RankOrder]:
     """All forwards, then all backwards (micro-batch order); peak m in flight per rank."""
-    return [[((F, i, r),) for i in range(m)] + [((BW, i, r),) for i in range(m)]
+    # ignore: mypy types each list as list[tuple[Op]] (one op) before the `+`, not as a RankOrder
+    return [[((F, i, r),) for i in range(m)] + [((BW, i, r),) for i in range(m)]  # type: ignore[misc]
             for r in range(p)]
 
 

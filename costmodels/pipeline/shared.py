@@ -27,17 +27,20 @@ import pickle
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar, cast
 
 _DIRECTORY: str | None = None
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def shared(fn):
+def shared(fn: F) -> F:
     """``fn`` (positional arguments of stable ``repr``) cached in the open sharing directory."""
     name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
 
     @functools.wraps(fn)
-    def wrapper(*args):
+    def wrapper(*args: Any) -> Any:
         directory = _DIRECTORY
         if directory is None:
             return fn(*args)
@@ -59,14 +62,14 @@ def shared(fn):
         finally:
             _release(path)
         return out
-    return wrapper
+    return cast(F, wrapper)
 
 
 WAIT_S = 60.0           # longest wait for a sibling's claimed result before building it here
 POLL_S = 0.001
 
 
-def _read(path: str) -> tuple | None:
+def _read(path: str) -> tuple[Any] | None:
     """(the result at ``path``,) where a process wrote it, else None."""
     try:
         with open(path, "rb") as f:
@@ -94,7 +97,7 @@ def _release(path: str) -> None:
         pass
 
 
-def _wait(path: str) -> tuple | None:
+def _wait(path: str) -> tuple[Any] | None:
     """The result a sibling claimed, once written; None (build it here) where its claim is gone
     without a result or ``WAIT_S`` passed, after claiming it where it is free."""
     deadline = time.monotonic() + WAIT_S
@@ -111,7 +114,7 @@ def _wait(path: str) -> tuple | None:
 
 
 @contextmanager
-def sharing():
+def sharing() -> Iterator[str]:
     """Open a fresh sharing directory for this process and the ones it forks; removed on exit."""
     global _DIRECTORY
     previous = _DIRECTORY

@@ -28,7 +28,7 @@ exact, and its cost does not grow with m.  ``simulate(..., full=True)`` runs eve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -182,7 +182,7 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
 
 
 def simulate_many(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
-                  runs: Sequence[dict]) -> list[PipelineResult]:
+                  runs: Sequence[dict[str, Any]]) -> list[PipelineResult]:
     """``simulate(schedule, stages=…, microbatches=…, chunks=…, **run)`` for every ``run`` (its
     f, b, w, p2p, f_comm, b_comm), equal to the bit: one shape under many stage times (a band's
     paired samples) extrapolated at once where it extrapolates, else simulated whole at once
@@ -199,7 +199,9 @@ def simulate_many(schedule: str, *, stages: int, microbatches: int, chunks: int 
             for x, r in zip(fast, runs)]
 
 
-def _stage_times(n_stages: int, f, b, w, p2p, f_comm, b_comm) -> StageTimes:
+def _stage_times(n_stages: int, f: Sequence[float], b: Sequence[float], w: Sequence[float],
+                 p2p: float | Sequence[float], f_comm: Sequence[float] | None,
+                 b_comm: Sequence[float] | None) -> StageTimes:
     """The checked ``StageTimes`` of ``simulate``'s arguments (ValueError on bad input)."""
     fa = _per_stage("f", f, n_stages)
     ba = _per_stage("b", b, n_stages)

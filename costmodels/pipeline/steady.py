@@ -43,8 +43,10 @@ than the matrix's cost, and still no order of all m micro-batches to compile.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 
@@ -54,6 +56,9 @@ from costmodels.pipeline.schedules import get_spec, interleaved_group_size
 from costmodels.pipeline.shared import shared
 
 REL_TOL = 1e-12       # iterates repeat to this share of the step's largest end time
+
+Summary = tuple[float, float, tuple[float, ...], tuple[int, ...]]
+"""(step time, steady step time, busy seconds per rank, peak activations per rank)."""
 
 
 @dataclass(frozen=True, eq=False)   # identity hash: cached per shape
@@ -208,7 +213,7 @@ def _shift_map(g: _Graph, c: int) -> np.ndarray:
 
 
 def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
-                always: bool = False):
+                always: bool = False) -> Summary | None:
     """(step_time, steady_step_time, busy, peak_activations) of an m step from a shorter
     simulated one, or None where no m_s qualifies.
 
@@ -221,6 +226,7 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
     frontier (``_run_part``)."""
     c = period_microbatches(schedule, p, m)
     for m_s in reduced_sizes(schedule, p, m, v):
+        assert c is not None                            # reduced_sizes is empty where c is None
         per = find_period(schedule, p, m_s, v, c)
         if per is None:
             return None
@@ -238,13 +244,15 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
             x = _run_periods(per, period_part(comp, per), dur_arr, end, times, periods)
         else:
             matrix = _period_matrix(comp, per, dur_arr, times)
+            assert matrix is not None                       # _period_rows was not None above
             known = max(end)                                # ≤ the short step's largest end ≤ ``upper``
-            x = _advance(matrix, np.array([end[q] for q in image]), periods, known,
-                         upper=_tail_bound(tail, dur_arr, times, known))
-            if x is None:                                   # the exact scale decides: the short step's tail
+            ahead = _advance(matrix, np.array([end[q] for q in image]), periods, known,
+                             upper=_tail_bound(tail, dur_arr, times, known))
+            if ahead is None:                               # the exact scale decides: the short step's tail
                 _run_part(tail, dur_arr, end, times)
-                x = _advance(matrix, np.array([end[q] for q in image]), periods, max(end))
-            x = x.tolist()
+                ahead = _advance(matrix, np.array([end[q] for q in image]), periods, max(end))
+            assert ahead is not None                        # without ``upper`` it always decides
+            x = ahead.tolist()
         for q, value in zip(image, x):
             end[q] = value
         _run_part(tail, dur_arr, end, times)
@@ -274,8 +282,8 @@ def period_part(comp: Compiled, per: Period) -> "_Part":
     return part_of(comp, np.asarray(per.prev), per.period)
 
 
-def summary(comp: Compiled, per: Period, rank: np.ndarray, dur_arr: np.ndarray, end, periods: int, p: int,
-            in_order: bool = False):
+def summary(comp: Compiled, per: Period, rank: np.ndarray, dur_arr: np.ndarray, end: Sequence[float] | np.ndarray,
+            periods: int, p: int, in_order: bool = False) -> Summary:
     """(step, steady step, busy per rank, peak) of an extrapolated run: ``end`` holds every
     action's end time with the ``periods`` skipped periods applied.  ``in_order``: each rank's
     busy time summed action by action in its order (the past C_T, the inserted periods, the
@@ -305,14 +313,14 @@ def _pays_off(per: Period, m: int, m_s: int, c: int) -> bool:
     return periods * size > 16 * size + per.tail_size + 1000
 
 
-def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes):
+def _simulate(schedule: str, p: int, m: int, v: int, times: StageTimes) -> tuple[Compiled, np.ndarray, np.ndarray]:
     """(compiled order, durations, end times) of the whole m step (tests compare against it)."""
     comp = compile_schedule(schedule, p, m, v)
     dur_arr = durations(comp, times)
     return comp, dur_arr, np.asarray(run_compiled(comp, dur_arr.tolist(), times))
 
 
-def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: StageTimes):
+def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: StageTimes) -> np.ndarray | None:
     """A with end(σ F_S[i]) = max_j (A[i, j] + end(F_S[j])): each action of one period as a
     max-plus form in the frontier's end times (one row each, after the frontier's unit rows
     and an all −inf row for a missing input), in topological order; None if an input lies
@@ -336,8 +344,12 @@ def _period_matrix(comp: Compiled, per: Period, dur_arr: np.ndarray, times: Stag
     return forms[rows[1]]
 
 
+_PeriodRows = tuple[list[tuple[int, ...]], list[int], tuple[tuple[np.ndarray, np.ndarray], ...]]
+"""``_period_rows``: (input rows per period action, rows of σ F_S, levels (positions, input rows))."""
+
+
 @lru_cache(maxsize=256)
-def _period_rows(comp: Compiled, per: Period):
+def _period_rows(comp: Compiled, per: Period) -> _PeriodRows | None:
     """For ``_period_matrix``: per period action the rows of its rank predecessor and remote
     inputs (−1: the −inf row), the rows of σ F_S, and the period's levels — (positions in the
     period, their three input rows) — where an action's level is one more than its inputs'
@@ -345,9 +357,9 @@ def _period_rows(comp: Compiled, per: Period):
     n = len(per.frontier)
     row = {int(x): j for j, x in enumerate(per.frontier)}
     row.update({int(q): n + i for i, q in enumerate(per.period)})
-    inputs = []
+    inputs: list[tuple[int, ...]] = []
     for q in per.period.tolist():
-        got = []
+        got: list[int] = []
         for x in (per.prev[q], comp.dep1[q], comp.dep2[q]):
             if x >= 0 and x not in row:
                 return None
@@ -357,14 +369,14 @@ def _period_rows(comp: Compiled, per: Period):
     if None in image:
         return None
     level = [0] * n
-    for got in inputs:
-        level.append(1 + max(level[r] if r >= n else 0 for r in got))
+    for rows in inputs:
+        level.append(1 + max(level[r] if r >= n else 0 for r in rows))
     by_level: dict[int, list[int]] = {}
     for i in range(len(inputs)):
         by_level.setdefault(level[n + i], []).append(i)
     table = np.array(inputs, dtype=np.int64).reshape(-1, 3)
     levels = tuple((np.array(at), table[at].T.copy()) for _, at in sorted(by_level.items()))
-    return inputs, image, levels
+    return inputs, cast("list[int]", image), levels     # no None in image: returned above
 
 
 def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float,
@@ -397,16 +409,18 @@ def _advance(matrix: np.ndarray, x: np.ndarray, periods: int, scale: float,
                 return None
             i, j, gap = hit
             q, r = divmod(periods - i, j - i)
-            return hist[i + r] + q * gap
+            jumped: np.ndarray = hist[i + r] + q * gap       # numpy types a row of hist as Any
+            return jumped
         done, batch = stop, min(2 * batch, BATCH)
-    return hist[periods].copy()
+    last: np.ndarray = hist[periods].copy()
+    return last
 
 
 BATCH = 64          # most iterates computed before they are searched for a cycle
 SPARSE_SHARE = 0.5  # A ⊗ x over A's finite entries only when at most this share of A is finite
 
 
-def _max_plus(matrix: np.ndarray):
+def _max_plus(matrix: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """x ↦ A ⊗ x.  A period's matrix is mostly −inf (a frontier action reaches only some of the
     next frontier: ~30 % finite for 1F1B and ZB-V at pp = 16..128), so where at most
     ``SPARSE_SHARE`` is finite the product takes each row's max over its finite entries only
