@@ -17,14 +17,15 @@ layout back (``solve.price_assignment``), so the two cannot disagree.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
+from autoplan.ir import OpGraph, OpNode, Strategy, TensorInfo, TensorRef
 from autoplan.opkinds import attention_work_fraction, is_attention_core, is_attention_kernel, op_kind
 from autoplan.sharding.local import bytes_per_elem, local_bytes, scaled_numel
 from autoplan.sharding.placements import is_shard, redistribution, redistribution_bytes, shard_dim
 from autoplan.sharding.strategies import replicated
-from autoplan.sharding.types import ShardingContext
+from autoplan.sharding.types import Gemm, ShardingContext
 from costmodels.memory import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES
 
 STATE_BYTES_PER_PARAM = PARAM_BYTES + GRAD_BYTES + OPTIMIZER_BYTES   # 18: bf16 weight, fp32 grad, master, m, v
@@ -96,8 +97,11 @@ def node_seconds(n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
     scale = ctx.mbs / ctx.cp
     flops = n.flops * scale / div * attention_work_fraction(n, ctx.cp)
     nbytes = (n.bytes_read + n.bytes_written) * scale / div
-    gemm = None
+    gemm: Gemm | None = None
     if n.gemm is not None:
+        m: float
+        nn: float
+        k: float
         m, nn, k = n.gemm
         m = m * scale
         out = s.outputs[0] if s.outputs else None
@@ -105,7 +109,9 @@ def node_seconds(n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
             k = k / ctx.tp
         elif is_shard(out):
             t = n.out
-            d = shard_dim(out) % len(t.shape)
+            dim = shard_dim(out)
+            assert t is not None and dim is not None    # a GEMM has an output; ``out`` is a shard
+            d = dim % len(t.shape)
             if d == len(t.shape) - 1:
                 nn = nn / ctx.tp
             else:
@@ -123,7 +129,7 @@ def saved_bytes(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> flo
     if n.role == "param" or n.is_view:
         return 0.0
 
-    def size(t, p):
+    def size(t: TensorInfo, p: str | None) -> float:
         return local_bytes(t, p, ctx.tp, ctx.mbs, ctx.cp)
 
     if ctx.recompute == "op" and n.phase == "forward" and n.op != "placeholder" and not recomputed(g, n, "op"):
@@ -177,12 +183,14 @@ def redistribution_cost(g: OpGraph, ref: TensorRef, a: str, b: str, group: int,
 
 
 def redistribution_pricer(g: OpGraph, ref: TensorRef, ctx: ShardingContext,
-                          seconds: dict[tuple[str, float], float] | None = None):
+                          seconds: dict[tuple[str, float], float] | None = None
+                          ) -> Callable[[str, str, int], Redistribution | None]:
     """``(a, b, group) -> redistribution_cost(g, ref, a, b, group, ctx)`` for one tensor, its
     size and producer read once and each kind's bytes and seconds priced once (the ILP asks for
     every pair of a tensor's layouts).  ``seconds``: ``ctx.tp_seconds`` by (kind, bytes), shared
     by the pricers of one context (its tensors repeat a few sizes)."""
     t = g.tensor(ref)
+    assert t is not None                        # a redistributed tensor exists in the graph
     size = scaled_numel(t, ctx.mbs, ctx.cp) * bytes_per_elem(t)
     forward_runs = redistribution_runs(g, ref, FORWARD_GROUP, ctx.recompute)
     priced: dict[str, tuple[float, float]] = {}

@@ -60,7 +60,7 @@ def _placeholder_strategies(n: OpNode) -> tuple[Strategy, ...]:
     return tuple(Strategy((), (p,)) for p in pls)
 
 
-def _boundary_strategies(n: OpNode, cands, ctx: ShardingContext):
+def _boundary_strategies(n: OpNode, cands: tuple[Strategy, ...], ctx: ShardingContext) -> tuple[Strategy, ...]:
     """The residual stream between blocks: sequence-sharded with SP (Megatron's layout), else replicated."""
     want = "R"
     if ctx.sp and n.out is not None:

@@ -12,11 +12,14 @@ from typing import Protocol
 from autoplan.axes import Axis
 from autoplan.ir import Strategy
 
+Gemm = tuple[float, float, float]
+"""A GEMM's local (M, N, K) on one GPU (batch folded into M)."""
+
 
 class Pricer(Protocol):
     """The only prices the block ILP needs."""
 
-    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: tuple | None) -> float:
+    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> float:
         """Seconds of one local op (kind: gemm | attention_fwd | attention_bwd | memory) on one GPU."""
         ...
 
@@ -53,7 +56,7 @@ class ShardingContext:
     def tp_seconds(self, kind: str, nbytes: float) -> float:
         return self.pricer.collective_seconds(kind, nbytes, Axis.TP)
 
-    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: tuple | None) -> float:
+    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> float:
         return self.pricer.op_seconds(kind, flops, nbytes, gemm)
 
 
