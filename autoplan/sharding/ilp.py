@@ -54,8 +54,12 @@ probing or symmetry detection in presolve, ``_fast_presolve``) and PuLP/CBC (wal
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model, cp_model_helper
 
 BACKENDS = ("cpsat", "cbc")
 _SCALE = 1e9          # CP-SAT works in integers: objective coefficients in nanoseconds
@@ -202,14 +206,37 @@ def _placement_terms(choices: Sequence[int]) -> dict[int, list[int]]:
     return groups
 
 
-def _build(problem: IlpProblem, api):
+V = TypeVar("V")                        # a backend's variable
+L = TypeVar("L", bound=int)             # a variable that is its index (``_Literal``, an LP column)
+M = TypeVar("M")                        # a backend's model
+S = TypeVar("S")
+
+
+class ModelApi(Protocol[V]):
+    """What ``_build`` writes a model through: one backend's variables and constraints."""
+
+    def boolvar(self, name: str) -> V: ...
+    def exactly_one(self, literals: list[V]) -> object: ...
+    def add_eq(self, lhs: list[V], rhs: list[V]) -> object: ...
+    def add_ge(self, a: V, b: V) -> object: ...
+    def fix0(self, v: V) -> object: ...
+
+
+class _Indexed(Protocol):
+    """A CP-SAT variable, built or parsed: its proto index."""
+
+    @property
+    def index(self) -> int: ...
+
+
+def _build(problem: IlpProblem, api: ModelApi[V]) -> tuple[list[list[V]], list[tuple[float, V]]]:
     """Emit variables, constraints and the objective through a tiny backend ``api``.
 
     ``api`` provides: boolvar(name), add_eq(lhs_terms, rhs_terms), add_ge(var, var),
     fix0(var), objective terms are returned as (coefficient seconds, var).
     """
     x = [[api.boolvar(f"x{n}_{s}") for s in range(len(node.cost))] for n, node in enumerate(problem.nodes)]
-    objective = []
+    objective: list[tuple[float, V]] = []
     for n, node in enumerate(problem.nodes):
         api.exactly_one(x[n])
         for s in node.forbidden:
@@ -217,7 +244,7 @@ def _build(problem: IlpProblem, api):
         objective += [(c, x[n][s]) for s, c in enumerate(node.cost) if c]
     for ti, t in enumerate(problem.tensors):
         prod = _placement_terms(t.out_placement)
-        w = {}
+        w: dict[tuple[int, int, int], V] = {}
         for a, b, g, sec in t.redist:
             if a in prod:
                 w[(a, b, g)] = api.boolvar(f"w{ti}_{a}_{b}_{g}")
@@ -237,12 +264,12 @@ def _build(problem: IlpProblem, api):
                 elif a != b and (a, b) in t.forbidden_redist:
                     api.fix0(var)
     for n, k, sigma in problem.ties:
-        for s, t in enumerate(sigma):
-            api.add_eq([x[n][s]], [x[k][t]])
+        for s, tied in enumerate(sigma):
+            api.add_eq([x[n][s]], [x[k][tied]])
     return x, objective
 
 
-def _cpsat_model(problem: IlpProblem):
+def _cpsat_model(problem: IlpProblem) -> tuple[cp_model.CpModel, Sequence[Sequence[_Indexed]], tuple[int, ...]]:
     """The CP-SAT model of ``problem`` and its x variables (per node, per strategy; each has the
     ``index`` of its proto variable), with the greedy start as a hint.  Without a memory row the
     model proto is written as text and parsed by CP-SAT (``_TextModel``): its variables and
@@ -254,13 +281,13 @@ def _cpsat_model(problem: IlpProblem):
     m = cp_model.CpModel()
     if problem.memory_budget is None:
         skeleton = _skeleton(problem)
-        x = skeleton.x
+        parsed = skeleton.x
         hint = _greedy_choice(problem)
         m.proto.copy_from(skeleton.model.proto)
         m.proto.merge_text_format(_objective_text(skeleton.objective(problem),
-                                                  [(var, s == best) for best, row in zip(hint, x)
+                                                  [(var, s == best) for best, row in zip(hint, parsed)
                                                    for s, var in enumerate(row)]))
-        return m, x, hint
+        return m, parsed, hint
     total = cp_model.LinearExpr.sum
 
     class Api:
@@ -268,15 +295,15 @@ def _cpsat_model(problem: IlpProblem):
         exactly_one = staticmethod(m.add_exactly_one)
 
         @staticmethod
-        def add_eq(lhs, rhs):
+        def add_eq(lhs: list[cp_model.IntVar], rhs: list[cp_model.IntVar]) -> None:
             m.add(total(lhs) == total(rhs))
 
         @staticmethod
-        def add_ge(a, b):
+        def add_ge(a: cp_model.IntVar, b: cp_model.IntVar) -> None:
             m.add_implication(b, a)
 
         @staticmethod
-        def fix0(v):
+        def fix0(v: cp_model.IntVar) -> None:
             m.add(v == 0)
 
     x, objective = _build(problem, Api)
@@ -285,7 +312,7 @@ def _cpsat_model(problem: IlpProblem):
         unit = max(problem.memory_budget, 1e-30) / 1e6
         terms = [int(round(mem / unit)) * x[n][s]
                  for n, node in enumerate(problem.nodes) for s, mem in enumerate(node.memory) if mem]
-        m.Add(sum(terms) <= 1_000_000)
+        m.add(sum(terms) <= 1_000_000)
     m.minimize(cp_model.LinearExpr.weighted_sum([v for _, v in objective],
                                                  [int(round(c * _SCALE)) for c, _ in objective]))
     hint = _greedy_choice(problem)
@@ -312,7 +339,7 @@ class _TextModel:
     implication b ⇒ a is ``bool_and`` enforced by b; literals and hints keep their order.  One
     parse replaces a Python-to-C++ call per variable and constraint."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lines: list[str] = []
         self.count = 0
 
@@ -321,11 +348,11 @@ class _TextModel:
         self.count += 1
         return _Literal(self.count - 1)
 
-    def exactly_one(self, literals) -> None:
+    def exactly_one(self, literals: list[_Literal]) -> None:
         self.lines.append(f"constraints {{ exactly_one {{ literals: {' literals: '.join(map(str, literals))} }} }}"
                           if literals else "constraints { exactly_one { } }")
 
-    def add_eq(self, lhs, rhs) -> None:
+    def add_eq(self, lhs: list[_Literal], rhs: list[_Literal]) -> None:
         terms: dict[int, int] = {}
         for v in lhs:
             terms[v] = terms.get(v, 0) + 1
@@ -333,18 +360,18 @@ class _TextModel:
             terms[v] = terms.get(v, 0) - 1
         self.lines.append(f"constraints {{ linear {{ {_linear(terms)} domain: 0 domain: 0 }} }}")
 
-    def add_ge(self, a, b) -> None:
+    def add_ge(self, a: _Literal, b: _Literal) -> None:
         self.lines.append(f"constraints {{ enforcement_literal: {b} bool_and {{ literals: {a} }} }}")
 
-    def fix0(self, v) -> None:
+    def fix0(self, v: _Literal) -> None:
         self.lines.append(f"constraints {{ linear {{ vars: {v} coeffs: 1 domain: 0 domain: 0 }} }}")
 
-    def proto(self, objective, hints) -> str:
+    def proto(self, objective: Iterable[tuple[float, int]], hints: Sequence[tuple[int, bool]]) -> str:
         """The whole model: the lines, the objective and the hints (``_objective_text``)."""
         return "\n".join(self.lines) + "\n" + _objective_text(objective, hints)
 
 
-def _objective_text(objective, hints) -> str:
+def _objective_text(objective: Iterable[tuple[float, int]], hints: Sequence[tuple[int, bool]]) -> str:
     """The objective (seconds → integer nanoseconds, summed per variable) and the hints of a
     ``_TextModel``'s proto, in text format."""
     terms: dict[int, int] = {}
@@ -355,28 +382,35 @@ def _objective_text(objective, hints) -> str:
 
 
 @dataclass(frozen=True)
-class Skeleton:
+class Skeleton(Generic[M, L]):
     """A solver's model of every problem of one structure (``_structure``) but its objective and
     hints — CP-SAT's (``_skeleton``) or the LP relaxation's (``relaxation._lp_skeleton``): the
     variables and constraints built once, the x variable per (node, strategy), the w variable per
     (tensor, redistribution entry) (-1 where the producer never makes its ``a``)."""
 
-    model: object                          # a CpModel or a ModelBuilderHelper
-    x: tuple[tuple[int, ...], ...]
+    model: M                               # a CpModel or a ModelBuilderHelper
+    x: tuple[tuple[L, ...], ...]
     w: tuple[tuple[int, ...], ...]
 
     def objective(self, problem: IlpProblem) -> list[tuple[float, int]]:
         """``_build``'s objective terms for ``problem``, in its order."""
-        out = [(c, self.x[n][s]) for n, node in enumerate(problem.nodes) for s, c in enumerate(node.cost) if c]
+        out: list[tuple[float, int]] = [(c, self.x[n][s]) for n, node in enumerate(problem.nodes)
+                                        for s, c in enumerate(node.cost) if c]
         out += [(r[3], v) for t, ws in zip(problem.tensors, self.w) for r, v in zip(t.redist, ws) if v >= 0]
         return out
 
 
-_SKELETONS: dict[tuple, Skeleton] = {}
+_NodesStructure = tuple[tuple[int, tuple[int, ...]], ...]
+_TensorsStructure = tuple[tuple[int, tuple[int, ...], tuple[tuple[int, tuple[int, ...], int], ...],
+                                tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]], ...]
+Structure = tuple[_NodesStructure, _TensorsStructure, tuple[tuple[int, int, tuple[int, ...]], ...]]
+"""``_structure``: what ``_build`` reads of a problem besides its costs."""
+
+_SKELETONS: dict[Structure, Skeleton[cp_model.CpModel, _Literal]] = {}
 _SKELETONS_LIMIT = 64                  # a skeleton holds ~0.5 MB (a 130-node MoE block); a search meets ~15
 
 
-def _structure(problem: IlpProblem) -> tuple:
+def _structure(problem: IlpProblem) -> Structure:
     """Everything ``_build`` reads of ``problem`` besides its costs: the strategy counts and
     forbidden choices, each tensor's producer, placements, consumers, redistribution entries
     (a, b, group) and forbidden pairs, the ties.  Problems equal in it get one model, variable
@@ -386,7 +420,8 @@ def _structure(problem: IlpProblem) -> tuple:
                   for t in problem.tensors), problem.ties)
 
 
-def built_variables(problem: IlpProblem, api) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+def built_variables(problem: IlpProblem,
+                    api: ModelApi[L]) -> tuple[tuple[tuple[L, ...], ...], tuple[tuple[int, ...], ...]]:
     """``_build`` through ``api``: (the x variable per (node, strategy), the w variable per (tensor,
     redistribution entry), -1 where the producer never makes its ``a``); the w read off the
     objective, which lists the node terms (nonzero costs) first and then every w in tensor and
@@ -397,7 +432,7 @@ def built_variables(problem: IlpProblem, api) -> tuple[tuple[tuple[int, ...], ..
     return tuple(tuple(row) for row in x), w
 
 
-def per_structure(cache: dict, problem: IlpProblem, make):
+def per_structure(cache: dict[Structure, S], problem: IlpProblem, make: Callable[[], S]) -> S:
     """``make()`` remembered in ``cache`` under ``problem``'s ``_structure`` (cleared past
     ``_SKELETONS_LIMIT`` entries): a model's variables and constraints, built once per structure."""
     key = _structure(problem)
@@ -409,12 +444,12 @@ def per_structure(cache: dict, problem: IlpProblem, make):
     return hit
 
 
-def _skeleton(problem: IlpProblem) -> Skeleton:
+def _skeleton(problem: IlpProblem) -> Skeleton[cp_model.CpModel, _Literal]:
     """The ``Skeleton`` of ``problem``'s structure, built on first sight: ``_build`` written by a
     ``_TextModel`` and parsed."""
     from ortools.sat.python import cp_model
 
-    def make() -> Skeleton:
+    def make() -> Skeleton[cp_model.CpModel, _Literal]:
         text = _TextModel()
         x, w = built_variables(problem, text)
         model = cp_model.CpModel()            # kept: it owns the proto
@@ -467,7 +502,7 @@ def _solve_cpsat(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
                        elapsed, "cpsat")
 
 
-def _fast_presolve(parameters) -> None:
+def _fast_presolve(parameters: cp_model_helper.SatParameters) -> None:
     """No probing and no symmetry detection in CP-SAT's presolve.  The block ILPs are small
     (≤ ~150 nodes) with an almost integral LP, so both cost more than they save: on the 252
     distinct ILPs of Llama-3 405B on h100x1024 the solves take 2.6 s instead of 8.0 s (CPU),
@@ -486,24 +521,25 @@ def _solve_cbc(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
     lp = pulp.LpProblem("sharding", pulp.LpMinimize)
 
     class Api:
+        # pulp ships no types: its variables are Any here
         @staticmethod
-        def boolvar(name):
+        def boolvar(name: str) -> Any:
             return lp.add_variable(name, cat="Binary")
 
         @staticmethod
-        def exactly_one(vs):
+        def exactly_one(vs: list[Any]) -> None:
             lp.addConstraint(pulp.lpSum(vs) == 1)
 
         @staticmethod
-        def add_eq(lhs, rhs):
+        def add_eq(lhs: list[Any], rhs: list[Any]) -> None:
             lp.addConstraint(pulp.lpSum(lhs) - pulp.lpSum(rhs) == 0)
 
         @staticmethod
-        def add_ge(a, b):
+        def add_ge(a: Any, b: Any) -> None:
             lp.addConstraint(a - b >= 0)
 
         @staticmethod
-        def fix0(v):
+        def fix0(v: Any) -> None:
             lp.addConstraint(v == 0)
 
     x, objective = _build(problem, Api)
@@ -524,7 +560,7 @@ def _solve_cbc(problem: IlpProblem, time_limit_s: float) -> IlpSolution:
     return IlpSolution(choice, obj, bound, "optimal" if optimal else "feasible", elapsed, "cbc")
 
 
-def _cbc_command(time_limit_s: float):
+def _cbc_command(time_limit_s: float) -> Any:
     """CBC through PuLP: the ``cbcbox`` binary (``pulp[cbc]``) when present, else PuLP's bundled one."""
     import pulp
 

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,6 +25,7 @@ from autoplan.sharding.types import ShardingContext
 
 PARAM_GRAD_ROLE = "param_grad:"    # OpGraph.output_roles labels, written by frontend/convert.py
 INPUT_GRAD_ROLE = "input_grad:"
+ViewInverse = Callable[[str], dict[str, str]]   # view node -> {output placement: input placement}
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Prepared:
 
 def dedupe_views(graph: OpGraph) -> dict[str, str]:
     """Identical views (same op, same input, same output shape) collapse to the first one."""
-    seen: dict[tuple, str] = {}
+    seen: dict[tuple[str, tuple[tuple[str, int], ...], tuple[tuple[int, ...] | None, ...]], str] = {}
     alias: dict[str, str] = {}
     for n in graph.nodes:
         if not n.is_view or n.op == "placeholder":
@@ -97,7 +99,7 @@ def prepare(graph: OpGraph, ctx: ShardingContext) -> Prepared:
     return out
 
 
-_PREPARED: dict[tuple, Prepared] = {}
+_PREPARED: dict[tuple[int, int, bool, bool, tuple[bool, ...]], Prepared] = {}
 _PREPARED_LIMIT = 1024
 _SCALED: dict[int, tuple[OpGraph, tuple[tuple[int, str], ...]]] = {}
 
@@ -137,7 +139,8 @@ def _prepare(graph: OpGraph, ctx: ShardingContext) -> Prepared:
 
 
 
-def _is_follower(n: OpNode, alias, unit_of, units, strategies) -> bool:
+def _is_follower(n: OpNode, alias: dict[str, str], unit_of: dict[str, int], units: list[Unit],
+                 strategies: Sequence[Strategy]) -> bool:
     """A view or unary elementwise op whose layout is a function of its producer's."""
     if n.op == "placeholder" or len(n.inputs) != 1:
         return False
@@ -154,11 +157,12 @@ def _is_follower(n: OpNode, alias, unit_of, units, strategies) -> bool:
     return True
 
 
-def is_unary_elementwise(strategies) -> bool:
+def is_unary_elementwise(strategies: Sequence[Strategy]) -> bool:
     return all(len(s.inputs) == 1 and s.outputs and s.outputs[0] == s.inputs[0] for s in strategies)
 
 
-def reads_of(graph: OpGraph, nodes: list[OpNode], alias: dict[str, str], unit_of: dict[str, int]):
+def reads_of(graph: OpGraph, nodes: list[OpNode], alias: dict[str, str],
+             unit_of: dict[str, int]) -> dict[TensorRef, list[Read]]:
     """Every read that can need a redistribution, keyed by the base tensor it reads.
 
     A read of a same-size view that runs in its producer's layout (a merged follower) is
@@ -195,7 +199,9 @@ def reads_of(graph: OpGraph, nodes: list[OpNode], alias: dict[str, str], unit_of
     return reads
 
 
-def resolved_reads(g: OpGraph, reads: dict[TensorRef, list[Read]], strategies_of, inverse):
+def resolved_reads(g: OpGraph, reads: dict[TensorRef, list[Read]],
+                   strategies_of: Callable[[Read], Iterable[Callable[[str], Strategy]]],
+                   inverse: ViewInverse) -> dict[TensorRef, list[tuple[Read, list[str | None]]]]:
     """tensor -> [(read, [needed layout per strategy of the reader's unit])].
 
     A read whose layouts cannot all be mapped back through its views stays on the
@@ -239,7 +245,7 @@ def _boundary(graph: OpGraph, alias: dict[str, str]) -> list[tuple[TensorRef, st
     return pairs
 
 
-def required(g: OpGraph, read: Read, strategy_of: Callable[[str], Strategy], inverse) -> str | None:
+def required(g: OpGraph, read: Read, strategy_of: Callable[[str], Strategy], inverse: ViewInverse) -> str | None:
     """The layout ``read`` needs of its base tensor, given the readers' chosen strategies."""
     if read.sink:
         pl = strategy_of(read.sink).outputs[0]
@@ -254,7 +260,7 @@ def required(g: OpGraph, read: Read, strategy_of: Callable[[str], Strategy], inv
     return pl
 
 
-def view_inverse(g: OpGraph):
+def view_inverse(g: OpGraph) -> ViewInverse:
     """view node -> {output placement: input placement}, from its DTensor strategies."""
     cache: dict[str, dict[str, str]] = {}
 

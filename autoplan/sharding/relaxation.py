@@ -21,10 +21,16 @@ and copied, as the CP-SAT skeleton is, so a solve sets only the objective.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoplan.sharding.ilp import IlpProblem, IlpSolution, Skeleton, built_variables, evaluate, feasible, per_structure
+
+if TYPE_CHECKING:
+    from ortools.linear_solver.python import model_builder_helper
+
+    from autoplan.sharding.ilp import Structure
 
 INTEGRAL_TOL = 1e-6      # an x within this of 0 or 1 is read as that integer
 REL_TOL = 1e-9           # the certificate: the assignment's objective within this of the LP bound
@@ -38,7 +44,7 @@ class _Rows:
     """``ilp._build``'s backend api recording the LP: variable count, rows (vars, coeffs, lo, hi)
     and the variables fixed to 0."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count = 0
         self.rows: list[tuple[list[int], list[float], float, float]] = []
         self.fixed: list[int] = []
@@ -47,10 +53,10 @@ class _Rows:
         self.count += 1
         return self.count - 1
 
-    def exactly_one(self, literals) -> None:
+    def exactly_one(self, literals: list[int]) -> None:
         self.rows.append((list(literals), [1.0] * len(literals), 1.0, 1.0))
 
-    def add_eq(self, lhs, rhs) -> None:
+    def add_eq(self, lhs: list[int], rhs: list[int]) -> None:
         terms: dict[int, float] = {}
         for v in lhs:
             terms[v] = terms.get(v, 0.0) + 1.0
@@ -59,27 +65,29 @@ class _Rows:
         kept = sorted(v for v, c in terms.items() if c)
         self.rows.append((kept, [terms[v] for v in kept], 0.0, 0.0))
 
-    def add_ge(self, a, b) -> None:
+    def add_ge(self, a: int, b: int) -> None:
         self.rows.append(([a, b], [1.0, -1.0], 0.0, float("inf")))
 
-    def fix0(self, v) -> None:
+    def fix0(self, v: int) -> None:
         self.fixed.append(v)
 
 
-_LP_SKELETONS: dict[tuple, Skeleton] = {}
+_LP_SKELETONS: dict[Structure, Skeleton[model_builder_helper.ModelBuilderHelper, int]] = {}
 
 
-def _lp_skeleton(problem: IlpProblem) -> Skeleton:
+def _lp_skeleton(problem: IlpProblem) -> Skeleton[model_builder_helper.ModelBuilderHelper, int]:
     """The LP ``Skeleton`` (a ModelBuilderHelper's variables and rows) of ``problem``'s structure, built on first sight."""
     from ortools.linear_solver.python import model_builder_helper as mb
 
-    def make() -> Skeleton:
+    def make() -> Skeleton[model_builder_helper.ModelBuilderHelper, int]:
         rows = _Rows()
         x, w = built_variables(problem, rows)
         model = mb.ModelBuilderHelper()
         upper = np.ones(rows.count)
         upper[rows.fixed] = 0.0
-        model.add_var_array_with_bounds(np.zeros(rows.count), upper, np.zeros(rows.count, dtype=bool), "")
+        # ignore: the stub spells the arrays ndarray[float64, ...] (dtype in the shape slot): no array matches
+        model.add_var_array_with_bounds(
+            np.zeros(rows.count), upper, np.zeros(rows.count, dtype=bool), "")  # type: ignore[arg-type]
         for variables, coeffs, lo, hi in rows.rows:
             row = model.add_linear_constraint()
             model.set_constraint_lower_bound(row, lo)

@@ -7,15 +7,16 @@ same ``price`` functions the read-back uses, over the same units and reads.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
 from autoplan.sharding import ilp
 from autoplan.sharding.local import local_bytes
 from autoplan.sharding.placements import is_shard, redistribution
-from autoplan.sharding.prepare import (Prepared, dedupe_views, is_unary_elementwise, prepare, read_group, read_phase,
-                                       reads_of, resolve, resolved_reads, view_inverse)
-from autoplan.sharding.price import (OpCollective, Redistribution, memory_price, node_cost, node_prices,
+from autoplan.sharding.prepare import (Prepared, Read, dedupe_views, is_unary_elementwise, prepare, read_group,
+                                       read_phase, reads_of, resolve, resolved_reads, view_inverse)
+from autoplan.sharding.price import (NodeCost, OpCollective, Redistribution, memory_price, node_cost, node_prices,
                                     redistribution_cost, redistribution_pricer, redistribution_runs)
 from autoplan.sharding.strategies import replicated
 from autoplan.sharding.types import BlockAssignment, BlockSharding, Collective, ShardingContext
@@ -71,8 +72,10 @@ def _tensor_shapes(prep: Prepared) -> tuple[_TensorShape, ...]:
         return hit[1]
     g = prep.graph
 
-    def unit_strategies(read):
-        return [(lambda name, us=us: us[name]) for us in prep.units[prep.unit_of[read.sink or read.reader]].strategies]
+    def unit_strategies(read: Read) -> list[Callable[[str], Strategy]]:
+        # ignore[misc]: mypy cannot infer the type of a lambda whose parameter has a default
+        return [(lambda name, us=us: us[name])  # type: ignore[misc]
+                for us in prep.units[prep.unit_of[read.sink or read.reader]].strategies]
 
     out = []
     for ref, rows_in in resolved_reads(g, prep.reads, unit_strategies, view_inverse(g)).items():
@@ -98,11 +101,12 @@ def _tensor_shapes(prep: Prepared) -> tuple[_TensorShape, ...]:
     return tuple(out)
 
 
-def _unit_costs(g: OpGraph, strategies: list[dict[str, Strategy]], ctx: ShardingContext, price: float):
+def _unit_costs(g: OpGraph, strategies: list[dict[str, Strategy]], ctx: ShardingContext,
+                price: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(objective seconds, memory bytes) of each strategy of one unit.  Unit strategies that
     share a member's strategy (followers of leaders with one output layout) price it once."""
     costs, mems = [], []
-    priced: dict[tuple[str, Strategy], object] = {}
+    priced: dict[tuple[str, Strategy], NodeCost] = {}
     for us in strategies:
         sec = mem = state = 0.0
         for name, s in us.items():
@@ -123,12 +127,12 @@ def solve_assignment(graph: OpGraph, ctx: ShardingContext) -> BlockAssignment:
 
     With tp = 1 there is nothing to choose: every op runs replicated."""
     if ctx.tp == 1:
-        choice = {n.name: replicated(n) for n in graph.nodes if n.op != "output"}
+        choice: dict[str, Strategy] = {n.name: replicated(n) for n in graph.nodes if n.op != "output"}
         return BlockAssignment(choice, 0.0, 0.0, 0.0, "optimal", dict(_EMPTY_SIZE))
     prep = prepare(graph, ctx)
     problem = build_problem(prep, ctx)
     sol = solve_problem(problem, ctx.backend, ctx.time_limit_s)
-    choice: dict[str, Strategy] = {}
+    choice = {}
     for ui, u in enumerate(prep.units):
         choice.update(u.strategies[sol.choice[ui]])
     for dup, kept in prep.alias.items():
@@ -136,7 +140,7 @@ def solve_assignment(graph: OpGraph, ctx: ShardingContext) -> BlockAssignment:
     return BlockAssignment(choice, sol.objective, sol.gap, sol.solve_seconds, sol.status, problem.size)
 
 
-_SOLVED: dict[tuple, ilp.IlpSolution] = {}
+_SOLVED: dict[tuple[ilp.IlpProblem, str, float], ilp.IlpSolution] = {}
 _SOLVED_LIMIT = 4096
 
 
@@ -172,8 +176,9 @@ def layout_prices(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingCont
     ``price_assignment`` at every policy of one (tp, sp, mbs, cp, tp span) shares."""
     shape = _layout_reads(graph, assignment)
     once = replace(ctx, recompute="none")
+    # ignore[misc]: never None, _redistributions keeps only pairs that need a collective
     return LayoutPrices(tuple(node_prices(n, s, ctx) for n, s in shape.nodes),
-                        tuple(redistribution_cost(graph, ref, a, b, grp, once)
+                        tuple(redistribution_cost(graph, ref, a, b, grp, once)  # type: ignore[misc]
                               for ref, a, b, grp, _, _ in shape.redistributions))
 
 
@@ -219,17 +224,17 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         if r.runs == 2:
             collectives.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
         collectives.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))
-    held = sum(local_bytes(g.tensor(r), chosen[r.node].outputs[r.index], ctx.tp, ctx.mbs, ctx.cp) for r in shape.held)
+    held = sum(local_bytes(g.tensor(r), chosen[r.node].outputs[r.index], ctx.tp, ctx.mbs, ctx.cp) for r in shape.held)  # type: ignore[arg-type,misc]  # graph tensors
     params = {}
     param_numel = 0
     for n in g.params():
         pl = chosen[n.name].outputs[0]
         params[n.param or n.name] = pl
-        param_numel += n.out.numel // (ctx.tp if is_shard(pl) else 1)
+        param_numel += n.out.numel // (ctx.tp if is_shard(pl) else 1)  # type: ignore[union-attr]  # a param has one
     return BlockSharding(
         strategies={k: v.name for k, v in sorted(chosen.items())},
         placements={k: (v.outputs[0] or "-") if v.outputs else "-" for k, v in sorted(chosen.items())},
-        param_placements=dict(sorted(params.items())),
+        param_placements=dict(sorted(params.items())),  # type: ignore[arg-type]  # a param's placement is not None
         collectives=tuple(collectives),
         forward_s=fwd, backward_s=bwd, wgrad_s=wgd, recompute_s=rec, saved_bytes=saved, wgrad_held_bytes=held,
         b_freed_bytes=freed,
@@ -269,20 +274,21 @@ def _layout_reads(g: OpGraph, assignment: BlockAssignment) -> _LayoutReads:
     return out
 
 
-def _redistributions(g: OpGraph, chosen: dict[str, Strategy], alias: dict[str, str]):
+def _redistributions(g: OpGraph, chosen: dict[str, Strategy],
+                     alias: dict[str, str]) -> list[tuple[TensorRef, str, str, int, str, str]]:
     """The tp redistributions the chosen layouts imply, one per (tensor, target layout, read
     group), as (tensor, from, to, group, phase, label); under full recomputation a forward
     one is rerun in backward (``redistribution_cost``'s runs)."""
     nodes = [n for n in g.nodes if n.name not in alias and n.op != "output"]
     reads = resolved_reads(g, reads_of(g, nodes, alias, _units_of_choice(nodes, alias, chosen)),
                            lambda read: [chosen.__getitem__], view_inverse(g))
-    out = []
+    out: list[tuple[TensorRef, str, str, int, str, str]] = []
     for ref, rows in reads.items():
         if g.tensor(ref) is None:
             continue
         outs = chosen[ref.node].outputs
         a = (outs[ref.index] if ref.index < len(outs) else None) or "R"
-        seen = set()
+        seen: set[tuple[str, int]] = set()
         for read, (b,) in rows:
             grp = read_group(g, read)
             b = b or "R"
