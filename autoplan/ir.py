@@ -169,7 +169,7 @@ class OpGraph:
 
     @property
     def param_count(self) -> int:
-        return sum(n.out.numel for n in self.params())
+        return sum(n.out.numel for n in self.params())  # type: ignore[union-attr,misc]  # a param has its tensor
 
     def flops(self, phase: str | None = None) -> float:
         return sum(n.flops for n in self.ops(phase))
@@ -297,7 +297,7 @@ class OpGraph:
         for n in self.nodes:
             if n.saved and n.role != "param":
                 idx = n.saved_outputs or range(len(n.outputs))
-                total += sum(n.outputs[i].nbytes for i in idx if n.outputs[i] is not None)
+                total += sum(n.outputs[i].nbytes for i in idx if n.outputs[i] is not None)  # type: ignore[union-attr,misc]
         return total
 
 
@@ -385,8 +385,9 @@ class BlockGraph:
     def _tied_param_count(self) -> int:
         if not self.model.tied_embeddings:
             return 0
-        pre_names = {n.param: n.out.numel for n in self.pre.params()}
-        return sum(n.out.numel for n in self.post.params() if n.param in pre_names)
+        # ignore[union-attr]: a param has its tensor (mypy does not narrow n.outputs[i] by the test either)
+        pre_names = {n.param: n.out.numel for n in self.pre.params()}  # type: ignore[union-attr]
+        return sum(n.out.numel for n in self.post.params() if n.param in pre_names)  # type: ignore[union-attr,misc]
 
     def flops_per_step_per_sample(self) -> float:
         """Forward+backward FLOPs of one sequence (micro-batch 1), no recompute."""

@@ -72,6 +72,8 @@ class Mesh:
 
     def groups(self, name: str) -> list[tuple[int, ...]]:
         """All groups of kind ``name``, each once, ordered by their smallest rank."""
+        seen: set[int]
+        out: list[tuple[int, ...]]
         seen, out = set(), []
         for r in range(self.num_ranks):
             if r in seen:

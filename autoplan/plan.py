@@ -105,13 +105,15 @@ class Plan:
     dp: int = 1
     cp: int = 1
     ep: int = 1
-    vpp: int | None = None
+    # vpp, schedule, sp and zero are None only until __post_init__ fills in their default: typed
+    # as what every Plan holds, their None default is the one place that is not
+    vpp: int = None                            # type: ignore[assignment]
     mbs: int = 1
-    schedule: str | None = None
+    schedule: str = None                       # type: ignore[assignment]
     recompute: tuple[str, ...] = ("none",)     # one entry, or one per pipeline stage
     layers: tuple[int, ...] = ()               # layers per virtual stage; () = even split
-    sp: bool | None = None
-    zero: int | None = None
+    sp: bool = None                            # type: ignore[assignment]
+    zero: int = None                           # type: ignore[assignment]
     cp_algo: str = "ring"
     order: tuple[str, ...] = DEFAULT_ORDER
 
@@ -213,7 +215,7 @@ class Plan:
                 if key not in KEYS:
                     raise UserError(f"bad plan string: unknown key '{key}'", NOTATION_GRAMMAR)
             return Plan.from_fields(raw, num_gpus)
-        raw: dict[str, str] = {}
+        raw = {}                                   # typed by parse_compact's dict[str, str] above
         for item in (p.strip() for p in text.strip().split(",")):
             if not item:
                 continue

@@ -113,7 +113,7 @@ def parse_compact(text: str, error) -> dict[str, str]:
 
     mesh, *rest = text.split()
     for part in re.split(r"[·.]", mesh):
-        axis, degree = _AXIS_TOKEN.match(part).groups()
+        axis, degree = _AXIS_TOKEN.match(part).groups()  # type: ignore[union-attr]  # is_compact matched it
         put(axis, degree, part)
     for token in rest:
         keyed = _KEYED.match(token)

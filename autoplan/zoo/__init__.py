@@ -108,7 +108,7 @@ ZOO: dict[str, GPTConfig | LlamaConfig] = {
 
 def _deepseek_note() -> str:
     c = ZOO["deepseek-v3"]
-    g = gqa_stand_in(c)
+    g = gqa_stand_in(c)  # type: ignore[arg-type]  # deepseek-v3 is a MoEConfig
     return (f"MLA approximated by GQA ({c.heads} heads x {c.d_head} dims, {c.n_kv_heads} kv heads): attention "
             f"params match MLA within {abs(g.params_error):.2%}, attention FLOPs are {g.flops_ratio:.0%} of MLA's; "
             f"softmax top-k router")
@@ -153,8 +153,9 @@ def model_info(name: str, cfg: GPTConfig | LlamaConfig) -> ModelInfo:
     return ModelInfo(
         name=name, family=family(cfg), layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
         kv_heads=cfg.n_kv_heads, head_dim=cfg.d_head, ffn=cfg.d_ffn, vocab=cfg.vocab,
-        experts=cfg.experts if moe else 0, topk=cfg.topk if moe else 0,
-        moe_ffn=cfg.d_moe_ffn if moe else 0, shared_experts=cfg.shared_experts if moe else 0,
-        dense_layers=cfg.dense_layers if moe else 0, tied_embeddings=cfg.tie,
+        # ignore[union-attr]: mypy does not narrow cfg through ``moe``; each read is guarded by it
+        experts=cfg.experts if moe else 0, topk=cfg.topk if moe else 0,  # type: ignore[union-attr]
+        moe_ffn=cfg.d_moe_ffn if moe else 0, shared_experts=cfg.shared_experts if moe else 0,  # type: ignore[union-attr]
+        dense_layers=cfg.dense_layers if moe else 0, tied_embeddings=cfg.tie,  # type: ignore[union-attr]
         notes=(DEEPSEEK_NOTE,) if name == "deepseek-v3" else (),
     )

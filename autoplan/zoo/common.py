@@ -22,6 +22,12 @@ class DerivedSizes:
     hidden / heads, FFN = 4 · hidden (a mixin for configs with ``heads``, ``kv_heads``,
     ``head_dim``, ``hidden`` and ``ffn`` fields)."""
 
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    ffn: int
+
     @property
     def n_kv_heads(self) -> int:
         return self.kv_heads or self.heads
@@ -175,7 +181,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         if cos is not None:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # type: ignore[arg-type]  # sin comes with cos
         dropout = self.dropout if self.training else 0.0
         y = causal_attention(q, k, v, dropout, self.eager)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
