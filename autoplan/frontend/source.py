@@ -149,6 +149,9 @@ def _import_file(path: str, digest: str):
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:          # no loader for the suffix: not a .py file
+        raise UserError(f"model file {path!r} is not a Python file",
+                        "give the path to a model.py that defines build_model()")
     module = importlib.util.module_from_spec(spec)
     folder = os.path.dirname(os.path.abspath(path))
     sys.path.insert(0, folder)

@@ -33,6 +33,7 @@ def test_trace_table(cli):
 BAD_FILES = {
     "syntax.py": ("import torch\ndef build_model(:\n    pass\n", ["syntax.py:2", "syntax error"]),
     "nobuild.py": ("import torch\nX = 1\n", ["defines no build_model()"]),
+    "model.txt": ("def build_model():\n    pass\n", ["is not a Python file"]),
     "raises.py": ("def helper():\n    raise RuntimeError('no GPU config found')\n\n"
                   "def build_model():\n    return helper()\n",
                   ["no GPU config found", "raises.py:2", "RuntimeError"]),
