@@ -83,7 +83,7 @@ def _is_moe(module: nn.Module) -> bool:
                for m in module.modules())
 
 
-def _containers(model: nn.Module) -> list[tuple[int, str, nn.Module]]:
+def _containers(model: nn.Module) -> list[tuple[int, str, nn.ModuleList | nn.Sequential]]:
     """(parameters of the children, path, container) of every non-empty layer container, largest first."""
     found = []
     for path, m in model.named_modules():
@@ -99,7 +99,7 @@ def _nested(a: str, b: str) -> bool:
     return a == b or a == "" or b == "" or a.startswith(b + ".") or b.startswith(a + ".")
 
 
-def _stacks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def _stacks(model: nn.Module) -> list[tuple[str, nn.ModuleList | nn.Sequential]]:
     """The main stack and the other stacks of at least MIN_STACK_SHARE of its size, in module order."""
     containers = _containers(model)
     if not containers:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -142,7 +143,7 @@ def strategies_from_registry_result(result, n_inputs: int) -> list[tuple[tuple, 
         for spec in result.strategies:
             outs = spec.output_specs
             outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
-            ins = spec.input_specs
+            ins: Sequence[DTensorSpec | None] | None = spec.input_specs
             ins = tuple(ins) if ins is not None else (outs[0],) * n_inputs
             pairs.append((tuple(_spec_name(s) for s in ins), tuple(_spec_name(s) for s in outs)))
         return pairs
@@ -151,10 +152,10 @@ def strategies_from_registry_result(result, n_inputs: int) -> list[tuple[tuple, 
         if not children or len({len(c.strategies) for c in children}) != 1:
             return None
         for specs in zip(*(c.strategies for c in children)):
-            ins = {tuple(_spec_name(s) for s in (sp.input_specs or ())) for sp in specs}
-            if len(ins) != 1:
+            in_names = {tuple(_spec_name(s) for s in (sp.input_specs or ())) for sp in specs}
+            if len(in_names) != 1:
                 return None
-            pairs.append((ins.pop(), tuple(_spec_name(sp.output_spec) for sp in specs)))
+            pairs.append((in_names.pop(), tuple(_spec_name(sp.output_spec) for sp in specs)))
         return pairs
     return None
 
@@ -233,7 +234,8 @@ def _from_single_dim(op, node: Node, in_nodes: list[Node], val_of) -> list[tuple
     # bias) has no placement in the rules; only the outputs that exist need one
     out_vals = _out_vals(node)
     exists = [t and i < len(out_vals) and isinstance(out_vals[i], torch.Tensor) for i, t in enumerate(is_tensor)]
-    pairs = [(("R",) * len(in_nodes), tuple("R" if t else None for t in is_tensor))]
+    pairs: list[tuple[tuple[str | None, ...], tuple[str | None, ...]]] = [
+        (("R",) * len(in_nodes), tuple("R" if t else None for t in is_tensor))]
     for rule in rules:
         if len(rule) != n_out + len(in_nodes):
             continue
@@ -362,4 +364,4 @@ def table_outputs(strategies: tuple[Strategy, ...], index: int, val) -> list[str
         return []
     names = {s.outputs[index] for s in strategies if index < len(s.outputs) and s.outputs[index]}
     names.add("R")
-    return sorted(names, key=_placement_order)
+    return sorted(names, key=_placement_order)  # type: ignore[arg-type]  # the filter drops None

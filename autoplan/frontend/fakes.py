@@ -56,7 +56,7 @@ def fakeify_module(model: nn.Module, mode: FakeTensorMode, dtype: torch.dtype,
             if id(p) not in fakes:
                 cast = dtype if p.is_floating_point() else None
                 fakes[id(p)] = nn.Parameter(fake_like(p, mode, cast), requires_grad=p.requires_grad)
-            owner._parameters[name] = fakes[id(p)]
+            owner._parameters[name] = fakes[id(p)]  # type: ignore[assignment]  # the Parameter made above
         for name, b in list(owner._buffers.items()):
             if b is None:
                 continue

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from autoplan.frontend.fx_meta import attention_window
 
@@ -43,7 +43,7 @@ from autoplan.frontend.fx_meta import attention_window
 @contextlib.contextmanager
 def unpacked_sequences() -> Iterator[None]:
     """While active, transformers (if imported) treats every row as one unpacked sequence."""
-    masking = sys.modules.get("transformers.masking_utils")
+    masking: Any = sys.modules.get("transformers.masking_utils")
     if masking is None or not hasattr(masking, "find_packed_sequence_indices"):
         yield
         return

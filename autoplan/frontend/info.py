@@ -34,7 +34,7 @@ def hf_model_info(name: str, model: nn.Module, stack: LayerStack | None) -> Mode
     experts = _first(c, "num_local_experts", "num_experts", "n_routed_experts")
     return ModelInfo(
         name=name, family="hf",
-        layers=len(stack.layers) if encoder else _first(c, "num_hidden_layers", "n_layer",
+        layers=len(stack.layers) if encoder else _first(c, "num_hidden_layers", "n_layer",  # type: ignore[union-attr]  # encoder > 0: a stack
                                                         default=len(stack.layers) if stack else 0),
         hidden=hidden, heads=heads, kv_heads=_first(c, "num_key_value_heads", default=heads),
         head_dim=head_dim, ffn=_first(c, "intermediate_size", "n_inner", "d_ff", "encoder_ffn_dim",

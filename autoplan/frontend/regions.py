@@ -83,7 +83,7 @@ class Capture:
 
     calls: dict[str, Template] = field(default_factory=dict)
     outputs: dict[str, Template] = field(default_factory=dict)
-    model_inputs: Template | None = None         # (args, kwargs) of the model call
+    model_inputs: Template = None                # type: ignore[assignment]  # (args, kwargs) of the model call: capture() sets it
     logits_shape: tuple[int, ...] | None = None   # None: the model returns its loss
     loss_dtype: torch.dtype = torch.float32
 
@@ -124,10 +124,11 @@ def model_logits(output: Any) -> torch.Tensor | None:
 
 def loss_from_output(output: Any, labels: torch.Tensor | None) -> torch.Tensor:
     """Scalar loss: the output itself if scalar, else fp32 cross-entropy of its logits."""
+    # ignore[union-attr]: a traced model returns a tensor (its loss, or logits with labels given)
     value = model_logits(output)
-    if value.dim() == 0:
-        return value
-    return F.cross_entropy(value.reshape(-1, value.shape[-1]).float(), labels.reshape(-1))
+    if value.dim() == 0:  # type: ignore[union-attr]
+        return value  # type: ignore[return-value]
+    return F.cross_entropy(value.reshape(-1, value.shape[-1]).float(), labels.reshape(-1))  # type: ignore[union-attr]
 
 
 def capture(model: nn.Module, stack: LayerStack | None, inputs: tuple[tuple, dict]) -> Capture:
@@ -267,7 +268,8 @@ def post_region(model: nn.Module, stack: LayerStack | None, cap: Capture) -> Reg
             loss = loss_from_output(output, labels)
         return [loss] + [t for first, grad in handoffs for t, g in zip(handed[first], grad) if g]
 
-    handoff_slots = [s for first, _ in handoffs for s in cap.calls[stack.kinds[first]].slots if s.requires_grad]
+    handoff_slots = [s for first, _ in handoffs for s in cap.calls[stack.kinds[first]].slots  # type: ignore[union-attr]
+                     if s.requires_grad]                             # handoffs: a stack
     loss_slot = TensorSlot((), cap.loss_dtype, True)
     outputs = [loss_slot] + handoff_slots
     return Region("post", model, fn, pnames, bnames, state, slots, [True] * len(outputs), outputs,

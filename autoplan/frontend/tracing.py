@@ -308,7 +308,7 @@ def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> Bl
         model2 = _training_mode(build_on_meta(source, source.with_experts(2 * info.experts)))
         stack2 = find_layer_stack(model2)
         fakeify_module(model2, mode, TORCH_DTYPES[dtype], skip=_repeats(stack2))
-        by_position = dict(zip(stack2.unique_kinds(), stack.unique_kinds()))
+        by_position = dict(zip(stack2.unique_kinds(), stack.unique_kinds()))  # type: ignore[union-attr]  # moe_kinds
         traced2 = _trace_regions(model2, stack2, source, info, mode, sizes,
                                  kinds=tuple(k2 for k2, k in by_position.items() if k in moe_kinds))
         experts_alt = {by_position[k2]: tr for k2, tr in traced2.items()}
@@ -335,7 +335,7 @@ def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> Bl
     blocks = []
     for kind in (stack.unique_kinds() if stack else ()):
         graph = convert(kind)
-        paths = tuple(p for p, k in zip(stack.paths, stack.kinds) if k == kind)
+        paths = tuple(p for p, k in zip(stack.paths, stack.kinds) if k == kind)  # type: ignore[union-attr]  # kinds
         blocks.append(Block(kind=kind, graph=graph, count=len(paths), module_paths=paths,
                             description=_describe(graph, kind, info)))
     if fallbacks:
