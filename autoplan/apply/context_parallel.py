@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -137,7 +138,7 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """o = Σ_j exp(lse_j − lse)·o_j with lse = logsumexp_j lse_j."""
     lses = torch.stack([lse for _, lse in parts])
     total = torch.logsumexp(lses, dim=0)
-    return sum(torch.exp(lse - total).unsqueeze(-1) * o for o, lse in parts)
+    return sum(torch.exp(lse - total).unsqueeze(-1) * o for o, lse in parts)  # type: ignore[return-value]  # parts: ≥ 1
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,15 @@ def cp_attention(q, k, v, g: CPGroups, scale: float, dropout: float) -> torch.Te
 
 # --- capacity-routed MoE under cp: the whole sequence's expert queues -------------------------
 
+class CapacityMoE(Protocol):
+    """What a ``SequenceQueue`` reads of its MoE module (the zoo's capacity-routed MoE)."""
+
+    topk: int
+    experts: int
+
+    def capacity(self, tokens: int) -> int: ...
+
+
 @dataclass(frozen=True)
 class SequenceQueue:
     """A capacity-routed MoE's ``queue`` hook under cp (``autoplan.zoo.moe.MoE.queue``).
@@ -225,7 +235,7 @@ class SequenceQueue:
     cp_rank: int
     group: object            # the whole cp group
     length: int              # tokens per chunk, S / (2·cp)
-    model: object            # the MoE module (its ``capacity``, ``topk``, ``experts``)
+    model: CapacityMoE       # the MoE module
 
     def __call__(self, onehot: torch.Tensor, position: torch.Tensor, cap: int) -> tuple[torch.Tensor, int]:
         k, experts, length = self.model.topk, self.model.experts, self.length
@@ -250,7 +260,8 @@ def route_whole_sequence(module: torch.nn.Module, cp: int, cp_rank: int, group, 
     found = 0
     for m in module.modules():
         if callable(getattr(m, "capacity", None)) and callable(getattr(m, "queue", None)):
-            m.queue = SequenceQueue(cp, cp_rank, group, seq // (2 * cp), m)
+            # ignore: nn.Module types attributes Tensor | Module; m is a CapacityMoE, found by duck typing
+            m.queue = SequenceQueue(cp, cp_rank, group, seq // (2 * cp), m)  # type: ignore[assignment,arg-type]
             found += 1
     return found
 

@@ -19,7 +19,8 @@ the loss averaged over the whole global batch.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,7 @@ def grad_of(p: nn.Parameter) -> torch.Tensor | None:
 
 
 def shard_fsdp(stage: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, zero: int,
-               mixed_precision: bool = False, experts: list[nn.Module] = (),
+               mixed_precision: bool = False, experts: Sequence[nn.Module] = (),
                expert_mesh: DeviceMesh | None = None) -> None:
     """FSDP2 units: each experts module over ``expert_mesh`` (its ep rank's experts, sharded over
     the ranks holding the same ones, as torchtitan's ``dp_mod_ep`` mesh), then each block and the
@@ -50,7 +51,7 @@ def shard_fsdp(stage: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, z
     policy — fp32 sharded parameters, computed in bf16, gradients reduced in fp32 (what
     ``costmodels.memory`` prices for zero 2/3)."""
     reshard = zero >= 3
-    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
+    kw: dict[str, Any] = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
         if mixed_precision else {}
     for module in experts:
         fully_shard(module, mesh=expert_mesh, reshard_after_forward=reshard, **kw)
@@ -67,8 +68,9 @@ def settle_tp_gradients(params: Iterable[nn.Parameter]) -> None:
     """
     for p in params:
         g = p.grad
-        if isinstance(g, DTensor) and tuple(g.placements) != tuple(p.placements):
-            p.grad = g.redistribute(p.device_mesh, p.placements)
+        # ignore[attr-defined]: a parameter with a DTensor gradient is a DTensor
+        if isinstance(g, DTensor) and tuple(g.placements) != tuple(p.placements):  # type: ignore[attr-defined]
+            p.grad = g.redistribute(p.device_mesh, p.placements)  # type: ignore[attr-defined]
 
 
 def reduce_gradients(params: Iterable[nn.Parameter], group, divisor: int) -> None:

@@ -54,12 +54,14 @@ def to_bf16(module: nn.Module) -> None:
 
 def _accumulate(p: nn.Parameter) -> None:
     """Add ``p.grad`` (a tp partial sum settled first) into ``p.main_grad`` and free it."""
+    # ignore[attr-defined]: a parameter with a DTensor gradient is a DTensor; main_grad is set
+    # on the parameter by MainGrads
     g = p.grad
     if isinstance(g, DTensor):
-        if tuple(g.placements) != tuple(p.placements):
-            g = g.redistribute(p.device_mesh, p.placements)
+        if tuple(g.placements) != tuple(p.placements):  # type: ignore[attr-defined]
+            g = g.redistribute(p.device_mesh, p.placements)  # type: ignore[attr-defined]
         g = g.to_local()
-    p.main_grad.add_(g)
+    p.main_grad.add_(g)  # type: ignore[attr-defined]
     p.grad = None
 
 
@@ -105,12 +107,12 @@ class MainGrads:
         self.offsets = list(itertools.accumulate([0] + [local(p).numel() for p in params]))
         for p in params:
             # new_zeros of the parameter: a fake tensor under memcheck's fake mode, on its device
-            p.main_grad = local(p).new_zeros(local(p).shape, dtype=torch.float32)
+            p.main_grad = local(p).new_zeros(local(p).shape, dtype=torch.float32)  # type: ignore[attr-defined]
             p.register_post_accumulate_grad_hook(_accumulate)
 
     @property
     def tensors(self) -> list[torch.Tensor]:
-        return [p.main_grad for p in self.params]
+        return [p.main_grad for p in self.params]  # type: ignore[attr-defined]  # set in __init__
 
     def fold(self) -> None:
         """Add every gradient left in ``.grad`` into ``main_grad`` and free it: a weight gradient
@@ -136,7 +138,7 @@ class MainGrads:
 
     def zero(self) -> None:
         for p in self.params:
-            p.main_grad.zero_()
+            p.main_grad.zero_()  # type: ignore[attr-defined]  # set in __init__
             p.grad = None
 
 

@@ -106,7 +106,7 @@ def shard_experts(module: nn.Module, ep: int, ep_rank: int, group) -> None:
         module.register_parameter(name, nn.Parameter(p.data[ep_rank * per:(ep_rank + 1) * per].clone(),
                                                      requires_grad=p.requires_grad))
     if hasattr(module, "num_experts"):
-        module.num_experts = per
+        module.num_experts = per  # type: ignore[assignment]  # the module's own int attribute
     inner = module.forward
 
     def forward(*args):

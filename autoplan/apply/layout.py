@@ -75,7 +75,7 @@ class ModelLayout:
         return int(name[len(prefix):].split(".", 1)[0])
 
 
-def find_blocks(model: nn.Module) -> tuple[str, nn.Module]:
+def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList | nn.Sequential]:
     """The ModuleList/Sequential with the most parameters (ties: the first in module order)."""
     best, best_n = None, 0
     for name, module in model.named_modules():

@@ -154,7 +154,7 @@ def torch_stages(schedule) -> dict:
     return {s.stage_index: s for s in stages}
 
 
-def peak_in_flight(order: list[tuple[str, int, int]]) -> int:
+def peak_in_flight(order: list[tuple[str, int, int | None]]) -> int:
     """The most (stage, micro-batch) forwards whose backward has not run (full ``B``, or the
     weight half ``W`` of a split one: the graph is kept from ``I`` to ``W``), over ``order``."""
     alive = best = 0

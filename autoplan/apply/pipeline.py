@@ -99,7 +99,7 @@ def cut_stage(model: nn.Module, layout: ModelLayout, first: int, end: int, owns_
     blocks = model.get_submodule(layout.blocks_path)
     memo: dict[int, object] = {}
     inject = None
-    for i, block in enumerate(blocks):
+    for i, block in enumerate(blocks):  # type: ignore[arg-type,var-annotated]  # the blocks' ModuleList
         if first <= i < end:
             continue
         if i == first - 1:
@@ -123,10 +123,11 @@ def cut_stage(model: nn.Module, layout: ModelLayout, first: int, end: int, owns_
         value = module._parameters.pop(attr)
         setattr(module, attr, value)
     own = stage.get_submodule(layout.blocks_path)
+    # ignore[index, arg-type]: ``own`` is the blocks' ModuleList (get_submodule types it Module)
     if first == 0 and not owns_pre and end > first:
-        inject = _inject_before(own[0])
-    if end == len(own) and not owns_post and end > first:
-        own[end - 1].register_forward_hook(_exit_after)
+        inject = _inject_before(own[0])  # type: ignore[index]
+    if end == len(own) and not owns_post and end > first:  # type: ignore[arg-type]
+        own[end - 1].register_forward_hook(_exit_after)  # type: ignore[index]
     return stage, inject
 
 
@@ -175,7 +176,7 @@ class StageModule(nn.Module):
             ids = torch.zeros(x.shape[0], self.seq, dtype=torch.long, device=x.device)
             if self._tp_mesh is not None:
                 x = DTensor.from_local(x, self._tp_mesh, self._stream, run_check=False)
-            self._inject[0].value = x
+            self._inject[0].value = x  # type: ignore[union-attr]  # a later stage has its injection
         try:
             kwargs = {} if self._positions is None else {"position_ids": self._positions}
             out = logits_of(self.model(ids, **kwargs))
@@ -183,7 +184,7 @@ class StageModule(nn.Module):
             out = e.tensor
         finally:
             if not self.first:
-                self._inject[0].value = None
+                self._inject[0].value = None  # type: ignore[union-attr]
         if isinstance(out, DTensor):
             if self._keep_vocab_shard and out.placements == (Shard(out.dim() - 1),):
                 out = out.to_local()          # vocab-parallel logits: the loss reduces over tp
@@ -195,7 +196,7 @@ class StageModule(nn.Module):
 
     def stage_blocks(self, layout: ModelLayout) -> list[nn.Module]:
         """The real blocks this stage holds (not the placeholders)."""
-        return [b for b in self.model.get_submodule(layout.blocks_path)
+        return [b for b in self.model.get_submodule(layout.blocks_path)  # type: ignore[attr-defined]  # a ModuleList
                 if not isinstance(b, (_Skip, _Inject, _Exit))]
 
 

@@ -38,5 +38,6 @@ class OrderedSchedule(_PipelineScheduleRuntime):
     def __init__(self, stages, n_microbatches: int, loss_fn, schedule: str) -> None:
         super().__init__(stages=stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
         pp = stages[0].group_size
-        self.pipeline_order = torch_orders(schedule, pp, n_microbatches, len(stages))
+        # ignore[assignment]: torch types the attribute dict[int, list[_Action | None]] (list is invariant)
+        self.pipeline_order = torch_orders(schedule, pp, n_microbatches, len(stages))  # type: ignore[assignment]
         self._prepare_schedule_with_comms(self.pipeline_order)

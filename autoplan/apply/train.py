@@ -136,7 +136,7 @@ def run_steps(cfg: RunConfig, device: torch.device, *, report=None,
     for step in range(cfg.steps):
         loss = pm.forward_backward(pm.local_batch(ids), pm.local_batch(targets))
         if pm.has_last_stage:
-            losses.append(pm.global_loss(loss))
+            losses.append(pm.global_loss(loss))  # type: ignore[arg-type]  # a last stage reads its loss
             if report is not None and pm.reports_loss:
                 report(step + 1, losses[-1])
         if keep_last_gradients and step == cfg.steps - 1:
@@ -158,10 +158,11 @@ def misplace_shards(pm: ParallelModel, name: str) -> None:
         shard = isinstance(p, DTensor) and [q for q in p.placements if isinstance(q, Shard)]
         if not shard:
             raise UserError(f"parameter {name} is not sharded over tp", "name a parameter with an S(d) placement")
-        tp, c = p.device_mesh.size(), p.device_mesh.get_local_rank()
-        other = p.full_tensor().chunk(tp, shard[0].dim)[(c + 1) % tp]
+        # ignore[attr-defined]: ``shard`` is truthy only for a DTensor parameter
+        tp, c = p.device_mesh.size(), p.device_mesh.get_local_rank()  # type: ignore[attr-defined]
+        other = p.full_tensor().chunk(tp, shard[0].dim)[(c + 1) % tp]  # type: ignore[attr-defined]
         with torch.no_grad():
-            p.to_local().copy_(other)
+            p.to_local().copy_(other)  # type: ignore[attr-defined]
 
 
 def run_reference(cfg: RunConfig) -> tuple[list[float], dict[str, torch.Tensor], int]:
