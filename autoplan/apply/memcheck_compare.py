@@ -7,6 +7,8 @@ with the allocator replay's gap.  GiB throughout.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from autoplan.apply.memcheck import GIB, measure, measured_pp_ranks, rank_kinds, unsupported
 from autoplan.cost import EstimateOptions
 from autoplan.errors import UserError
@@ -34,9 +36,10 @@ def compare(w: Workload, model: str, plan: Plan, *, seq: int, global_batch: int,
     for pp_rank, rank in enumerate(rank_kinds(plan)):
         mem = by_rank[pp_rank]
         predicted = {**{k: v / GIB for k, v in mem.breakdown().items()}, "total": mem.total / GIB}
-        row = {"pp_rank": pp_rank, "rank": rank, "predicted_gib": predicted, "measured_gib": None, "error": None,
-               "in_flight": {"estimate": sum(n for _, n in mem.alive), "torch": None} if plan.pp > 1 else None,
-               "reserved": None}
+        row: dict[str, Any] = {
+            "pp_rank": pp_rank, "rank": rank, "predicted_gib": predicted, "measured_gib": None, "error": None,
+            "in_flight": {"estimate": sum(n for _, n in mem.alive), "torch": None} if plan.pp > 1 else None,
+            "reserved": None}
         if skipped is None and pp_rank in chosen:
             got = measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, reserved=allocator is not None,
                           hbm_bytes=w.cluster.gpu.hbm_bytes, placements=placements)

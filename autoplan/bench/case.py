@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from typing import Any
 
 from autoplan.baselines import RECIPES, baseline, credible
 from autoplan.baselines.common import price
@@ -176,7 +177,7 @@ def _recipe_row(name: str, case: Case, graph: BlockGraph, cluster: Cluster, esti
 
 def _row(contender: str, kind: str, *, status: str, error: str | None = None, plan: Plan | None = None,
          estimate: Estimate | None = None) -> dict:
-    row = {"contender": contender, "kind": kind, "status": status, "error": error,
+    row: dict[str, Any] = {"contender": contender, "kind": kind, "status": status, "error": error,
            "plan": plan.to_string() if plan else None, "step_time_s": None, "tokens_per_s": None, "mfu": None,
            "memory_gib": None, "hbm_gib": None, "fits": None, "respects_nvlink": None, "violations": [],
            "bubble_fraction": None, "time_breakdown_s": {}, "credible": None}
@@ -227,7 +228,8 @@ def _ratios(rows: dict[str, dict]) -> dict:
 
 def _bands(estimator: Estimator, rows: dict[str, dict], hand: str | None, global_batch: int, gpus: int) -> dict:
     """auto/hand over the paired parameter samples: p10/p50/p90 and P(auto faster) (module docstring)."""
-    out = {"auto_vs_hand_p10": None, "auto_vs_hand_p50": None, "auto_vs_hand_p90": None, "p_auto_beats_hand": None}
+    out: dict[str, float | None] = {"auto_vs_hand_p10": None, "auto_vs_hand_p50": None, "auto_vs_hand_p90": None,
+                                    "p_auto_beats_hand": None}
     if hand is None or not usable(rows["auto"]):
         return out
     sampler = Sampler(estimator)

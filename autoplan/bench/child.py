@@ -46,7 +46,7 @@ def search_with_limit(model: BlockGraph, cluster: Cluster, *, global_batch: int,
     child.start()
     sender.close()
     try:
-        os.setpgid(child.pid, child.pid)     # also here, so that a kill never races the child's own call
+        os.setpgid(child.pid, child.pid)  # type: ignore[arg-type]  # started: a pid; also here, so that a kill never races the child's own call
     except OSError:
         pass
     try:
@@ -57,7 +57,7 @@ def search_with_limit(model: BlockGraph, cluster: Cluster, *, global_batch: int,
         outcome = ("failed", f"the search process died without a result (exit code {child.exitcode})")
     finally:
         if child.is_alive():
-            _kill_group(child.pid)
+            _kill_group(child.pid)  # type: ignore[arg-type]  # started: a pid
         child.join()
         receiver.close()
     if outcome is None:
@@ -73,7 +73,7 @@ def search_with_limit(model: BlockGraph, cluster: Cluster, *, global_batch: int,
 def _child(sender, model, cluster, global_batch, options) -> None:
     os.setpgid(0, 0)            # a group of its own: the parent can stop it and its workers at once
     try:
-        outcome = ("ok", search(model, cluster, global_batch=global_batch, options=options))
+        outcome: tuple[object, ...] = ("ok", search(model, cluster, global_batch=global_batch, options=options))
     except UserError as e:
         outcome = ("user", e.problem, e.fix)
     except BaseException as e:  # noqa: BLE001 — reported to the parent, which logs it

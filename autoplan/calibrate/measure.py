@@ -74,13 +74,13 @@ class _Clock:
                 fn()
             return time.perf_counter() - start
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         for _ in range(calls):
             fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return begin.elapsed_time(end) / 1e3
 
 
 def seconds_per_call(fn: Callable[[], object], clock: _Clock, policy: TimingPolicy) -> float:

@@ -72,6 +72,12 @@ def gemm_dims() -> tuple[int, ...]:
 
 def measurement_plan(quick: bool = False) -> MeasurementPlan:
     """The full plan (845 GEMMs, 30 attention shapes), or with ``quick`` a subset (50 and 2)."""
+    tokens: tuple[int, ...]
+    dims: tuple[int, ...]
+    heads: tuple[int, ...]
+    seqs: tuple[int, ...]
+    masks: tuple[bool, ...]
+    copies: tuple[int, ...]
     if quick:
         tokens, dims = QUICK_TOKENS, QUICK_DIMS
         heads, seqs, masks, copies = QUICK_HEADS, QUICK_SEQ_LENGTHS, (True,), QUICK_COPY_BYTES

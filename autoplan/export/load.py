@@ -142,7 +142,7 @@ def plan_of(data: Any) -> Plan:
 
 def _from_fields(d: dict, envelope: bool = False) -> Plan:
     """``Plan.from_json`` / ``from_fields`` after checking keys and value types."""
-    fields = d.get("plan") if envelope else d
+    fields: Any = d.get("plan") if envelope else d         # JSON: checked below
     if envelope and not isinstance(fields, dict):
         raise UserError(f"the plan file's \"plan\" is {short_repr(fields)}, not an object", f"give {_JSON_FORMS}")
     unknown = sorted(str(k) for k in fields if k not in KEYS)
