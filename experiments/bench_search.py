@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -62,7 +63,7 @@ QUALITY_CASES = [
 ]
 
 from results_md import write_section  # noqa: E402
-from autoplan.cost.uncertainty import DEFAULT_SAMPLES  # noqa: E402
+from autoplan.bands import DEFAULT_SAMPLES  # noqa: E402
 
 _CHILD = """
 import json, sys, time
@@ -217,7 +218,7 @@ def quality() -> list[dict]:
         best = search(model, cluster, global_batch=batch, options=SearchOptions()).candidates[0]
         seconds = time.perf_counter() - start
         est = Estimator(model, cluster)
-        hands = {}
+        hands: dict[str, tuple[Any, Any]] = {}        # (plan, its Estimate), or (None, the error)
         for name in RECIPES:
             try:
                 plan = baseline(name, model, cluster, seq=seq, global_batch=batch, estimator=est)

@@ -40,7 +40,7 @@ def measurements() -> list[tuple[int, float, float]]:
     """(GPUs, bytes, seconds) for every LUT row."""
     out = []
     for path in sorted(glob.glob(os.path.join(LUT_DIR, "AR_GPU*_LUT"))):
-        n = int(re.search(r"AR_GPU(\d+)_", path).group(1))
+        n = int(re.search(r"AR_GPU(\d+)_", path).group(1))  # type: ignore[union-attr]  # the glob matched it
         with open(path) as f:
             for rec in list(csv.reader(f))[1:]:
                 out.append((n, float(rec[0]), (float(rec[3]) + float(rec[5])) / 2e9))
@@ -76,7 +76,7 @@ def main() -> int:
                 err = rms_log(sample, predicted(sample, eff, lat * 1e-6, launch * 1e-6))
                 if best is None or err < best[0]:
                     best = (err, eff, lat, launch)
-    _, eff, lat, launch = best
+    _, eff, lat, launch = best  # type: ignore[misc]  # the grid is not empty
     model = predicted(rows, eff, lat * 1e-6, launch * 1e-6)
     err = rms_log(rows, model)
     old = predicted(rows, BEFORE["nvlink_efficiency"], BEFORE["nvlink_latency"], BEFORE["launch_latency"])

@@ -30,6 +30,7 @@ import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import yaml
 
@@ -51,7 +52,7 @@ RANK_TOLERANCE = 0.05
 VTRAIN_LINKS = {"nvlink_efficiency": 0.72, "nvlink_latency": 1.5e-6, "launch_latency": 48.0e-6}
 """The vTrain node's NVLink as its own nccl-tests LUTs measure it (experiments/fit_nccl_lut.py)."""
 TORCHTITAN_A100 = "torchtitan-a100x64"
-TORCHTITAN_A100_NETWORK = {"nics_per_node": 2}
+TORCHTITAN_A100_NETWORK: dict[str, Any] = {"nics_per_node": 2}      # Cluster fields
 """The torchtitan A100 rows' network, which their source does not state: 8x A100 80GB nodes with
 2x HDR 200G per node (400 Gb/s), fitted to the 8 rows by experiments/fit_a100_network.py (1, 2, 4
 or 8 NICs; 2 wins).  400 Gb/s per node is what AWS p4de (8x A100 80GB, 4x 100G EFA) has; a DGX
@@ -118,7 +119,7 @@ def engine_plan(plan: str, note: str, model: str) -> str:
 # embedding and the last only the head and loss, 126 layers in between (``vpp=8``,
 # ``layers=0-1x126-0``).  N (micro-batches per round) is not published: Megatron's N = pp (DFS).
 # Its kernels (Meta's own framework) are not published either: priced as the trace's eager ops.
-RUN_SETTINGS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+RUN_SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {       # (plan, EstimateOptions) fields
     "ngc-nemotron4-340b-128": ({"recompute": "selective"},
                                {"state_precision": "apex-dfa-bf16", "kernels": "megatron-core"}),
     "llama3-405b-8k-8192": ({"vpp": "8", "layers": "0-1x126-0"}, {}),
@@ -132,7 +133,7 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in items.items())
 
 
-def run_settings(ident: str) -> tuple[dict[str, str], dict[str, str]]:
+def run_settings(ident: str) -> tuple[dict[str, str], dict[str, Any]]:
     """The row's (plan fields, EstimateOptions fields) from ``RUN_SETTINGS``; empty when none."""
     return RUN_SETTINGS.get(ident, ({}, {}))
 
@@ -165,7 +166,7 @@ def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
 def vtrain_rows(path: str | None = None) -> list[RegimeRow]:
     """The 1,440 single-node vTrain rows (see the module docstring for the mapping)."""
     path = path or os.path.join(REFERENCE, "vtrain", "ground_truth_single.csv")
-    out = []
+    out: list[RegimeRow] = []
     with open(path, encoding="utf-8-sig") as f:
         for rec in csv.reader(f):
             if not rec or rec[0].startswith("#"):
