@@ -35,9 +35,10 @@ the region returns: forward outputs, and the gradients of params and inputs.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from math import prod
-from typing import Any, Iterable
+from typing import Any
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int64": 8, "int32": 4,
                "int8": 1, "uint8": 1, "bool": 1, "fp8": 1}
@@ -417,7 +418,7 @@ class BlockGraph:
         return json.dumps(asdict(self), sort_keys=True)
 
     @staticmethod
-    def from_json(text: str) -> "BlockGraph":
+    def from_json(text: str) -> BlockGraph:
         return _blockgraph_from_dict(json.loads(text))
 
 

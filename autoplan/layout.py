@@ -40,7 +40,7 @@ class Layout:
                 "blocks": [b.to_dict() for b in self.blocks]}
 
     @staticmethod
-    def from_dict(d: Any) -> "Layout":
+    def from_dict(d: Any) -> Layout:
         if not isinstance(d, dict) or d.get("version") != LAYOUT_VERSION:
             version = d.get("version") if isinstance(d, dict) else None
             raise UserError(f"the plan file's layout has version {version!r}, this autoplan reads {LAYOUT_VERSION}",

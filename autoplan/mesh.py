@@ -14,10 +14,10 @@ of non-expert parameters) and ``EXPERT_DP`` (cp, dp: gradients of expert paramet
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
-from typing import Sequence
 
 from autoplan.axes import GROUP_AXES
 from autoplan.plan import Plan
@@ -28,7 +28,7 @@ class Mesh:
     sizes: tuple[tuple[str, int], ...]    # (axis, size) innermost first
 
     @staticmethod
-    def of(plan: Plan) -> "Mesh":
+    def of(plan: Plan) -> Mesh:
         size = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp // plan.ep, "pp": plan.pp}
         return Mesh(tuple((axis, size[axis]) for axis in plan.order))
 

@@ -39,7 +39,14 @@ from typing import Any
 from autoplan.axes import AXES
 from autoplan.errors import UserError
 from autoplan.plan_notation import DEFAULT_ORDER as NOTATION_ORDER
-from autoplan.plan_notation import NOTATION_GRAMMAR, compact_tokens, complete_order, is_compact, parse_compact, run_length
+from autoplan.plan_notation import (
+    NOTATION_GRAMMAR,
+    compact_tokens,
+    complete_order,
+    is_compact,
+    parse_compact,
+    run_length,
+)
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline import V_SCHEDULES, ScheduleSpec, stage_rank
 
@@ -203,7 +210,7 @@ class Plan:
         return tuple(mesh.split("·")) + tuple(rest)
 
     @staticmethod
-    def parse(text: str, num_gpus: int | None = None) -> "Plan":
+    def parse(text: str, num_gpus: int | None = None) -> Plan:
         """Parse a plan string, canonical (``tp=8,pp=8,…``) or compact (``tp8·pp8·dp16 mbs1``);
         ``num_gpus`` fills in ``dp`` when omitted.
 
@@ -230,7 +237,7 @@ class Plan:
         return Plan.from_fields(raw, num_gpus)
 
     @staticmethod
-    def from_fields(raw: dict[str, Any], num_gpus: int | None = None) -> "Plan":
+    def from_fields(raw: dict[str, Any], num_gpus: int | None = None) -> Plan:
         kw: dict[str, Any] = {}
         for key in _INT_KEYS:
             if key in raw:
@@ -287,7 +294,7 @@ class Plan:
                            "plan_string": self.to_string()}, sort_keys=True)
 
     @staticmethod
-    def from_json(text: str | dict) -> "Plan":
+    def from_json(text: str | dict) -> Plan:
         d = json.loads(text) if isinstance(text, str) else text
         if "plan" in d:
             version = d.get("schema_version")
@@ -297,7 +304,7 @@ class Plan:
             d = d["plan"]
         return Plan.from_fields(dict(d))
 
-    def replace(self, **changes: Any) -> "Plan":
+    def replace(self, **changes: Any) -> Plan:
         return replace(self, **changes)
 
     # --- validation --------------------------------------------------------

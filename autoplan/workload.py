@@ -42,11 +42,11 @@ class Workload:
 
     @staticmethod
     def load(model: str, cluster: str | Cluster, *, seq: int = DEFAULT_SEQ,
-             global_batch: int = DEFAULT_GLOBAL_BATCH) -> "Workload":
+             global_batch: int = DEFAULT_GLOBAL_BATCH) -> Workload:
         c = load_cluster(cluster)
         if global_batch < 1:
             raise UserError(f"--global-batch must be ≥ 1, got {global_batch}", "pass --global-batch N with N ≥ 1")
-        from autoplan.frontend import trace   # torch: imported only when a model is traced
+        from autoplan.frontend import trace  # torch: imported only when a model is traced
         graph = trace(model, seq=seq)
         _check_stack(graph, model)
         return Workload(graph, c, seq, global_batch, model)

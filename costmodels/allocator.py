@@ -105,7 +105,7 @@ class _Block:
     prev: _Block | None
     next: _Block | None
 
-    def __init__(self, ptr: int, size: int, segment: "_Segment", prev: _Block | None = None,
+    def __init__(self, ptr: int, size: int, segment: _Segment, prev: _Block | None = None,
                  next: _Block | None = None):
         self.ptr, self.size, self.allocated, self.segment = ptr, size, False, segment
         self.prev, self.next = prev, next

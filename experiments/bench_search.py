@@ -62,8 +62,8 @@ QUALITY_CASES = [
     ("deepseek-v3", "h100x2048", 4096, 4096),
 ]
 
-from results_md import write_section  # noqa: E402
 from autoplan.bands import DEFAULT_SAMPLES  # noqa: E402
+from results_md import write_section  # noqa: E402
 
 _CHILD = """
 import json, sys, time
@@ -205,11 +205,11 @@ def speed(bands: bool = True) -> list[dict]:
 def quality() -> list[dict]:
     from autoplan.baselines import RECIPES, baseline
     from autoplan.baselines.common import price
-    from autoplan.workload import load_cluster
-    from autoplan.errors import UserError
     from autoplan.cost import Estimator
+    from autoplan.errors import UserError
     from autoplan.frontend import trace
     from autoplan.search import SearchOptions, search
+    from autoplan.workload import load_cluster
 
     rows = []
     for model_name, cluster_name, seq, batch in QUALITY_CASES:

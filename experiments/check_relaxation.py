@@ -29,8 +29,7 @@ def problems(model: str, cluster: str, seq: int, batch: int) -> list:
     """Every distinct block ILP (``ilp.IlpProblem``, with its time limit) the search of the case solves."""
     from autoplan.cost import Estimator
     from autoplan.frontend import trace
-    from autoplan.search import SearchOptions
-    from autoplan.search import driver
+    from autoplan.search import SearchOptions, driver
     from autoplan.search.space import enumerate_meshes
     from autoplan.sharding import ilp
     from autoplan.workload import load_cluster

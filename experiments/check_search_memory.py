@@ -38,9 +38,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from results_md import write_section  # noqa: E402
-
 from autoplan.apply.memcheck import PIPELINE_SCHEDULES  # noqa: E402
+from results_md import write_section  # noqa: E402
 
 RESTRICTED = {"schedules": PIPELINE_SCHEDULES}   # what memcheck runs (any zero stage)
 TOLERANCE = 0.05          # the bar: estimate within 5 % of the tracker's peak

@@ -18,9 +18,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import published_regimes as pr  # noqa: E402
+import topologies  # noqa: E402
 from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
 from autoplan.plan import Plan  # noqa: E402
-import topologies  # noqa: E402
 
 NICS = (1, 2, 4, 8)
 

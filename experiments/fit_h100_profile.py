@@ -30,9 +30,9 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import published_regimes as pr  # noqa: E402
-from profile_ranges import gemm_range_block  # noqa: E402
 from autoplan.cost import EstimateOptions  # noqa: E402
 from costmodels.compute import PROFILE_DIR  # noqa: E402
+from profile_ranges import gemm_range_block  # noqa: E402
 
 PROFILE = os.path.join(PROFILE_DIR, "h100.yaml")
 PUBLISHED = {"gemm_peak_fraction": 0.76, "attention_fwd_fraction": 0.55, "fusion": 0.5}

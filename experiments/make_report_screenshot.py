@@ -26,9 +26,9 @@ WIDTH, MAX_HEIGHT = 1300, 8000
 def build_html() -> str:
     from autoplan.baselines import baseline
     from autoplan.baselines.common import price
-    from autoplan.workload import Workload
     from autoplan.explain import render_report
     from autoplan.plan import Plan
+    from autoplan.workload import Workload
 
     w = Workload.load(MODEL, CLUSTER, seq=SEQ, global_batch=GLOBAL_BATCH)
     graph, cluster, estimator = w.model, w.cluster, w.estimator()

@@ -34,12 +34,12 @@ from typing import Any
 
 import yaml
 
-from autoplan.errors import UserError
+import topologies
 from autoplan.cost import EstimateOptions, Estimator
+from autoplan.errors import UserError
 from autoplan.frontend import trace
 from autoplan.plan import Plan
 from costmodels.compute import PROFILE_DIR
-import topologies
 from topologies.cluster_yaml import from_mapping
 
 REFERENCE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",

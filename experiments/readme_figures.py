@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from typing import Callable
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")

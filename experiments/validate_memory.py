@@ -51,9 +51,10 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import published_regimes as pr  # noqa: E402
-from results_md import write_section  # noqa: E402
 from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
 from autoplan.plan import Plan  # noqa: E402
+from results_md import write_section  # noqa: E402
+
 
 def memory_rows(path: str | None = None) -> list[dict]:
     """The rows with a published peak or a must-fit outcome, with their plan mapped."""

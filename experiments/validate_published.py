@@ -41,14 +41,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import published_regimes as pr  # noqa: E402
+import topologies  # noqa: E402
+import vtrain_layers  # noqa: E402
 from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
+from autoplan.errors import UserError  # noqa: E402
 from autoplan.frontend import trace  # noqa: E402
 from autoplan.plan import Plan  # noqa: E402
-from autoplan.errors import UserError  # noqa: E402
-import topologies  # noqa: E402
 from results_md import write_section  # noqa: E402
-import published_regimes as pr  # noqa: E402
-import vtrain_layers  # noqa: E402
 
 SEQ = 2048
 VOCAB = 51200

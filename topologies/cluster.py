@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 from topologies.gpus import GPUSpec
 

@@ -49,8 +49,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import reprlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

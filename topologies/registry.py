@@ -20,7 +20,6 @@ import os
 import re
 from pathlib import Path
 
-
 from topologies._data import DATA_DIR, read_yaml
 from topologies.cluster import Cluster
 from topologies.cluster_yaml import from_mapping, read_file

@@ -7,7 +7,7 @@ torch releases (pyproject pins torch 2.13–2.14); each has a test in
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.distributed.tensor import Replicate, Shard

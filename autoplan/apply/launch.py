@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 WORKER_ENV = ("RANK", "WORLD_SIZE")
 

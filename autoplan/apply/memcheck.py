@@ -291,6 +291,8 @@ def register_fused_rms_norm_sharding() -> None:
 
 def _child(spec: dict) -> dict:
     """Build, apply and run two steps on fake tensors for one rank; the peak by category."""
+    from dataclasses import replace
+
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -299,7 +301,6 @@ def _child(spec: dict) -> dict:
     from autoplan.apply.parallel import apply
     from autoplan.frontend.fakes import fakeify_module, new_fake_mode
     from autoplan.frontend.source import build_on_meta, load_source
-    from dataclasses import replace
 
     plan = Plan.parse(spec["plan"])
     register_fused_rms_norm_sharding()

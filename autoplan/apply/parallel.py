@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,16 +24,23 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from autoplan.apply import (context_parallel, data_parallel, distributed_optimizer, expert_parallel, pipeline, recompute,
-                            tensor_parallel)
+from autoplan.apply import (
+    context_parallel,
+    data_parallel,
+    distributed_optimizer,
+    expert_parallel,
+    pipeline,
+    recompute,
+    tensor_parallel,
+)
 from autoplan.apply._torch import flat_mesh, plain_tensors_are_replicated, register_cpu_attention_sharding
 from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
 from autoplan.apply.groups import GroupMaker, Reduction, gradient_reductions
 from autoplan.apply.layout import ModelLayout, probe
 from autoplan.apply.outputs import training_config
 from autoplan.apply.tensor_parallel import PlacementsArg
-from autoplan.errors import UserError
 from autoplan.axes import DENSE_DP, EXPERT_DP
+from autoplan.errors import UserError
 from autoplan.frontend.hf import unpacked_sequences
 from autoplan.mesh import Mesh
 from autoplan.plan import SCHEDULE_SPECS, V_SCHEDULES, Plan

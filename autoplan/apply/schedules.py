@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
 
-from costmodels.pipeline.schedules import B, BW, F, W, build_orders
+from costmodels.pipeline.schedules import BW, B, F, W, build_orders
 
 _KIND = {F: _ComputationType.FORWARD, B: _ComputationType.BACKWARD_INPUT,
          W: _ComputationType.BACKWARD_WEIGHT, BW: _ComputationType.FULL_BACKWARD}

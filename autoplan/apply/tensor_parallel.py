@@ -46,8 +46,8 @@ import re
 from collections.abc import Callable, Mapping
 
 import torch
-from torch import nn
 import torch.distributed._functional_collectives as funcol
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
 

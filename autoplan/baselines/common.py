@@ -9,8 +9,9 @@ Vocabulary: *axis* = a mesh axis (tp, cp, ep, dp, pp); *degree* = its size.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from autoplan.errors import UserError
 from autoplan.ir import BlockGraph, ModelInfo

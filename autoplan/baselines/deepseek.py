@@ -15,7 +15,8 @@ Cannot apply to a dense model (no experts to spread).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from autoplan.baselines.common import RecipeContext, divisors, ep_degree, first_that_fits
 from autoplan.errors import UserError

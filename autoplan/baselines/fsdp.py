@@ -11,7 +11,8 @@ one sequence).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from autoplan.baselines.common import RecipeContext, divisors, first_that_fits
 from autoplan.errors import UserError

@@ -19,10 +19,10 @@ MoE models run with ep = 1 (experts sharded by tp and FSDP only): Llama 3 is den
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from autoplan.baselines.common import (RecipeContext, divisors, first_that_fits, interleaving,
-                                       microbatches, tp_degree)
+from autoplan.baselines.common import RecipeContext, divisors, first_that_fits, interleaving, microbatches, tp_degree
 from autoplan.ir import BlockGraph
 from autoplan.plan import Plan
 from topologies.cluster import Cluster

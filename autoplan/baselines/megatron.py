@@ -18,10 +18,18 @@ sequences.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from autoplan.baselines.common import (RecipeContext, divisors, ep_degree, first_that_fits,
-                                       interleaving, microbatches, tp_degree)
+from autoplan.baselines.common import (
+    RecipeContext,
+    divisors,
+    ep_degree,
+    first_that_fits,
+    interleaving,
+    microbatches,
+    tp_degree,
+)
 from autoplan.ir import BlockGraph
 from autoplan.plan import Plan
 from topologies.cluster import Cluster

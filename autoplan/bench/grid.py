@@ -23,12 +23,12 @@ separately, the fastest that fits at all (MoE: megatron's ep may cross nodes).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from autoplan.baselines.common import divisors, ep_degree
-from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
+from autoplan.errors import UserError
 from autoplan.plan import DEFAULT_ORDER, Plan
 from topologies.cluster import Cluster
 

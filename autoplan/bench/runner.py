@@ -16,15 +16,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import autoplan
 from autoplan.bench.case import run_case
 from autoplan.bench.plots import write_plots
 from autoplan.bench.report import markdown, results_csv, results_json, write_section
 from autoplan.bench.suite import Case
-from autoplan.errors import UserError
 from autoplan.cost import rounded
+from autoplan.errors import UserError
 
 
 def run_suite(cases: tuple[Case, ...], out_dir: str, *, suite: str, all_cases: tuple[Case, ...], command: str,

@@ -31,8 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from autoplan.calibrate.plan import HEAD_DIM, AttentionShape, MeasurementPlan
 from autoplan.errors import UserError
-from costmodels.profile_fit import (AttentionSample, CopySample, GemmSample, Measurements,
-                                    TinySample)
+from costmodels.profile_fit import AttentionSample, CopySample, GemmSample, Measurements, TinySample
 
 DTYPE = torch.bfloat16
 

@@ -23,8 +23,7 @@ from autoplan.calibrate.device import catalog_gpu_name, cuda_device_name
 from autoplan.calibrate.plan import measurement_plan
 from autoplan.errors import UserError
 from costmodels.compute import ComputeProfile, load_profile
-from costmodels.profile_fit import (FitResult, Measurements, fit_profile,
-                                    measurements_from_mapping, profile_yaml)
+from costmodels.profile_fit import FitResult, Measurements, fit_profile, measurements_from_mapping, profile_yaml
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -16,8 +16,8 @@ import argparse
 import os
 import sys
 
-from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 from autoplan.errors import UserError
+from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -72,9 +72,9 @@ def parse_baseline(text: str, num_gpus: int):
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines import baseline
     from autoplan.baselines.common import price
-    from autoplan.workload import Workload, load_cluster
     from autoplan.explain import Side, audit, render_markdown, render_report
     from autoplan.export.load import load_plan
+    from autoplan.workload import Workload, load_cluster
 
     # everything a user can mistype is checked before the (slower) trace
     seq, global_batch = run_values(args)

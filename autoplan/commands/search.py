@@ -17,8 +17,8 @@ import argparse
 import json
 import sys
 
-from autoplan.commands.common import add_band_args, add_engine_args, add_margin_arg, add_workload_args
 from autoplan.bands import DEFAULT_OBJECTIVE, OBJECTIVES
+from autoplan.commands.common import add_band_args, add_engine_args, add_margin_arg, add_workload_args
 from autoplan.errors import UserError
 
 
@@ -53,8 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.atomic import write_text
     from autoplan.commands.common import wide_console
-    from autoplan.cost.params import NOMINAL, load_override
     from autoplan.cost import rounded
+    from autoplan.cost.params import NOMINAL, load_override
     from autoplan.search import SearchOptions, search
     from autoplan.workload import Workload
 
@@ -97,7 +97,6 @@ def run(args: argparse.Namespace) -> int:
 def _print(console, graph, cluster, args, result) -> None:
     from autoplan.commands.common import run_header
     from autoplan.commands.plans_table import plans_table, tie_note
-
     from autoplan.search.robust import FOLD_TOLERANCE
 
     console.print(run_header(graph, cluster, args.global_batch))

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from autoplan.cost.evidence import Flag, flags
 from autoplan.cost import Estimate, Primitive, rounded
+from autoplan.cost.evidence import Flag, flags
 from autoplan.explain import rules
 from autoplan.explain.rules import Verdict
 from autoplan.explain.units import percent, seconds

@@ -17,8 +17,8 @@ so a headless browser can confirm that the page loaded and drew (the tests do).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
-from typing import Sequence
 
 import autoplan
 from autoplan.cost import Estimate, Estimator
@@ -26,8 +26,7 @@ from autoplan.cost.evidence import Flag, flags
 from autoplan.cost.uncertainty import Band
 from autoplan.explain.audit import Audit, Side, audit, shown
 from autoplan.explain.rules import Verdict
-from autoplan.explain.svg import (gantt_svg, group_caption, map_window, memory_bars_svg, mesh_map_svg,
-                                  time_bars_svg)
+from autoplan.explain.svg import gantt_svg, group_caption, map_window, memory_bars_svg, mesh_map_svg, time_bars_svg
 from autoplan.explain.units import AXIS_NAMES, KIND_NAMES, count, percent, seconds, signed_seconds, size
 from autoplan.plan import Plan
 from costmodels.pipeline import simulate

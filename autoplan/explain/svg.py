@@ -8,8 +8,8 @@ operations is binned to one rectangle per pixel column run, and the mesh map dra
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
-from typing import Sequence
 
 from autoplan.explain.units import ranks_text, seconds
 from autoplan.mesh import Mesh

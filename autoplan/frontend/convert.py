@@ -50,8 +50,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from autoplan.frontend import costs, dims
 from autoplan.frontend.dtensor_strategies import StrategyTable
 from autoplan.frontend.fakes import dtype_name
-from autoplan.frontend.gpu_kernels import aten_op
 from autoplan.frontend.fx_meta import created_in_backward, node_attention_window, node_module, node_seq_nr
+from autoplan.frontend.gpu_kernels import aten_op
 from autoplan.frontend.joint import TracedRegion
 from autoplan.ir import OpGraph, OpNode, TensorInfo, TensorRef
 

@@ -13,7 +13,7 @@ maps the number back to the forward node's module.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

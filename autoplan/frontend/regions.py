@@ -28,8 +28,9 @@ random labels shaped like the logits without the vocabulary dim.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +59,7 @@ class Template:
     leaves: list[Any]
 
     @staticmethod
-    def of(value: Any) -> "Template":
+    def of(value: Any) -> Template:
         leaves, spec = tree_flatten(value)
         return Template(spec, [TensorSlot(tuple(x.shape), x.dtype, bool(x.requires_grad))
                                if isinstance(x, torch.Tensor) else x for x in leaves])

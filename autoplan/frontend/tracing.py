@@ -26,7 +26,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
-import torch
 from torch import nn
 
 from autoplan.errors import UserError, raised_by_code
@@ -39,8 +38,7 @@ from autoplan.frontend.fakes import TORCH_DTYPES, fakeify_module, new_fake_mode
 from autoplan.frontend.gpu_kernels import GpuKernels
 from autoplan.frontend.hf import training_kernels
 from autoplan.frontend.info import expert_modules, infer_model_info
-from autoplan.frontend.inputs import (ModelInputs, as_model_inputs, block_positions, default_inputs,
-                                     takes_tokens)
+from autoplan.frontend.inputs import ModelInputs, as_model_inputs, block_positions, default_inputs, takes_tokens
 from autoplan.frontend.joint import TracedRegion, trace_joint
 from autoplan.frontend.regions import block_region, capture, post_region, pre_region
 from autoplan.frontend.source import ModelSource, build_on_meta, load_source, user_frame

@@ -286,9 +286,10 @@ SEARCH_CASES = [(MODELS[0], "h100x16", 128), (MODELS[3], "h100x16", 64), (MODELS
 
 @pytest.fixture(scope="module")
 def searched():
-    from autoplan.cli import main
     import contextlib
     import io
+
+    from autoplan.cli import main
 
     out = {}
     for model, cluster, batch in SEARCH_CASES:

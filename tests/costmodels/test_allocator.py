@@ -5,8 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodels.allocator import (SMALL_BUFFER, CachingAllocator, Event, replay, round_size,
-                                  segment_size)
+from costmodels.allocator import SMALL_BUFFER, CachingAllocator, Event, replay, round_size, segment_size
 
 MiB = 1 << 20
 

@@ -5,8 +5,7 @@ import dataclasses
 import pytest
 
 import topologies
-from costmodels.collectives import (KINDS, alg_bandwidth, bus_bandwidth, bus_factor,
-                                    collective_cost, collective_time)
+from costmodels.collectives import KINDS, alg_bandwidth, bus_bandwidth, bus_factor, collective_cost, collective_time
 
 GB = 1e9
 BIG = 1 << 30

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from costmodels.pipeline.live import _events, peak_bytes, peak_live
-from costmodels.pipeline.schedules import B, BW, F, SCHEDULES, W, build_orders
+from costmodels.pipeline.schedules import BW, SCHEDULES, B, F, W, build_orders
 from costmodels.pipeline.steady import reduced_sizes
 
 CHUNKS = {"1f1b": (1,), "gpipe": (1,), "zb-h1": (1,), "zb-h2": (1,), "zbv": (2,), "dualpipev": (2,),

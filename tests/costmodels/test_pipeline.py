@@ -8,10 +8,19 @@ import sys
 import numpy as np
 import pytest
 
-from costmodels.pipeline import (SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, PipelineResult, closed_form_bubble,
-                                 closed_form_peak_activations, simulate, stage_rank)
+from costmodels.pipeline import (
+    SCHEDULES,
+    SPLIT_BACKWARD,
+    V_SCHEDULES,
+    PipelineResult,
+    closed_form_bubble,
+    closed_form_peak_activations,
+    simulate,
+    simulator,
+    stage_rank,
+    steady,
+)
 from costmodels.pipeline import schedules as schedules_mod
-from costmodels.pipeline import simulator, steady
 from costmodels.pipeline.events import StageTimes
 from costmodels.pipeline.simulator import _compile
 

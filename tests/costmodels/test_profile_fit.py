@@ -16,10 +16,20 @@ import yaml
 
 import topologies
 from costmodels.compute import load_profile, op_time
-from costmodels.profile_fit import (AttentionSample, CopySample, GemmSample, TinySample,
-                                    attention_fraction, copy_bandwidth, fit_gemm, fit_profile,
-                                    gemm_model_seconds, measurements_from_mapping,
-                                    measurements_to_mapping, profile_yaml)
+from costmodels.profile_fit import (
+    AttentionSample,
+    CopySample,
+    GemmSample,
+    TinySample,
+    attention_fraction,
+    copy_bandwidth,
+    fit_gemm,
+    fit_profile,
+    gemm_model_seconds,
+    measurements_from_mapping,
+    measurements_to_mapping,
+    profile_yaml,
+)
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "autoplan", "calibrate", "data")
 H100 = topologies.gpu_spec("h100")

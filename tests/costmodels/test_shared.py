@@ -76,9 +76,8 @@ def test_a_failed_build_releases_its_claim_and_the_waiter_builds_it():
     if os.path.exists(BUILT):
         os.remove(BUILT)
     try:
-        with shared.sharing():
-            with mp.get_context("fork").Pool(2) as pool:
-                assert pool.map(_cube_in_child, [-1, -1], chunksize=1) == ["no cube of a negative number here"] * 2
+        with shared.sharing(), mp.get_context("fork").Pool(2) as pool:
+            assert pool.map(_cube_in_child, [-1, -1], chunksize=1) == ["no cube of a negative number here"] * 2
         with open(BUILT) as f:
             assert len(f.readlines()) == 2          # the waiter built it too, and failed the same way
     finally:

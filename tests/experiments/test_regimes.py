@@ -5,7 +5,6 @@ import os
 import pytest
 
 
-
 @pytest.fixture(scope="module")
 def pr(experiment):
     module = experiment("published_regimes")

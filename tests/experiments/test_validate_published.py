@@ -8,7 +8,6 @@ import json
 import pytest
 
 
-
 @pytest.mark.slow        # > 10 s on 2 cores; CI runs the slow tier too
 def test_published_runs_within_issue_18s_megatron_target(capsys, experiment):
     vp = experiment("validate_published")

@@ -85,6 +85,7 @@ def test_gpu_overrides_apply_and_round_trip():
 
 def test_gpu_override_must_be_positive():
     import pytest
+
     from topologies.cluster_yaml import from_mapping
     from topologies.errors import TopologyError
     with pytest.raises(TopologyError, match="gpu_hbm_bw must be a finite number > 0"):

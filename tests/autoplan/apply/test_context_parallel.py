@@ -12,8 +12,14 @@ import pytest
 import torch
 from torch import nn
 
-from autoplan.apply.context_parallel import (check_model, chunks_of, local_positions, split_sequence, torch_declines,
-                                             usp_split)
+from autoplan.apply.context_parallel import (
+    check_model,
+    chunks_of,
+    local_positions,
+    split_sequence,
+    torch_declines,
+    usp_split,
+)
 from autoplan.apply.train import RunConfig
 from autoplan.apply.verify import verify
 from autoplan.errors import UserError

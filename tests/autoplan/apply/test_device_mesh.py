@@ -31,8 +31,8 @@ def test_world_size_must_match_the_plan(single_rank):
 def test_apply_rejects_a_mesh_with_another_layout(single_rank):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from autoplan.apply import apply
     from autoplan import zoo
+    from autoplan.apply import apply
     from autoplan.zoo.spec import parse_spec
 
     model = zoo.build(parse_spec("llama:layers=2,hidden=32,heads=4,vocab=64"))

@@ -11,8 +11,13 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from autoplan.apply.memcheck_pipeline import (dtensor_metadata_outside, peak_in_flight, step_tracker,
-                                              torch_order, torch_stages)
+from autoplan.apply.memcheck_pipeline import (
+    dtensor_metadata_outside,
+    peak_in_flight,
+    step_tracker,
+    torch_order,
+    torch_stages,
+)
 from costmodels.pipeline.live import peak_live
 
 

@@ -13,8 +13,8 @@ import pytest
 from autoplan.apply.parallel import check_supported
 from autoplan.apply.train import RunConfig
 from autoplan.apply.verify import verify
-from autoplan.errors import UserError
 from autoplan.cost import Estimator
+from autoplan.errors import UserError
 from autoplan.frontend import trace
 from autoplan.mesh import Mesh
 from autoplan.search import SearchOptions, search

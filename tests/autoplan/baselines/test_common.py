@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.baselines.common import (MAX_VPP, divisors, ep_degree, interleaving, tp_degree)
+from autoplan.baselines.common import MAX_VPP, divisors, ep_degree, interleaving, tp_degree
 from autoplan.ir import ModelInfo
 from topologies import load
 

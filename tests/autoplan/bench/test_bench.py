@@ -15,7 +15,6 @@ from autoplan.bench.suite import Case
 from autoplan.errors import UserError
 from topologies import load
 
-
 # --- suite -----------------------------------------------------------------------------------------
 
 def test_default_suite_covers_the_issue():

@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from autoplan.calibrate.measure import TimingPolicy, measure, seconds_per_call
-from autoplan.calibrate.plan import AttentionShape, GemmShape, MeasurementPlan, TINY_KERNELS
+from autoplan.calibrate.plan import TINY_KERNELS, AttentionShape, GemmShape, MeasurementPlan
 
 FAST = TimingPolicy(warmup=1, trials=3, min_trial_s=0.0, max_calls=2, spin_up_s=0.0)
 

@@ -1,6 +1,5 @@
 """autoplan/calibrate/plan.py: the shapes calibrate times."""
-from autoplan.calibrate.plan import (COPY_BYTES, TOKENS, AttentionShape, GemmShape, gemm_dims,
-                                     measurement_plan)
+from autoplan.calibrate.plan import COPY_BYTES, TOKENS, AttentionShape, GemmShape, gemm_dims, measurement_plan
 
 
 def test_plan_is_deterministic_and_ordered():

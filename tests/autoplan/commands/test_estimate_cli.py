@@ -17,7 +17,7 @@ def estimate(cli, plan, cluster="h100x16", *extra):
 
 def test_json_fields_and_consistent_numbers(cli):
     e = estimate(cli, "tp=8,pp=2,mbs=1,recompute=selective")
-    assert FIELDS <= set(e)
+    assert set(e) >= FIELDS
     assert set(e["memory_breakdown_gib"]) == {"params", "grads", "optimizer", "activations", "other"}
     assert e["memory_gib"] == pytest.approx(sum(e["memory_breakdown_gib"].values()), rel=1e-4)
     assert e["tokens_per_s"] == pytest.approx(32 * 2048 / e["step_time_s"], rel=1e-4)

@@ -6,9 +6,9 @@ import subprocess
 import pytest
 
 import topologies
+from autoplan.commands.plans_table import tie_ranks
 from autoplan.frontend import trace
 from autoplan.mesh import Mesh
-from autoplan.commands.plans_table import tie_ranks
 from autoplan.plan import Plan
 from autoplan.search import SearchOptions, search
 

@@ -38,9 +38,9 @@ def test_block_layout_is_solved_at_the_plans_own_cp_whatever_was_priced_before(s
     reduce-scattered) wins.  A plan is priced with the layout of its own local shape, and its
     price does not depend on which plans the estimator priced first."""
     from autoplan.cost import Estimator
-    from autoplan.sharding import ShardingContext, price_assignment, solve_assignment
     from autoplan.cost.comms import AxisPricer
     from autoplan.mesh import Mesh
+    from autoplan.sharding import ShardingContext, price_assignment, solve_assignment
 
     model, cluster, est = setup(LONG, "h100x128", seq=131072)
     short = Plan.parse("tp=8,cp=1,dp=16,mbs=1,sp=on", num_gpus=128)

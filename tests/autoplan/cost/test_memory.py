@@ -126,7 +126,7 @@ def test_op_recomputes_between_selective_and_full(setup):
     e = {rc: est.estimate(Plan.parse(f"dp=8,zero=3,recompute={rc}"), 8) for rc in ("none", "op", "full")}
     assert e["none"].hfu == pytest.approx(e["none"].mfu)
     extra = {rc: x.hfu / x.mfu - 1 for rc, x in e.items()}        # recompute FLOPs / model FLOPs
-    assert 0 == pytest.approx(extra["none"]) and 0 < extra["op"] < extra["full"] < 1 / 3 + 1e-9
+    assert pytest.approx(extra["none"]) == 0 and 0 < extra["op"] < extra["full"] < 1 / 3 + 1e-9
     assert e["none"].step_time_s < e["op"].step_time_s < e["full"].step_time_s
     assert e["full"].memory_gib < e["op"].memory_gib < e["none"].memory_gib
 

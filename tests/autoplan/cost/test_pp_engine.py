@@ -1,6 +1,5 @@
 """The pipeline engine's host time per send/receive instruction (``cost.pp.engine_instructions``,
 profile ``p2p_host_s``: DeepSpeed's PipelineEngine)."""
-import pytest
 
 from autoplan.cost import EstimateOptions, Estimator
 from autoplan.cost.pp import engine_instructions

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
+import tomllib
 
 from autoplan.cli import main
 from autoplan.plan import Plan

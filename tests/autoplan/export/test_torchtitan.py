@@ -1,9 +1,8 @@
 """Plan → torchtitan TOML: every mapping, every warning, and valid TOML."""
 from __future__ import annotations
 
-import tomllib
-
 import pytest
+import tomllib
 
 from autoplan.export.torchtitan import model_parts, to_torchtitan
 from autoplan.plan import Plan

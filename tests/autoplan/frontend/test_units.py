@@ -188,8 +188,13 @@ def test_fused_rms_norm_matches_rms_norm_numerically():
 # --- fx_meta -------------------------------------------------------------------------
 
 def test_module_paths_on_forward_and_backward_nodes():
-    from autoplan.frontend.fx_meta import (module_paths, node_module, node_seq_nr, preserve_node_meta,
-                                           tag_backward_with_forward_seq_nr)
+    from autoplan.frontend.fx_meta import (
+        module_paths,
+        node_module,
+        node_seq_nr,
+        preserve_node_meta,
+        tag_backward_with_forward_seq_nr,
+    )
     mode = new_fake_mode()
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())

@@ -5,8 +5,7 @@ import json
 
 from autoplan.cost.uncertainty import Sampler
 from autoplan.frontend import trace
-from autoplan.search import SearchOptions, search
-from autoplan.search import driver
+from autoplan.search import SearchOptions, driver, search
 from autoplan.workload import load_cluster
 
 MODEL = "gpt:layers=4,hidden=1024,heads=16,vocab=32000"

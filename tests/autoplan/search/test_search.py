@@ -8,13 +8,12 @@ the simulator's makespan is monotone in every op's duration) — and keeps the f
 per stage greedily; it must still land within 0.5 % of that optimum.
 """
 import itertools
-import json
 
 import pytest
 
 import topologies
-from autoplan.errors import UserError
 from autoplan.cost import Estimator
+from autoplan.errors import UserError
 from autoplan.frontend import trace
 from autoplan.plan import RECOMPUTE
 from autoplan.search import SearchOptions, search

@@ -7,11 +7,10 @@ import pytest
 
 import topologies
 from autoplan.cost import Estimator, rounded
-from autoplan.frontend import trace
-from autoplan.search import SearchOptions, search
-from autoplan.search import stages
-from autoplan.search.space import enumerate_meshes
 from autoplan.cost.bounds import plan_floor
+from autoplan.frontend import trace
+from autoplan.search import SearchOptions, search, stages
+from autoplan.search.space import enumerate_meshes
 from autoplan.search.stages import recompute_floor
 from costmodels.pipeline import simulator
 

@@ -1,7 +1,7 @@
 """The ILP layer against brute force on small random problems, both backends."""
 import pytest
 
-from autoplan.sharding.ilp import IlpNode, IlpProblem, IlpTensor, IlpInfeasible, _solve_cpsat, evaluate, solve
+from autoplan.sharding.ilp import IlpInfeasible, IlpNode, IlpProblem, IlpTensor, _solve_cpsat, evaluate, solve
 
 
 @pytest.mark.parametrize("backend", ["cpsat", "cbc"])

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from autoplan.frontend import trace
-from autoplan.sharding import ilp, solve as solve_mod
+from autoplan.sharding import ilp
+from autoplan.sharding import solve as solve_mod
 from autoplan.sharding.prepare import prepare
 from autoplan.sharding.solve import build_problem, solve_assignment
 

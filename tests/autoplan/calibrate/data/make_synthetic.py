@@ -19,8 +19,14 @@ import yaml
 import topologies
 from autoplan.calibrate.plan import measurement_plan
 from costmodels.compute import ComputeProfile, op_time
-from costmodels.profile_fit import (AttentionSample, CopySample, GemmSample, Measurements,
-                                    TinySample, measurements_to_mapping)
+from costmodels.profile_fit import (
+    AttentionSample,
+    CopySample,
+    GemmSample,
+    Measurements,
+    TinySample,
+    measurements_to_mapping,
+)
 
 GPU = "h100"
 WOBBLE = 0.03
