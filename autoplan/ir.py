@@ -340,7 +340,8 @@ class ModelInfo:
     token_inputs: bool = True
     throughput_unit: str = "tokens"
     positions: int = 0
-    encoder_layers: int = 0    # encoder-decoder: layers of the encoder stack (the first ``encoder_layers`` of ``order``)
+    encoder_layers: int = 0    # encoder-decoder: layers of the encoder stack (the first ``encoder_layers``
+                               # of ``order``)
     sliding_window: int = 0    # keys a sliding-window layer attends to (0: none); per-layer windows are on the ops
     v_head_dim: int = 0        # value head size when it differs from ``head_dim`` (MLA: q/k 192, v 128), else 0
     attention: str = ""        # attention implementation the model was built with ("sdpa", "eager"; "" unknown)

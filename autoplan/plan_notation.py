@@ -32,7 +32,8 @@ _MESH = re.compile(r"^(tp|cp|pp|dp|ep)\d+([·.](tp|cp|pp|dp|ep)\d+)*$")
 _KEYED = re.compile(r"(zero|mbs|vpp)(\d+)$")
 _ALIASES = {"rc": "recompute"}
 
-NOTATION_GRAMMAR = ("compact plan: space-separated tokens, e.g. 'tp2·cp2·pp8·dp32 zero2 mbs2 zbv ulysses rc=selective'; "
+NOTATION_GRAMMAR = ("compact plan: space-separated tokens, "
+                    "e.g. 'tp2·cp2·pp8·dp32 zero2 mbs2 zbv ulysses rc=selective'; "
                     "mesh <axis><degree> joined by '·', then zero<n>, mbs<n>, vpp<n>, a schedule "
                     f"({', '.join(SCHEDULE_WORDS)}), a cp algorithm ({', '.join(CP_WORDS)}) and key=value pairs")
 

@@ -255,7 +255,8 @@ def markdown(speed_rows, quality_rows) -> str:
                          f"{r['total_s'] / r['off_total_s']:.2f} | {r['stats']['meshes']} | "
                          f"{r['stats']['searched']} | {r['stats']['priced']} | `{r['best']}` |")
         lines += ["", "Block ILPs of those searches (one per block kind × tp × sp; pre/post are the embedding and "
-                  "the head + loss; at tp = 1 every op is replicated on the tp axis, so no ILP is built):", "", "| model | block | tp | sp | ILP nodes | variables | constraints | "
+                  "the head + loss; at tp = 1 every op is replicated on the tp axis, so no ILP is built):", "",
+                  "| model | block | tp | sp | ILP nodes | variables | constraints | "
                   "solve s | gap |", "|" + "---|" * 9]
         for r in speed_rows:
             for i in r["ilps"]:

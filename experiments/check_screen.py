@@ -33,7 +33,8 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", default=list(CASES))
     ap.add_argument("--top-k", type=int, default=5)
     args = ap.parse_args()
-    print(f"{'case':28} {'same top-1':>10} {'same top-K':>10} {'best Δ':>9} {'K-th Δ':>9} {'s default':>9} {'s all':>7}")
+    print(f"{'case':28} {'same top-1':>10} {'same top-K':>10} {'best Δ':>9} {'K-th Δ':>9} {'s default':>9} "
+          f"{'s all':>7}")
     for case in args.cases:
         r = run(case, args.top_k)
         (pd, td, sd), (pa, ta, sa) = r["default"], r["all"]

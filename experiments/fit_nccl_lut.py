@@ -9,7 +9,8 @@ node of ``vtrain/cluster_a100.yaml`` (n GPUs), i.e. the ring formula
 
     t = launch_latency + 2(n-1)·nvlink_latency + 2(n-1)/n · S / (nvlink_bw · nvlink_efficiency)
 
-A grid over (nvlink_efficiency, nvlink_latency, launch_latency) minimises the RMS of log(predicted / measured) over every 16th size of each LUT
+A grid over (nvlink_efficiency, nvlink_latency, launch_latency) minimises the RMS of
+log(predicted / measured) over every 16th size of each LUT
 (448 points; the report covers all 7 x 1,024).
 Prints the winner and the per-n, per-size-band mean ratio; the winner goes to the a100 entry
 of ``topologies/systems.yaml`` (NVLink 3 only: H100's NVLink 4 figures stay nccl-tests#212's).

@@ -1,6 +1,7 @@
 """Random API fuzz (issue 15 acceptance): random models × clusters × plans through the CLI.
 
-    nice -n 10 python experiments/fuzz_api.py --seed 20261201 --cases 1000 [--models 150] [--search-every 10] [--json OUT]
+    nice -n 10 python experiments/fuzz_api.py --seed 20261201 --cases 1000 [--models 150] \\
+        [--search-every 10] [--json OUT]
 
 A pool of ``--models`` (spec, seq) pairs is drawn first (each traces once); each case draws from
 it a gpt/llama/moe family spec (sometimes subtly invalid), a cluster (a shorthand of
@@ -459,7 +460,8 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.time()
     tally = run(args.seed, args.cases, args.search_every, args.models, not args.quiet)
-    summary = {"seed": args.seed, "cases": tally.cases, "models": args.models, "searches": tally.searches, "estimates": tally.estimates,
+    summary = {"seed": args.seed, "cases": tally.cases, "models": args.models, "searches": tally.searches,
+               "estimates": tally.estimates,
                "accepted": tally.accepted, "refused": sum(tally.refused.values()), "crashes": len(tally.crashes),
                "violations": len(tally.violations), "seconds": round(time.time() - t0)}
     print(json.dumps(summary, sort_keys=True))

@@ -91,7 +91,8 @@ def price(row: dict, options: EstimateOptions = EstimateOptions(), *, reserved: 
     out = {"id": row["id"], "plan": e.plan, "predicted_gib": round(e.memory_gib, 2),
            "breakdown_gib": {k: round(v, 2) for k, v in e.memory_breakdown_gib.items()},
            "limit_gib": round(e.memory_limit_gib, 2), "fits": e.fits, "must_fit": row["must_fit"],
-           "published_gib": row["published_gib"], "options": row.get("options", {}), "alive": [list(a) for a in e.activations_alive]}
+           "published_gib": row["published_gib"], "options": row.get("options", {}),
+           "alive": [list(a) for a in e.activations_alive]}
     if row["published_gib"]:
         out["error"] = out["allocated_error"] = round(e.memory_gib / row["published_gib"] - 1.0, 4)
         if reserved:
@@ -166,7 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--reserved", action="store_true",
                     help="replay the caching allocator on the rows with a reserved peak (memcheck, minutes)")
-    ap.add_argument("--write", action="store_true", help="write the table into experiments/RESULTS.md (implies --reserved)")
+    ap.add_argument("--write", action="store_true",
+                    help="write the table into experiments/RESULTS.md (implies --reserved)")
     args = ap.parse_args(argv)
     results = [price(r, reserved=args.reserved or args.write) for r in memory_rows()]
     if args.write:

@@ -107,13 +107,15 @@ def rows() -> list[Row]:
         out.append(Row("SC21 T1", name, l, h, a, t, p, n, b, sc21_time(tflops, b, l, h, n), None, "full", False))
     for name, a, h, l, p, n, b, mbs, vpp, full_s, sel_s, mfu in KORTHIKANTI:
         out.append(Row("Korthikanti T5", name + " full", l, h, a, 8, p, n, b, full_s, None, "full", False, vpp, mbs))
-        out.append(Row("Korthikanti T5", name + " SP+sel", l, h, a, 8, p, n, b, sel_s, mfu, "selective", True, vpp, mbs))
+        out.append(Row("Korthikanti T5", name + " SP+sel", l, h, a, 8, p, n, b, sel_s, mfu, "selective", True, vpp,
+                       mbs))
     out.append(Row("Korthikanti §6", "530B SP+sel DP=8", 105, 20480, 128, 8, 35, 2240, 2240, 39.15, 0.542,
                    "selective", True, 3, 1))
     return out
 
 
-H100_README = [  # Megatron-LM README (Jul 2024 on), H100, V=131,072, s=4096: name, heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s
+# Megatron-LM README (Jul 2024 on), H100, V=131,072, s=4096: name, heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s
+H100_README = [
     ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
     ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
     ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1),
@@ -158,7 +160,8 @@ def held_out_h100() -> tuple[str, float]:
         lines.append(f"| {name} | {t}·{p}·{n // (t * p)} | {n} | {b} | {published:.1%} | {e.mfu:.1%} | "
                      f"{100 * (e.mfu - published):+.1f} | mbs={plan.mbs}, vpp={plan.vpp}, {plan.recompute[0]} |")
     mean = sum(errors) / len(errors)
-    return "\n".join(lines) + f"\n\nMean absolute MFU error {100 * mean:.1f} pp, max {100 * max(errors):.1f} pp.\n", mean
+    return ("\n".join(lines) + f"\n\nMean absolute MFU error {100 * mean:.1f} pp, max {100 * max(errors):.1f} pp.\n",
+            mean)
 
 
 NEMOTRON_340B = "llama:layers=96,hidden=18432,heads=96,kv_heads=8,ffn=73728,vocab=256000,mlp=relu2,norm=layernorm"
@@ -189,7 +192,8 @@ def held_out_nemotron() -> str:
     H100: predicted vs published step time, never used in fitting.  Unpublished knobs (vpp,
     recompute none/selective) take the fastest the model finds; memory is reported, not
     required, because the memory model is what is being checked too."""
-    lines = ["| source | GPUs | batch | published s | predicted s | error | predicted MFU | memory GiB (fits?) | plan |",
+    lines = ["| source | GPUs | batch | published s | predicted s | error | predicted MFU | memory GiB (fits?) "
+             "| plan |",
              "|" + "---|" * 9]
     for run, (e, plan) in zip(NEMOTRON_RUNS, nemotron_estimates()):
         source, n, b, published = run.source, run.gpus, run.global_batch, run.published_s
@@ -280,7 +284,8 @@ def main(argv=None) -> int:
     ap.add_argument("--held-out", action="store_true",
                     help="also price the Megatron-LM README H100 table (never fitted) and compare MFU")
     ap.add_argument("--misses", action="store_true",
-                    help="only list the vTrain groups whose predicted-best plan is not within 5 %% of the measured best")
+                    help="only list the vTrain groups whose predicted-best plan is not within 5 %% of the "
+                         "measured best")
     args = ap.parse_args(argv)
     if args.misses:
         print(misses_report(pr.price_all(pr.vtrain_rows())))
@@ -290,8 +295,8 @@ def main(argv=None) -> int:
     errors = [abs(err) for _, e, err, _ in table if e is not None]
     mape = sum(errors) / len(errors)
     worst = max(errors)
-    lines = ["| source | model | t·p·d | GPUs | B | recompute | plan (tuned knobs) | published s | predicted s | error | "
-             "published MFU | predicted MFU |", "|" + "---|" * 12]
+    lines = ["| source | model | t·p·d | GPUs | B | recompute | plan (tuned knobs) | published s | predicted s "
+             "| error | published MFU | predicted MFU |", "|" + "---|" * 12]
     for row, e, err, _ in table:
         d = row.gpus // (row.tp * row.pp)
         if e is None:
@@ -376,7 +381,8 @@ def misses_report(priced: list) -> str:
     lines = ["| group | predicted best | measured s | predicted s | measured best | measured s | predicted s |",
              "|" + "---|" * 7]
     for group, chosen, best in misses:
-        lines.append(f"| {group} | {_knobs(chosen.row.plan)} | {chosen.row.published_s:.3f} | {chosen.predicted_s:.3f} | "
+        lines.append(f"| {group} | {_knobs(chosen.row.plan)} | {chosen.row.published_s:.3f} | "
+                     f"{chosen.predicted_s:.3f} | "
                      f"{_knobs(best.row.plan)} | {best.row.published_s:.3f} | {best.predicted_s:.3f} |")
     good, groups = pr.group_ranking(priced)
     inverted, twins = pr.inversions(priced)
@@ -403,7 +409,8 @@ def _knobs(plan: str) -> str:
 
 
 def write_results(text: str) -> None:
-    write_section("validate_published", "Published runs (`python experiments/validate_published.py --write --held-out`)", text)
+    write_section("validate_published",
+                  "Published runs (`python experiments/validate_published.py --write --held-out`)", text)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ def test_readme_snippet_uses_the_real_api():
 
 
 def _figures():
-    spec = importlib.util.spec_from_file_location("readme_figures", os.path.join(REPO, "experiments", "readme_figures.py"))
+    spec = importlib.util.spec_from_file_location("readme_figures",
+                                                  os.path.join(REPO, "experiments", "readme_figures.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -20,7 +20,8 @@ which ``autoplan memcheck`` runs), so that a tracked step holds what a Megatron-
 * ``DistributedOptimizer``: fp32 master weights and AdamW moments of this rank's contiguous
   ``1/d`` range of the buffer (zero=1: Megatron-Core's ``DistributedOptimizer``,
   ``docs/source/api-guide/dist_optimizer.md``: "bf16 param, fp32 grads: 6 + 12/d" bytes per
-  parameter; the range is of the parameters laid end to end, as in Megatron's buffer) or of all of it (zero=0: ``Float16OptimizerWithFloat16Params``: 18 bytes).  The
+  parameter; the range is of the parameters laid end to end, as in Megatron's buffer) or of all
+  of it (zero=0: ``Float16OptimizerWithFloat16Params``: 18 bytes).  The
   master's gradient is a view of ``main_grad`` (no copy, as Megatron's ``main_grad`` shard).
   After the step the updated values are written back into the bf16 parameters and every piece is
   broadcast from its owner, in place (Megatron all-gathers its bf16 parameter buffer).
@@ -164,7 +165,7 @@ class DistributedOptimizer:
         self.mine = list(grads.pieces(lo, hi))
         self.masters = []      # one per parameter piece, as Megatron's shard masters: the optimizer's
         with torch.no_grad():  # temporaries stay one piece's (a flat master would make them 8 B · N/d)
-            for p, x, y, at in self.mine:
+            for p, x, y, _at in self.mine:
                 master = nn.Parameter(local(p).detach().reshape(-1)[x:y].float())
                 master.grad = p.main_grad.view(-1)[x:y]
                 self.masters.append(master)

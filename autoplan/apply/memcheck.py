@@ -2,7 +2,8 @@
 tensors at its full world size, two training steps under torch's memory tracker.
 
 For one rank of every *rank kind* (each pipeline rank; every other coordinate gives the same
-bytes; ``measured_pp_ranks`` picks five of a deep pipeline), in a fresh process: torch's fake process group (``FakeStore``) at the plan's world
+bytes; ``measured_pp_ranks`` picks five of a deep pipeline), in a fresh process: torch's fake
+process group (``FakeStore``) at the plan's world
 size and that rank; the model built on the meta device and re-dressed as fake fp32 CPU tensors
 (``frontend.fakes``), so nothing is allocated; ``apply`` with ``mixed_precision`` (FSDP2 with
 torchtitan's policy: fp32 sharded parameters, bf16 compute, fp32 reduction); then two steps
@@ -38,7 +39,8 @@ ordinary CPU tensors; only the parameters are fake), per layer per micro-batch p
 Pipeline parallelism (gpipe, 1f1b, interleaved, and the split-backward zb-h1, zbv, zb-h2) runs
 one pipeline rank's own step, with no point-to-point traffic: its stages built by ``apply`` (the
 plan's stage split, DTensor TP/SP, FSDP2, recompute), then its forwards and (full, or input and
-weight) backwards in the order of torch's schedule for the plan (``schedule.pipeline_order``), stage inputs and output gradients fresh fake tensors
+weight) backwards in the order of torch's schedule for the plan (``schedule.pipeline_order``), stage
+inputs and output gradients fresh fake tensors
 (``memcheck_pipeline``).  torch's runtime itself cannot run under the fake process group:
 ``PipelineStage`` without static ``input_args``/``output_args`` learns the shapes it receives by
 ``recv_object_list`` from its peer, which the fake process group never sends; with static

@@ -26,7 +26,8 @@ def training_config(model: nn.Module) -> nn.Module:
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "use_cache", False):
         config.use_cache = False
-    if getattr(config, "_experts_implementation", None) == "grouped_mm" and hasattr(model, "set_experts_implementation"):
+    if (getattr(config, "_experts_implementation", None) == "grouped_mm"
+            and hasattr(model, "set_experts_implementation")):
         model.set_experts_implementation("batched_mm")  # type: ignore[operator]  # hasattr above: a method
     return model
 

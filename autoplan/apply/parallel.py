@@ -167,7 +167,8 @@ class ParallelModel:
     coords: dict[str, int]
     _groups: StepGroups = field(repr=False)
     tied: tuple[str, ...] = ()
-    vocab_parallel_loss: bool = False       # the last stage keeps logits split over tp (see vocab_parallel_cross_entropy)
+    vocab_parallel_loss: bool = False       # the last stage keeps logits split over tp
+                                            # (see vocab_parallel_cross_entropy)
     cp_groups: context_parallel.CPGroups | None = None
     expert_names: frozenset[str] = frozenset()   # parameters sharded over ep (empty when ep = 1)
     # zero 0/1 under mixed precision: Megatron's fp32 gradient buffers (dense, expert; None: no such parameters)

@@ -4,7 +4,8 @@
     plan = baseline("megatron", model, cluster, seq=2048, global_batch=1024, estimator=est)
 
 Each recipe lives in its own module (``megatron``, ``megascale``, ``llama3``, ``fsdp``,
-``deepseek``, ``published``: the layouts published runs used) as ``recipe(model, cluster, *, seq, global_batch, estimator) -> Plan``; its
+``deepseek``, ``published``: the layouts published runs used) as
+``recipe(model, cluster, *, seq, global_batch, estimator) -> Plan``; its
 docstring states the rules and every adaptation it makes to fit a model, cluster and
 batch.  Recipes price candidates with the shared cost model only to decide whether they fit
 in HBM, exactly as an engineer tries a config and backs off on out-of-memory.  A recipe that

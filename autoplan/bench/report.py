@@ -156,7 +156,8 @@ def compact_plan(plan: str) -> str:
                        if v > 1 or k in ("tp", "pp", "dp"))
     sched = f"{p.schedule}" + (f"×{p.vpp}" if p.schedule == "interleaved" else "") if p.pp > 1 else ""
     extras = [f"zero{p.zero}", f"mbs{p.mbs}", sched, "rc " + "/".join(sorted(set(p.recompute))),
-              p.cp_algo if p.cp > 1 else "", "sp" if p.sp else "", "dp-outer" if p.order.index("dp") > p.order.index("pp") else ""]
+              p.cp_algo if p.cp > 1 else "", "sp" if p.sp else "",
+              "dp-outer" if p.order.index("dp") > p.order.index("pp") else ""]
     return degrees + " " + " ".join(e for e in extras if e)
 
 
@@ -263,8 +264,10 @@ def _noise(regime: list[dict]) -> str:
         res = r.get("profile_residuals")
         spread = "—" if res is None else f"{res['low']:+.1%} … {res['high']:+.1%}"
         ev = r.get("auto_evidence")
-        against = "" if _band_hand(r) == r.get("best_hand") else f" (against {_band_hand(r)}, which breaks the NVLink rule)"
-        lines.append(f"\n- {r['case']['name']}: auto/hand{against} {_margin(r):.2f}× (p10–p90 {r['auto_vs_hand_p10']:.2f}–"
+        against = ("" if _band_hand(r) == r.get("best_hand")
+                   else f" (against {_band_hand(r)}, which breaks the NVLink rule)")
+        lines.append(f"\n- {r['case']['name']}: auto/hand{against} {_margin(r):.2f}× "
+                     f"(p10–p90 {r['auto_vs_hand_p10']:.2f}–"
                      f"{r['auto_vs_hand_p90']:.2f}×, auto faster in {r['p_auto_beats_hand']:.0%} of the samples); "
                      f"profile residuals on public rows {spread}; unvalidated regimes of the auto plan: "
                      f"{'not recorded' if ev is None else ', '.join(ev) or 'none'} — "
@@ -363,8 +366,8 @@ def markdown(records: list[dict], *, command: str, plots: dict[str, str]) -> str
     lines.append("")
     for r in records:
         c = r["case"]
-        lines.append(f"- **{c['name']}**: `{c['model']}` on `{c['cluster']}`"
-                     f"{' (' + r['cluster_name'] + ')' if r.get('cluster_name') and r['cluster_name'] != c['cluster'] else ''}, "
+        named = " (" + r["cluster_name"] + ")" if r.get("cluster_name") and r["cluster_name"] != c["cluster"] else ""
+        lines.append(f"- **{c['name']}**: `{c['model']}` on `{c['cluster']}`{named}, "
                      f"seq {c['seq']:,}, global batch {c['global_batch']:,} — {c['why']}.")
     lines.append("")
     for title, path in plots.items():

@@ -116,7 +116,8 @@ def measure(plan: MeasurementPlan, *, device: str = "cuda", policy: TimingPolicy
     for nbytes in plan.copy_bytes:
         src = torch.full((nbytes // 2,), 1.0, dtype=DTYPE, device=dev)
         dst = torch.empty_like(src)
-        copies.append(CopySample(nbytes, seconds_per_call(lambda: dst.copy_(src), clock, policy)))
+        # seconds_per_call runs the lambda before the loop moves on and ``del`` drops src and dst
+        copies.append(CopySample(nbytes, seconds_per_call(lambda: dst.copy_(src), clock, policy)))  # noqa: B023, F821
         step(f"copy {nbytes // 2**20} MiB")
         del src, dst
     gemms = _measure_gemms(plan, dev, clock, policy, step)
@@ -169,7 +170,7 @@ def _measure_gemms(plan: MeasurementPlan, dev: torch.device, clock: _Clock, poli
         w = w_buf[: s.n * s.k].view(s.n, s.k)
         c = c_buf[: s.m * s.n].view(s.m, s.n)
         out.append(GemmSample(s.m, s.n, s.k,
-                              seconds_per_call(lambda: torch.mm(a, w.t(), out=c), clock, policy)))
+                              seconds_per_call(lambda: torch.mm(a, w.t(), out=c), clock, policy)))  # noqa: B023 - run here
         step(f"gemm {s.m}x{s.n}x{s.k}")
     return out
 

@@ -6,7 +6,8 @@
 The plan runs Megatron's operator sharding for tp/sp (column- then row-parallel, which the
 block ILP recovers on its own).  ``--json`` prints the Estimate: step_time_s, tokens_per_s,
 tokens_per_s_per_gpu, samples_per_s, throughput_unit (tokens, or samples for inputs that are not
-token ids; tokens_per_s then counts the positions per sample the blocks see), mfu, hfu, model_flops_per_step, memory_gib (max over GPUs),
+token ids; tokens_per_s then counts the positions per sample the blocks see), mfu, hfu,
+model_flops_per_step, memory_gib (max over GPUs),
 memory_breakdown_gib {params, grads, optimizer, activations, other}, memory_margin_gib,
 memory_limit_gib (HBM − margin), fits (peak ≤ HBM − margin), activations_alive,
 bubble_fraction, comm_exposed_s, violations [{rule, text}], primitives [{kind, dim,

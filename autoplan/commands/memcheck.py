@@ -19,7 +19,8 @@ prints the *reserved* peak (``torch.cuda.max_memory_reserved``, what torchtitan 
 trainers log) beside the allocated one; the model then runs whole, not cut and extrapolated.
 ``--layout searched`` applies the block ILP's tp layout the estimate priced (what ``autoplan run
 plans.json`` runs) instead of apply's rule for a bare plan (what ``autoplan run`` runs).
-``--json``: {plan, skipped, placements (with ``--layout searched``), rank_kinds: [{pp_rank, rank, measured_gib, predicted_gib, error,
+``--json``: {plan, skipped, placements (with ``--layout searched``), rank_kinds: [{pp_rank, rank,
+measured_gib, predicted_gib, error,
 in_flight: {estimate, torch} (pp > 1: the most chunk-micro-batches alive), reserved (with
 ``--allocator``: {allocator, allocated_peak_gib, reserved_peak_gib, gap_gib, estimate_gib,
 over_capacity, needs_gib})}]}.
@@ -104,11 +105,13 @@ def _print(w, cluster, args, result: dict) -> None:
             r = row["reserved"]
             console.print(f"reserved ({r['allocator']} caching allocator replayed over the run): "
                           f"{r['reserved_peak_gib']:.2f} GiB peak, {r['gap_gib']:.2f} above the allocated "
-                          f"{r['allocated_peak_gib']:.2f}; the estimate carried to reserved: {r['estimate_gib']:.2f} GiB"
+                          f"{r['allocated_peak_gib']:.2f}; the estimate carried to reserved: "
+                          f"{r['estimate_gib']:.2f} GiB"
                           + (" [yellow](past HBM: the allocator would free cached blocks and retry)[/yellow]"
                              if r["over_capacity"] else ""))
             console.print(f"needs {r['needs_gib']:.2f} GiB of device memory under that allocator "
-                          f"({r['needs_gib'] - r['allocated_peak_gib']:+.2f} beyond the allocated peak: the least device "
+                          f"({r['needs_gib'] - r['allocated_peak_gib']:+.2f} beyond the allocated peak: "
+                          f"the least device "
                           f"the replay does not run out on; {cluster.gpu.hbm_bytes / GIB:.1f} GiB here, of which "
                           f"the CUDA context and NCCL take some outside the allocator)")
         if row["in_flight"] and row["in_flight"]["torch"] is not None:

@@ -9,7 +9,8 @@
   p10–p90 step time, how often it is the best of the listed plans over the samples and its
   worst-case regret, ranks by the search's objective, and names the regimes no timed published
   run covers (``unvalidated``).
-* Plans whose scores (step time, or the objective's score) are within ``TIE_TOLERANCE`` of the first of their run share a rank
+* Plans whose scores (step time, or the objective's score) are within ``TIE_TOLERANCE`` of the
+  first of their run share a rank
   (``1=``): a difference that small (5 ms on a 1 s step) is below what the cost model resolves —
   it reproduces published runs to 3.6 % on average — so the order between them is no advice.
 """

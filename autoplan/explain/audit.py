@@ -45,7 +45,8 @@ class Side:
         e = self.estimate
         t = sum(p.time_s for p in e.primitives)
         x = sum(p.exposed_s for p in e.primitives)
-        return abs(t - e.comm_time_s) <= TOLERANCE * max(1.0, t) and abs(x - e.comm_exposed_s) <= TOLERANCE * max(1.0, x)
+        return (abs(t - e.comm_time_s) <= TOLERANCE * max(1.0, t)
+                and abs(x - e.comm_exposed_s) <= TOLERANCE * max(1.0, x))
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ def render_markdown(a: Audit) -> str:
            f"({a.global_batch * a.seq:,} tokens per step).", ""]
     sides = [a.plan] + ([a.baseline] if a.baseline else [])
     out += ["## Summary", "",
-            table(["", "plan", "step", f"{a.plan.estimate.throughput_unit}/s", "MFU", "memory GiB / HBM", "bubble", "comm", "comm exposed"],
+            table(["", "plan", "step", f"{a.plan.estimate.throughput_unit}/s", "MFU", "memory GiB / HBM", "bubble",
+                   "comm", "comm exposed"],
                   [side_summary(s) for s in sides], "llrrrrrrr"), ""]
     if a.baseline:
         p, b = a.plan.estimate, a.baseline.estimate
@@ -86,7 +87,8 @@ def render_markdown(a: Audit) -> str:
                 table(["verdict", "rule", "evidence"], verdict_rows(a.baseline_verdicts)), ""]
     for label, fl in (("plan", a.evidence), *(((a.baseline.label, a.baseline_evidence),) if a.baseline else ())):
         out += [f"## Evidence: {label}", "",
-                *([f"- **{f.regime}**: {f.text}" for f in fl] or ["Every regime it leans on has a timed published run."]),
+                *([f"- **{f.regime}**: {f.text}" for f in fl]
+                  or ["Every regime it leans on has a timed published run."]),
                 ""]
     at = a.attention
     out += ["## Attention, SP and CP", "",

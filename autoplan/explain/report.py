@@ -38,9 +38,12 @@ MARK = {"pass": "✓ pass", "fail": "✗ FAIL", "warn": "! warn", "info": "i inf
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1240px;color:#222;
 line-height:1.4;padding:0 16px}
-h1{font-size:1.5em;margin-bottom:4px}h2{font-size:1.15em;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:3px}
-table{border-collapse:collapse;font-size:12.5px;margin:8px 0}th,td{border:1px solid #ddd;padding:3px 7px;text-align:left}
-th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}h3{font-size:1em;margin:14px 0 4px}code{font-size:11.5px}
+h1{font-size:1.5em;margin-bottom:4px}\
+h2{font-size:1.15em;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:3px}
+table{border-collapse:collapse;font-size:12.5px;margin:8px 0}\
+th,td{border:1px solid #ddd;padding:3px 7px;text-align:left}
+th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+h3{font-size:1em;margin:14px 0 4px}code{font-size:11.5px}
 .pass{color:#17702a}.fail{color:#b00020;font-weight:bold}.warn{color:#a05a00}.info{color:#445}
 .maps{display:flex;flex-wrap:wrap;gap:18px}.maps figure{margin:0}.maps figcaption{font-size:12px;max-width:340px}
 .note{color:#555;font-size:13px}.kpi{display:flex;gap:26px;flex-wrap:wrap;margin:10px 0}

@@ -161,7 +161,7 @@ def _from_fields(d: dict, envelope: bool = False) -> Plan:
 
 
 def _scalar_ok(v: Any) -> bool:
-    if isinstance(v, bool) or isinstance(v, str):
+    if isinstance(v, (bool, str)):
         return True
     if isinstance(v, int):
         return 0 <= v <= MAX_DEGREE

@@ -30,7 +30,8 @@ def hf_model_info(name: str, model: nn.Module, stack: LayerStack | None) -> Mode
     # MLA configs (DeepSeek-V2/V3) call the rotary part "head_dim"; the q/k head is qk_head_dim
     head_dim = _first(c, "qk_head_dim", "head_dim", "d_kv", default=hidden // heads if heads else 0)
     v_head_dim = _first(c, "v_head_dim")
-    encoder = len(stack.stack_ranges()[0]) if stack and getattr(c, "is_encoder_decoder", False) and len(stack.stacks) > 1 else 0
+    encoder = (len(stack.stack_ranges()[0])
+               if stack and getattr(c, "is_encoder_decoder", False) and len(stack.stacks) > 1 else 0)
     experts = _first(c, "num_local_experts", "num_experts", "n_routed_experts")
     return ModelInfo(
         name=name, family="hf",

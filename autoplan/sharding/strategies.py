@@ -2,7 +2,8 @@
 
 A node's candidates are the strategies DTensor's registry gave the frontend, plus three rule
 sets DTensor does not offer (vocabulary-parallel cross entropy; same-shape unary ops in any
-layout of their input; attention with replicated KV heads under GQA).  They stay here rather than in the frontend so that the traced IR
+layout of their input; attention with replicated KV heads under GQA).  They stay here rather than
+in the frontend so that the traced IR
 (which is cached on disk) holds exactly what DTensor said.  A candidate is *legal* when
 
 * every sharded dim divides by tp on the local shard (micro-batch mbs, 1/cp of the sequence);
@@ -48,7 +49,8 @@ def _replicated_sequence(n: OpNode, s: Strategy, ctx: ShardingContext) -> bool:
     """Under SP, a non-GEMM compute op that leaves an activation with a sequence dim replicated."""
     if not ctx.sp or n.op == "placeholder" or n.gemm is not None or n.is_view or n.role == "param":
         return False
-    return any(p == "R" and t is not None and t.dtype in FLOAT_DTYPES and any(r in ("seq", "tokens") for r in t.dim_roles)
+    return any(p == "R" and t is not None and t.dtype in FLOAT_DTYPES
+               and any(r in ("seq", "tokens") for r in t.dim_roles)
                for t, p in zip(n.outputs, s.outputs))
 
 

@@ -85,7 +85,8 @@ class BlockSharding:
     recompute_s: float                         # part of backward_s spent recomputing
     saved_bytes: float                         # activations kept for backward, one micro-batch
     wgrad_held_bytes: float                    # input gradients kept from B to W (split backward), one micro-batch
-    b_freed_bytes: float                       # of saved_bytes, what a split backward frees at B (ir.freed_at_input_grad_nodes)
+    b_freed_bytes: float                       # of saved_bytes, what a split backward frees at B
+                                               # (ir.freed_at_input_grad_nodes)
     param_numel: int                           # parameters held per GPU (after tp sharding)
     objective_s: float
     gap: float

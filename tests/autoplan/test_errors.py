@@ -193,7 +193,8 @@ class B(nn.Module):
     def forward(s, x): return s.l(x)
 class M(nn.Module):
     def __init__(s, n=2):
-        super().__init__(); s.e = nn.Embedding(32, 16); s.layers = nn.ModuleList(B() for _ in range(n)); s.h = nn.Linear(16, 32)
+        super().__init__(); s.e = nn.Embedding(32, 16); s.layers = nn.ModuleList(B() for _ in range(n)); \
+s.h = nn.Linear(16, 32)
     def forward(s, x):
         h = s.e(x)
         for l in s.layers: h = l(h)

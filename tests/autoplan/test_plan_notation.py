@@ -22,7 +22,8 @@ def plans(draw):
     ep = draw(st.sampled_from([e for e in (1, 2, 4, 8) if dp % e == 0]))
     schedule = draw(st.sampled_from(SCHEDULES if pp > 1 else ("1f1b", "gpipe")))
     vpp = 2 if schedule in ("zbv", "dualpipev") else (draw(st.sampled_from((2, 3))) if schedule == "interleaved" else 1)
-    recompute = draw(st.sampled_from([(r,) for r in RECOMPUTE] + [tuple(draw(st.sampled_from(RECOMPUTE)) for _ in range(pp))]))
+    recompute = draw(st.sampled_from([(r,) for r in RECOMPUTE]
+                                     + [tuple(draw(st.sampled_from(RECOMPUTE)) for _ in range(pp))]))
     layers = draw(st.sampled_from([(), tuple(range(1, pp * vpp + 1))])
                   | st.lists(st.integers(1, 3), min_size=pp * vpp, max_size=pp * vpp).map(tuple))
     return Plan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=draw(st.sampled_from((1, 2, 4))), schedule=schedule,
@@ -69,8 +70,8 @@ def test_order_may_omit_axes_of_degree_one():
     assert dense.order == ("tp", "cp", "ep", "pp", "dp")           # ep keeps its default place
     assert Plan.parse("tp=8,pp=4,order=tp-pp-dp", num_gpus=64).order == dense.order
     assert Plan.parse("tp=8,pp=4,order=tp-dp-pp", num_gpus=64).order == ("tp", "cp", "ep", "dp", "pp")
-    assert Plan.from_json({"schema_version": 1, "plan": {"tp": 2, "pp": 2, "dp": 2, "order": ["pp", "tp", "dp"]}}).order == \
-        ("pp", "cp", "ep", "tp", "dp")
+    plan = {"tp": 2, "pp": 2, "dp": 2, "order": ["pp", "tp", "dp"]}
+    assert Plan.from_json({"schema_version": 1, "plan": plan}).order == ("pp", "cp", "ep", "tp", "dp")
     with pytest.raises(UserError, match=r"leaves out dp \(degree 16\)"):
         Plan.parse("tp=8,pp=8,order=tp-cp-ep-pp", num_gpus=1024)
 

@@ -20,7 +20,7 @@ def test_requests_round_to_512_bytes_and_classic_segments_to_the_pool_sizes():
 def test_expandable_segments_map_pages_at_the_end_and_pass_over_the_growable_block():
     a = CachingAllocator(expandable=True)
     x = a.malloc(30 * MiB)
-    y = a.malloc(5 * MiB)                  # the 10 MiB left of two 20 MiB pages: no new page
+    y = a.malloc(5 * MiB)  # noqa: F841 (named for the comments)  the 10 MiB left of two 20 MiB pages: no new page
     assert (a.reserved, a.allocated) == (40 * MiB, 35 * MiB)
     a.free(x)                              # a 30 MiB hole below y; 5 MiB free at the end
     a.malloc(31 * MiB)                     # fits neither: the end block grows by 2 pages

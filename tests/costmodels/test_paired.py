@@ -55,7 +55,7 @@ def test_simulate_many_is_simulate_per_sample(schedule, p, m, v):
     rng = np.random.default_rng(7)
     n = p * v
     runs = []
-    for trial in range(3):
+    for _trial in range(3):
         f = rng.uniform(0.5, 1.5, n).tolist()
         comm = [0.2 * x for x in f] if schedule == "dualpipev" else None
         runs.append(dict(f=f, b=[2 * x for x in f], w=[0.5 * x for x in f], p2p=float(rng.uniform(0, 0.05)),

@@ -32,7 +32,10 @@ def run(schedule: str, p: int, m: int, v: int | None = None, f=1.0, b=1.0, w=1.0
         **kw) -> PipelineResult:
     v = CHUNKS[schedule] if v is None else v
     n = p * v
-    as_list = (lambda x: [float(x)] * n if np.isscalar(x) else list(x))
+
+    def as_list(x):
+        return [float(x)] * n if np.isscalar(x) else list(x)
+
     return simulate(schedule, stages=p, microbatches=m, chunks=v, f=as_list(f), b=as_list(b),
                     w=as_list(w), **kw)
 

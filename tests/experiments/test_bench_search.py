@@ -16,11 +16,13 @@ def test_readme_paragraph_names_the_headline_and_the_slowest_row(experiment):
             _row("llama3-405b", "h100x16384", 5.0)]
     text = bench.readme_summary(rows)
     assert "gpt3-175b on h100x1024 in 3.0 s (4.5 CPU s); llama3-405b on h100x16384 in 5.0 s" in text
-    assert "Worst of the 3 rows" in text and "gpt-1t on h100x1024 in 8.5 s (12.8 CPU s) (its trace 1.0 s more), 4.0x" in text
+    assert "Worst of the 3 rows" in text
+    assert "gpt-1t on h100x1024 in 8.5 s (12.8 CPU s) (its trace 1.0 s more), 4.0x" in text
     assert "load average 2.5–3.5 on its 2 cores" in text
     assert "byte-identical to the reference path in 2 of 3 rows" in text
     table = bench.worst_markdown(rows)
-    assert "| gpt-1t | h100x1024 | 2048 × 1536 | 34.0 | 8.5 | 4.00 | 51.0 | 12.8 | 4.00 | 900 → 100 | NO | `tp=8` | 1.0 | 2.5 → 3.5 |" in table
+    assert ("| gpt-1t | h100x1024 | 2048 × 1536 | 34.0 | 8.5 | 4.00 | 51.0 | 12.8 | 4.00 | 900 → 100 | NO | `tp=8` "
+            "| 1.0 | 2.5 → 3.5 |") in table
 
 
 def test_readme_section_is_written_between_its_markers(tmp_path, experiment):

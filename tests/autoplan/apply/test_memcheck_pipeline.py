@@ -81,7 +81,7 @@ def test_the_step_tracker_allows_a_second_forward_before_the_first_backward():
     x = torch.randn(64, 256)
     with pytest.raises(NotImplementedError, match="multiple iterative calls"):
         from torch.distributed._tools.mem_tracker import MemTracker
-        with MemTracker() as t:
+        with MemTracker():
             model(x)
             model(x)
     peaks = []

@@ -2,7 +2,8 @@
 
 For each (model, plan) the loss of every step (3 steps, the last after two updates)
 and the gradients of the last step match the single-process model within the stated
-tolerance (``verify.Tolerance``: fp32 rounding over depth and ranks, ~5e-5 here).  All 4-rank plans share one launch of 4 processes, all 8-rank plans one
+tolerance (``verify.Tolerance``: fp32 rounding over depth and ranks, ~5e-5 here).  All 4-rank
+plans share one launch of 4 processes, all 8-rank plans one
 launch of 8 (process start-up dominates on 2 cores).
 """
 from __future__ import annotations

@@ -63,8 +63,9 @@ def test_token_models_keep_tokens(traced):
     assert (e.throughput_unit, e.throughput) == ("tokens", e.tokens_per_s)
     assert e.tokens_per_s == pytest.approx(16 * 128 / e.step_time_s)
     assert e.samples_per_s == pytest.approx(16 / e.step_time_s)
-    assert run_header(g, cluster, 16).splitlines() == ["[bold]gpt:layers=2,hidden=64,heads=4,vocab=128[/bold] on h100x8, "
-                                                       "seq 128, global batch 16", f"[dim]{cluster.describe()}[/dim]"]
+    assert run_header(g, cluster, 16).splitlines() == [
+        "[bold]gpt:layers=2,hidden=64,heads=4,vocab=128[/bold] on h100x8, seq 128, global batch 16",
+        f"[dim]{cluster.describe()}[/dim]"]
 
 
 @pytest.mark.slow

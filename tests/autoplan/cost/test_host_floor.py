@@ -13,7 +13,8 @@ MODEL = "gpt:layers=2,hidden=256,heads=4,vocab=1024,max_seq=256,attention=eager"
 
 def _sharding(**kw):
     base = dict(strategies={}, placements={}, param_placements={}, collectives=(), forward_s=1e-3,
-                backward_s=2e-3, wgrad_s=1e-3, recompute_s=0.0, saved_bytes=0.0, wgrad_held_bytes=0.0, b_freed_bytes=0.0, param_numel=0,
+                backward_s=2e-3, wgrad_s=1e-3, recompute_s=0.0, saved_bytes=0.0, wgrad_held_bytes=0.0,
+                b_freed_bytes=0.0, param_numel=0,
                 objective_s=0.0, gap=0.0, solve_seconds=0.0, forward_launches=40, backward_launches=70)
     base.update(kw)
     return BlockSharding(**base)

@@ -33,7 +33,8 @@ def test_the_fallback_costs_three_host_launches_each_way_per_layer(traced, profi
     # tp 8, mbs 1: 16 heads / 8 x 1 = 2 attention batches -> the fp32 fallback; the layer is
     # host-bound on this stack, so each of its two phases grows by 3 launches x the host floor
     fallback = Plan.parse("tp=8,mbs=1", num_gpus=8)
-    extra = megatron.estimate(fallback, 8).time_breakdown_s["compute"] - plain.estimate(fallback, 8).time_breakdown_s["compute"]
+    extra = (megatron.estimate(fallback, 8).time_breakdown_s["compute"]
+             - plain.estimate(fallback, 8).time_breakdown_s["compute"])
     micro_batches, layers, phases = 8, 2, 2
     assert extra == pytest.approx(micro_batches * layers * phases * FALLBACK_KERNELS * data["host_floor_s"], rel=1e-6)
     # mbs 2: 4 attention batches, the fused kernel runs: the traced graph's price, unchanged

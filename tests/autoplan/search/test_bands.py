@@ -155,7 +155,7 @@ def test_search_objectives_share_paired_samples(traced):
     runs = {o: search(graph, cluster, global_batch=32, options=SearchOptions(top_k=3, objective=o, workers=1))
             for o in ("point", "p90")}
     bands = {c.plan.to_string(): c.band.step_s for r in runs.values() for c in r.candidates}
-    for o, r in runs.items():                     # the same plan has the same samples in both runs
+    for _o, r in runs.items():                    # the same plan has the same samples in both runs
         for c in r.candidates:
             assert bands[c.plan.to_string()] == c.band.step_s
     p90 = [c.band.step(0.9) for c in runs["p90"].candidates]

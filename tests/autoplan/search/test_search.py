@@ -4,7 +4,8 @@ Brute force here prices every plan of the search space with the same Estimator �
 (each ZeRO stage, SP, CP algorithm and axis order), micro-batch size, schedule and vpp, the
 even and the balanced stage cut, and every per-stage recompute combination up to 3 stages
 (beyond that the per-rank greedy is exact: a rank's memory depends only on its own policy and
-the simulator's makespan is monotone in every op's duration) — and keeps the fastest that fits.  The search prunes with bounds, screens degree tuples and picks recompute
+the simulator's makespan is monotone in every op's duration) — and keeps the fastest that fits.
+The search prunes with bounds, screens degree tuples and picks recompute
 per stage greedily; it must still land within 0.5 % of that optimum.
 """
 import itertools

@@ -26,7 +26,8 @@ def _fresh_text_model(problem: ilp.IlpProblem):
     x, objective = ilp._build(problem, text)
     hint = ilp._greedy_choice(problem)
     m = cp_model.CpModel()
-    m.proto.parse_text_format(text.proto(objective, [(v, s == b) for b, row in zip(hint, x) for s, v in enumerate(row)]))
+    m.proto.parse_text_format(text.proto(objective, [(v, s == b) for b, row in zip(hint, x)
+                                                     for s, v in enumerate(row)]))
     return m, x
 
 

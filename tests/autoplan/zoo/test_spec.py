@@ -12,12 +12,15 @@ from autoplan.zoo.spec import parse_spec
 
 def test_family_defaults():
     gpt = parse_spec("gpt:layers=96,hidden=12288,heads=96,vocab=51200")
-    assert isinstance(gpt, GPTConfig) and (gpt.mlp, gpt.norm, gpt.tie, gpt.d_ffn) == ("gelu", "layernorm", True, 4 * 12288)
+    assert isinstance(gpt, GPTConfig)
+    assert (gpt.mlp, gpt.norm, gpt.tie, gpt.d_ffn) == ("gelu", "layernorm", True, 4 * 12288)
     llama = parse_spec("llama:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256")
-    assert isinstance(llama, LlamaConfig) and (llama.mlp, llama.norm, llama.tie, llama.n_kv_heads) == ("swiglu", "rmsnorm", False, 8)
+    assert isinstance(llama, LlamaConfig)
+    assert (llama.mlp, llama.norm, llama.tie, llama.n_kv_heads) == ("swiglu", "rmsnorm", False, 8)
     moe = parse_spec("moe:layers=4,hidden=64,heads=4,kv_heads=2,vocab=100,experts=8,topk=2,moe_ffn=32,"
                      "dense_layers=1,shared_experts=1")
-    assert isinstance(moe, MoEConfig) and (moe.experts, moe.topk, moe.d_moe_ffn, moe.dense_layers, moe.shared_experts) == (8, 2, 32, 1, 1)
+    assert isinstance(moe, MoEConfig)
+    assert (moe.experts, moe.topk, moe.d_moe_ffn, moe.dense_layers, moe.shared_experts) == (8, 2, 32, 1, 1)
 
 
 def test_overrides():

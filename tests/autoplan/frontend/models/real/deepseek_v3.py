@@ -1,4 +1,6 @@
-"""DeepSeek-V3 (deepseek-ai/DeepSeek-V3) without its multi-token-prediction layer: 671,026,419,200 parameters; MLA (q/k head 192, v head 128), 3 dense layers then 58 MoE layers of 256 routed experts (top-8) and 1 shared.
+"""DeepSeek-V3 (deepseek-ai/DeepSeek-V3) without its multi-token-prediction layer: 671,026,419,200
+parameters; MLA (q/k head 192, v head 128), 3 dense layers then 58 MoE layers of 256 routed experts
+(top-8) and 1 shared.
 
 Built from a transformers config (no download); ``config(layers)`` is the real model at
 ``layers`` layers, ``build_model()`` the 4-layer version the tests trace (its per-layer

@@ -1,4 +1,5 @@
-"""Gemma 2 9B (google/gemma-2-9b): 9,241,705,984 parameters; local (4,096-token window) and global layers alternate, attention logits soft-capped at 50 (eager attention, as transformers runs Gemma 2).
+"""Gemma 2 9B (google/gemma-2-9b): 9,241,705,984 parameters; local (4,096-token window) and global
+layers alternate, attention logits soft-capped at 50 (eager attention, as transformers runs Gemma 2).
 
 Built from a transformers config (no download); ``config(layers)`` is the real model at
 ``layers`` layers, ``build_model()`` the 2-layer version the tests trace (its per-layer
