@@ -346,4 +346,5 @@ def profile_yaml(profile: ComputeProfile, gpu: str, measurements: Measurements,
                  if f.name not in ("name", "source")})
     data["measurements"] = measurements_to_mapping(measurements)
     head = "".join(f"# {line}\n" if line else "#\n" for line in comment.splitlines())
-    return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+    body: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)   # Any untyped
+    return head + body

@@ -212,7 +212,8 @@ def to_mapping(cluster: Cluster) -> dict[str, Any]:
 
 def dump_yaml(cluster: Cluster) -> str:
     """The cluster as a complete cluster YAML file (reads back equal with ``from_mapping``)."""
-    return yaml.safe_dump(to_mapping(cluster), sort_keys=False, default_flow_style=False)
+    text: str = yaml.safe_dump(to_mapping(cluster), sort_keys=False, default_flow_style=False)   # Any untyped
+    return text
 
 
 def _checked(key: str, value: Any, source: str) -> Any:
