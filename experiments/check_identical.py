@@ -48,8 +48,8 @@ WORST = [            # model, cluster, seq, global batch: experiments/bench_sear
     ("deepseek-v3", "h100x2048", 4096, 4096),
 ]
 # what a bench record measures of the machine or the run rather than computes (seconds, cores, its --out)
-TIMING_KEYS = {"cpus", "command", "trace_s", "search_s", "case_s", "recipe_s", "seconds", "ilp_seconds", "solve_seconds",
-               "wall_s", "total_s"}
+TIMING_KEYS = {"cpus", "command", "trace_s", "search_s", "case_s", "recipe_s", "seconds", "ilp_seconds",
+               "solve_seconds", "wall_s", "total_s"}
 
 _TIMED = """
 import json, os, resource, sys, time

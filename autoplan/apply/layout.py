@@ -34,15 +34,15 @@ is labelled with the Linear itself.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.hooks import RemovableHandle
 from torch.utils._pytree import tree_flatten
+from torch.utils.hooks import RemovableHandle
 
 from autoplan.errors import UserError
 
@@ -180,7 +180,7 @@ class _LayoutRecorder:
     module's post-hook notes an output shaped like the residual stream.
     """
 
-    def __init__(self, model: nn.Module, blocks: nn.Module) -> None:
+    def __init__(self, model: nn.Module, blocks: nn.ModuleList | nn.Sequential) -> None:
         self.blocks = blocks
         self.block_ids = {id(b): i for i, b in enumerate(blocks)}
         self.mode = _Labels({id(p): n for n, p in model.named_parameters()})
@@ -256,7 +256,7 @@ class _LayoutRecorder:
             self.roles[name] = EMBEDDING
             self.index_ndim[name] = args[0].dim()
             if not self.vocab and self.mode.region == "pre":
-                self.vocab = module.num_embeddings
+                self.vocab = module.num_embeddings  # type: ignore[assignment]  # an nn.Embedding's int
         return hook
 
     def any_post(self, name: str) -> Callable[[nn.Module, tuple, object], None]:

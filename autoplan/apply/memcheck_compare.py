@@ -42,7 +42,8 @@ def compare(w: Workload, model: str, plan: Plan, *, seq: int, global_batch: int,
             "reserved": None}
         if skipped is None and pp_rank in chosen:
             got = measure(model, plan, seq=seq, global_batch=global_batch, rank=rank, reserved=allocator is not None,
-                          hbm_bytes=w.cluster.gpu.hbm_bytes, placements=placements)
+                          # ignore[arg-type]: GPUSpec keeps HBM bytes, a whole number, as a float
+                          hbm_bytes=w.cluster.gpu.hbm_bytes, placements=placements)  # type: ignore[arg-type]
             if plan.pp > 1:
                 row["in_flight"]["torch"] = got.pop("in_flight")
             if allocator is not None:

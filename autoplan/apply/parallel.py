@@ -66,7 +66,7 @@ def vocab_parallel_cross_entropy(tp_mesh: DeviceMesh, vocab: int) -> LossFn:
         sharded = DTensor.from_local(logits, tp_mesh, (Shard(logits.dim() - 1),), run_check=False)
         # a fresh tensor, not a view of the DTensor's local one: zero-bubble schedules detach
         # the loss in place after its input-gradient pass
-        return cross_entropy(sharded, targets).to_local().clone()
+        return cross_entropy(sharded, targets).to_local().clone()  # type: ignore[attr-defined]  # a DTensor
     return loss
 
 
@@ -258,7 +258,7 @@ class ParallelModel:
                 losses: list[torch.Tensor] = []
                 args = (ids,) if self.has_first_stage else ()
                 kwargs = {"target": targets, "losses": losses} if self.has_last_stage else {}
-                self.schedule.step(*args, **kwargs)
+                self.schedule.step(*args, **kwargs)  # type: ignore[attr-defined]  # a torch pipeline schedule
                 loss = torch.stack(losses).mean().item() if self.has_last_stage and read_loss else None
             else:
                 stage, total = self.stages[0], 0.0
@@ -298,8 +298,8 @@ class ParallelModel:
         for name in self.tied:
             grads = [data_parallel.grad_of(s.model.get_parameter(name)) for s in holders]
             if len(grads) == 2:                       # V placement: both stages on this rank
-                grads[0].add_(grads[1])
-                grads[1].copy_(grads[0])
+                grads[0].add_(grads[1])  # type: ignore[union-attr,arg-type]  # a tied weight has its gradient
+                grads[1].copy_(grads[0])  # type: ignore[union-attr,arg-type]
             elif grads:
                 dist.all_reduce(grads[0], group=self._groups.tied)
 
@@ -437,7 +437,7 @@ def _apply_context(model: nn.Module, plan: Plan, mesh: DeviceMesh | None, *, glo
     resolved = _tp_placements(model, layout, plan, tp_mesh, placements)
     vocab_parallel = tp_mesh is not None and loss_fn is cross_entropy and layout.vocab > 0
     if vocab_parallel:
-        loss_fn = vocab_parallel_cross_entropy(tp_mesh, layout.vocab)
+        loss_fn = vocab_parallel_cross_entropy(tp_mesh, layout.vocab)  # type: ignore[arg-type]  # vocab_parallel: a mesh
     cp_groups = _cp_groups(model, plan, rank)
     positions = context_parallel.local_positions(seq, plan.cp, coords["cp"], device) if cp_groups else None
     return ApplyContext(plan=plan, mesh=mesh, layout=layout, seq=seq, device=device, rank=rank, coords=coords,

@@ -48,15 +48,15 @@ from autoplan.baselines.common import price
 from autoplan.bench.child import SearchFailed, SearchTimeout, search_with_limit
 from autoplan.bench.grid import respects_nvlink, search_grid
 from autoplan.bench.suite import Case
-from autoplan.workload import load_cluster
-from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
 from autoplan.cost.params import ranges
 from autoplan.cost.uncertainty import Sampler, quantile
+from autoplan.errors import UserError
 from autoplan.frontend import trace
 from autoplan.ir import BlockGraph
 from autoplan.plan import Plan
 from autoplan.search import SearchOptions, SearchResult
+from autoplan.workload import load_cluster
 from topologies.cluster import Cluster
 
 CONTENDERS = ("auto", "grid") + tuple(RECIPES)

@@ -30,8 +30,7 @@ Mapping (plan → flags):
 from __future__ import annotations
 
 from autoplan.export.base import Export, Setting, Settings, stage_layers, uniform_recompute
-from autoplan.plan import recompute_layers
-from autoplan.plan import DEFAULT_ORDER, SCHEDULE_SPECS, Plan
+from autoplan.plan import DEFAULT_ORDER, SCHEDULE_SPECS, Plan, recompute_layers
 
 MEGATRON_COMMIT = "000c4ac24f61159c138b0975def722c65245983c"
 CP_COMM = {"ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p"}
@@ -74,6 +73,7 @@ def _pipeline_flags(plan: Plan, num_layers: int | None) -> Settings:
     if plan.pp == 1:
         return size
     layers = stage_layers(plan, num_layers)
+    cuts: tuple[Setting, ...]
     if layers is not None and len(set(layers)) > 1:
         cuts = (Setting("--pipeline-model-parallel-layout", f'"{pipeline_layout(layers)}"'),)
     elif plan.vpp > 1 and layers is not None:
@@ -125,7 +125,8 @@ def _data_parallel_flags(plan: Plan) -> Settings:
 def _recompute_flags(plan: Plan) -> Settings:
     """The plan's one recompute mode (``uniform_recompute``); op, which Megatron lacks, runs as full."""
     mode, note = uniform_recompute(plan)
-    warnings = (note,) if note else ()
+    warnings: tuple[str, ...] = (note,) if note else ()
+    items: tuple[Setting, ...]
     if mode == "op":
         warnings += ("recompute=op (torchtitan's selective op checkpointing) is not in Megatron-LM: "
                      "--recompute-granularity full on every layer",)

@@ -28,8 +28,7 @@ Mapping (plan → key):
 from __future__ import annotations
 
 from autoplan.export.base import Export, Setting, Settings, default_order_warning, stage_layers, uniform_recompute
-from autoplan.plan import recompute_layers
-from autoplan.plan import DEFAULT_ORDER, Plan
+from autoplan.plan import DEFAULT_ORDER, Plan, recompute_layers
 
 TORCHTITAN_COMMIT = "6404b932421f5ce382e7dac5ad381b2c17b1373c"
 SCHEDULES = {
@@ -146,12 +145,12 @@ def _expert_and_order_keys(plan: Plan) -> Settings:
 def _activation_checkpoint_keys(plan: Plan) -> Settings:
     """The plan's one recompute mode (``uniform_recompute``); full:N, which torchtitan lacks, runs as full."""
     mode, note = uniform_recompute(plan)
-    warnings = (note,) if note else ()
+    warnings: tuple[str, ...] = (note,) if note else ()
     if recompute_layers(mode) is not None:
         warnings += (f"recompute={mode} (the first N layers of each stage) is not in torchtitan: "
                      "mode = \"full\" on every layer",)
         mode = "full"
-    keys = (Setting("mode", "selective" if mode == "op" else mode),)
+    keys: tuple[Setting, ...] = (Setting("mode", "selective" if mode == "op" else mode),)
     if mode in ("selective", "op"):
         keys += (Setting("selective_ac_option", "op"),)
     return Settings(keys, warnings)

@@ -118,13 +118,14 @@ def _roles_for(node: Node, i: int, t: torch.Tensor, src: RoleSource, align, expe
     shape = tuple(t.shape)
     t2 = _same_output(align, node, i, t)
     if t2 is not None:
-        roles = list(dims.shape_roles(shape, tuple(t2.shape), src.sizes, src.alt_sizes))
+        roles = list(dims.shape_roles(shape, tuple(t2.shape), src.sizes, src.alt_sizes))  # type: ignore[arg-type]  # t2: alt set
     else:
         roles = list(dims.guessed_roles(shape, src.sizes))
     t3 = _same_output(expert_align, node, i, t)
     if t3 is not None:
         roles = [dims.EXPERT if r == dims.MODEL and a != c else r for r, a, c in zip(roles, shape, t3.shape)]
-    elif not expert_align and src.expert_count and any(module == m or module.startswith(m + ".") for m in src.expert_modules):
+    elif not expert_align and src.expert_count and any(module == m or module.startswith(m + ".")
+                                                         for m in src.expert_modules):
         roles = [dims.EXPERT if r == dims.MODEL and n == src.expert_count else r
                  for r, n in zip(roles, shape)]
     return tuple(roles)
@@ -216,7 +217,7 @@ class _RegionFacts:
     backward: set[Node]
     saved: dict[Node, set[int]]           # storage owner → its outputs read by backward nodes
     feeds_input_grad: set[Node]
-    module_of_seq: dict[int, str]         # autograd sequence number → module of its forward op
+    module_of_seq: dict[int | None, str | None]   # autograd sequence number → module of its forward op
     windows: dict[Node, int]              # sliding-window SDPA kernels → window
     loss_nodes: set[Node]
     used: set[Node]                       # nodes some node reads
@@ -302,9 +303,9 @@ def _backward_nodes(graph: Graph, placeholders: _Placeholders, values: _Values) 
         if n.op == "placeholder":
             if placeholders.role[n] == "tangent":
                 backward.add(n)
-        elif n.op == "call_function":
-            if created_in_backward(n) or any(values.producer(x) in backward for x in _tensor_inputs(n)):
-                backward.add(n)
+        elif n.op == "call_function" and (created_in_backward(n)
+                                          or any(values.producer(x) in backward for x in _tensor_inputs(n))):
+            backward.add(n)
     return backward
 
 
@@ -333,10 +334,10 @@ def _input_grad_ancestors(outputs: _Outputs, values: _Values) -> set[Node]:
     return feeds_input_grad
 
 
-def _module_of_seq(graph: Graph, backward: set[Node]) -> dict[int, str]:
+def _module_of_seq(graph: Graph, backward: set[Node]) -> dict[int | None, str | None]:
     """Autograd sequence number → module of the first forward op carrying it: backward ops
     inherit their module through it."""
-    module_of_seq: dict[int, str] = {}
+    module_of_seq: dict[int | None, str | None] = {}
     for n in graph.nodes:
         if n.op == "call_function" and n not in backward and node_module(n) is not None:
             module_of_seq.setdefault(node_seq_nr(n), node_module(n))

@@ -13,8 +13,15 @@ import pytest
 
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
-from autoplan.rules import (GroupRule, first_crossing_group, groups_inside, nvlink_breaks, per_layer_groups,
-                            respects_nvlink, ulysses_and_ring)
+from autoplan.rules import (
+    GroupRule,
+    first_crossing_group,
+    groups_inside,
+    nvlink_breaks,
+    per_layer_groups,
+    respects_nvlink,
+    ulysses_and_ring,
+)
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 

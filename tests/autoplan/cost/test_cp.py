@@ -8,9 +8,9 @@ docstring (bytes per hop or all-to-all, hops per pass, the exposure algebra of a
 from __future__ import annotations
 
 import pytest
-import topologies
 import yaml
 
+import topologies
 from autoplan.cost.comms import Comms
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.params import NOMINAL, Params

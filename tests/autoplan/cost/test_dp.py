@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import pytest
-import topologies
 import yaml
 
+import topologies
 from autoplan.cost import dp
 from autoplan.cost.comms import Comms
 from autoplan.cost.fsdp import Policy

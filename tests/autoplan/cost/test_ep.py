@@ -8,8 +8,8 @@ costmodels/collectives.py is written out below with h100x64's links read from th
 from __future__ import annotations
 
 import pytest
-import topologies
 
+import topologies
 from autoplan.cost.comms import Comms
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.types import AxisCost

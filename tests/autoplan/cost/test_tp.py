@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 
 import pytest
-import topologies
 
+import topologies
 from autoplan.cost.comms import Comms
 from autoplan.cost.tp import BlockLayouts, tp_cost
 from autoplan.cost.types import AxisCost, EstimateOptions
