@@ -8,6 +8,8 @@ schedule, cuts, recompute per mesh), ``driver`` (best-first mesh search with bou
 processes).  The search calls the cost model (``autoplan.cost``), which calls the block ILP
 (``autoplan.sharding``); nothing below imports the search.
 """
-from autoplan.search.driver import Candidate, IlpRecord, SearchOptions, SearchResult, SearchStats, lower_bound, search
+from autoplan.search.bounds import lower_bound
+from autoplan.search.driver import search
+from autoplan.search.records import Candidate, IlpRecord, SearchOptions, SearchResult, SearchStats
 
 __all__ = ["Candidate", "IlpRecord", "SearchOptions", "SearchResult", "SearchStats", "lower_bound", "search"]

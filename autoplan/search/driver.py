@@ -26,140 +26,28 @@ output byte for byte.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 from autoplan.errors import UserError
-from autoplan.cost import Estimate, EstimateOptions, Estimator
-from autoplan.cost.evidence import Flag, flags
-from autoplan.cost.params import NOMINAL, Params
-from autoplan.cost.bounds import states_lower_bound, step_lower_bound
-from autoplan.cost.types import DEFAULT_MARGIN_GIB
-from autoplan.cost.uncertainty import DEFAULT_SAMPLES, DEFAULT_SEED, Band, Sampler
+from autoplan.cost import Estimator
+from autoplan.cost.evidence import flags
+from autoplan.cost.uncertainty import Band, Sampler
 from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
-from autoplan.layout import Layout
 from costmodels.memory import GIB
 from costmodels.pipeline.shared import sharing
-from autoplan.plan import SCHEDULES, Plan
+from autoplan.plan import Plan
 from autoplan.search import robust
+from autoplan.search.bounds import bound_meshes
 from autoplan.search.pool import hedge, robust_pool
-from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
-from autoplan.search.space import MeshChoice, SpaceStats, enumerate_meshes
+from autoplan.search.progress import progress_bar
+from autoplan.search.records import Candidate, IlpRecord, SearchOptions, SearchResult, SearchStats
+from autoplan.search.robust import Robust
+from autoplan.search.space import MeshChoice, enumerate_meshes
 from autoplan.search.stages import MeshResult, best_plan, detailed
 from autoplan.sharding.ilp import load_backend
 from topologies.cluster import Cluster
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    top_k: int = 5
-    solver: str = "cpsat"
-    time_limit_s: float = 30.0              # per block ILP
-    allow_cross_domain: bool = False
-    workers: int = 0                        # 0: one per CPU core
-    mbs: tuple[int, ...] = (1, 2, 4, 8)
-    schedules: tuple[str, ...] = SCHEDULES
-    max_vpp: int = 4
-    zero: tuple[int, ...] = (0, 1, 2, 3)
-    overlap_grad_reduce: bool = True
-    profile: str | None = None
-    progress: bool = False
-    # degree tuples the second pass refines fully (at least 2·top_k): the screen keeps every
-    # tuple whose representative plan ranks in the first ``refine``; experiments/check_screen.py
-    # compares the result against refining every tuple (RESULTS.md, "screening")
-    refine: int = 12
-    memory_margin_gib: float = DEFAULT_MARGIN_GIB   # HBM a plan must leave free (autoplan.cost.memory)
-    kernels: str = "eager"                  # the engine's kernels (EstimateOptions.kernels)
-    fsdp_grad_sync: str | None = None       # ZeRO-2/3 gradient reduction (EstimateOptions.fsdp_grad_sync)
-
-    objective: str = DEFAULT_OBJECTIVE      # point | p50 | p90 | regret (search/robust.py)
-    samples: int = DEFAULT_SAMPLES          # paired parameter samples per run; 0: no bands (point only)
-    seed: int = DEFAULT_SEED
-    params: Params = NOMINAL                # the model's parameter multipliers (a perturbation)
-
-    def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise UserError(f"unknown objective '{self.objective}'", f"use one of {', '.join(OBJECTIVES)}")
-        if self.samples < 0 or (self.samples == 0 and self.objective != "point"):
-            raise UserError(f"objective {self.objective} needs parameter samples, got {self.samples}",
-                            "pass --samples N with N ≥ 2, or --objective point")
-
-    @property
-    def worker_count(self) -> int:
-        """Worker processes the search forks (``workers``; 0: one per CPU core)."""
-        return self.workers or os.cpu_count() or 1
-
-    @property
-    def pool_size(self) -> int:
-        """Meshes the robust objectives choose among: the best few by point step time."""
-        return self.top_k if self.objective == "point" else max(3 * self.top_k, 12)
-
-    def estimate_options(self) -> EstimateOptions:
-        """The cost model's options under this search."""
-        return EstimateOptions(overlap_grad_reduce=self.overlap_grad_reduce, allow_cross_domain=self.allow_cross_domain,
-                               profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s,
-                               memory_margin_gib=self.memory_margin_gib, kernels=self.kernels,
-                               fsdp_grad_sync=self.fsdp_grad_sync, params=self.params)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    plan: Plan
-    estimate: Estimate
-    layout: Layout | None = None             # the tp placements the block ILP chose (None: tp = 1)
-    band: Band | None = None                 # step time over the run's paired samples
-    robust: Robust | None = None             # the objective, P(best of the returned set), worst regret
-    evidence: tuple[Flag, ...] = ()          # regimes it leans on that no published run covers
-
-    def to_dict(self) -> dict:
-        d = {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
-        d["estimate"]["evidence"] = [f.to_dict() for f in self.evidence]
-        if self.band is not None:
-            d["estimate"].update(self.band.fields())
-        if self.robust is not None:
-            d["robust"] = self.robust.to_dict()
-        if self.layout is not None:
-            d["layout"] = self.layout.to_dict()
-        return d
-
-
-@dataclass(frozen=True)
-class IlpRecord:
-    block: str
-    tp: int
-    sp: bool
-    size: dict
-    solve_seconds: float
-    gap: float
-    status: str
-    mbs: int = 1             # the local shape it was solved at
-    cp: int = 1
-
-
-@dataclass(frozen=True)
-class SearchStats:
-    space: SpaceStats
-    pruned_memory: int
-    pruned_bound: int
-    meshes_evaluated: int
-    plans_priced: int
-    seconds: float
-    ilps: tuple[IlpRecord, ...] = ()
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    candidates: tuple[Candidate, ...]
-    stats: SearchStats
-    max_ilp_gap: float = 0.0
-    # with bands: every plan the objective chose among, with its band (pool order, no robust
-    # record), so that another objective can be ranked over the same pool and samples; their
-    # estimates are the search's (step, MFU, memory and fit as in full; no primitive table or
-    # exposed P2P: ``stages.detailed`` prices those for the candidates)
-    pool: tuple[Candidate, ...] = ()
 
 
 def search(model: BlockGraph, cluster: Cluster, *, global_batch: int,
@@ -183,17 +71,9 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
                         "change --global-batch so that data parallelism can divide it")
     workers = options.worker_count
     _solve_ilps(est, meshes, global_batch, options.mbs, workers)
-    bounded = []
-    pruned_memory = 0
-    least_states = float("inf")          # GiB: what the no-fit message reports where nothing was priced
-    for mesh in meshes:
-        states = states_floor(est, mesh, global_batch, options.mbs)
-        least_states = min(least_states, states)
-        if states > est.usable_bytes / GIB:
-            pruned_memory += 1
-            continue
-        bounded.append((lower_bound(est, mesh, global_batch, options.mbs), _mesh_sort_key(mesh), mesh))
-    bounded.sort(key=lambda t: (t[0], t[1]))
+    bounds = bound_meshes(est, meshes, global_batch, options.mbs)
+    pruned_memory, least_states = bounds.pruned_memory, bounds.least_states_gib
+    bounded = [(b.bound, b.sort_key, b.mesh) for b in bounds.meshes]
     global _WORKER_ESTIMATOR
     _WORKER_ESTIMATOR = est
     # one set of workers for the whole search: what a worker compiled while exploring (schedule
@@ -305,10 +185,6 @@ def _sample_steps(args) -> list[list[float]]:
     return _WORKER_SAMPLER.steps(plans, global_batch, samples)
 
 
-def _mesh_sort_key(mesh: MeshChoice):
-    return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.order)
-
-
 def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs_choices: tuple[int, ...],
                 workers: int) -> None:
     """Solve every block ILP the meshes need before the search forks: one per (kind, tp, sp, tp
@@ -360,27 +236,6 @@ def _solve_layout_jobs(jobs):
     return [_WORKER_ESTIMATOR.solve_layout(kind, plan) for kind, plan in jobs]
 
 
-def lower_bound(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> float:
-    """A lower bound on the step time of any plan of ``mesh``: the smallest ``step_lower_bound``
-    over the micro-batch sizes the search may pick."""
-    return min((step_lower_bound(est, plan, global_batch) for plan in _mbs_plans(mesh, global_batch, mbs_choices)),
-               default=float("inf"))
-
-
-def states_floor(est: Estimator, mesh: MeshChoice, global_batch: int, mbs_choices=(1, 2, 4, 8)) -> float:
-    """Model-state GiB per GPU no plan of ``mesh`` can avoid: the smallest ``states_lower_bound``
-    over the micro-batch sizes the search may pick (0 when none runs: nothing to bound).  The
-    states read the micro-batch size only through whether a step has one micro-batch."""
-    plans = {plan.microbatches(global_batch) == 1: plan for plan in _mbs_plans(mesh, global_batch, mbs_choices)}
-    return min((states_lower_bound(est, plan, global_batch) / GIB for plan in plans.values()), default=0.0)
-
-
-def _mbs_plans(mesh: MeshChoice, global_batch: int, mbs_choices) -> list[Plan]:
-    """The mesh's plan at each micro-batch size that divides its local batch (1F1B, no recompute)."""
-    return [mesh.plan(mbs=mbs, schedule="1f1b", vpp=1, recompute=("none",)) for mbs in mbs_choices
-            if (global_batch // mesh.dp) % mbs == 0]
-
-
 def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions, pool=None,
              started: float | None = None):
     """Screen every degree tuple with a representative variant, then search the best tuples fully.
@@ -398,7 +253,7 @@ def _explore(est: Estimator, bounded, global_batch: int, options: SearchOptions,
     refine_n = max(2 * options.top_k, options.refine)
     stats = {"evaluated": 0, "priced": 0, "pruned": 0, "shortfall": float("inf"), "variants": {}}
     results: dict[tuple, MeshResult] = {}
-    progress = _progress(options.progress, len(tuples) + min(refine_n, len(tuples)), started)
+    progress = progress_bar(options.progress, len(tuples) + min(refine_n, len(tuples)), started)
     try:
         if len(tuples) > refine_n:
             reps = sorted(((_representative(v), v) for v in tuples.values()), key=lambda t: (t[0][0], t[0][1]))
@@ -446,8 +301,7 @@ def _run(est, pool, batch, tasks, global_batch, options, results, stats, progres
         kth = _kth_best(results, options.top_k)
         chosen, i, pruned = _next_batch(tasks, i, batch, kth, results)
         stats["pruned"] += pruned
-        for _ in range(pruned):
-            progress.advance()
+        progress.advance(pruned)
         if not chosen:
             continue
         args = {k: (variants, global_batch, options, kth, screen) for k, variants in chosen}
@@ -658,47 +512,6 @@ def _pool(est: Estimator, workers: int):
     except ValueError:
         return None
     return ctx.Pool(workers)
-
-
-class _NoProgress:
-    def advance(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-class _RichProgress:
-    """A progress bar on stderr that appears only once the search has run ``DELAY_S`` seconds
-    since ``started`` (``time.perf_counter``; default now): a quick search prints nothing extra.
-    It vanishes when done."""
-
-    DELAY_S = 1.0
-
-    def __init__(self, total: int, started: float | None = None):
-        self._total, self._done, self._p = total, 0, None
-        self._start, self._clock = time.perf_counter() if started is None else started, time.perf_counter
-
-    def advance(self) -> None:
-        self._done += 1
-        if self._p is None and self._clock() - self._start >= self.DELAY_S:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn("searching meshes"), BarColumn(), MofNCompleteColumn(),
-                               TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-            self._task = self._p.add_task("", total=self._total, completed=self._done - 1)
-            self._p.start()
-        if self._p is not None:
-            self._p.advance(self._task)
-
-    def stop(self) -> None:
-        if self._p is not None:
-            self._p.stop()
-
-
-def _progress(enabled: bool, total: int, started: float | None = None):
-    return _RichProgress(total, started) if enabled else _NoProgress()
 
 
 def _no_fit_message(est: Estimator, shortfall: float, least_states: float) -> str:
