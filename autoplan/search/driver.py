@@ -91,8 +91,8 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
             procs.close()
             procs.join()
     ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status, k[4], k[5])
-                 for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (*kv[0][:3], str(kv[0][3]),
-                                                                                     *kv[0][4:])))
+                 for k, a in sorted(est.solved_layouts().items(), key=lambda kv: (*kv[0][:3], str(kv[0][3]),
+                                                                                  *kv[0][4:])))
     stats = SearchStats(space_stats, pruned_memory, pruned_bound, evaluated, priced,
                         time.perf_counter() - start, ilps)
     return SearchResult(candidates, stats, max((i.gap for i in ilps), default=0.0), pool)
@@ -223,8 +223,7 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
     solved: list = [None] * len(tasks)
     for i, answer in zip(order, done):
         solved[i] = answer
-    for keys, assignments in zip(groups.values(), solved):
-        est.layouts.assignments.update(zip(keys, assignments))
+    est.store_layouts({key: a for keys, answer in zip(groups.values(), solved) for key, a in zip(keys, answer)})
 
 
 def _task_weight(est: Estimator, task: list[tuple[str, Plan]]) -> int:
