@@ -1,9 +1,10 @@
-"""The search's records: what it is asked (``SearchOptions``) and what it returns
-(``SearchResult`` of ``Candidate``s, with ``SearchStats`` and an ``IlpRecord`` per block ILP solved)."""
+"""The search's records: what it is asked (``SearchOptions``), what it returns (``SearchResult``
+of ``Candidate``s, with ``SearchStats`` and an ``IlpRecord`` per block ILP solved), and what the
+mesh search tallies on the way (``SearchCounters``, ``Explored``)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autoplan.cost import Estimate, EstimateOptions
 from autoplan.cost.evidence import Flag
@@ -15,6 +16,7 @@ from autoplan.layout import Layout
 from autoplan.plan import SCHEDULES, Plan
 from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
 from autoplan.search.space import SpaceStats
+from autoplan.search.stages import MeshResult
 
 
 @dataclass(frozen=True)
@@ -124,3 +126,24 @@ class SearchResult:
     # estimates are the search's (step, MFU, memory and fit as in full; no primitive table or
     # exposed P2P: ``stages.detailed`` prices those for the candidates)
     pool: tuple[Candidate, ...] = ()
+
+
+@dataclass
+class SearchCounters:
+    """What the mesh search tallies as it merges its tasks' results (``SearchStats``' counts)."""
+
+    evaluated: int = 0                       # mesh variants searched
+    priced: int = 0                          # plans priced
+    pruned: int = 0                          # tasks and variants their bound pruned
+    shortfall_gib: float = float("inf")      # the least GiB over HBM of a plan priced (inf: none was)
+
+
+@dataclass
+class Explored:
+    """The mesh search's findings, filled as its tasks come in: the best result per degree tuple
+    (tp, cp, ep, pp, dp), every fitting variant's best result by plan string (what the robust
+    pool chooses among), and the counts."""
+
+    best: dict[tuple, MeshResult] = field(default_factory=dict)
+    variants: dict[str, MeshResult] = field(default_factory=dict)
+    counters: SearchCounters = field(default_factory=SearchCounters)
