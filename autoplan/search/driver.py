@@ -79,6 +79,12 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: S
         return SearchResult(chosen.candidates, stats, max((i.gap for i in ilps), default=0.0), chosen.pool)
 
 
+# Tasks per best-first batch.  A batch runs at the threshold the batches before it leave, so the
+# batch, not the number of workers, shapes the result; more workers than a batch are kept busy by
+# the executor's look-ahead, which changes no result.
+BATCH = 2
+
+
 @dataclass(frozen=True)
 class _Run:
     """What every step of one search reads."""
@@ -106,9 +112,8 @@ def _explore(run: _Run, bounded: list[Bounded], started: float) -> Explored:
     Pass 1 (screen): for each (tp, cp, ep, pp, dp), one variant (``_representative``; ZeRO-3 when
     that does not fit) over a representative few schedules.  Pass 2 (refine, ``refine_tuple``):
     the best ``refine`` tuples get every variant and the full pipeline space.  Both passes go
-    best-first by the bound, a batch of ``worker_count`` tasks at a time, and prune against the
-    K-th best distinct mesh so far.  With no more tuples than the refine budget, every tuple is
-    refined."""
+    best-first by the bound, ``BATCH`` tasks at a time, and prune against the K-th best distinct
+    mesh so far.  With no more tuples than the refine budget, every tuple is refined."""
     options = run.options
     tuples: dict[tuple, list[Bounded]] = {}
     for b in bounded:
@@ -120,14 +125,13 @@ def _explore(run: _Run, bounded: list[Bounded], started: float) -> Explored:
         screened: dict[tuple, MeshResult] = {}
         chosen = sorted(tuples)
         if len(tuples) > refine_n:
-            screened = _best_first(run, _screen_tasks(tuples), options.worker_count, found, progress, screen=True)
+            screened = _best_first(run, _screen_tasks(tuples), BATCH, found, progress, screen=True)
             chosen = sorted(tuples, key=lambda k: (screened[k].estimate.step_time_s if k in screened
                                                    else float("inf"), k))[:refine_n]
         tasks = _refine_tasks(tuples, chosen)
-        # after a screen the threshold is already tight: in workers, refine every chosen tuple in
-        # one batch, so that no worker idles waiting for the slowest of a small batch
-        batch = len(tasks) if screened and options.worker_count > 1 else options.worker_count
-        _best_first(run, tasks, batch, found, progress, screen=False)
+        # after a screen the threshold is already tight: refine every chosen tuple in one batch, so
+        # that no worker idles waiting for the slowest of a small batch
+        _best_first(run, tasks, len(tasks) if screened else BATCH, found, progress, screen=False)
     finally:
         progress.stop()
     return found

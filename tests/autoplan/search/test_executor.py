@@ -1,9 +1,15 @@
 """The search's executors (``search/executor.py``): forked workers return what running here
-returns, in order; a run started ahead is kept only where it holds for the task's true item."""
+returns, in order; a run started ahead is kept only where it holds for the task's true item; a
+search gives the same JSON on one worker as on two."""
+import json
 import os
 import time
 
+from autoplan.cli import main
+from autoplan.search import executor
 from autoplan.search.executor import ForkExecutor, Job, SerialExecutor
+
+TINY = "llama:layers=4,hidden=64,heads=4,kv_heads=2,ffn=128,vocab=256"
 
 
 def _square(worker, x):
@@ -52,3 +58,24 @@ def test_no_look_ahead_waits_for_every_batch():
         out = fork.best_first(_at, _holds).run([Job(0, (0, "t", 0.0)), Job(1, (1, "t", 0.3))],
                                                lambda done, count: asked.append(done) or [])
     assert out == [(0, "t"), (1, "t")] and asked == []
+
+
+def test_one_worker_and_two_give_byte_identical_json(capsys, monkeypatch):
+    """``--workers 1`` searches here, ``--workers 2`` in forked workers; the batches and
+    thresholds do not depend on the workers (``driver.BATCH``), so neither does the JSON."""
+    forks = []
+    enter = ForkExecutor.__enter__
+
+    def counted(self):
+        forks.append(self.workers)
+        return enter(self)
+    monkeypatch.setattr(executor.ForkExecutor, "__enter__", counted)
+    outs, forked = [], []
+    for workers in ("1", "2"):
+        forks.clear()
+        assert main(["search", TINY, "--cluster", "h100x64", "--global-batch", "64", "--json",
+                     "--workers", workers]) == 0
+        outs.append(capsys.readouterr().out)
+        forked.append(list(forks))
+    assert outs[0] == outs[1] and len(json.loads(outs[0])) == 5
+    assert forked[0] == [] and forked[1] and set(forked[1]) == {2}
