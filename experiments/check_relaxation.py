@@ -3,7 +3,7 @@
     python experiments/check_relaxation.py [--case MODEL@CLUSTER ...] [--write]
 
 For each case (the worst-case search rows of ``bench_search.py --worst``) it collects every
-distinct block ILP the search solves (``driver._solve_ilps``, tp > 1), then in one process solves
+distinct block ILP the search solves (``presolve.solve_layouts``, tp > 1), then in one process solves
 each twice: by ``relaxation.solve_relaxation`` (GLOP) and by CP-SAT alone (``ilp._solve_cpsat``,
 the path before the relaxation).  It reports how many the relaxation certified, the largest
 relative objective difference against CP-SAT (positive: the relaxation's is worse), how many
@@ -29,7 +29,8 @@ def problems(model: str, cluster: str, seq: int, batch: int) -> list:
     """Every distinct block ILP (``ilp.IlpProblem``, with its time limit) the search of the case solves."""
     from autoplan.cost import Estimator
     from autoplan.frontend import trace
-    from autoplan.search import SearchOptions, driver
+    from autoplan.search import SearchOptions
+    from autoplan.search.presolve import solve_layouts
     from autoplan.search.space import enumerate_meshes
     from autoplan.sharding import ilp
     from autoplan.workload import load_cluster
@@ -49,7 +50,7 @@ def problems(model: str, cluster: str, seq: int, batch: int) -> list:
         return solve(problem, backend, time_limit_s)
     ilp.solve = record
     try:
-        driver._solve_ilps(est, meshes, batch, options.mbs, 1)
+        solve_layouts(est, meshes, batch, options.mbs, 1)
     finally:
         ilp.solve = solve
     return seen

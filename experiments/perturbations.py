@@ -4,7 +4,7 @@
 
 For each case, one nominal search (default objective, bands on) prices its robust pool on the
 run's paired samples; each objective (``point``, ``p50``, ``p90``, ``regret``) picks its plan
-from that same pool and samples (``search.driver.rank_pool``), as ``search --objective`` would.
+from that same pool and samples (``search.choose.rank_pool``), as ``search --objective`` would.
 Each perturbation is a parameter file in ``experiments/perturbations/`` (``{parameter:
 multiplier}``, the ``--params`` format): the model under it searches again (point objective,
 what the perturbed model would pick), and every objective's nominal choice is priced under it.
@@ -44,7 +44,7 @@ def choices(model, cluster, batch: int) -> tuple[dict, set[str]]:
     and the pool's plan strings."""
     from autoplan.bands import OBJECTIVES
     from autoplan.search import SearchOptions, search
-    from autoplan.search.driver import rank_pool
+    from autoplan.search.choose import rank_pool
 
     pool = search(model, cluster, global_batch=batch, options=SearchOptions()).pool
     return {o: pool[rank_pool(pool, o, 1)[0][0]] for o in OBJECTIVES}, {c.plan.to_string() for c in pool}

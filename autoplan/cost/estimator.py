@@ -17,6 +17,7 @@ forward + backward (Korthikanti/Megatron: no recompute, full s² attention); HFU
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
 from autoplan.cost import dp, fsdp, memory, pp, report
@@ -29,6 +30,7 @@ from autoplan.layout import BlockLayout, Layout
 from autoplan.mesh import Mesh
 from autoplan.opkinds import attention_flops
 from autoplan.plan import Plan
+from autoplan.sharding import BlockAssignment
 from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline.live import peak_live
@@ -120,8 +122,17 @@ class Estimator:
 
     def solve_layout(self, kind: str, plan: Plan):
         """The block ILP of one graph at ``plan`` (a ``BlockAssignment``), not stored: workers solve
-        in parallel and the parent stores them under ``unsolved_layouts``' keys."""
+        in parallel and the parent keeps them (``store_layouts``)."""
         return self.layouts.solve(self.graph(kind), plan, Mesh.of(plan))
+
+    def store_layouts(self, solved: Mapping[tuple, BlockAssignment]) -> None:
+        """Keep block ILP solutions solved elsewhere (``solve_layout`` in the search's workers),
+        by their ``unsolved_layouts`` keys, for every later pricing to read."""
+        self.layouts.assignments.update(solved)
+
+    def solved_layouts(self) -> dict[tuple, BlockAssignment]:
+        """Every block ILP solution kept so far, by key (kind, tp, sp, tp span, mbs, cp)."""
+        return dict(self.layouts.assignments)
 
     def layout(self, plan: Plan) -> Layout | None:
         """The tp placements ``plan`` is priced with (block ILP solutions); None without tp."""

@@ -94,9 +94,9 @@ def test_ties_within_noise_share_a_rank():
 
 
 def test_progress_bar_only_after_a_second():
-    from autoplan.search import driver
+    from autoplan.search import progress
 
-    slow = driver._RichProgress(10)
+    slow = progress.RichProgress(10)
     clock = iter([100.5, 101.5, 101.6])
     slow._start, slow._clock = 100.0, lambda: next(clock)
     slow.advance()
@@ -105,4 +105,4 @@ def test_progress_bar_only_after_a_second():
     assert slow._p is not None and slow._p.tasks[0].completed == 2
     assert slow._p.console.stderr                # never on stdout
     slow.stop()
-    assert isinstance(driver._progress(False, 10), driver._NoProgress)
+    assert isinstance(progress.progress_bar(False, 10), progress.NoProgress)

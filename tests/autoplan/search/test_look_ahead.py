@@ -1,9 +1,10 @@
-"""The search's workers start the next batch of meshes ahead (``driver._look_ahead``); the result is
-the one waiting for every batch gives: the same plans, estimates and counts."""
+"""The search's workers start the next batches of meshes ahead (``executor``'s look-ahead); the
+result is the one waiting for every batch gives (``look_ahead=0``): the same plans, estimates and
+counts."""
 import pytest
 
 from autoplan.frontend import trace
-from autoplan.search import SearchOptions, driver, search
+from autoplan.search import SearchOptions, executor, search
 from autoplan.workload import load_cluster
 
 
@@ -12,27 +13,26 @@ def llama8b():
     return trace("llama3-8b", seq=8192), load_cluster("h100x64")
 
 
-def _searched(model, cluster):
-    r = search(model, cluster, global_batch=256, options=SearchOptions(workers=2, samples=0, objective="point"))
+def _searched(model, cluster, look_ahead):
+    r = search(model, cluster, global_batch=256, options=SearchOptions(workers=2, samples=0, objective="point"),
+               look_ahead=look_ahead)
     s = r.stats
     return [c.to_dict() for c in r.candidates], (s.meshes_evaluated, s.plans_priced, s.pruned_bound, s.pruned_memory)
 
 
 def test_looking_ahead_gives_the_search_that_waits_for_every_batch(llama8b, monkeypatch):
     started = []
-    look = driver._look_ahead
+    start_ahead = executor._AheadBatches._start_ahead
 
-    def counted(pool, tasks, i, batch, results, done, *rest):
-        ahead = rest[-1]
-        before = len(ahead)
-        look(pool, tasks, i, batch, results, done, *rest)
-        started.append(len(ahead) - before)
-    monkeypatch.setattr(driver, "_look_ahead", counted)
-    ahead = _searched(*llama8b)
+    def counted(self, jobs):
+        before = len(self._ahead)
+        start_ahead(self, jobs)
+        started.append(len(self._ahead) - before)
+    monkeypatch.setattr(executor._AheadBatches, "_start_ahead", counted)
+    ahead = _searched(*llama8b, look_ahead=2)
     assert sum(started) > 0                          # batches were started ahead
-    monkeypatch.setattr(driver, "SPECULATE", False)
     started.clear()
-    waited = _searched(*llama8b)
+    waited = _searched(*llama8b, look_ahead=0)
     assert started == []
     assert ahead == waited
 

@@ -1,11 +1,13 @@
-"""The robust pool's bands priced in forked workers (``driver._bands``), after a mesh search in
+"""The robust pool's bands priced in forked workers (``choose._bands``), after a mesh search in
 forked workers, are the bands the sampler gives plan by plan in one process: same pool, same
 steps, same ranking, same JSON."""
 import json
 
+from autoplan.cost import Estimator
 from autoplan.cost.uncertainty import Sampler
 from autoplan.frontend import trace
-from autoplan.search import SearchOptions, driver, search
+from autoplan.search import SearchOptions, choose, search
+from autoplan.search.executor import ForkExecutor
 from autoplan.workload import load_cluster
 
 MODEL = "gpt:layers=4,hidden=1024,heads=16,vocab=32000"
@@ -26,8 +28,9 @@ def test_bands_split_samples_across_workers_and_put_them_back_in_order():
     model, cluster = trace(MODEL, seq=1024), load_cluster("h100x64")
     result = search(model, cluster, global_batch=64, options=SearchOptions(samples=5, workers=1, top_k=2))
     pool = list(result.candidates)                      # what _bands reads: .plan and .estimate
-    sampler = Sampler(driver.Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True), 5, 0)
-    forked = driver._bands(sampler, pool, 64, workers=3)        # 0 in the parent, then 1,4 | 2 | 3
+    sampler = Sampler(Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True), 5, 0)
+    with ForkExecutor(sampler.base, 3) as forked_executor:
+        forked = choose._bands(forked_executor, sampler, pool, 64)        # shares 0,3 | 1,4 | 2
     alone = [sampler.band(r.plan, 64, r.estimate) for r in pool]
     assert forked == alone
 
@@ -40,7 +43,7 @@ def test_a_plans_samples_simulated_at_once_are_each_samples_own_steps(monkeypatc
     from costmodels.pipeline import paired
 
     model, cluster = trace("gpt:layers=8,hidden=1024,heads=16,vocab=32000", seq=1024), load_cluster("h100x64")
-    est = driver.Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True)
+    est = Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True)
     plans = [Plan.parse(f"tp=2,pp=4,dp=8,cp=1,ep=1,vpp={v},mbs=1,schedule={s},recompute=none,sp=on,zero=1,"
                         "cp_algo=ring,order=tp-cp-ep-dp-pp") for s, v in (("1f1b", 1), ("zbv", 2), ("interleaved", 2))]
     extrapolated = []

@@ -1,0 +1,257 @@
+"""How the search's tasks run: here, one after another (``SerialExecutor``), or in worker
+processes forked from this one (``ForkExecutor``).  The executor decides how fast, never what:
+the search hands both the same tasks in the same batches and gets the same results.
+
+    with open_executor(est, workers, worth_forking=..., look_ahead=LOOK_AHEAD) as executor:
+        executor.map(fn, items)                       # [fn(worker, item) for item in items]
+        batches = executor.best_first(fn, holds)      # one best-first pass
+        batches.run(jobs, upcoming)                   # one batch of it
+
+A task is a module-level function ``fn(worker, item)``: ``worker`` (``Worker``) is the state it
+reads in the process that runs it, the search's estimator and its band sampler.  Forked workers
+inherit the estimator as it is when they fork, block ILP solutions and caches included, and
+share the pipeline shapes each builds through a directory (``costmodels.pipeline.shared``) that
+the executor opens before it forks and removes when it closes.
+
+**Looking ahead.**  The search runs a pass's tasks best-first, a batch at a time, each batch at
+the threshold the results before it give (the K-th best so far).  In workers, once the first
+task of a batch is in while others still run, the executor starts the tasks of the next
+batches (``upcoming``), ``look_ahead`` per worker, at the threshold the results so far give, so
+no worker idles.  A task's result depends on its item alone, and the true threshold, once the
+whole batch is in, is at most the one it ran at (the K-th best only falls): a run started ahead
+is kept where ``holds(its result, the task's true item)`` (``MeshResult.same_below``), else the
+task runs again.  The batches, thresholds and results are the ones waiting for every batch gives
+(``look_ahead=0``).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+
+from autoplan.cost import Estimator
+from autoplan.cost.uncertainty import Sampler
+from costmodels.pipeline.shared import sharing
+
+LOOK_AHEAD = 2        # tasks per worker started ahead (gpt-1t/h100x1024's screen, 2 workers: 2.2 s at 1, 2.1 s
+                      # at 2 and 3)
+POLL_S = 0.002        # how long a gather waits on its first unfinished run before looking again
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Worker:
+    """The state a task reads in the process that runs it: the search's estimator, and the band
+    sampler of each (sample count, seed) it was asked for, built there on first use so that its
+    per-sample estimators and caches live in that process."""
+
+    def __init__(self, est: Estimator) -> None:
+        self.est = est
+        self._samplers: dict[tuple[int, int], Sampler] = {}
+
+    def sampler(self, samples: int, seed: int) -> Sampler:
+        """``Sampler(est, samples, seed)``, the same object for every task of this process."""
+        key = (samples, seed)
+        if key not in self._samplers:
+            self._samplers[key] = Sampler(self.est, samples, seed)
+        return self._samplers[key]
+
+
+@dataclass(frozen=True)
+class Job(Generic[T]):
+    """One task of a best-first pass: ``key``, its place in the pass (ascending, unique), and the
+    item its function runs on."""
+
+    key: int
+    item: T
+
+
+Task = Callable[[Worker, T], R]
+Upcoming = Callable[[list, int], list]      # (a batch's results in so far, n) -> the next batches' Jobs, ≥ n of them
+Holds = Callable[[Any, Any], bool]          # (a result run ahead, the task's true item) -> it is that item's
+
+
+class Batches(Protocol):
+    def run(self, jobs: list[Job], upcoming: Upcoming) -> list:
+        """The results of ``jobs``, in order."""
+
+
+class Executor(Protocol):
+    workers: int            # tasks run at once
+
+    def map(self, fn: Task, items: Sequence) -> list:
+        """``fn(worker, item)`` of every item, in order."""
+
+    def best_first(self, fn: Task, holds: Holds) -> Batches:
+        """A runner of one best-first pass of ``fn``'s batches (module docstring)."""
+
+
+class SerialExecutor:
+    """Every task here, one after another: the reference, and ``--workers 1``."""
+
+    workers = 1
+
+    def __init__(self, est: Estimator) -> None:
+        self._worker = Worker(est)
+
+    def __enter__(self) -> SerialExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def map(self, fn: Task, items: Sequence) -> list:
+        return [fn(self._worker, item) for item in items]
+
+    def best_first(self, fn: Task, holds: Holds) -> Batches:
+        return _SerialBatches(self, fn)
+
+
+@dataclass(frozen=True)
+class _SerialBatches:
+    executor: SerialExecutor
+    fn: Task
+
+    def run(self, jobs: list[Job], upcoming: Upcoming) -> list:
+        return self.executor.map(self.fn, [job.item for job in jobs])
+
+
+class ForkExecutor:
+    """``workers`` processes forked on entry with ``est`` as it is then, in shape sharing; closed
+    and joined on exit.  ``look_ahead``: tasks per worker started ahead (0: wait for every batch).
+    A lone task runs here: forking it out would only wait for it."""
+
+    def __init__(self, est: Estimator, workers: int, look_ahead: int = LOOK_AHEAD) -> None:
+        self.workers, self.look_ahead = workers, look_ahead
+        self._here = Worker(est)
+        self._stack = ExitStack()
+        self._pool: Any = None
+
+    def __enter__(self) -> ForkExecutor:
+        with ExitStack() as stack:                 # a failed fork leaves nothing open
+            stack.enter_context(sharing())
+            self._pool = mp.get_context("fork").Pool(self.workers, initializer=_install, initargs=(self._here,))
+            stack.callback(self._pool.join)
+            stack.callback(self._pool.close)
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def map(self, fn: Task, items: Sequence) -> list:
+        if len(items) < 2:
+            return [fn(self._here, item) for item in items]
+        return self._pool.map(_call, [(fn, item) for item in items], chunksize=1)
+
+    def submit(self, fn: Task, item: object) -> Any:
+        """``fn(worker, item)`` started in a worker: an ``AsyncResult``."""
+        return self._pool.apply_async(_call, ((fn, item),))
+
+    def best_first(self, fn: Task, holds: Holds) -> Batches:
+        return _AheadBatches(self, fn, holds)
+
+
+def fork_available() -> bool:
+    """Whether this platform can fork worker processes."""
+    try:
+        mp.get_context("fork")
+    except ValueError:
+        return False
+    return True
+
+
+def open_executor(est: Estimator, workers: int, *, worth_forking: bool,
+                  look_ahead: int = LOOK_AHEAD) -> SerialExecutor | ForkExecutor:
+    """A ``ForkExecutor`` of ``workers`` processes where there are several, the caller judges the
+    work ``worth_forking`` and the platform forks; else a ``SerialExecutor``.  Use it with
+    ``with``."""
+    if workers > 1 and worth_forking and fork_available():
+        return ForkExecutor(est, workers, look_ahead)
+    return SerialExecutor(est)
+
+
+_WORKER: Worker | None = None      # in a forked worker: its state (``_install``); never set here
+
+
+def _install(worker: Worker) -> None:
+    global _WORKER
+    _WORKER = worker
+
+
+def _call(task: tuple[Task, object]) -> object:
+    fn, item = task
+    return fn(_WORKER, item)
+
+
+class _AheadBatches:
+    """One best-first pass in the workers, looking ahead (module docstring): ``_ahead`` holds
+    the runs started ahead, by job key, until their batch comes."""
+
+    def __init__(self, executor: ForkExecutor, fn: Task, holds: Holds) -> None:
+        self._executor, self._fn, self._holds = executor, fn, holds
+        self._ahead: dict[int, Any] = {}
+
+    def run(self, jobs: list[Job], upcoming: Upcoming) -> list:
+        runs = [self._start(job) if (hit := self._ahead.pop(job.key, None)) is None else
+                _Ahead(hit, lambda ran, job=job: self._holds(ran, job.item), lambda job=job: self._start(job))
+                for job in jobs]
+        for key in [key for key in self._ahead if key < jobs[-1].key]:     # pruned at the true threshold
+            del self._ahead[key]
+        ahead = self._executor.look_ahead * self._executor.workers
+        return _gather(runs, None if ahead == 0 else lambda done: self._start_ahead(upcoming(done, ahead)))
+
+    def _start(self, job: Job) -> Any:
+        return self._executor.submit(self._fn, job.item)
+
+    def _start_ahead(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if job.key not in self._ahead:
+                self._ahead[job.key] = self._start(job)
+
+
+def _gather(runs: list, look_ahead: Callable[[list], None] | None) -> list:
+    """The results of ``runs`` (async runs, in order); once the first is in while others still
+    run, ``look_ahead(results so far)`` once (None: never)."""
+    outs: list = [None] * len(runs)
+    looked = look_ahead is None or len(runs) < 2
+    while True:
+        for j, run in enumerate(runs):
+            if outs[j] is None and run.ready():
+                outs[j] = run.get()
+        waiting = [j for j, o in enumerate(outs) if o is None]
+        if not waiting:
+            return outs
+        if not looked and len(waiting) < len(runs):
+            look_ahead([o for o in outs if o is not None])
+            looked = True
+        runs[waiting[0]].wait(POLL_S)
+
+
+class _Ahead:
+    """A task's run started ahead, for ``_gather``: once it is in, kept where ``holds(its
+    result)``, else replaced by ``again()``, the task run at its true item."""
+
+    def __init__(self, run: Any, holds: Callable[[Any], bool], again: Callable[[], Any]) -> None:
+        self._run, self._holds, self._again, self._checked = run, holds, again, False
+
+    def _check(self) -> None:
+        if not self._checked and self._run.ready():
+            self._checked = True
+            if not self._holds(self._run.get()):
+                self._run = self._again()
+
+    def ready(self) -> bool:
+        self._check()
+        return self._checked and self._run.ready()
+
+    def wait(self, timeout: float) -> None:
+        self._check()
+        self._run.wait(timeout)
+
+    def get(self) -> Any:
+        while not self.ready():
+            self.wait(POLL_S)
+        return self._run.get()
