@@ -24,6 +24,7 @@ and results are the same either way.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -44,6 +45,8 @@ from autoplan.search.variants import TupleSearch, holds, search_tuple
 from costmodels.memory import GIB
 from topologies.cluster import Cluster
 
+log = logging.getLogger(__name__)
+
 
 def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: SearchOptions = SearchOptions(),
            look_ahead: int = LOOK_AHEAD) -> SearchResult:
@@ -59,9 +62,13 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: S
             raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
                             f"(heads {model.model.heads}, global batch {global_batch})",
                             "change --global-batch so that data parallelism can divide it")
+        log.info("%s on %s: %d meshes after the NVLink rules (%d degree choices broke them)",
+                 model.model.name, cluster.name, len(meshes), space.broke_rules)
         workers = options.worker_count
         solve_layouts(est, meshes, global_batch, options.mbs, workers)
         bounds = bound_meshes(est, meshes, global_batch, options.mbs)
+        log.info("%d meshes cannot hold their model states; %d to explore best-first by their bound",
+                 bounds.pruned_memory, len(bounds.meshes))
         # one set of workers for the rest: what a worker compiled while exploring (schedule orders,
         # periods, live walks, stage prices) it still holds when it hedges, details and bands
         worth_forking = len(bounds.meshes) > workers or options.samples > 0
@@ -128,10 +135,14 @@ def _explore(run: _Run, bounded: list[Bounded], started: float) -> Explored:
             screened = _best_first(run, _screen_tasks(tuples), BATCH, found, progress, screen=True)
             chosen = sorted(tuples, key=lambda k: (screened[k].estimate.step_time_s if k in screened
                                                    else float("inf"), k))[:refine_n]
+            log.info("screen: %d degree tuples, %d fit; refining the best %d", len(tuples), len(screened),
+                     len(chosen))
         tasks = _refine_tasks(tuples, chosen)
         # after a screen the threshold is already tight: refine every chosen tuple in one batch, so
         # that no worker idles waiting for the slowest of a small batch
         _best_first(run, tasks, len(tasks) if screened else BATCH, found, progress, screen=False)
+        log.info("refine: %d meshes evaluated, %d pruned, %d plans priced", found.counters.evaluated,
+                 found.counters.pruned, found.counters.priced)
     finally:
         progress.stop()
     return found
@@ -172,6 +183,8 @@ def _best_first(run: _Run, tasks: list[_Task], batch: int, found: Explored, prog
     while i < len(tasks):
         kth = _kth_best(found.best, run.options.top_k)
         chosen, i, pruned = _next_batch(tasks, i, batch, kth, found.best)
+        if pruned:
+            log.debug("%d tuples pruned: their bound reaches the K-th best, %.4g s", pruned, kth)
         found.counters.pruned += pruned
         progress.advance(pruned)
         if chosen:
@@ -223,6 +236,7 @@ def _merge(results: list[MeshResult], found: Explored, best_here: dict[tuple, Me
     """One task's results into the best per tuple (``found.best``, ``best_here``) and the counts."""
     counters = found.counters
     for out in results:
+        log.debug("%s", _described(out))
         counters.evaluated += 1
         counters.priced += out.evaluated
         if out.plan is None:
@@ -233,6 +247,18 @@ def _merge(results: list[MeshResult], found: Explored, best_here: dict[tuple, Me
             continue
         found.variants[out.plan.to_string()] = out
         _keep_best(out, found.best, best_here)
+
+
+def _described(out: MeshResult) -> str:
+    """One mesh's outcome in a line (``-vv``)."""
+    m = out.mesh
+    name = (f"tp{m.tp}·cp{m.cp}·ep{m.ep}·pp{m.pp}·dp{m.dp} zero{m.zero}{' sp' * m.sp}"
+            f"{' ' + m.cp_algo if m.cp > 1 else ''} order={'-'.join(m.order)}")
+    if out.plan is not None:
+        return f"{name}: {out.estimate.step_time_s:.4g} s, {out.plan.to_compact()} ({out.evaluated} plans priced)"
+    if out.pruned:
+        return f"{name}: every micro-batch size bounded out"
+    return f"{name}: fits nowhere, {out.shortfall_gib:.1f} GiB short ({out.evaluated} plans priced)"
 
 
 def _keep_best(out: MeshResult, *tables: dict[tuple, MeshResult]) -> None:

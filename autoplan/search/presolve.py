@@ -9,6 +9,9 @@ and a deterministic time limit gives the same solution in any process.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 from autoplan.cost import Estimator
 from autoplan.plan import Plan
 from autoplan.search.executor import Worker, open_executor
@@ -16,6 +19,8 @@ from autoplan.search.records import IlpRecord
 from autoplan.search.space import MeshChoice
 from autoplan.sharding import BlockAssignment
 from autoplan.sharding.ilp import load_backend
+
+log = logging.getLogger(__name__)
 
 
 def solve_layouts(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs_choices: tuple[int, ...],
@@ -42,8 +47,11 @@ def solve_layouts(est: Estimator, meshes: list[MeshChoice], global_batch: int, m
     # put back in task order; each ILP's solution does not depend on the process that solves it
     order = sorted(range(len(tasks)), key=lambda i: (-weights[i], i))
     worth_forking = len(tasks) > 1 and len(jobs) > workers
+    start = time.perf_counter()
     with open_executor(est, workers, worth_forking=worth_forking) as executor:
         done = executor.map(_solve_task, [tasks[i] for i in order])
+    log.info("presolve: %d block ILPs in %d tasks solved in %.2f s (%s)", len(jobs), len(tasks),
+             time.perf_counter() - start, f"{workers} workers" if worth_forking else "in this process")
     solved: list[list[BlockAssignment]] = [[] for _ in tasks]
     for i, answer in zip(order, done):
         solved[i] = answer
