@@ -23,7 +23,12 @@ def test_two_commands_and_ci_runs_the_readme_test_command():
     assert test_cmd.split("&&")[-1].strip() in ci
 
 
+EVERY_COMMAND = ("--verbose",)      # documented once, above the table
+
+
 def test_cli_reference_lists_every_command_and_option():
+    for opt in EVERY_COMMAND:
+        assert f"`{opt}`" in README.split("## CLI reference", 1)[1].split("| command |", 1)[0]
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     for name in COMMANDS:
@@ -32,7 +37,7 @@ def test_cli_reference_lists_every_command_and_option():
         row = next(line for line in README.splitlines() if line.startswith(f"| `autoplan {name}"))
         for action in sub.choices[name]._actions:
             for opt in action.option_strings:
-                if opt in ("-h", "--help") or (opt.startswith("-") and not opt.startswith("--")
+                if opt in ("-h", "--help", *EVERY_COMMAND) or (opt.startswith("-") and not opt.startswith("--")
                                                and any(o.startswith("--") for o in action.option_strings)):
                     continue
                 assert opt in row, f"README's row for `autoplan {name}` misses {opt}"
