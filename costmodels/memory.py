@@ -40,6 +40,7 @@ formulas (Korthikanti et al. 2022, Table 2) that the traced numbers are tested a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 GIB = 1024 ** 3
 PARAM_BYTES = 2.0          # bf16 weight
@@ -62,7 +63,9 @@ class StatePrecision:
         return self.master + self.moments
 
 
-STATE_PRECISIONS = {
+StatePrecisionName = Literal["megatron", "apex-dfa-bf16"]     # the keys of STATE_PRECISIONS, in its order
+STATE_PRECISION_NAMES: tuple[StatePrecisionName, ...] = get_args(StatePrecisionName)
+STATE_PRECISIONS: dict[str, StatePrecision] = {
     "megatron": StatePrecision(),
     "apex-dfa-bf16": StatePrecision(param=2.0, grad=2.0, master=2.0, moments=4.0),
 }

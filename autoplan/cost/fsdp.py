@@ -41,14 +41,13 @@ import dataclasses
 from dataclasses import dataclass, replace
 
 from autoplan.cost.comms import Comms
-from autoplan.cost.types import EstimateOptions, Part
+from autoplan.cost.types import GRAD_SYNCS, EstimateOptions, Part
 from autoplan.errors import UserError
 from autoplan.plan import Plan
 
 PARAM_GATHER_BYTES = 2.0           # parameters gathered in bf16
 GRAD_REDUCE_BYTES = 4.0            # gradients reduce-scattered in fp32 (FSDP2 reduce_dtype, torchtitan's default)
 DEFAULT_PREFETCH = 1               # FSDP2's implicit one-unit-ahead prefetch
-GRAD_SYNCS = ("microbatch", "step")   # when gradients are reduce-scattered (EstimateOptions.fsdp_grad_sync)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
 from autoplan.sharding.local import local_bytes
 from autoplan.sharding.price import recomputed
+from autoplan.cost.types import KERNELS
 from autoplan.errors import UserError
 
-KERNELS = ("eager", "megatron-core")
 SILU = "aten.silu.default"
 MUL = "aten.mul.Tensor"
 

@@ -1,33 +1,62 @@
-"""The records the cost model passes between its modules and returns: Estimate and its parts."""
+"""The records the cost model passes between its modules and returns: Estimate and its parts, and
+``EstimateOptions``, everything the cost model reads besides the plan, the graph and the cluster."""
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, get_args
 
 from autoplan.cost.params import NOMINAL, Params
+from autoplan.errors import UserError
+from autoplan.sharding.ilp import BACKENDS, Backend
+from costmodels.memory import STATE_PRECISION_NAMES, StatePrecisionName
 
 DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces, NCCL buffers, fragmentation
+
+GradSync = Literal["microbatch", "step"]     # when ZeRO-2/3 reduce-scatters gradients (cost.fsdp)
+Kernels = Literal["eager", "megatron-core"]  # the engine's kernels where they save other activations (cost.kernels)
+GRAD_SYNCS: tuple[GradSync, ...] = get_args(GradSync)
+KERNELS: tuple[Kernels, ...] = get_args(Kernels)
 
 
 @dataclass(frozen=True)
 class EstimateOptions:
+    """How the cost model prices a plan: each option once, here.  The search nests it
+    (``SearchOptions.estimate``); every pricing command sets it from its flags
+    (``commands.common.add_estimate_args`` / ``estimate_options_from``).  A choice field's allowed
+    values are its ``Literal``'s (``CHOICES``), checked on construction."""
+
     overlap_grad_reduce: bool = True      # DP reduction overlaps the last backward (Megatron --overlap-grad-reduce, FSDP)
-    allow_cross_domain: bool = False      # let per-layer collectives leave the NVLink domain
+    allow_cross_domain: bool = False      # let per-layer collectives leave the NVLink domain (the search's rule)
     profile: str | None = None            # path to a compute profile YAML (default: the GPU's)
-    solver: str = "cpsat"
-    time_limit_s: float = 30.0
+    solver: Backend = "cpsat"             # block ILP backend (autoplan.sharding.ilp)
+    time_limit_s: float = 30.0            # per block ILP
     fsdp_prefetch: int = 1                # ZeRO-3: units gathered ahead (FSDP2's implicit prefetch is 1)
     fsdp_reshard_after_forward: bool | None = None   # ZeRO-3: None = the runtime's default (on at pp = 1, off under PP)
-    fsdp_grad_sync: str | None = None     # ZeRO-2/3 gradient reduce-scatter: "microbatch" (every micro-batch, sharded
-                                          # fp32 accumulation) or "step" (once, unsharded fp32 accumulation under
-                                          # no-sync); None = the runtime's default (FSDP2: "microbatch" at pp = 1,
-                                          # "step" under PP)
+    fsdp_grad_sync: GradSync | None = None   # ZeRO-2/3 gradient reduce-scatter: "microbatch" (every micro-batch,
+                                          # sharded fp32 accumulation) or "step" (once, unsharded fp32 accumulation
+                                          # under no-sync); None = the runtime's default (FSDP2: "microbatch" at
+                                          # pp = 1, "step" under PP)
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
     grad_reduce_bytes: float = 4.0        # bytes per gradient element reduced over dp: fp32 (Megatron's main grads,
                                           # FSDP2's reduce_dtype); 2 where the stack reduces the fp16 grads (DeepSpeed fp16)
-    state_precision: str = "megatron"     # zero 0/1 engine's state dtypes (costmodels.memory.STATE_PRECISIONS)
-    kernels: str = "eager"                # the engine's kernels where they save other activations (cost.kernels)
+    state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
+    kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
+
+    def __post_init__(self) -> None:
+        for name, (what, allowed) in CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise UserError(f"unknown {what} {value!r}", f"use one of: {', '.join(allowed)}")
+
+
+CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field -> (what it names, allowed values)
+    "solver": ("ILP solver", BACKENDS),
+    "fsdp_grad_sync": ("FSDP gradient sync", GRAD_SYNCS),
+    "state_precision": ("state precision", STATE_PRECISION_NAMES),
+    "kernels": ("kernels", KERNELS),
+}
 
 
 @dataclass(frozen=True)
@@ -168,7 +197,7 @@ class Estimate:
         """HBM less the margin: the most a fitting plan may use."""
         return self.hbm_gib - self.memory_margin_gib
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["violations"] = [asdict(v) for v in self.violations]
         d["primitives"] = [asdict(p) for p in self.primitives]
@@ -182,7 +211,7 @@ class Estimate:
         return json.dumps(rounded(self.to_dict()), sort_keys=True)
 
 
-def rounded(x):
+def rounded(x: Any) -> Any:
     """Floats to 6 significant digits, recursively: stable, readable JSON (shared by every writer)."""
     if isinstance(x, float):
         return float(f"{x:.6g}")

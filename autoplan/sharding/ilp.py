@@ -56,12 +56,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, Sequence, TypeVar, get_args
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model, cp_model_helper
 
-BACKENDS = ("cpsat", "cbc")
+Backend = Literal["cpsat", "cbc"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 _SCALE = 1e9          # CP-SAT works in integers: objective coefficients in nanoseconds
 
 
