@@ -37,7 +37,7 @@ def problems(model: str, cluster: str, seq: int, batch: int) -> list:
 
     graph, c = trace(model, seq=seq), load_cluster(cluster)
     options = SearchOptions(workers=1)
-    est = Estimator(graph, c, options.estimate_options(), enforce_rules=True)
+    est = Estimator(graph, c, options.estimate, enforce_rules=True)
     meshes, _ = enumerate_meshes(graph.model, graph.num_layers, c, seq=graph.sample_positions, global_batch=batch,
                                  allow_cross_domain=False, zero_levels=options.zero)
     from autoplan.sharding import solve as solved

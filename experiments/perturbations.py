@@ -73,9 +73,10 @@ def run_case(model_name: str, cluster_name: str, seq: int, batch: int) -> dict:
                       for o, c in chosen.items()}, "perturbed": {}}
     for name in PERTURBATIONS:
         params = load_override(os.path.join(HERE, "perturbations", f"{name}.yaml"))
+        options = EstimateOptions(params=params)
         best = search(model, cluster, global_batch=batch,
-                      options=SearchOptions(objective="point", samples=0, params=params)).candidates[0]
-        est = Estimator(model, cluster, EstimateOptions(params=params))
+                      options=SearchOptions(estimate=options, objective="point", samples=0)).candidates[0]
+        est = Estimator(model, cluster, options)
         regrets = {o: est.estimate(c.plan, batch, detail=False).step_time_s / best.estimate.step_time_s - 1.0
                    for o, c in chosen.items()}
         row["perturbed"][name] = {"best_plan": best.plan.to_string(), "best_s": best.estimate.step_time_s,

@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.atomic import write_text
     from autoplan.commands.common import wide_console
-    from autoplan.cost import rounded
+    from autoplan.cost import EstimateOptions, rounded
     from autoplan.cost.params import NOMINAL, load_override
     from autoplan.search import SearchOptions, search
     from autoplan.workload import Workload
@@ -68,12 +68,13 @@ def run(args: argparse.Namespace) -> int:
     margin = memory_margin(args, load_cluster(args.cluster).gpu.hbm_bytes)   # bad input fails before the trace
     w = Workload.load(args.model, args.cluster, seq=args.seq, global_batch=args.global_batch)
     graph, cluster = w.model, w.cluster
-    options = SearchOptions(top_k=args.top, solver=args.solver, time_limit_s=args.time_limit,
-                            allow_cross_domain=args.allow_cross_domain, workers=args.workers,
-                            profile=args.profile, progress=sys.stderr.isatty(),   # stderr: stdout stays the same bytes
-                            memory_margin_gib=margin, kernels=args.kernels, fsdp_grad_sync=args.fsdp_grad_sync,
-                            objective=args.objective, samples=args.samples,
-                            seed=args.seed, params=load_override(args.params) if args.params else NOMINAL)
+    estimate = EstimateOptions(solver=args.solver, time_limit_s=args.time_limit,
+                               allow_cross_domain=args.allow_cross_domain, profile=args.profile,
+                               memory_margin_gib=margin, kernels=args.kernels, fsdp_grad_sync=args.fsdp_grad_sync,
+                               params=load_override(args.params) if args.params else NOMINAL)
+    options = SearchOptions(estimate=estimate, top_k=args.top, workers=args.workers,
+                            progress=sys.stderr.isatty(),   # stderr: stdout stays the same bytes
+                            objective=args.objective, samples=args.samples, seed=args.seed)
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
         _write_report(args, graph, cluster, result, options)
@@ -130,7 +131,7 @@ def _write_report(args, graph, cluster, result, options) -> None:
     from autoplan.cost import Estimator
     from autoplan.explain.report import render_report
 
-    estimator = Estimator(graph, cluster, options.estimate_options())   # priced as the search priced
+    estimator = Estimator(graph, cluster, options.estimate)   # priced as the search priced
     cs = result.candidates
     html = render_report(graph.model.name, cluster, [(c.plan, c.estimate) for c in cs], estimator,
                          bands=[c.band for c in cs], robust=[c.robust for c in cs])

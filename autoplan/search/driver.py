@@ -54,10 +54,10 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: S
     started ahead (``executor``; 0: wait for every batch, the reference; the result is the same)."""
     with cyclic_gc_paused():
         start = time.perf_counter()
-        est = Estimator(model, cluster, options.estimate_options(), enforce_rules=True)
+        est = Estimator(model, cluster, options.estimate, enforce_rules=True)
         meshes, space = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.sample_positions,
-                                         global_batch=global_batch, allow_cross_domain=options.allow_cross_domain,
-                                         zero_levels=options.zero)
+                                         global_batch=global_batch, zero_levels=options.zero,
+                                         allow_cross_domain=options.estimate.allow_cross_domain)
         if not meshes:
             raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
                             f"(heads {model.model.heads}, global batch {global_batch})",

@@ -5,50 +5,48 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
+from autoplan.bands import DEFAULT_OBJECTIVE, DEFAULT_SAMPLES, DEFAULT_SEED, OBJECTIVES, Objective
 from autoplan.cost import Estimate, EstimateOptions
 from autoplan.cost.evidence import Flag
-from autoplan.cost.params import NOMINAL, Params
-from autoplan.cost.types import DEFAULT_MARGIN_GIB
-from autoplan.cost.uncertainty import DEFAULT_SAMPLES, DEFAULT_SEED, Band
+from autoplan.cost.uncertainty import Band
 from autoplan.errors import UserError
 from autoplan.layout import Layout
 from autoplan.plan import SCHEDULES, Plan
-from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Robust
+from autoplan.search.robust import Robust
 from autoplan.search.space import SpaceStats
 from autoplan.search.stages import MeshResult
 
 
 @dataclass(frozen=True)
 class SearchOptions:
+    """What the search is asked: how the cost model prices (``estimate``, one place for each of
+    its options, nested as torchtitan's ``JobConfig`` sections are) and how the search walks
+    the plans."""
+
+    estimate: EstimateOptions = EstimateOptions()   # the cost model's options for every plan priced
     top_k: int = 5
-    solver: str = "cpsat"
-    time_limit_s: float = 30.0              # per block ILP
-    allow_cross_domain: bool = False
     workers: int = 0                        # 0: one per CPU core
     mbs: tuple[int, ...] = (1, 2, 4, 8)
     schedules: tuple[str, ...] = SCHEDULES
     max_vpp: int = 4
     zero: tuple[int, ...] = (0, 1, 2, 3)
-    overlap_grad_reduce: bool = True
-    profile: str | None = None
     progress: bool = False
     # degree tuples the second pass refines fully (at least 2·top_k): the screen keeps every
     # tuple whose representative plan ranks in the first ``refine``; experiments/check_screen.py
     # compares the result against refining every tuple (RESULTS.md, "screening")
     refine: int = 12
-    memory_margin_gib: float = DEFAULT_MARGIN_GIB   # HBM a plan must leave free (autoplan.cost.memory)
-    kernels: str = "eager"                  # the engine's kernels (EstimateOptions.kernels)
-    fsdp_grad_sync: str | None = None       # ZeRO-2/3 gradient reduction (EstimateOptions.fsdp_grad_sync)
-
-    objective: str = DEFAULT_OBJECTIVE      # point | p50 | p90 | regret (search/robust.py)
+    objective: Objective = DEFAULT_OBJECTIVE   # point | p50 | p90 | regret (search/robust.py)
     samples: int = DEFAULT_SAMPLES          # paired parameter samples per run; 0: no bands (point only)
     seed: int = DEFAULT_SEED
-    params: Params = NOMINAL                # the model's parameter multipliers (a perturbation)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise UserError(f"unknown objective '{self.objective}'", f"use one of {', '.join(OBJECTIVES)}")
+        unknown = [s for s in self.schedules if s not in SCHEDULES]
+        if unknown:
+            raise UserError(f"unknown schedule '{unknown[0]}'", f"use schedules of: {', '.join(SCHEDULES)}")
         if self.samples < 0 or (self.samples == 0 and self.objective != "point"):
             raise UserError(f"objective {self.objective} needs parameter samples, got {self.samples}",
                             "pass --samples N with N ≥ 2, or --objective point")
@@ -63,13 +61,6 @@ class SearchOptions:
         """Meshes the robust objectives choose among: the best few by point step time."""
         return self.top_k if self.objective == "point" else max(3 * self.top_k, 12)
 
-    def estimate_options(self) -> EstimateOptions:
-        """The cost model's options under this search."""
-        return EstimateOptions(overlap_grad_reduce=self.overlap_grad_reduce, allow_cross_domain=self.allow_cross_domain,
-                               profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s,
-                               memory_margin_gib=self.memory_margin_gib, kernels=self.kernels,
-                               fsdp_grad_sync=self.fsdp_grad_sync, params=self.params)
-
 
 @dataclass(frozen=True)
 class Candidate:
@@ -80,8 +71,8 @@ class Candidate:
     robust: Robust | None = None             # the objective, P(best of the returned set), worst regret
     evidence: tuple[Flag, ...] = ()          # regimes it leans on that no published run covers
 
-    def to_dict(self) -> dict:
-        d = {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"plan": self.plan.to_string(), "estimate": self.estimate.to_dict()}
         d["estimate"]["evidence"] = [f.to_dict() for f in self.evidence]
         if self.band is not None:
             d["estimate"].update(self.band.fields())
@@ -97,7 +88,7 @@ class IlpRecord:
     block: str
     tp: int
     sp: bool
-    size: dict
+    size: dict[str, int]
     solve_seconds: float
     gap: float
     status: str
@@ -144,6 +135,6 @@ class Explored:
     (tp, cp, ep, pp, dp), every fitting variant's best result by plan string (what the robust
     pool chooses among), and the counts."""
 
-    best: dict[tuple, MeshResult] = field(default_factory=dict)
+    best: dict[tuple[int, ...], MeshResult] = field(default_factory=dict)
     variants: dict[str, MeshResult] = field(default_factory=dict)
     counters: SearchCounters = field(default_factory=SearchCounters)

@@ -28,7 +28,7 @@ def test_bands_split_samples_across_workers_and_put_them_back_in_order():
     model, cluster = trace(MODEL, seq=1024), load_cluster("h100x64")
     result = search(model, cluster, global_batch=64, options=SearchOptions(samples=5, workers=1, top_k=2))
     pool = list(result.candidates)                      # what _bands reads: .plan and .estimate
-    sampler = Sampler(Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True), 5, 0)
+    sampler = Sampler(Estimator(model, cluster, SearchOptions().estimate, enforce_rules=True), 5, 0)
     with ForkExecutor(sampler.base, 3) as forked_executor:
         forked = choose._bands(forked_executor, sampler, pool, 64)        # shares 0,3 | 1,4 | 2
     alone = [sampler.band(r.plan, 64, r.estimate) for r in pool]
@@ -43,7 +43,7 @@ def test_a_plans_samples_simulated_at_once_are_each_samples_own_steps(monkeypatc
     from costmodels.pipeline import paired
 
     model, cluster = trace("gpt:layers=8,hidden=1024,heads=16,vocab=32000", seq=1024), load_cluster("h100x64")
-    est = Estimator(model, cluster, SearchOptions().estimate_options(), enforce_rules=True)
+    est = Estimator(model, cluster, SearchOptions().estimate, enforce_rules=True)
     plans = [Plan.parse(f"tp=2,pp=4,dp=8,cp=1,ep=1,vpp={v},mbs=1,schedule={s},recompute=none,sp=on,zero=1,"
                         "cp_algo=ring,order=tp-cp-ep-dp-pp") for s, v in (("1f1b", 1), ("zbv", 2), ("interleaved", 2))]
     extrapolated = []
