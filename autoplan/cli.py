@@ -60,6 +60,8 @@ BOUNDS = {  # argparse dest -> Bound (values of None are "not given" and pass)
     "nproc": Bound("--nproc", 0, None),
     "steps": Bound("--steps", -math.inf, 100_000),
     "time_limit": Bound("--time-limit", 0, 86_400),
+    "fsdp_prefetch": Bound("--fsdp-prefetch", 1, 64),               # FSDP units gathered ahead
+    "grad_reduce_bytes": Bound("--grad-reduce-bytes", 1, 8),        # bytes per gradient element: fp8 … fp64
     "search_timeout": Bound("--search-timeout", 0, 7 * 86_400),      # 0: no limit
     "trace_timeout": Bound("--trace-timeout", 0, 86_400),
     "lr": Bound("--lr", 0, 1e3),

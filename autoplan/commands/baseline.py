@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoplan.commands.common import add_workload_args, print_estimate, run_header, wide_console
+from autoplan.commands.common import add_estimate_args, add_workload_args, print_estimate, run_header, wide_console
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_workload_args(p, "; raise it on big clusters where the pipeline needs more micro-batches")
     p.add_argument("--recipe", required=True, metavar="RECIPE",
                    help=f"one of: {', '.join(SUMMARIES)}")
+    add_estimate_args(p)
     p.add_argument("--json", action="store_true", help="print JSON (sorted keys) instead of tables")
     p.set_defaults(func=run)
 
@@ -39,11 +40,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines import SUMMARIES, baseline, check_recipe, credible, published
     from autoplan.baselines.common import price
-    from autoplan.workload import Workload
+    from autoplan.commands.common import estimate_options_from
+    from autoplan.workload import Workload, load_cluster
 
     check_recipe(args.recipe)
-    w = Workload.load(args.model, args.cluster, seq=args.seq, global_batch=args.global_batch)
-    graph, cluster, estimator = w.model, w.cluster, w.estimator()
+    cluster = load_cluster(args.cluster)                      # bad input fails before the trace
+    options = estimate_options_from(args, cluster.gpu.hbm_bytes)
+    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
+    graph, estimator = w.model, w.estimator(options)
     plan = baseline(args.recipe, graph, cluster, seq=args.seq, global_batch=args.global_batch, estimator=estimator)
     est = price(estimator, plan, args.global_batch)
     source = published.source(graph) if args.recipe == published.NAME else None

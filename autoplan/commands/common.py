@@ -1,10 +1,16 @@
-"""What the pricing commands share: the workload arguments and the rich tables of an estimate."""
+"""What the pricing commands share: the workload arguments, the cost model's options (one flag per
+``EstimateOptions`` field: ``add_estimate_args`` / ``estimate_options_from``), the band arguments
+and the rich tables of an estimate."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from autoplan.bands import DEFAULT_SAMPLES
 from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
+
+if TYPE_CHECKING:
+    from autoplan.cost import EstimateOptions
 
 
 def add_workload_args(p: argparse.ArgumentParser, batch_note: str = "") -> None:
@@ -16,26 +22,76 @@ def add_workload_args(p: argparse.ArgumentParser, batch_note: str = "") -> None:
                    help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH}{batch_note})")
 
 
+def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> None:
+    """A flag for every option of the cost model (``EstimateOptions``), its default the record's;
+    ``estimate_options_from`` reads them back.  ``rules``: the command enforces the hard rules (the
+    search), which ``--allow-cross-domain`` lifts; elsewhere a rule break is reported, not avoided."""
+    from autoplan.cost import EstimateOptions
+    from autoplan.cost.types import GRAD_SYNCS, KERNELS
+    from autoplan.sharding.ilp import BACKENDS
+    from costmodels.memory import STATE_PRECISION_NAMES
 
-def add_margin_arg(p: argparse.ArgumentParser) -> None:
+    default = EstimateOptions()
+    g = p.add_argument_group("pricing", "how the cost model prices every plan (EstimateOptions)")
+    g.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
+    g.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="do not overlap the data-parallel gradient reduction with backward (2021-era Megatron)")
+    if rules:
+        g.add_argument("--allow-cross-domain", action="store_true",
+                       help="let TP/EP/Ulysses groups leave the NVLink domain (off: a hard rule)")
+    g.add_argument("--solver", choices=BACKENDS, default=default.solver,
+                   help=f"block ILP backend (default {default.solver})")
+    g.add_argument("--time-limit", type=float, default=default.time_limit_s, metavar="S",
+                   help="seconds per block ILP; on time-out the best solution and its gap are used "
+                        f"(default {default.time_limit_s:g})")
+    g.add_argument("--fsdp-prefetch", type=int, default=default.fsdp_prefetch, metavar="N",
+                   help="ZeRO-3: FSDP units gathered ahead of the one computing "
+                        f"(default {default.fsdp_prefetch}, FSDP2's implicit prefetch)")
+    g.add_argument("--fsdp-reshard", choices=("on", "off"), default=None,
+                   help="ZeRO-3: reshard parameters after forward (default: on at pp=1, off under PP, as torchtitan)")
+    g.add_argument("--fsdp-grad-sync", choices=GRAD_SYNCS, default=None,
+                   help="ZeRO-2/3: reduce-scatter gradients every micro-batch (sharded fp32 accumulation) or once "
+                        "per step (unsharded fp32 accumulation under no-sync); default: microbatch at pp=1, "
+                        "step under PP, as FSDP2 under torch pipelining")
+    g.add_argument("--grad-reduce-bytes", type=float, default=default.grad_reduce_bytes, metavar="B",
+                   help="bytes per gradient element reduced over data parallelism: 4 for fp32 (Megatron's main "
+                        "grads, FSDP2's reduce_dtype), 2 where the engine reduces 16-bit gradients (DeepSpeed fp16) "
+                        f"(default {default.grad_reduce_bytes:g})")
+    g.add_argument("--state-precision", choices=STATE_PRECISION_NAMES, default=default.state_precision,
+                   help="zero 0/1: the engine's parameter, gradient and optimizer state dtypes (costmodels/memory.py; "
+                        f"default {default.state_precision}: bf16 weights, fp32 grads, masters and moments)")
+    g.add_argument("--kernels", choices=KERNELS, default=default.kernels,
+                   help="the engine's kernels where they keep other activations than the traced eager ops: "
+                        f"megatron-core's fused SwiGLU keeps only its input (default: {default.kernels})")
+    add_margin_arg(g)
+    g.add_argument("--params", metavar="PATH",
+                   help="YAML of parameter multipliers the point model runs under (a perturbation, e.g. "
+                        "`nic_efficiency: 0.8`; names in costmodels/uncertainty.yaml)")
+
+
+def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> EstimateOptions:
+    """The ``EstimateOptions`` of ``add_estimate_args``' flags (the margin checked against ``hbm_bytes``)."""
+    from autoplan.cost import EstimateOptions
+    from autoplan.cost.params import NOMINAL, load_override
+
+    return EstimateOptions(
+        overlap_grad_reduce=not args.no_overlap_grad_reduce,
+        allow_cross_domain=getattr(args, "allow_cross_domain", False),
+        profile=args.profile, solver=args.solver, time_limit_s=args.time_limit,
+        fsdp_prefetch=args.fsdp_prefetch,
+        fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
+        fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
+        grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
+        params=load_override(args.params) if args.params else NOMINAL)
+
+
+def add_margin_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--memory-margin: the HBM per GPU a plan must leave free."""
     from autoplan.cost.types import DEFAULT_MARGIN_GIB
 
     p.add_argument("--memory-margin", type=float, default=DEFAULT_MARGIN_GIB, metavar="GIB",
                    help=f"GiB of HBM per GPU a plan must leave free for the CUDA context, NCCL buffers and "
                         f"allocator fragmentation (default {DEFAULT_MARGIN_GIB:g}); fits = peak ≤ HBM − margin")
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """How the engine runs what the cost model cannot see in the trace (``EstimateOptions``'
-    ``fsdp_grad_sync`` and ``kernels``): shared by estimate and search."""
-    p.add_argument("--fsdp-grad-sync", choices=("microbatch", "step"), default=None,
-                   help="ZeRO-2/3: reduce-scatter gradients every micro-batch (sharded fp32 accumulation) or once "
-                        "per step (unsharded fp32 accumulation under no-sync); default: microbatch at pp=1, "
-                        "step under PP, as FSDP2 under torch pipelining")
-    p.add_argument("--kernels", choices=("eager", "megatron-core"), default="eager",
-                   help="the engine's kernels where they keep other activations than the traced eager ops: "
-                        "megatron-core's fused SwiGLU keeps only its input (default: eager)")
 
 
 def memory_margin(args: argparse.Namespace, hbm_bytes: float) -> float:
@@ -46,18 +102,16 @@ def memory_margin(args: argparse.Namespace, hbm_bytes: float) -> float:
     if not 0.0 <= margin < hbm_gib:
         raise UserError(f"--memory-margin {margin:g} GiB is outside 0 … {hbm_gib:.1f} GiB (the GPU's HBM)",
                         "pass a margin in GiB of at least 0 and below the HBM per GPU, e.g. --memory-margin 4")
-    return margin
+    return float(margin)
 
 
 def add_band_args(p: argparse.ArgumentParser) -> None:
-    """--samples, --seed and --params: the uncertainty bands every pricing command reports."""
+    """--samples and --seed: the uncertainty bands a pricing command reports (the parameters the
+    point model runs under, ``--params``, are an estimate option: ``add_estimate_args``)."""
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="N",
                    help="paired samples of the uncertain parameters for the p10/p50/p90 band "
                         f"(default {DEFAULT_SAMPLES}; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of those samples (default 0)")
-    p.add_argument("--params", metavar="PATH",
-                   help="YAML of parameter multipliers the point model runs under (a perturbation, e.g. "
-                        "`nic_efficiency: 0.8`; names in costmodels/uncertainty.yaml)")
 
 
 def band_text(fields: dict | None) -> str:

@@ -22,19 +22,17 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autoplan.commands.common import add_band_args, add_engine_args, add_margin_arg, add_workload_args
+from autoplan.commands.common import add_band_args, add_estimate_args, add_workload_args
 from autoplan.errors import UserError
 
 if TYPE_CHECKING:
-    from autoplan.cost import Estimate, Estimator
+    from autoplan.cost import Estimate, EstimateOptions, Estimator
     from autoplan.cost.evidence import Flag
     from autoplan.cost.uncertainty import Sampler
     from autoplan.ir import BlockGraph
     from autoplan.plan import Plan
     from autoplan.workload import Workload
     from topologies.cluster import Cluster
-
-MAX_FSDP_PREFETCH = 64
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -48,36 +46,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--plans", metavar="FILE",
                        help="many plans: one plan string per line, or a JSON list; prints a JSON list of "
                             "estimates in the same order (one trace, one estimator for all)")
-    p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
-    p.add_argument("--no-overlap-grad-reduce", action="store_true",
-                   help="do not overlap the data-parallel gradient reduction with backward (2021-era Megatron)")
-    p.add_argument("--fsdp-prefetch", type=int, default=1, metavar="N",
-                   help="ZeRO-3: FSDP units gathered ahead of the one computing (default 1, FSDP2's implicit prefetch)")
-    p.add_argument("--fsdp-reshard", choices=("on", "off"), default=None,
-                   help="ZeRO-3: reshard parameters after forward (default: on at pp=1, off under PP, as torchtitan)")
-    add_engine_args(p)
-    add_margin_arg(p)
+    add_estimate_args(p)
     add_band_args(p)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON (sorted keys)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoplan.commands.common import memory_margin
+    from autoplan.commands.common import estimate_options_from
     from autoplan.export.load import load_plan, load_plans
     from autoplan.workload import Workload, load_cluster
 
-    if not 1 <= args.fsdp_prefetch <= MAX_FSDP_PREFETCH:
-        raise UserError(f"--fsdp-prefetch {args.fsdp_prefetch} is out of range",
-                        f"give 1 to {MAX_FSDP_PREFETCH} units")
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
-    margin = memory_margin(args, cluster.gpu.hbm_bytes)
+    options = estimate_options_from(args, cluster.gpu.hbm_bytes)
     if args.plans:
         plans = load_plans(args.plans, num_gpus=cluster.num_gpus)
     else:
         plans = [load_plan(args.plan, num_gpus=cluster.num_gpus)]
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
-    pricer = _pricer(args, w, margin)
+    pricer = _pricer(args, w, options)
     if args.plans:
         print(json.dumps(_priced_file(args.plans, plans, pricer), sort_keys=True))
         return 0
@@ -123,19 +110,11 @@ class _Pricer:
         return _Priced(plan=plan, estimate=est, band=band, evidence=flags(plan, est, moe=self.moe))
 
 
-def _pricer(args: argparse.Namespace, workload: Workload, margin: float) -> _Pricer:
+def _pricer(args: argparse.Namespace, workload: Workload, options: EstimateOptions) -> _Pricer:
     """The estimator of the command line's options, and the sampler of its band options."""
-    from autoplan.cost import EstimateOptions
-    from autoplan.cost.params import NOMINAL, load_override
     from autoplan.cost.uncertainty import Sampler
 
-    params = load_override(args.params) if args.params else NOMINAL
-    estimator = workload.estimator(EstimateOptions(
-        overlap_grad_reduce=not args.no_overlap_grad_reduce, profile=args.profile, fsdp_prefetch=args.fsdp_prefetch,
-        fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
-        fsdp_grad_sync=args.fsdp_grad_sync,
-        kernels=args.kernels,
-        memory_margin_gib=margin, params=params))
+    estimator = workload.estimator(options)
     sampler = Sampler(estimator, args.samples, args.seed) if args.samples else None
     return _Pricer(estimator=estimator, sampler=sampler, global_batch=args.global_batch,
                    moe=bool(workload.model.model.experts))

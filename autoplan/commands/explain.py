@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from autoplan.commands.common import add_estimate_args
 from autoplan.errors import UserError
 from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
@@ -34,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"sequences per step (default: the plan file's, else {DEFAULT_GLOBAL_BATCH})")
     p.add_argument("--baseline", metavar="RECIPE|PLAN",
                    help="a recipe (megatron, megascale, llama3, fsdp, deepseek) or a plan string/file to compare with")
+    add_estimate_args(p)
     p.add_argument("--format", choices=("md", "json", "html"), default="md", help="output format (default md)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=run)
@@ -72,6 +74,7 @@ def parse_baseline(text: str, num_gpus: int):
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines import baseline
     from autoplan.baselines.common import price
+    from autoplan.commands.common import estimate_options_from
     from autoplan.explain import Side, audit, render_markdown, render_report
     from autoplan.export.load import load_plan
     from autoplan.workload import Workload, load_cluster
@@ -79,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
     # everything a user can mistype is checked before the (slower) trace
     seq, global_batch = run_values(args)
     cluster = load_cluster(args.cluster)
+    options = estimate_options_from(args, cluster.gpu.hbm_bytes)
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     wanted = parse_baseline(args.baseline, cluster.num_gpus) if args.baseline else None
     w = Workload.load(args.model, cluster, seq=seq, global_batch=global_batch)
-    graph, estimator = w.model, w.estimator()
+    graph, estimator = w.model, w.estimator(options)
     est = price(estimator, plan, global_batch)
     base = None
     if isinstance(wanted, str):

@@ -18,7 +18,7 @@ import json
 import sys
 
 from autoplan.bands import DEFAULT_OBJECTIVE, OBJECTIVES
-from autoplan.commands.common import add_band_args, add_engine_args, add_margin_arg, add_workload_args
+from autoplan.commands.common import add_band_args, add_estimate_args, add_workload_args
 from autoplan.errors import UserError
 
 
@@ -28,20 +28,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
     p.add_argument("--top", type=int, default=5, metavar="K", help="how many distinct meshes to return (default 5)")
-    p.add_argument("--solver", choices=("cpsat", "cbc"), default="cpsat", help="block ILP backend (default cpsat)")
-    p.add_argument("--time-limit", type=float, default=30.0, metavar="S",
-                   help="seconds per block ILP; on time-out the best solution and its gap are used (default 30)")
-    p.add_argument("--allow-cross-domain", action="store_true",
-                   help="let TP/EP/Ulysses groups leave the NVLink domain (off: a hard rule)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
-    p.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's)")
     p.add_argument("--objective", choices=OBJECTIVES, default=DEFAULT_OBJECTIVE,
                    help="rank by the point step time, its p50 / p90 over the samples, or the p90 regret "
                         f"against the best plan of each sample (default {DEFAULT_OBJECTIVE}; README 'Bands')")
     add_band_args(p)
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
-    add_engine_args(p)
-    add_margin_arg(p)
+    add_estimate_args(p, rules=True)
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
     p.add_argument("--wide", action="store_true",
                    help="print every plan as its full key=value string (default: the compact notation)")
@@ -52,26 +45,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.atomic import write_text
-    from autoplan.commands.common import wide_console
-    from autoplan.cost import EstimateOptions, rounded
-    from autoplan.cost.params import NOMINAL, load_override
+    from autoplan.commands.common import estimate_options_from, wide_console
+    from autoplan.cost import rounded
     from autoplan.search import SearchOptions, search
-    from autoplan.workload import Workload
+    from autoplan.workload import Workload, load_cluster
 
     if args.top < 1:
         raise UserError(f"--top must be ≥ 1, got {args.top}", "pass --top K with K ≥ 1")
     if args.output and not args.json:
         raise UserError("-o/--output writes the --json list", "add --json, or drop -o")
-    from autoplan.commands.common import memory_margin
-    from autoplan.workload import load_cluster
-
-    margin = memory_margin(args, load_cluster(args.cluster).gpu.hbm_bytes)   # bad input fails before the trace
-    w = Workload.load(args.model, args.cluster, seq=args.seq, global_batch=args.global_batch)
-    graph, cluster = w.model, w.cluster
-    estimate = EstimateOptions(solver=args.solver, time_limit_s=args.time_limit,
-                               allow_cross_domain=args.allow_cross_domain, profile=args.profile,
-                               memory_margin_gib=margin, kernels=args.kernels, fsdp_grad_sync=args.fsdp_grad_sync,
-                               params=load_override(args.params) if args.params else NOMINAL)
+    cluster = load_cluster(args.cluster)                      # bad input fails before the trace
+    estimate = estimate_options_from(args, cluster.gpu.hbm_bytes)
+    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
+    graph = w.model
     options = SearchOptions(estimate=estimate, top_k=args.top, workers=args.workers,
                             progress=sys.stderr.isatty(),   # stderr: stdout stays the same bytes
                             objective=args.objective, samples=args.samples, seed=args.seed)

@@ -194,21 +194,24 @@ def test_search_results_fit_with_the_memory_margin(cli):
 
 
 def test_search_prices_with_the_engine_flags_estimate_takes(cli):
-    """``--kernels`` and ``--fsdp-grad-sync`` reach the search's cost model: its best plan's memory
-    and step are what the estimator gives that plan under the same options, and megatron-core's
-    fused SwiGLU leaves fewer activations than the eager ops would."""
+    """The engine's flags (``--kernels``, ``--fsdp-grad-sync``, ``--state-precision``,
+    ``--grad-reduce-bytes``, ``--fsdp-prefetch``) reach the search's cost model: its best plan's
+    memory and step are what the estimator gives that plan under the same options, and
+    megatron-core's fused SwiGLU leaves fewer activations than the eager ops would."""
     from autoplan.cost import EstimateOptions
     from autoplan.workload import Workload
 
     llama = "llama:layers=2,hidden=512,heads=8,kv_heads=4,ffn=1408,vocab=1000"
     out = cli("search", llama, "--cluster", "h100x8", "--seq", "1024", "--global-batch", "16", "--json",
-              "--kernels", "megatron-core", "--fsdp-grad-sync", "step", "--objective", "point", "--samples", "0",
+              "--kernels", "megatron-core", "--fsdp-grad-sync", "step", "--state-precision", "apex-dfa-bf16",
+              "--grad-reduce-bytes", "2", "--fsdp-prefetch", "2", "--objective", "point", "--samples", "0",
               "--top", "1")
     assert out.returncode == 0, out.stderr
     best = json.loads(out.stdout)[0]
     w = Workload.load(llama, "h100x8", seq=1024, global_batch=16)
     plan = Plan.parse(best["plan"])
-    same = w.estimator(EstimateOptions(kernels="megatron-core", fsdp_grad_sync="step")).estimate(plan, 16)
+    same = w.estimator(EstimateOptions(kernels="megatron-core", fsdp_grad_sync="step", state_precision="apex-dfa-bf16",
+                                       grad_reduce_bytes=2.0, fsdp_prefetch=2)).estimate(plan, 16)
     eager = w.estimator(EstimateOptions()).estimate(plan, 16)
     assert best["estimate"]["memory_gib"] == pytest.approx(same.memory_gib, rel=1e-5)
     assert best["estimate"]["step_time_s"] == pytest.approx(same.step_time_s, rel=1e-5)
