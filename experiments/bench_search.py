@@ -62,7 +62,7 @@ QUALITY_CASES = [
     ("deepseek-v3", "h100x2048", 4096, 4096),
 ]
 
-from autoplan.bands import DEFAULT_SAMPLES  # noqa: E402
+from autoplan.cost.uncertainty import DEFAULT_SAMPLES  # noqa: E402
 from results_md import write_section  # noqa: E402
 
 _CHILD = """

@@ -42,9 +42,9 @@ MAX_P50_LOSS = 0.03        # issue 13: its p50 at most 3 % above the point-optim
 def choices(model, cluster, batch: int) -> tuple[dict, set[str]]:
     """Each objective's first plan, ranked over one banded search's pool ({objective: Candidate}),
     and the pool's plan strings."""
-    from autoplan.bands import OBJECTIVES
     from autoplan.search import SearchOptions, search
     from autoplan.search.choose import rank_pool
+    from autoplan.search.robust import OBJECTIVES
 
     pool = search(model, cluster, global_batch=batch, options=SearchOptions()).pool
     return {o: pool[rank_pool(pool, o, 1)[0][0]] for o in OBJECTIVES}, {c.plan.to_string() for c in pool}
@@ -90,7 +90,7 @@ def run_case(model_name: str, cluster_name: str, seq: int, batch: int) -> dict:
 
 def acceptance(row: dict) -> dict:
     """The default objective's worst regret and p50 / point-optimal p50, and whether both hold."""
-    from autoplan.bands import DEFAULT_OBJECTIVE
+    from autoplan.search.robust import DEFAULT_OBJECTIVE
 
     worst = max(p["regret"][DEFAULT_OBJECTIVE] for p in row["perturbed"].values())
     p50 = row["chosen"][DEFAULT_OBJECTIVE]["p50_s"] / row["chosen"]["point"]["p50_s"]
@@ -99,7 +99,7 @@ def acceptance(row: dict) -> dict:
 
 
 def markdown(rows: list[dict], cmd: str) -> str:
-    from autoplan.bands import OBJECTIVES
+    from autoplan.search.robust import OBJECTIVES
 
     lines = [f"`python experiments/perturbations.py{cmd}`: each objective's choice on the nominal model (one "
              "banded search; every objective ranks the same pool on the same paired samples), its regret under "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from autoplan.bands import DEFAULT_SAMPLES
+from autoplan.cost.uncertainty import DEFAULT_SAMPLES
 from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
 if TYPE_CHECKING:

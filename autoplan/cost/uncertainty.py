@@ -23,7 +23,6 @@ import random
 from dataclasses import dataclass
 
 from autoplan.axes import Axis
-from autoplan.bands import DEFAULT_SAMPLES, DEFAULT_SEED
 from autoplan.errors import UserError
 from autoplan.cost.comms import AxisPricer, simulate_paired
 from autoplan.cost.estimator import Estimator
@@ -37,6 +36,8 @@ from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
 
 QUANTILES = (0.1, 0.5, 0.9)
+DEFAULT_SAMPLES = 24        # paired parameter samples a run draws (0: no bands)
+DEFAULT_SEED = 0
 
 
 def draw(rs: tuple[Range, ...], n: int, seed: int) -> tuple[Params, ...]:

@@ -7,14 +7,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoplan.bands import DEFAULT_OBJECTIVE, DEFAULT_SAMPLES, DEFAULT_SEED, OBJECTIVES, Objective
 from autoplan.cost import Estimate, EstimateOptions
 from autoplan.cost.evidence import Flag
-from autoplan.cost.uncertainty import Band
+from autoplan.cost.uncertainty import DEFAULT_SAMPLES, DEFAULT_SEED, Band
 from autoplan.errors import UserError
 from autoplan.layout import Layout
 from autoplan.plan import SCHEDULES, Plan
-from autoplan.search.robust import Robust
+from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, Robust
 from autoplan.search.space import SpaceStats
 from autoplan.search.stages import MeshResult
 

@@ -3,10 +3,10 @@ import dataclasses
 
 import pytest
 
-from autoplan.bands import OBJECTIVES
 from autoplan.cost import EstimateOptions
 from autoplan.errors import UserError
 from autoplan.search import SearchOptions
+from autoplan.search.robust import OBJECTIVES
 
 
 def test_the_search_keeps_no_copy_of_an_estimate_option():
