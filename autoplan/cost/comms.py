@@ -9,7 +9,8 @@ search asks them many thousands of times:
 * ``slowest_hop(nbytes, ranks, closed)``: one step of a chain or ring of P2P sends (every rank
   sends to the next at once, so the step lasts as long as its slowest hop: a ring CP group of
   16 nodes crosses the network on every hop, not only past the NVLink domain of its first pair);
-* ``simulate(...)``: the pipeline event simulator (``costmodels.pipeline``).
+* ``simulate(...)``: the pipeline event simulator (``costmodels.pipeline``), extrapolating long
+  steps unless ``exact`` (``EstimateOptions.exact``: every step event by event).
 
 ``AxisPricer`` binds a ``Comms`` to one plan's mesh: it is the ``sharding.Pricer`` the block
 ILP prices with ("collective seconds on the tp axis").
@@ -29,11 +30,14 @@ SIMULATION_CACHE_LIMIT = 20_000   # simulator results kept (a few MB); the cache
 
 
 class Comms:
-    def __init__(self, cluster: Cluster, profile_path: str | None = None, params: Params = NOMINAL):
+    def __init__(self, cluster: Cluster, profile_path: str | None = None, params: Params = NOMINAL,
+                 exact: bool = False):
         """``params``: the uncertain parameters' multipliers, applied to the cluster and profile here
-        and read by the pricers that own the mechanism ones (``cost/params.py``)."""
+        and read by the pricers that own the mechanism ones (``cost/params.py``); ``exact``: the
+        simulator's reference path."""
         self.cluster = perturb_cluster(cluster, params)
         self.params = params
+        self.exact = exact
         try:
             self.profile = perturb_profile(compute.load_profile(cluster.gpu.name, profile_path), params)
         except (ValueError, OSError) as e:
@@ -80,7 +84,7 @@ class Comms:
         hit = self._sims.get(key)
         if hit is None:
             hit = simulate(schedule, stages=pp, microbatches=m, chunks=vpp, f=f, b=b, w=w,
-                           p2p=p2p, f_comm=f_comm, b_comm=b_comm)
+                           p2p=p2p, f_comm=f_comm, b_comm=b_comm, exact=self.exact)
             self._remember(key, hit)
         return hit
 
@@ -104,11 +108,11 @@ def simulate_paired(requests: list[tuple[Comms, tuple]]) -> None:
     for comms, args in requests:
         key = _simulation_key(*args)
         if key not in comms._sims:
-            shapes.setdefault(args[:4], []).append((comms, key, args))
-    for (schedule, pp, m, vpp), todo in shapes.items():
+            shapes.setdefault((*args[:4], comms.exact), []).append((comms, key, args))
+    for (schedule, pp, m, vpp, exact), todo in shapes.items():
         runs = [dict(f=a[4], b=a[5], w=a[6], p2p=a[7], f_comm=a[8], b_comm=a[9]) for _, _, a in todo]
         for (comms, key, _), result in zip(todo, simulate_many(schedule, stages=pp, microbatches=m, chunks=vpp,
-                                                               runs=runs)):
+                                                               runs=runs, exact=exact)):
             comms._remember(key, result)
 
 

@@ -45,7 +45,7 @@ class Estimator:
         self.model = model
         self.cluster = cluster
         self.options = options
-        self.comms = Comms(cluster, options.profile, options.params)
+        self.comms = Comms(cluster, options.profile, options.params, options.exact)
         self.layouts = BlockLayouts(self.comms, options, enforce_rules=enforce_rules)
         self.info = model.model
         self.hidden = self.info.hidden or _hidden_of(model)

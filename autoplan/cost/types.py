@@ -28,6 +28,10 @@ class EstimateOptions:
     state_precision: str = "megatron"     # zero 0/1 engine's state dtypes (costmodels.memory.STATE_PRECISIONS)
     kernels: str = "eager"                # the engine's kernels where they save other activations (cost.kernels)
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
+    # the reference path: every pipeline step simulated event by event, every schedule variant
+    # and recompute policy priced (no steady-state extrapolation, no floor, no estimate memo);
+    # the same numbers, slower (experiments/bench_search.py --worst times one against the other)
+    exact: bool = False
 
 
 @dataclass(frozen=True)

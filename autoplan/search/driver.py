@@ -74,6 +74,7 @@ class SearchOptions:
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # HBM a plan must leave free (autoplan.cost.memory)
     kernels: str = "eager"                  # the engine's kernels (EstimateOptions.kernels)
     fsdp_grad_sync: str | None = None       # ZeRO-2/3 gradient reduction (EstimateOptions.fsdp_grad_sync)
+    exact: bool = False                     # the reference path (EstimateOptions.exact)
 
     objective: str = DEFAULT_OBJECTIVE      # point | p50 | p90 | regret (search/robust.py)
     samples: int = DEFAULT_SAMPLES          # paired parameter samples per run; 0: no bands (point only)
@@ -102,7 +103,7 @@ class SearchOptions:
         return EstimateOptions(overlap_grad_reduce=self.overlap_grad_reduce, allow_cross_domain=self.allow_cross_domain,
                                profile=self.profile, solver=self.solver, time_limit_s=self.time_limit_s,
                                memory_margin_gib=self.memory_margin_gib, kernels=self.kernels,
-                               fsdp_grad_sync=self.fsdp_grad_sync, params=self.params)
+                               fsdp_grad_sync=self.fsdp_grad_sync, params=self.params, exact=self.exact)
 
 
 @dataclass(frozen=True)

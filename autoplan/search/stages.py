@@ -14,7 +14,8 @@ For every micro-batch size and schedule variant (``schedule_variants``):
    (none < selective < full), read off the estimates under each uniform policy.
 3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
 
-No repeated work: estimates are memoised per Estimator; within one micro-batch size the
+No repeated work (unless ``EstimateOptions.exact``, the reference path, which prices every
+variant and policy): estimates are memoised per Estimator; within one micro-batch size the
 variants are priced best-first by ``plan_floor`` (a lower bound on the step under any
 recompute policy, without simulating), and a variant whose floor exceeds the mesh's best so
 far is not priced at all — what it could still change, ``memory_limited``, is read off the
@@ -44,9 +45,6 @@ from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
-# False: price every variant and policy as before the bound and the memo existed — the
-# reference path experiments/bench_search.py times the search against.
-REUSE = True
 MEMO_LIMIT = 50_000        # estimates and floors kept per Estimator; cleared past it
 
 
@@ -180,19 +178,20 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
     skipped = 0
     limited = False
     searched = float("-inf")
+    reuse = not est.options.exact
     for lb, mbs in bounded:
         if lb >= threshold or (best is not None and lb >= best[0]):
             skipped += 1
             continue
         searched = lb
         plans = _variants(est, mesh, mbs, local_batch // mbs, schedules, max_vpp, screen)
-        for floor, fits, plan in (_best_first(est, plans, global_batch) if REUSE else
+        for floor, fits, plan in (_best_first(est, plans, global_batch) if reuse else
                                   [(0.0, True, x) for x in plans]):
             to_beat = best[0] if best is not None else float("inf")
             if floor > to_beat:   # cannot win; all it could teach is whether it needs recompute
                 limited = limited or not fits
                 continue
-            result, short, n = _best_recompute(est, plan, global_batch, to_beat if REUSE else float("inf"))
+            result, short, n = _best_recompute(est, plan, global_batch, to_beat if reuse else float("inf"))
             evaluated += n
             shortfall = min(shortfall, short)
             limited = limited or result is None or result[1].recompute != ("none",)
@@ -289,8 +288,8 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     Memory needs no simulation (``plan_floor``), so only the chosen plan is priced — and not
     even it when its floor exceeds ``to_beat`` (the mesh's best: it cannot win, and is
     reported as not fitting, as ``_best_recompute_priced`` does).  The choice, shortfall and
-    estimate are ``_best_recompute_priced``'s (the reference path, ``REUSE`` off)."""
-    if not REUSE:
+    estimate are ``_best_recompute_priced``'s (the reference path, ``EstimateOptions.exact``)."""
+    if est.options.exact:
         return _best_recompute_priced(est, plan, global_batch, to_beat)
     mems: dict[str, Memory] = {}
     choice: list[str | None] = [None] * plan.pp
@@ -362,7 +361,7 @@ def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
     """``est.estimate(plan, global_batch, detail=False)``, memoised per Estimator on the plan
     (the screening pass, the refinement and the ZeRO variants of one mesh ask for the same
     plans; a UserError is remembered and raised again)."""
-    if not REUSE:
+    if est.options.exact:
         return est.estimate(plan, global_batch, detail=False)
     return _memoised(est, (plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
 

@@ -332,7 +332,7 @@ def test_extrapolated_step_equals_full_simulation(schedule):
                                        np.append(np.broadcast_to(np.asarray(p2p, float),
                                                                  (p * v - 1,)), 0.0))
                     where = f"{schedule} p={p} v={v} m={m} {mode}"
-                    full = simulate(schedule, full=True, **kw)
+                    full = simulate(schedule, exact=True, **kw)
                     _assert_same(simulate(schedule, **kw), full, where)
                     fast = steady.extrapolate(schedule, p, m, v, times, always=True)
                     if fast is not None:    # the extrapolation itself, where it would not pay too
@@ -365,7 +365,7 @@ def test_periods_run_one_by_one_give_the_full_simulation_to_the_bit(schedule, mo
                     with monkeypatch.context() as patch:           # no order of all m compiled
                         patch.setattr(simulator, "_compile", lambda *a: pytest.fail(f"compiled {a}"))
                         fast = simulate(schedule, **kw)
-                    assert fast == simulate(schedule, full=True, **kw), (p, v, m, mode)
+                    assert fast == simulate(schedule, exact=True, **kw), (p, v, m, mode)
                     checked += 1
     assert checked >= 20
 
