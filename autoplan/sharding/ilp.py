@@ -55,7 +55,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Sequence
+
+from costmodels.memo import Table
 
 BACKENDS = ("cpsat", "cbc")
 _SCALE = 1e9          # CP-SAT works in integers: objective coefficients in nanoseconds
@@ -371,9 +373,19 @@ class Skeleton:
         out += [(r[3], v) for t, ws in zip(problem.tensors, self.w) for r, v in zip(t.redist, ws) if v >= 0]
         return out
 
+    def same_model(self, other: Skeleton) -> bool:
+        """Whether two skeletons are one model, variable for variable and constraint for
+        constraint (the memo audit's comparison: a model object has no value equality)."""
+        return self.x == other.x and self.w == other.w and _model_text(self.model) == _model_text(other.model)
 
-_SKELETONS: dict[tuple, Skeleton] = {}
+
+def _model_text(model: Any) -> str:
+    """A CpModel's proto, or a ModelBuilderHelper's LP, as text."""
+    return str(model.proto) if hasattr(model, "proto") else model.export_to_lp_string()
+
+
 _SKELETONS_LIMIT = 64                  # a skeleton holds ~0.5 MB (a 130-node MoE block); a search meets ~15
+_SKELETONS: Table[Skeleton] = Table("ilp.skeletons", _SKELETONS_LIMIT, compare=Skeleton.same_model)
 
 
 def _structure(problem: IlpProblem) -> tuple:
@@ -397,16 +409,10 @@ def built_variables(problem: IlpProblem, api) -> tuple[tuple[tuple[int, ...], ..
     return tuple(tuple(row) for row in x), w
 
 
-def per_structure(cache: dict, problem: IlpProblem, make):
-    """``make()`` remembered in ``cache`` under ``problem``'s ``_structure`` (cleared past
-    ``_SKELETONS_LIMIT`` entries): a model's variables and constraints, built once per structure."""
-    key = _structure(problem)
-    hit = cache.get(key)
-    if hit is None:
-        if len(cache) >= _SKELETONS_LIMIT:
-            cache.clear()
-        hit = cache[key] = make()
-    return hit
+def per_structure(table: Table[Skeleton], problem: IlpProblem, make) -> Skeleton:
+    """``make()`` remembered in ``table`` under ``problem``'s ``_structure``: a model's variables
+    and constraints, built once per structure."""
+    return table.get(_structure(problem), make)
 
 
 def _skeleton(problem: IlpProblem) -> Skeleton:

@@ -24,7 +24,9 @@ import time
 
 import numpy as np
 
-from autoplan.sharding.ilp import IlpProblem, IlpSolution, Skeleton, built_variables, evaluate, feasible, per_structure
+from autoplan.sharding.ilp import (_SKELETONS_LIMIT, IlpProblem, IlpSolution, Skeleton, built_variables, evaluate,
+                                   feasible, per_structure)
+from costmodels.memo import Table
 
 INTEGRAL_TOL = 1e-6      # an x within this of 0 or 1 is read as that integer
 REL_TOL = 1e-9           # the certificate: the assignment's objective within this of the LP bound
@@ -66,7 +68,7 @@ class _Rows:
         self.fixed.append(v)
 
 
-_LP_SKELETONS: dict[tuple, Skeleton] = {}
+_LP_SKELETONS: Table[Skeleton] = Table("relaxation.skeletons", _SKELETONS_LIMIT, compare=Skeleton.same_model)
 
 
 def _lp_skeleton(problem: IlpProblem) -> Skeleton:
