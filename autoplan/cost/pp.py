@@ -105,11 +105,14 @@ def _chunk_kinds(order: tuple[str, ...], layers: tuple[int, ...]) -> tuple[tuple
 
 
 def per_bag(bags: list[Bag], fn: Callable[[Bag], tuple]) -> list[list]:
-    """``fn(bag)`` (a tuple of sums) of every bag, ``fn`` once per distinct bag (``stage_bags``
-    gives the inner virtual stages of the same layers and policy one shared list), as one list
-    per entry of the tuple."""
-    seen: dict[int, tuple] = {}
-    rows = [seen[k] if (k := id(bag)) in seen else seen.setdefault(k, fn(bag)) for bag in bags]
+    """``fn(bag)`` (a tuple of sums) of every bag, as one list per entry of the tuple; ``fn`` once
+    per run of one shared list (``stage_bags`` gives the inner virtual stages of the same layers
+    and policy one list, and those stages follow each other)."""
+    rows: list[tuple] = []
+    before: Bag | None = None
+    for bag in bags:
+        rows.append(rows[-1] if bag is before else fn(bag))
+        before = bag
     return [list(column) for column in zip(*rows)] if rows else []
 
 

@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from autoplan.cost.params import NOMINAL, Params
+from costmodels.memo import kept_hash, without_kept_hash
 
 DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces, NCCL buffers, fragmentation
 
@@ -60,7 +61,9 @@ class AxisCost:
 
 @dataclass(frozen=True)
 class Part:
-    """Per-micro-batch cost of one graph (a block, or the pre/post part) under a plan."""
+    """Per-micro-batch cost of one graph (a block, or the pre/post part) under a plan.  Equal by
+    value and hashed whole, on construction: rank bags (``memory.rank_bag``) key on parts
+    thousands of times per plan."""
 
     forward_s: float
     backward_s: float
@@ -86,6 +89,18 @@ class Part:
     def work_s(self) -> float:
         """F + B + W + exposed per-layer communication, one micro-batch."""
         return self.forward_s + self.backward_s + self.wgrad_s + self.exposed_fwd_s + self.exposed_bwd_s
+
+    def __post_init__(self) -> None:
+        kept_hash(self)                          # computed now, kept on the part
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    __getstate__ = without_kept_hash
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, EstimateOptions, Estimator
+from autoplan.cost.tp import LayoutKey
 from autoplan.cost.evidence import Flag, flags
 from autoplan.cost.params import NOMINAL, Params
 from autoplan.cost.bounds import states_lower_bound, step_lower_bound
@@ -211,9 +212,10 @@ def _search(model: BlockGraph, cluster: Cluster, global_batch: int, options: Sea
         if procs is not None:
             procs.close()
             procs.join()
-    ilps = tuple(IlpRecord(k[0], k[1], k[2], a.ilp_size, a.solve_seconds, a.gap, a.status, k[4], k[5])
-                 for k, a in sorted(est.layouts.assignments.items(), key=lambda kv: (*kv[0][:3], str(kv[0][3]),
-                                                                                     *kv[0][4:])))
+    ilps = tuple(IlpRecord(k.graph, k.tp, k.sp, a.ilp_size, a.solve_seconds, a.gap, a.status, k.mbs, k.cp)
+                 for k, a in sorted(est.layouts.assignments.items(),
+                                    key=lambda kv: (kv[0].graph, kv[0].tp, kv[0].sp, str(kv[0].span), kv[0].mbs,
+                                                    kv[0].cp)))
     stats = SearchStats(space_stats, pruned_memory, pruned_bound, evaluated, priced,
                         time.perf_counter() - start, ilps)
     return SearchResult(candidates, stats, max((i.gap for i in ilps), default=0.0), pool)
@@ -316,7 +318,7 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
     span, cp, micro-batch), the keys ``cost.tp.BlockLayouts`` solves on; in worker processes when
     there are more ILPs than workers (CP-SAT with one worker and a deterministic time limit gives
     the same solution in any process)."""
-    jobs: dict[tuple, tuple[str, object]] = {}
+    jobs: dict[LayoutKey, tuple[str, object]] = {}
     for mesh in meshes:
         for mbs in mbs_choices:
             if (global_batch // mesh.dp) % mbs == 0:
@@ -327,7 +329,7 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
     # where those that meet on one problem share its solve (``sharding.solve.solve_problem``)
     groups: dict[tuple, list[tuple]] = {}
     for key in jobs:
-        groups.setdefault(key[:4], []).append(key)
+        groups.setdefault((key.graph, key.tp, key.sp, key.span), []).append(key)
     tasks = [[jobs[key] for key in keys] for keys in groups.values()]
     global _WORKER_ESTIMATOR
     _WORKER_ESTIMATOR = est
@@ -349,7 +351,7 @@ def _solve_ilps(est: Estimator, meshes: list[MeshChoice], global_batch: int, mbs
     for i, answer in zip(order, done):
         solved[i] = answer
     for keys, assignments in zip(groups.values(), solved):
-        est.layouts.assignments.update(zip(keys, assignments))
+        est.layouts.store(list(zip(keys, assignments)))
 
 
 def _task_weight(est: Estimator, task: list[tuple[str, Plan]]) -> int:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 
-import weakref
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -40,12 +39,11 @@ import numpy as np
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
 from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lower_bound
+from autoplan.cost.memo import PlanAt
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
-
-MEMO_LIMIT = 50_000        # estimates and floors kept per Estimator; cleared past it
 
 
 @dataclass(frozen=True)
@@ -229,14 +227,14 @@ def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tup
 def memoised_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
     recompute policies ask for the same plans); a UserError is remembered and raised again."""
-    return _memoised(est, ("floor", plan, global_batch),
-                     lambda: plan_floor(est, plan, global_batch, memoised_memory(est, plan, global_batch)))
+    return est.memo.floors.get(PlanAt(plan, global_batch), lambda: plan_floor(
+        est, plan, global_batch, memoised_memory(est, plan, global_batch)))
 
 
 def memoised_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
     """``plan_memory``, memoised as ``memoised_floor`` (the recompute policies a plan is not
     priced under need their memory only, not a step floor)."""
-    return _memoised(est, ("memory", plan, global_batch), lambda: plan_memory(est, plan, global_batch))
+    return est.memo.memories.get(PlanAt(plan, global_batch), lambda: plan_memory(est, plan, global_batch))
 
 
 def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
@@ -354,36 +352,16 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_bea
     return ((e.step_time_s, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
 
 
-_MEMO: "weakref.WeakKeyDictionary[Estimator, dict]" = weakref.WeakKeyDictionary()
-
-
 def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
     """``est.estimate(plan, global_batch, detail=False)``, memoised per Estimator on the plan
     (the screening pass, the refinement and the ZeRO variants of one mesh ask for the same
     plans; a UserError is remembered and raised again)."""
     if est.options.exact:
         return est.estimate(plan, global_batch, detail=False)
-    return _memoised(est, (plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
+    return est.memo.estimates.get(PlanAt(plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
 
 
 def _step_time(est: Estimator, plan: Plan, global_batch: int) -> float:
     """``_estimate(...).step_time_s`` without what the step does not read (``Estimator
     .step_time_s``, equal to the bit), memoised: what the stage search compares plans by."""
-    return _memoised(est, ("step", plan, global_batch), lambda: est.step_time_s(plan, global_batch))
-
-
-def _memoised(est: Estimator, key: tuple, compute):
-    """``compute()`` remembered per Estimator under ``key`` (a UserError too, raised again)."""
-    memo = _MEMO.setdefault(est, {})
-    hit = memo.get(key)
-    if hit is None:
-        try:
-            hit = compute()
-        except UserError as err:
-            hit = err
-        if len(memo) > MEMO_LIMIT:
-            memo.clear()
-        memo[key] = hit
-    if isinstance(hit, UserError):
-        raise hit
-    return hit
+    return est.memo.steps.get(PlanAt(plan, global_batch), lambda: est.step_time_s(plan, global_batch))
