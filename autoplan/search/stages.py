@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 import numpy as np
 
@@ -42,6 +41,7 @@ from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lo
 from autoplan.cost.memo import PlanAt
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
+from costmodels.memo import memo
 from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
@@ -91,7 +91,7 @@ def schedule_variants(pp: int, m: int, layers: int, *, schedules: tuple[str, ...
     return out
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float,
                   rank_of_chunk: tuple[int, ...], slack: int | None = None) -> tuple[int, ...]:
     """Layers per virtual stage minimising the heaviest rank's work.

@@ -46,9 +46,9 @@ class LivePeak:
     alive: dict[int, int]          # virtual stage -> micro-batches alive at the peak
 
 
-@memo(256)
 def _events(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], ...]:
-    """Per rank, per action: (stages whose forward it starts, stages whose activations it frees)."""
+    """Per rank, per action: (stages whose forward it starts, stages whose activations it frees):
+    the walk ``_walk`` vectorises, the reference its tests compare with."""
     split = get_spec(schedule).split_backward
     frees = (W,) if split else (BW,)
     out = []
