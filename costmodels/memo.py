@@ -19,11 +19,11 @@ costs a few recomputations and never a wrong value):
   ``table.get(key, compute)``, keyed on what ``compute`` reads that the owner does not fix;
   ``errors=`` lists exception types remembered and raised again.
 
-``audit()`` checks the keys: under it every hit is recomputed and compared with the value it
-returns (``same``: exact, numpy arrays element by element, fields named in ``volatile`` — wall
-seconds of a solve — skipped), and a difference raises ``StaleHit``: a key that misses an input
-the value depends on.  ``tests/autoplan/cost/test_memo_keys.py`` prices plans differing in one
-field each under it.  Every memo registers itself by name in ``REGISTRY``: ``clear_all()``
+``audit()`` checks the keys: under it every hit (each key once per audit) is recomputed and
+compared with the value it returns (``same``: exact, numpy arrays element by element, fields
+named in ``volatile`` — wall seconds of a solve — skipped), and a difference raises
+``StaleHit``: a key that misses an input the value depends on.
+``tests/autoplan/cost/test_memo_keys.py`` prices plans differing in one input each under it.  Every memo registers itself by name in ``REGISTRY``: ``clear_all()``
 empties them all.
 """
 from __future__ import annotations
@@ -51,14 +51,20 @@ class StaleHit(AssertionError):
 
 
 class Audit:
-    """What an ``audit()`` checked: hits recomputed per memo name."""
+    """What an ``audit()`` checked: hits recomputed per memo name.  Each (memo, key) is
+    recomputed once per audit: open one audit per changed input."""
 
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
+        self._checked: set[tuple[object, Hashable]] = set()
 
-    def check(self, name: str, key: Hashable, stored: Any, compute: Callable[[], Any],
+    def check(self, owner: object, name: str, key: Hashable, stored: Any, compute: Callable[[], Any],
               equal: Callable[[Any, Any], bool]) -> None:
-        """Recompute a hit of ``name`` under ``key`` and raise ``StaleHit`` where it differs."""
+        """Recompute a hit of ``name`` (a memo of ``owner``) under ``key`` and raise ``StaleHit``
+        where it differs; once per (owner, key)."""
+        if (owner, key) in self._checked:
+            return
+        self._checked.add((owner, key))
         self.hits[name] += 1
         try:
             fresh: Any = compute()
@@ -113,7 +119,7 @@ def memo(limit: int, *, shared: bool = False, volatile: tuple[str, ...] = ()) ->
                 return hit
             record = _AUDIT.get()
             if record is not None:
-                record.check(name, key, hit, lambda: fn(*args, **kwargs), equal)
+                record.check(name, name, key, hit, lambda: fn(*args, **kwargs), equal)
             return hit
 
         cached.cache_clear = table.clear            # type: ignore[attr-defined]
@@ -153,7 +159,7 @@ class Table(Generic[T]):
         else:
             record = _AUDIT.get()
             if record is not None:
-                record.check(self.name, key, hit, compute, self._equal)
+                record.check(self, self.name, key, hit, compute, self._equal)
         if type(hit) is _Raised:
             raise hit.error
         return hit  # type: ignore[no-any-return]
@@ -218,14 +224,20 @@ def clear_all() -> None:
 
 
 def same(a: Any, b: Any, volatile: tuple[str, ...] = ()) -> bool:
-    """Whether two computed values are equal to the bit: floats exactly (NaN equals NaN), numpy
-    arrays element by element, dataclasses field by field (``volatile`` fields skipped; their own
-    equality, e.g. by identity, does not count), containers entry by entry, errors by type and
-    text, other objects by ``==`` or, where that is identity, attribute by attribute."""
+    """Whether two computed values are equal: by ``==`` where it says so (at C speed), else
+    floats exactly (NaN equals NaN), numpy arrays element by element, dataclasses field by field
+    (``volatile`` fields skipped; their own equality, e.g. by identity, does not count),
+    containers entry by entry, errors by type and text, other objects attribute by attribute
+    where their ``==`` is identity."""
     if a is b:
         return True
     if type(a) is not type(b):
         return False
+    try:
+        if (a == b) is True:                # value equality, where it holds, settles it at C speed
+            return True
+    except ValueError:                      # an array inside: compared below
+        pass
     if isinstance(a, float):
         return a == b or (a != a and b != b)
     if isinstance(a, np.ndarray):

@@ -85,9 +85,11 @@ def test_the_audit_recomputes_hits_and_catches_an_input_missing_from_the_key():
         assert _scaled(4) == 4
         with m.audit() as seen:
             assert _scaled(4) == 4                  # a hit, recomputed: still right
+            assert _scaled(4) == 4                  # the same key again: checked once per audit
             assert seen.hits[f"{__name__}._scaled"] == 1
-            GLOBAL["scale"] = 2                     # the value moves, its key does not
-            with pytest.raises(m.StaleHit, match="_scaled"):
+        GLOBAL["scale"] = 2                         # the value moves, its key does not
+        with pytest.raises(m.StaleHit, match="_scaled"):
+            with m.audit():
                 _scaled(4)
         assert _scaled(4) == 4                      # outside the audit the stale value comes back
     finally:
@@ -104,12 +106,20 @@ def test_the_audit_checks_tables_and_their_remembered_errors():
         assert table.get("k", lambda: state["x"]) == 1.0
         with pytest.raises(ValueError):
             table.get("bad", lambda: float("nope"))
-        state["x"] = 1.5
-        with pytest.raises(m.StaleHit, match="test.audit"):
+    assert seen.hits["test.audit"] == 2
+    state["x"] = 1.5
+    with pytest.raises(m.StaleHit, match="test.audit"):
+        with m.audit():
             table.get("k", lambda: state["x"])
-        with pytest.raises(m.StaleHit):
+    with pytest.raises(m.StaleHit):
+        with m.audit():
             table.get("bad", lambda: 0.0)           # a remembered error that no longer happens
-    assert seen.hits["test.audit"] == 4
+    other: m.Table[float] = m.Table("test.audit", 10)   # another owner's table of the same name
+    other.put("k", 1.5)
+    with m.audit() as seen:
+        table.get("k", lambda: 1.0)
+        other.get("k", lambda: 1.5)
+    assert seen.hits["test.audit"] == 2             # checked once per table, not per name
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,8 +129,18 @@ class _Shape:
     solve_seconds: float
 
 
+class _Opaque:
+    """Equal only to itself, as a solver's model object is."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self, terms: dict) -> None:
+        self.terms = terms
+
+
 def test_same_is_exact_and_structural():
     assert m.same(0.1 + 0.2, 0.1 + 0.2) and not m.same(0.1 + 0.2, 0.3)
+    assert m.same(_Opaque({"a": 1.0}), _Opaque({"a": 1.0})) and not m.same(_Opaque({"a": 1.0}), _Opaque({"a": 2.0}))
     assert m.same(float("nan"), float("nan")) and not m.same(1, 1.0)
     assert m.same([(1, {"a": np.arange(3.0)})], [(1, {"a": np.arange(3.0)})])
     assert not m.same(np.arange(3.0), np.arange(3))                  # another dtype
