@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass
 from math import prod
 from typing import Any
 
+from costmodels.memo import kept_hash, without_kept_hash
+
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int64": 8, "int32": 4,
                "int8": 1, "uint8": 1, "bool": 1, "fp8": 1}
 
@@ -145,6 +147,12 @@ class OpGraph:
 
     def node(self, name: str) -> OpNode:
         return self._index()[name]
+
+    def __hash__(self) -> int:
+        """Hashed whole, once: a graph keys the sharding memos (``sharding.prepare``)."""
+        return kept_hash(self)
+
+    __getstate__ = without_kept_hash
 
     def _index(self) -> dict[str, OpNode]:
         idx = self.__dict__.get("_idx")

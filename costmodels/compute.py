@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 import yaml
+
+from costmodels.memo import memo
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 
@@ -91,7 +92,7 @@ def load_profile(gpu: str, path: str | None = None) -> ComputeProfile:
     return _load_profile_file(os.path.abspath(path))
 
 
-@lru_cache(maxsize=None)
+@memo(64)
 def _load_profile_file(path: str) -> ComputeProfile:
     with open(path) as f:
         data = yaml.safe_load(f)

@@ -13,9 +13,9 @@ the second.
 
 Worst cases (``--worst``, issue 17): where memory is tight and pipelines run hundreds of
 micro-batches.  Each case searches twice, each search cold in its own fresh process (which
-traces first, untimed): the reference path (``costmodels.pipeline.simulator.EXTRAPOLATE`` and
-``autoplan.search.stages.REUSE`` off: every pipeline step simulated event by event, every
-variant and recompute policy priced), then the current one; it reports both wall and CPU times
+traces first, untimed): the reference path (``SearchOptions(estimate=EstimateOptions(exact=True))``, i.e.
+``EstimateOptions.exact``: every pipeline step simulated event by event, every variant and
+recompute policy priced), then the current one; it reports both wall and CPU times
 (the search process and its workers: the steadier figure on a shared machine), their ratios,
 and whether the top-K JSON is byte-identical; ``--write`` puts the table into RESULTS.md and a paragraph (the headline
 rows and the slowest one) into the README.  ``--case`` picks rows (e.g. ``--case gpt3-175b@h100x1024``); the trace
@@ -94,9 +94,8 @@ import json, resource, sys, time
 from autoplan.frontend import trace
 from autoplan.workload import load_cluster
 from autoplan.cost import rounded
+from autoplan.cost import EstimateOptions
 from autoplan.search import search, SearchOptions
-from autoplan.search import stages
-from costmodels.pipeline import simulator
 model, cluster, seq, batch, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 t0 = time.perf_counter()
 g = trace(model, seq=seq)
@@ -109,9 +108,9 @@ def cpu():
     return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
-simulator.EXTRAPOLATE = stages.REUSE = name == "new"
 t1, c1 = time.perf_counter(), cpu()
-r = search(g, load_cluster(cluster), global_batch=batch, options=SearchOptions())
+options = SearchOptions(estimate=EstimateOptions(exact=name == "old"))
+r = search(g, load_cluster(cluster), global_batch=batch, options=options)
 out[name] = {"search_s": time.perf_counter() - t1, "cpu_s": cpu() - c1, "priced": r.stats.plans_priced,
              "best": r.candidates[0].plan.to_string(),
              "json": json.dumps([rounded(c.to_dict()) for c in r.candidates], indent=2, sort_keys=True)}

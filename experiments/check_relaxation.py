@@ -41,7 +41,8 @@ def problems(model: str, cluster: str, seq: int, batch: int) -> list:
     meshes, _ = enumerate_meshes(graph.model, graph.num_layers, c, seq=graph.sample_positions, global_batch=batch,
                                  allow_cross_domain=False, zero_levels=options.zero)
     from autoplan.sharding import solve as solved
-    solved._SOLVED.clear()          # this case's every ILP, not only those an earlier case did not meet
+    # this case's every ILP, not only those an earlier case did not meet (memo() adds cache_clear)
+    solved.solve_problem.cache_clear()   # type: ignore[attr-defined]
     seen: list = []
     solve = ilp.solve
 

@@ -67,6 +67,9 @@ def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> Non
     g.add_argument("--params", metavar="PATH",
                    help="YAML of parameter multipliers the point model runs under (a perturbation, e.g. "
                         "`nic_efficiency: 0.8`; names in costmodels/uncertainty.yaml)")
+    g.add_argument("--exact", action="store_true",
+                   help="price by the reference path: every pipeline step simulated event by event, every "
+                        "schedule variant and recompute policy priced (the same numbers, slower: for checking)")
 
 
 def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> EstimateOptions:
@@ -82,7 +85,7 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
-        params=load_override(args.params) if args.params else NOMINAL)
+        params=load_override(args.params) if args.params else NOMINAL, exact=args.exact)
 
 
 def add_margin_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

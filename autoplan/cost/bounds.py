@@ -15,19 +15,20 @@
   memory reads only the schedule's peak activations, a property of the order).
 * ``plan_memory``: that memory alone (what the recompute choice reads for the policies it
   does not price).  The bags, rank groups, live peaks and makespan bound a plan's floor reads
-  do not depend on its ZeRO stage (``_Shape``): the four ZeRO variants of a mesh share them,
-  and only the model states and the optimizer step are priced per variant.
+  do not depend on its ZeRO stage (``_Shape``, remembered on its ``cost.memo.ShapeKey``): the
+  four ZeRO variants of a mesh share them, and only the model states and the optimizer step are
+  priced per variant.
 """
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.cost import dp, fsdp, memory, pp
 from autoplan.cost.estimator import Estimator
+from autoplan.cost.memo import ShapeKey
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from costmodels.memory import GIB
@@ -88,9 +89,9 @@ class Floor:
 
 @dataclass(frozen=True)
 class _Shape:
-    """What a plan's floor reads that its ZeRO stage does not change: the parts, bags, stage
-    order and boundary do not read it (``Estimator.part``'s and ``stage_bags``' keys), only
-    the model states and the optimizer step do."""
+    """What a plan's floor reads that its ZeRO stage does not change (``ShapeKey``): the parts,
+    bags, stage order and boundary do not read it, only the model states and the optimizer
+    step do."""
 
     mesh: Mesh
     m: int
@@ -101,34 +102,23 @@ class _Shape:
     inputs: dict                               # Estimator.memory_inputs (the FSDP policy reads zero: not here)
 
 
-_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "zero")
-SHAPES_KEPT = 20_000               # shapes and step floors remembered per Estimator; cleared past it
-_SHAPES: "weakref.WeakKeyDictionary[Estimator, dict]" = weakref.WeakKeyDictionary()
+def _shape_key(est: Estimator, plan: Plan, global_batch: int, mesh: Mesh) -> ShapeKey:
+    """The ``ShapeKey`` of ``plan`` (its mesh ``mesh``) at ``global_batch``."""
+    return ShapeKey.of(plan, mesh, plan.microbatches(global_batch), est.model.num_layers)
 
 
-def _remembered(est: Estimator, key: tuple, compute):
-    """``compute()`` remembered per Estimator under ``key``."""
-    memo = _SHAPES.setdefault(est, {})
-    hit = memo.get(key)
-    if hit is None:
-        if len(memo) >= SHAPES_KEPT:
-            memo.clear()
-        hit = memo[key] = compute()
-    return hit
-
-
-def _shape(est: Estimator, plan: Plan, global_batch: int) -> _Shape:
-    """``plan``'s ``_Shape``, shared by the plans differing from it in the ZeRO stage only."""
+def _shape(est: Estimator, plan: Plan, key: ShapeKey) -> _Shape:
+    """``plan``'s ``_Shape`` (``key`` projected from it), shared by the plans differing from it
+    in the ZeRO stage only."""
     def compute() -> _Shape:
-        mesh = Mesh.of(plan)
-        m = plan.microbatches(global_batch)
+        mesh, m = Mesh.of(plan), key.microbatches
         bags = tuple(est.stage_bags(plan, mesh))
         groups, of_rank = memory.rank_groups(bags, pp.rank_chunks(plan))
         schedule = plan.schedule if plan.pp > 1 else "1f1b"
         inputs = est.memory_inputs(plan, mesh, m)
         live = peak_bytes(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(bags, inputs["loss"]))
         return _Shape(mesh, m, bags, groups, of_rank, live, inputs)
-    return _remembered(est, ("shape", global_batch) + tuple(getattr(plan, f) for f in _FIELDS), compute)
+    return est.memo.shapes.get(key, compute)
 
 
 def plan_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
@@ -136,7 +126,7 @@ def plan_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
     ``memory.bag_states`` per distinct rank bag and ``memory.rank_total`` per rank, so every
     total to the bit); raises the estimate's UserError for a plan it would refuse."""
     est.check(plan, global_batch)
-    shape = _shape(est, plan, global_batch)
+    shape = _shape(est, plan, _shape_key(est, plan, global_batch, Mesh.of(plan)))
     pol = fsdp.policy(est.options, plan)
     states = [memory.bag_states(plan, bag, last, pol=pol, **shape.inputs) for bag, last in shape.groups]
     totals = memory.rank_total(np.array([x[:5] for x in states])[list(shape.of_rank)].T, np.asarray(shape.live))
@@ -149,9 +139,9 @@ def plan_floor(est: Estimator, plan: Plan, global_batch: int, mem: Memory | None
     """``plan``'s step floor and memory (module docstring; ``mem``: its ``plan_memory`` when
     known); raises the estimate's UserError for a plan it would refuse."""
     mem = plan_memory(est, plan, global_batch) if mem is None else mem
-    shape = _shape(est, plan, global_batch)
-    makespan, embed_s = _remembered(est, ("step", global_batch) + tuple(getattr(plan, f) for f in _FIELDS),
-                                    lambda: _makespan_floor(est, plan, shape))
+    key = _shape_key(est, plan, global_batch, Mesh.of(plan))
+    shape = _shape(est, plan, key)
+    makespan, embed_s = est.memo.makespan_floors.get(key, lambda: _makespan_floor(est, plan, shape))
     fixed = embed_s + est.optimizer_seconds(plan, shape.mesh, list(mem.numels))
     return Floor((makespan + fixed) * (1 - SUMMATION_MARGIN), mem.fits, mem.memory_gib, mem.memory_per_stage_gib)
 

@@ -1,7 +1,8 @@
 """The memoised prices every per-parallelism pricer shares: op seconds, collective seconds, the pipeline simulator.
 
-``Comms`` answers three questions for one cluster and compute profile, each memoised because the
-search asks them many thousands of times:
+``Comms`` answers these questions for one cluster and compute profile, each memoised (a
+``costmodels.memo.Table`` keyed on the question's arguments) because the search asks them many
+thousands of times:
 
 * ``op_seconds(kind, flops, bytes, gemm)``: one local op on one GPU (``costmodels.compute`` roofline);
 * ``collective(kind, nbytes, ranks)``: one collective on a rank group (``costmodels.collectives``
@@ -9,12 +10,15 @@ search asks them many thousands of times:
 * ``slowest_hop(nbytes, ranks, closed)``: one step of a chain or ring of P2P sends (every rank
   sends to the next at once, so the step lasts as long as its slowest hop: a ring CP group of
   16 nodes crosses the network on every hop, not only past the NVLink domain of its first pair);
-* ``simulate(...)``: the pipeline event simulator (``costmodels.pipeline``).
+* ``simulate(...)``: the pipeline event simulator (``costmodels.pipeline``), extrapolating long
+  steps unless ``exact`` (``EstimateOptions.exact``: every step event by event).
 
 ``AxisPricer`` binds a ``Comms`` to one plan's mesh: it is the ``sharding.Pricer`` the block
 ILP prices with ("collective seconds on the tp axis").
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 from autoplan.axes import Axis
 from autoplan.cost.params import NOMINAL, Params, perturb_cluster, perturb_profile
@@ -22,47 +26,47 @@ from autoplan.errors import UserError
 from autoplan.mesh import Mesh
 from costmodels import compute
 from costmodels.collectives import collective_time
-from costmodels.pipeline import simulate, simulate_many
-from topologies.cluster import Cluster
+from costmodels.memo import Table
+from costmodels.pipeline import PipelineResult, simulate, simulate_many
+from topologies.cluster import Cluster, GroupSpan
 
-SIMULATION_CACHE_LIMIT = 20_000   # simulator results kept (a few MB); the cache is cleared past it
+SIMULATION_CACHE_LIMIT = 20_000   # simulator results kept (a few MB); the table starts again empty past it
+PRICES_KEPT = 200_000             # spans and collective seconds kept
 
 
 class Comms:
-    def __init__(self, cluster: Cluster, profile_path: str | None = None, params: Params = NOMINAL):
+    def __init__(self, cluster: Cluster, profile_path: str | None = None, params: Params = NOMINAL,
+                 exact: bool = False):
         """``params``: the uncertain parameters' multipliers, applied to the cluster and profile here
-        and read by the pricers that own the mechanism ones (``cost/params.py``)."""
+        and read by the pricers that own the mechanism ones (``cost/params.py``); ``exact``: the
+        simulator's reference path."""
         self.cluster = perturb_cluster(cluster, params)
         self.params = params
+        self.exact = exact
         try:
             self.profile = perturb_profile(compute.load_profile(cluster.gpu.name, profile_path), params)
         except (ValueError, OSError) as e:
             raise UserError(str(e), "pass --profile PATH to a compute profile YAML") from None
-        self._spans: dict[tuple, object] = {}
-        self._colls: dict[tuple, float] = {}
-        self._sims: dict[tuple, object] = {}
+        self._spans: Table[GroupSpan] = Table("comms.spans", PRICES_KEPT)
+        self._colls: Table[float] = Table("comms.collectives", PRICES_KEPT)
+        self._sims: Table[PipelineResult] = Table("comms.simulations", SIMULATION_CACHE_LIMIT)
 
     def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: tuple | None) -> float:
         gpu = self.cluster.gpu
         return compute.op_time(kind, flops, nbytes, peak_flops=gpu.bf16_flops, hbm_bw=gpu.hbm_bw,
                                profile=self.profile, gemm=gemm)
 
-    def span(self, ranks):
+    def span(self, ranks: Sequence[int]) -> GroupSpan:
+        """The cluster's span of the group ``ranks`` (the levels it crosses)."""
         key = tuple(ranks)
-        span = self._spans.get(key)
-        if span is None:
-            span = self._spans[key] = self.cluster.span(key)
-        return span
+        return self._spans.get(key, lambda: self.cluster.span(key))
 
-    def collective(self, kind: str, nbytes: float, ranks) -> float:
+    def collective(self, kind: str, nbytes: float, ranks: Sequence[int]) -> float:
         """Seconds of one collective on the group ``ranks``."""
         if len(ranks) <= 1 or nbytes <= 0:
             return 0.0
-        key = (kind, nbytes, tuple(ranks))
-        hit = self._colls.get(key)
-        if hit is None:
-            hit = self._colls[key] = collective_time(kind, nbytes, self.span(ranks), self.cluster)
-        return hit
+        return self._colls.get((kind, nbytes, tuple(ranks)),
+                               lambda: collective_time(kind, nbytes, self.span(ranks), self.cluster))
 
     def slowest_hop(self, nbytes: float, ranks, *, closed: bool) -> tuple[float, tuple[int, int]]:
         """(seconds, (sender, receiver)) of the slowest of the P2P hops ``ranks[i] → ranks[i+1]``,
@@ -76,18 +80,9 @@ class Comms:
     def simulate(self, schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm=None, b_comm=None):
         """The pipeline simulator, memoised on its inputs (plans that differ only in ZeRO stage or
         data-parallel layout share their pipeline)."""
-        key = _simulation_key(schedule, pp, m, vpp, f, b, w, p2p, f_comm, b_comm)
-        hit = self._sims.get(key)
-        if hit is None:
-            hit = simulate(schedule, stages=pp, microbatches=m, chunks=vpp, f=f, b=b, w=w,
-                           p2p=p2p, f_comm=f_comm, b_comm=b_comm)
-            self._remember(key, hit)
-        return hit
-
-    def _remember(self, key: tuple, result) -> None:
-        if len(self._sims) >= SIMULATION_CACHE_LIMIT:
-            self._sims.clear()
-        self._sims[key] = result
+        return self._sims.get(_simulation_key(schedule, pp, m, vpp, f, b, w, p2p, f_comm, b_comm), lambda: simulate(
+            schedule, stages=pp, microbatches=m, chunks=vpp, f=f, b=b, w=w, p2p=p2p, f_comm=f_comm, b_comm=b_comm,
+            exact=self.exact))
 
 
 def _simulation_key(schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm, b_comm) -> tuple:
@@ -104,12 +99,12 @@ def simulate_paired(requests: list[tuple[Comms, tuple]]) -> None:
     for comms, args in requests:
         key = _simulation_key(*args)
         if key not in comms._sims:
-            shapes.setdefault(args[:4], []).append((comms, key, args))
-    for (schedule, pp, m, vpp), todo in shapes.items():
+            shapes.setdefault((*args[:4], comms.exact), []).append((comms, key, args))
+    for (schedule, pp, m, vpp, exact), todo in shapes.items():
         runs = [dict(f=a[4], b=a[5], w=a[6], p2p=a[7], f_comm=a[8], b_comm=a[9]) for _, _, a in todo]
         for (comms, key, _), result in zip(todo, simulate_many(schedule, stages=pp, microbatches=m, chunks=vpp,
-                                                               runs=runs)):
-            comms._remember(key, result)
+                                                               runs=runs, exact=exact)):
+            comms._sims.put(key, result)
 
 
 class AxisPricer:

@@ -2,8 +2,9 @@
 
 ``Estimator`` composes the per-parallelism pricers, one module each: ``tp`` (the block ILP's
 layout), ``cp``, ``ep``, ``pp`` (stage bags → the pipeline simulator), ``dp`` (ZeRO 0–3 and the
-optimizer step) and ``memory``; ``comms`` memoises the prices they share and ``report`` builds
-the primitive table.  How a step is priced (seconds, per GPU):
+optimizer step) and ``memory``; ``comms`` memoises the prices they share, ``memo`` holds what
+the Estimator remembers across plans and ``report`` builds the primitive table.  How a step is
+priced (seconds, per GPU):
 
 1. every graph (block kinds, ``@pre``, ``@post``) → a per-micro-batch ``Part`` (``parts``);
 2. virtual stages → F/B/W → the schedule's makespan (``pp``);
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping
+from typing import Callable
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
 from autoplan.cost import dp, fsdp, memory, pp, report
 from autoplan.cost.comms import Comms
+from autoplan.cost.memo import BagKey, EstimatorMemo, LocalShape, PartKey, PlanAt
 from autoplan.cost.parts import price_part
-from autoplan.cost.tp import BlockLayouts
+from autoplan.cost.tp import BlockLayouts, LayoutKey
 from autoplan.cost.types import Estimate, EstimateOptions, Part
 from autoplan.ir import BlockGraph, OpGraph
 from autoplan.layout import BlockLayout, Layout
@@ -32,28 +35,24 @@ from autoplan.opkinds import attention_flops
 from autoplan.plan import Plan
 from autoplan.sharding import BlockAssignment
 from costmodels.memory import GIB
-from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline.live import peak_live
 from topologies.cluster import Cluster
 
-BAGS_KEPT = 20_000       # stage bags remembered per Estimator; cleared past it
-
 
 class Estimator:
-    """Prices plans of one model on one cluster; caches block layouts and parts across plans."""
+    """Prices plans of one model on one cluster; remembers block layouts, parts, stage bags and
+    pipelines across plans (``memo``: ``cost.memo.EstimatorMemo``)."""
 
     def __init__(self, model: BlockGraph, cluster: Cluster, options: EstimateOptions = EstimateOptions(),
                  *, enforce_rules: bool = False):
         self.model = model
         self.cluster = cluster
         self.options = options
-        self.comms = Comms(cluster, options.profile, options.params)
+        self.comms = Comms(cluster, options.profile, options.params, options.exact)
         self.layouts = BlockLayouts(self.comms, options, enforce_rules=enforce_rules)
         self.info = model.model
         self.hidden = self.info.hidden or _hidden_of(model)
-        self._parts: dict[tuple, Part] = {}
-        self._bags: dict[tuple, list[pp.Bag]] = {}
-        self._simulations: dict[tuple, tuple] = {}
+        self.memo = EstimatorMemo()
         self._attention_flops_per_sample = sum(attention_flops(b.graph) * b.count for b in model.blocks)
 
     def graph(self, kind: str) -> OpGraph:
@@ -61,41 +60,33 @@ class Estimator:
         return {"@pre": self.model.pre, "@post": self.model.post}.get(kind) or self.model.block(kind).graph
 
     def part(self, kind: str, plan: Plan, recompute: str, mesh: Mesh) -> Part:
-        """Per-micro-batch cost of one graph under ``plan`` (cached on what it depends on)."""
-        key = (kind, plan.tp, plan.sp, plan.cp, plan.cp_algo, plan.ep, plan.mbs, recompute,
-               mesh.group("tp"), mesh.group("cp"), mesh.group("ep"))
-        hit = self._parts.get(key)
-        if hit is None:
-            hit = self._parts[key] = price_part(self.comms, self.layouts, self.info, self.model.sample_positions, self.hidden,
-                                                kind, self.graph(kind), plan, recompute, mesh, self.options.kernels)
-        return hit
+        """Per-micro-batch cost of one graph under ``plan``, remembered on its ``PartKey``."""
+        return self._part(PartKey(kind, recompute, LocalShape.of(plan, mesh)), plan, mesh)
+
+    def _parts_of(self, plan: Plan, mesh: Mesh) -> Callable[[str], Part]:
+        """``part(kind, plan, "none", mesh)`` for any kind, the local shape projected once."""
+        local = LocalShape.of(plan, mesh)
+        return lambda kind: self._part(PartKey(kind, "none", local), plan, mesh)
+
+    def _part(self, key: PartKey, plan: Plan, mesh: Mesh) -> Part:
+        """``part`` of ``key``, projected from ``plan`` and ``mesh``."""
+        return self.memo.parts.get(key, lambda: price_part(
+            self.comms, self.layouts, self.info, self.model.sample_positions, self.hidden, key.graph,
+            self.graph(key.graph), plan, key.recompute, mesh, self.options.kernels))
 
     def stage_bags(self, plan: Plan, mesh: Mesh) -> list[pp.Bag]:
-        """``pp.stage_bags`` of ``plan`` (read-only), remembered on all it reads: the parts' key
-        (``part``), the cuts, the stage placement and the recompute policies — a mesh's
+        """``pp.stage_bags`` of ``plan`` (read-only), remembered on its ``BagKey`` — a mesh's
         schedules, ZeRO stages and floors ask for the same bags again."""
-        key = (plan.tp, plan.sp, plan.cp, plan.cp_algo, plan.ep, plan.mbs, mesh.group("tp"), mesh.group("cp"),
-               mesh.group("ep"), plan.pp, plan.vpp, plan.stage_layers(self.model.num_layers),
-               SCHEDULE_SPECS[plan.schedule].placement, plan.recompute)
-        hit = self._bags.get(key)
-        if hit is None:
-            if len(self._bags) >= BAGS_KEPT:
-                self._bags.clear()
-            hit = self._bags[key] = pp.stage_bags(plan, self.model.order, self.model.num_layers,
-                                                  lambda kind, rc: self.part(kind, plan, rc, mesh))
-        return hit
+        key = BagKey.of(plan, mesh, self.model.num_layers)
+        return self.memo.bags.get(key, lambda: pp.stage_bags(
+            plan, self.model.order, self.model.num_layers,
+            lambda kind, rc: self._part(PartKey(kind, rc, key.local), plan, mesh)))
 
     def simulation_args(self, plan: Plan, mesh: Mesh, m: int) -> tuple[tuple, tuple]:
         """``pp.simulation_args`` of ``plan`` at ``m`` micro-batches, remembered (a band's
         sample asks for it to simulate its plans at once, then prices each plan with it)."""
-        key = (plan, m)
-        hit = self._simulations.get(key)
-        if hit is None:
-            if len(self._simulations) >= BAGS_KEPT:
-                self._simulations.clear()
-            hit = self._simulations[key] = pp.simulation_args(self.comms, plan, mesh, self.stage_bags(plan, mesh), m,
-                                                              self.model.sample_positions, self.hidden)
-        return hit
+        return self.memo.pipelines.get(PlanAt(plan, m), lambda: pp.simulation_args(
+            self.comms, plan, mesh, self.stage_bags(plan, mesh), m, self.model.sample_positions, self.hidden))
 
     def graph_kinds(self) -> list[tuple[str, int]]:
         """Every graph of the model — block kinds, then "@pre" and "@post" — with how often it occurs."""
@@ -104,8 +95,8 @@ class Estimator:
     def layer_work(self, plan: Plan) -> dict:
         """Per micro-batch F+B+W+exposed seconds of every layer (model order) and of pre/post, no
         recompute: what the stage-cut DP balances."""
-        mesh = Mesh.of(plan)
-        work = {k: self.part(k, plan, "none", mesh).work_s for k in dict.fromkeys((*self.model.order, "@pre", "@post"))}
+        part = self._parts_of(plan, Mesh.of(plan))
+        work = {k: part(k).work_s for k in dict.fromkeys((*self.model.order, "@pre", "@post"))}
         return {"layers": [work[k] for k in self.model.order], "pre": work["@pre"], "post": work["@post"]}
 
     def solve_layouts(self, plan: Plan) -> None:
@@ -114,7 +105,7 @@ class Estimator:
         for kind, _ in self.graph_kinds():
             self.layouts.sharding(kind, self.graph(kind), plan, "none", mesh)
 
-    def unsolved_layouts(self, plan: Plan) -> list[tuple[tuple, str]]:
+    def unsolved_layouts(self, plan: Plan) -> list[tuple[LayoutKey, str]]:
         """(assignment key, graph kind) of every block ILP ``plan`` needs that is not solved yet."""
         mesh = Mesh.of(plan)
         keys = [(self.layouts.assignment_key(kind, plan, mesh), kind) for kind, _ in self.graph_kinds()]
@@ -125,14 +116,14 @@ class Estimator:
         in parallel and the parent keeps them (``store_layouts``)."""
         return self.layouts.solve(self.graph(kind), plan, Mesh.of(plan))
 
-    def store_layouts(self, solved: Mapping[tuple, BlockAssignment]) -> None:
+    def store_layouts(self, solved: Mapping[LayoutKey, BlockAssignment]) -> None:
         """Keep block ILP solutions solved elsewhere (``solve_layout`` in the search's workers),
         by their ``unsolved_layouts`` keys, for every later pricing to read."""
-        self.layouts.assignments.update(solved)
+        self.layouts.store(list(solved.items()))
 
-    def solved_layouts(self) -> dict[tuple, BlockAssignment]:
-        """Every block ILP solution kept so far, by key (kind, tp, sp, tp span, mbs, cp)."""
-        return dict(self.layouts.assignments)
+    def solved_layouts(self) -> dict[LayoutKey, BlockAssignment]:
+        """Every block ILP solution kept so far, by ``LayoutKey``."""
+        return dict(self.layouts.assignments.items())
 
     def layout(self, plan: Plan) -> Layout | None:
         """The tp placements ``plan`` is priced with (block ILP solutions); None without tp."""
@@ -155,7 +146,8 @@ class Estimator:
 
     def counted_parts(self, plan: Plan, mesh: Mesh) -> list[tuple[Part, int]]:
         """Every graph of the model under ``plan`` (no recompute), with how often it occurs."""
-        return [(self.part(k, plan, "none", mesh), n) for k, n in self.graph_kinds()]
+        part = self._parts_of(plan, mesh)
+        return [(part(k), n) for k, n in self.graph_kinds()]
 
     def estimate(self, plan: Plan, global_batch: int, *, detail: bool = True) -> Estimate:
         """Price ``plan``.  ``detail=False`` (the search's inner loop) skips what only the report
@@ -186,7 +178,7 @@ class Estimator:
         by_numels = {n: dp.dp_comms(self.comms, plan, n[0], n[1], dp_ranks, edp_ranks, m, pol,
                                     self.options.grad_reduce_bytes) for n in dict.fromkeys(numels)}
         dp_colls = [by_numels[n] for n in numels]
-        zero3: dict = {}
+        zero3: dict[tuple, float | None] = {}
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
                                     first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
@@ -214,14 +206,15 @@ class Estimator:
         return self.rank_memories(plan, mesh, pipe, m)
 
     def _zero3_exposed(self, plan: Plan, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
-                       dp_ranks, edp_ranks, memo: dict) -> float | None:
+                       dp_ranks: tuple[int, ...], edp_ranks: tuple[int, ...],
+                       memo: dict[tuple, float | None]) -> float | None:
         """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-2/3 (``fsdp``), None otherwise.
         Per-layer collectives share the links when the dense dp group lies inside one NVLink domain.
         ``memo`` (one dict per plan): ranks whose chunks hold the same parts at the same ends share it."""
         if plan.zero < 2:
             return None
         last = len(pipe.bags) - 1
-        key = tuple((tuple((id(p), n) for p, n in pipe.bags[c]), c == 0, c == last) for c in pipe.rank_chunks[rank])
+        key = tuple((tuple(pipe.bags[c]), c == 0, c == last) for c in pipe.rank_chunks[rank])
         if key in memo:
             return memo[key]
         shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
@@ -246,7 +239,7 @@ class Estimator:
         arguments; none of them reads the ZeRO stage)."""
         return dict(dense_dp=len(mesh.group(DENSE_DP)), expert_dp=len(mesh.group(EXPERT_DP)),
                     loss=memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0),
-                    ends=frozenset(id(self.part(k, plan, "none", mesh)) for k in ("@pre", "@post")),
+                    ends=frozenset(map(self._parts_of(plan, mesh), ("@pre", "@post"))),
                     microbatches=m, precision=memory.state_precision(self.options.state_precision))
 
     @property
@@ -272,9 +265,9 @@ class Estimator:
         """MFU, memory and the breakdown on the busiest rank, into one Estimate."""
         gpu = self.cluster.gpu
         counts = {b.kind: b.count for b in self.model.blocks}
-        all_flops = sum(self.part(k, plan, "none", mesh).model_flops * n for k, n in counts.items())
-        per_sample = all_flops / plan.mbs + (self.part("@pre", plan, "none", mesh).model_flops
-                                             + self.part("@post", plan, "none", mesh).model_flops) / plan.mbs
+        part = self._parts_of(plan, mesh)
+        all_flops = sum(part(k).model_flops * n for k, n in counts.items())
+        per_sample = all_flops / plan.mbs + (part("@pre").model_flops + part("@post").model_flops) / plan.mbs
         model_flops = per_sample * global_batch
         rec_flops = sum(p.recompute_flops * n for bag in pipe.bags for p, n in bag) / plan.mbs * global_batch
         peak = gpu.bf16_flops * self.cluster.num_gpus

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 
 import yaml
 
 from autoplan.cost.types import Estimate
 from autoplan.plan import Plan
 from costmodels.compute import PROFILE_DIR
+from costmodels.memo import memo
 
 EVIDENCE_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "evidence.yaml")
 
@@ -35,7 +35,7 @@ class Flag:
         return {"regime": self.regime, "text": self.text}
 
 
-@lru_cache(maxsize=None)
+@memo(1)
 def coverage() -> dict:
     with open(EVIDENCE_PATH) as f:
         return yaml.safe_load(f)

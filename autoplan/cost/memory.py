@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.cost.fsdp import Policy
-from autoplan.cost.pp import Pipeline, per_bag
+from autoplan.cost.pp import Bag, Pipeline, per_bag
 from autoplan.cost.types import DEFAULT_MARGIN_GIB, Part  # noqa: F401  (DEFAULT_MARGIN_GIB: documented here)
 from autoplan.errors import UserError
 from autoplan.plan import SCHEDULE_SPECS, Plan
@@ -170,10 +170,10 @@ def state_precision(name: str) -> StatePrecision:
 
 
 def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_dp: int, expert_dp: int,
-                loss: float, ends: frozenset[int], microbatches: int, pol: Policy,
+                loss: float, ends: frozenset[Part], microbatches: int, pol: Policy,
                 precision: StatePrecision = StatePrecision(), memo: dict | None = None) -> RankMemory:
-    """Memory of pipeline rank ``rank``; ``live``: its activation peak; ``ends``: the ids of the
-    pre/post parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan.  ``memo``: one
+    """Memory of pipeline rank ``rank``; ``live``: its activation peak; ``ends``: the pre/post
+    parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan.  ``memo``: one
     dict shared by the ranks of one plan (same other arguments), where ranks holding the same
     bag of parts share everything but their activation peak."""
     bag, key = rank_bag(pipe.bags, pipe.rank_chunks[rank])
@@ -190,27 +190,30 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_
 
 def rank_bag(bags, chunks: tuple[int, ...]) -> tuple[list, tuple]:
     """The (part, count) pairs of a rank holding virtual stages ``chunks`` of ``bags``, and the key
-    ranks holding the same parts share (their ids and counts, and whether the last stage is there)."""
+    ranks holding the same parts share (the pairs, parts hashed whole, and whether the last
+    stage is there)."""
     bag = [pn for c in chunks for pn in bags[c]]
-    return bag, (tuple((id(p), n) for p, n in bag), len(bags) - 1 in chunks)
+    return bag, (tuple(bag), len(bags) - 1 in chunks)
 
 
 def rank_groups(bags, rank_chunks) -> tuple[tuple[tuple[list, bool], ...], tuple[int, ...]]:
     """The distinct rank bags of a pipeline, (bag, holds the last stage) in first-rank order, and
-    each rank's index among them (``rank_bag``'s key)."""
+    each rank's index among them (``rank_bag``'s key).  A rank holding the very bag lists of the
+    rank before it (``stage_bags`` shares one list among the inner stages of the same layers and
+    policy) is in its group without building its key."""
     index: dict[tuple, int] = {}
-    by_lists: dict[tuple, int] = {}          # ranks holding the very same bag lists: one key
     groups, of_rank = [], []
+    before: list[Bag] = []
     for chunks in rank_chunks:
-        lists = tuple(id(bags[c]) for c in chunks)
-        group = by_lists.get(lists)
-        if group is None:
+        lists = [bags[c] for c in chunks]
+        if lists != before:                  # the very same lists compare equal at once
             bag, key = rank_bag(bags, chunks)
             if key not in index:
                 index[key] = len(groups)
                 groups.append((bag, key[1]))
-            group = by_lists[lists] = index[key]
+            group = index[key]
         of_rank.append(group)
+        before = lists
     return tuple(groups), tuple(of_rank)
 
 
@@ -233,15 +236,16 @@ def bag_numels(bag) -> tuple[float, float]:
 
 
 def bag_states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: int, loss: float,
-               ends: frozenset[int], microbatches: int, pol: Policy,
+               ends: frozenset[Part], microbatches: int, pol: Policy,
                precision: StatePrecision = StatePrecision()) -> tuple[float, ...]:
     """(params, grads, optimizer, loss, other, dense numel, expert numel) of a rank holding ``bag``."""
     dense, expert = bag_numels(bag)
     params, grads, optimizer = model_states(plan, dense, expert, dense_dp=dense_dp, expert_dp=expert_dp,
                                             microbatches=microbatches, pol=pol, precision=precision)
     last = loss if holds_last and not splits_backward(plan) else 0.0
-    blocks = [p for p, _ in bag if id(p) not in ends]
-    root = sum(_numel(p) for p, _ in bag if id(p) in ends)
+    roots = [p in ends for p, _ in bag]
+    blocks = [p for (p, _), is_root in zip(bag, roots) if not is_root]
+    root = sum(_numel(p) for (p, _), is_root in zip(bag, roots) if is_root)
     other = max((p.recompute_transient_bytes for p in blocks), default=0.0)
     biggest = max(blocks, key=_numel, default=None)
     if biggest is not None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 import yaml
 
 from autoplan.errors import UserError
 from costmodels.compute import PROFILE_DIR, ComputeProfile
+from costmodels.memo import memo
 from topologies._data import read_yaml
 from topologies.cluster import Cluster
 
@@ -96,7 +96,7 @@ def ranges(gpu: str, profile_path: str | None = None) -> tuple[Range, ...]:
     return _ranges(os.path.abspath(path) if path else "")
 
 
-@lru_cache(maxsize=None)
+@memo(64)
 def _ranges(profile_path: str) -> tuple[Range, ...]:
     merged = dict(_read(PRIORS_PATH, yaml_data=None))
     merged.update(_read("topologies/network.yaml", yaml_data=read_yaml("network.yaml").get("uncertainty", {})))

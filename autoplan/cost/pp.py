@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
 from autoplan.axes import Axis
@@ -24,6 +23,7 @@ from autoplan.cost.comms import Comms
 from autoplan.cost.types import Part
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan, recompute_layers
+from costmodels.memo import memo
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 
 ACTIVATION_BYTES = 2                    # bf16
@@ -94,7 +94,7 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
     return bags
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _chunk_kinds(order: tuple[str, ...], layers: tuple[int, ...]) -> tuple[tuple[tuple[str, int], ...], ...]:
     """Per virtual stage, (block kind, layers of it) in first-seen order."""
     out, start = [], 0
@@ -105,11 +105,14 @@ def _chunk_kinds(order: tuple[str, ...], layers: tuple[int, ...]) -> tuple[tuple
 
 
 def per_bag(bags: list[Bag], fn: Callable[[Bag], tuple]) -> list[list]:
-    """``fn(bag)`` (a tuple of sums) of every bag, ``fn`` once per distinct bag (``stage_bags``
-    gives the inner virtual stages of the same layers and policy one shared list), as one list
-    per entry of the tuple."""
-    seen: dict[int, tuple] = {}
-    rows = [seen[k] if (k := id(bag)) in seen else seen.setdefault(k, fn(bag)) for bag in bags]
+    """``fn(bag)`` (a tuple of sums) of every bag, as one list per entry of the tuple; ``fn`` once
+    per run of one shared list (``stage_bags`` gives the inner virtual stages of the same layers
+    and policy one list, and those stages follow each other)."""
+    rows: list[tuple] = []
+    before: Bag | None = None
+    for bag in bags:
+        rows.append(rows[-1] if bag is before else fn(bag))
+        before = bag
     return [list(column) for column in zip(*rows)] if rows else []
 
 

@@ -8,12 +8,14 @@ Recomputation is left out of the solve on purpose: a ``Layout`` holds one placem
 kind while recomputation may differ per pipeline stage (and the runtime does not re-shard a
 checkpointed layer), so the layout is solved without recomputation and re-priced under the
 stage's policy.  A plan's price never depends on which plans were priced before it: every
-input the solution depends on is in the cache key.
+input the solution depends on is in its key (``LayoutKey``; a priced layout's, ``ShardingKey``).
 
 Every tp collective sits on its layer's critical path (exposed = its time): Megatron's TP/SP
 collectives are not overlapped with the GEMMs that consume them.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from autoplan.axes import Axis
 from autoplan.cost.comms import AxisPricer, Comms
@@ -22,7 +24,36 @@ from autoplan.ir import OpGraph
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.sharding import BlockAssignment, BlockSharding, ShardingContext, price_assignment, solve_assignment
+from autoplan.sharding.types import SOLVE_SECONDS
 from autoplan.sharding.solve import LayoutPrices, layout_prices
+from costmodels.memo import Table
+from topologies.cluster import GroupSpan
+
+LAYOUTS_KEPT = 100_000       # solved and priced layouts kept (a search meets a few hundred)
+
+
+class LayoutKey(NamedTuple):
+    """Everything the block ILP's solution depends on besides the Estimator's options: the graph
+    (block kind, "@pre" or "@post"), the local shape it is solved at and the span of its tp group
+    (what the tp collectives' seconds read of the ranks)."""
+
+    graph: str
+    tp: int
+    sp: bool
+    span: GroupSpan
+    mbs: int
+    cp: int
+
+    @staticmethod
+    def of(graph: str, plan: Plan, span: GroupSpan) -> LayoutKey:
+        return LayoutKey(graph, plan.tp, bool(plan.sp), span, plan.mbs, plan.cp)
+
+
+class ShardingKey(NamedTuple):
+    """A solved layout priced under one recompute policy."""
+
+    layout: LayoutKey
+    recompute: str
 
 
 class BlockLayouts:
@@ -34,14 +65,21 @@ class BlockLayouts:
         self.comms = comms
         self.options = options
         self.enforce_rules = enforce_rules
-        self.assignments: dict[tuple, BlockAssignment] = {}
-        self._priced: dict[tuple, BlockSharding] = {}
-        self._prices: dict[tuple, tuple[BlockAssignment, LayoutPrices]] = {}   # by layout: _priced's key less the policy
+        self.assignments: Table[BlockAssignment] = Table("layouts.assignments", LAYOUTS_KEPT, volatile=SOLVE_SECONDS)
+        self._priced: Table[BlockSharding] = Table("layouts.priced", LAYOUTS_KEPT, volatile=SOLVE_SECONDS)
+        # a layout's prices under every policy, with the assignment they were read off
+        self._prices: Table[tuple[BlockAssignment, LayoutPrices]] = Table("layouts.prices", LAYOUTS_KEPT,
+                                                                          volatile=SOLVE_SECONDS)
         self.max_gap = 0.0                   # over every block sharding priced so far
 
-    def assignment_key(self, graph_key: str, plan: Plan, mesh: Mesh) -> tuple:
-        """Everything the block ILP's solution depends on: (kind, tp, sp, tp span, mbs, cp)."""
-        return (graph_key, plan.tp, plan.sp, self.comms.span(mesh.group(Axis.TP.value)), plan.mbs, plan.cp)
+    def assignment_key(self, graph_key: str, plan: Plan, mesh: Mesh) -> LayoutKey:
+        """The ``LayoutKey`` of one graph under ``plan``."""
+        return LayoutKey.of(graph_key, plan, self.comms.span(mesh.group(Axis.TP.value)))
+
+    def store(self, solved: list[tuple[LayoutKey, BlockAssignment]]) -> None:
+        """Remember ILP solutions solved elsewhere (the search's worker processes) under their keys."""
+        for key, assignment in solved:
+            self.assignments.put(key, assignment)
 
     def solve(self, graph: OpGraph, plan: Plan, mesh: Mesh) -> BlockAssignment:
         """Solve the block ILP at ``plan``'s local shape, without recomputation (not memoised)."""
@@ -49,25 +87,21 @@ class BlockLayouts:
 
     def sharding(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> BlockSharding:
         """The block's tp layout under ``plan``, priced at the plan's micro-batch, cp and recompute."""
-        span = self.comms.span(mesh.group(Axis.TP.value))
-        layout = (graph_key, plan.tp, plan.sp, plan.mbs, plan.cp, span)     # the policies of one layout
-        key = (*layout, recompute)                                             # share its prices
-        hit = self._priced.get(key)
-        if hit is None:
-            akey = self.assignment_key(graph_key, plan, mesh)
-            assignment = self.assignments.get(akey)
-            if assignment is None:
-                assignment = self.assignments[akey] = self.solve(graph, plan, mesh)
-            ctx = self._context(plan, recompute, mesh, span)
-            prices = self._prices.get(layout)
-            if prices is None or prices[0] is not assignment:
-                prices = self._prices[layout] = (assignment, layout_prices(graph, assignment, ctx))
-            hit = price_assignment(graph, assignment, ctx, prices[1])
-            self._priced[key] = hit
-            self.max_gap = max(self.max_gap, hit.gap)
-        return hit
+        layout = self.assignment_key(graph_key, plan, mesh)
 
-    def _context(self, plan: Plan, recompute: str, mesh: Mesh, span) -> ShardingContext:
+        def priced() -> BlockSharding:
+            assignment = self.assignments.get(layout, lambda: self.solve(graph, plan, mesh))
+            ctx = self._context(plan, recompute, mesh, layout.span)
+            prices = self._prices.get(layout, lambda: (assignment, layout_prices(graph, assignment, ctx)))
+            if prices[0] is not assignment:          # solved again since (its table started again)
+                prices = (assignment, layout_prices(graph, assignment, ctx))
+                self._prices.put(layout, prices)
+            hit = price_assignment(graph, assignment, ctx, prices[1])
+            self.max_gap = max(self.max_gap, hit.gap)
+            return hit
+        return self._priced.get(ShardingKey(layout, recompute), priced)
+
+    def _context(self, plan: Plan, recompute: str, mesh: Mesh, span: GroupSpan) -> ShardingContext:
         forbid = span.level != "nvlink" and not self.options.allow_cross_domain
         return ShardingContext(tp=plan.tp, sp=plan.sp, pricer=AxisPricer(self.comms, mesh), mbs=plan.mbs,
                                cp=plan.cp, recompute=recompute, forbid_tp_collectives=forbid and self.enforce_rules,

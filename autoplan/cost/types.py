@@ -10,6 +10,7 @@ from autoplan.cost.params import NOMINAL, Params
 from autoplan.errors import UserError
 from autoplan.sharding.ilp import BACKENDS, Backend
 from costmodels.memory import STATE_PRECISION_NAMES, StatePrecisionName
+from costmodels.memo import kept_hash, without_kept_hash
 
 DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces, NCCL buffers, fragmentation
 
@@ -43,6 +44,10 @@ class EstimateOptions:
     state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
     kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
+    # the reference path: every pipeline step simulated event by event, every schedule variant
+    # and recompute policy priced (no steady-state extrapolation, no floor, no estimate memo);
+    # the same numbers, slower (experiments/bench_search.py --worst times one against the other)
+    exact: bool = False
 
     def __post_init__(self) -> None:
         for name, (what, allowed) in CHOICES.items():
@@ -85,7 +90,9 @@ class AxisCost:
 
 @dataclass(frozen=True)
 class Part:
-    """Per-micro-batch cost of one graph (a block, or the pre/post part) under a plan."""
+    """Per-micro-batch cost of one graph (a block, or the pre/post part) under a plan.  Equal by
+    value and hashed whole, on construction: rank bags (``memory.rank_bag``) key on parts
+    thousands of times per plan."""
 
     forward_s: float
     backward_s: float
@@ -111,6 +118,18 @@ class Part:
     def work_s(self) -> float:
         """F + B + W + exposed per-layer communication, one micro-batch."""
         return self.forward_s + self.backward_s + self.wgrad_s + self.exposed_fwd_s + self.exposed_bwd_s
+
+    def __post_init__(self) -> None:
+        kept_hash(self)                          # computed now, kept on the part
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    __getstate__ = without_kept_hash
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
 
 
 @dataclass(frozen=True)

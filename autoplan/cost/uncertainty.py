@@ -22,18 +22,18 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from autoplan.axes import Axis
 from autoplan.errors import UserError
-from autoplan.cost.comms import AxisPricer, simulate_paired
+from autoplan.cost.comms import AxisPricer, Comms, simulate_paired
 from autoplan.cost.estimator import Estimator
 from autoplan.cost.params import Params, Range, ranges
 from autoplan.cost.reprice import evaluate, template
-from autoplan.cost.tp import BlockLayouts
-from autoplan.cost.types import Estimate
+from autoplan.cost.tp import LAYOUTS_KEPT, BlockLayouts, ShardingKey
+from autoplan.cost.types import Estimate, EstimateOptions
 from autoplan.ir import OpGraph
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
+from costmodels.memo import Table
 
 QUANTILES = (0.1, 0.5, 0.9)
 DEFAULT_SAMPLES = 24        # paired parameter samples a run draws (0: no bands)
@@ -96,7 +96,7 @@ class Sampler:
         self.seed = seed
         self.params = draw(ranges(base.cluster.gpu.name, base.options.profile), samples, seed)
         self._estimators: list[Estimator] | None = None
-        self._templates: dict[tuple, BlockSharding] = {}
+        self._templates: Table[BlockSharding] = Table("sampler.templates", LAYOUTS_KEPT)
 
     def estimators(self) -> list[Estimator]:
         if self._estimators is None:
@@ -135,20 +135,17 @@ def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple:
 class _SampleLayouts(BlockLayouts):
     """A sample's block layouts: the point estimator's ILP solutions, priced from shared templates."""
 
-    def __init__(self, comms, options, point: BlockLayouts, templates: dict):
+    def __init__(self, comms: Comms, options: EstimateOptions, point: BlockLayouts, templates: Table[BlockSharding]):
         super().__init__(comms, options, enforce_rules=point.enforce_rules)
         self.point = point
         self.templates = templates
 
     def sharding(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> BlockSharding:
-        span = self.comms.span(mesh.group(Axis.TP.value))
-        key = (graph_key, plan.tp, plan.sp, plan.mbs, plan.cp, recompute, span)
-        hit = self._priced.get(key)
-        if hit is None:
-            tpl = self.templates.get(key)
-            if tpl is None:
-                self.point.sharding(graph_key, graph, plan, recompute, mesh)      # solves the ILP if need be
-                assignment = self.point.assignments[self.point.assignment_key(graph_key, plan, mesh)]
-                tpl = self.templates[key] = template(graph, assignment, self._context(plan, recompute, mesh, span))
-            hit = self._priced[key] = evaluate(tpl, AxisPricer(self.comms, mesh))
-        return hit
+        key = ShardingKey(self.assignment_key(graph_key, plan, mesh), recompute)
+
+        def symbolic() -> BlockSharding:
+            self.point.sharding(graph_key, graph, plan, recompute, mesh)      # solves the ILP if need be
+            point_key = self.point.assignment_key(graph_key, plan, mesh)
+            assignment = self.point.assignments.get(point_key, lambda: self.point.solve(graph, plan, mesh))
+            return template(graph, assignment, self._context(plan, recompute, mesh, key.layout.span))
+        return self._priced.get(key, lambda: evaluate(self.templates.get(key, symbolic), AxisPricer(self.comms, mesh)))

@@ -14,7 +14,8 @@ For every micro-batch size and schedule variant (``schedule_variants``):
    (none < selective < full), read off the estimates under each uniform policy.
 3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
 
-No repeated work: estimates are memoised per Estimator; within one micro-batch size the
+No repeated work (unless ``EstimateOptions.exact``, the reference path, which prices every
+variant and policy): estimates are memoised per Estimator; within one micro-batch size the
 variants are priced best-first by ``plan_floor`` (a lower bound on the step under any
 recompute policy, without simulating), and a variant whose floor exceeds the mesh's best so
 far is not priced at all — what it could still change, ``memory_limited``, is read off the
@@ -30,24 +31,19 @@ from __future__ import annotations
 
 import math
 
-import weakref
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 import numpy as np
 
 from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
 from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lower_bound
+from autoplan.cost.memo import PlanAt
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
+from costmodels.memo import memo
 from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
-
-# False: price every variant and policy as before the bound and the memo existed — the
-# reference path experiments/bench_search.py times the search against.
-REUSE = True
-MEMO_LIMIT = 50_000        # estimates and floors kept per Estimator; cleared past it
 
 
 @dataclass(frozen=True)
@@ -95,7 +91,7 @@ def schedule_variants(pp: int, m: int, layers: int, *, schedules: tuple[str, ...
     return out
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float,
                   rank_of_chunk: tuple[int, ...], slack: int | None = None) -> tuple[int, ...]:
     """Layers per virtual stage minimising the heaviest rank's work.
@@ -180,19 +176,20 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
     skipped = 0
     limited = False
     searched = float("-inf")
+    reuse = not est.options.exact
     for lb, mbs in bounded:
         if lb >= threshold or (best is not None and lb >= best[0]):
             skipped += 1
             continue
         searched = lb
         plans = _variants(est, mesh, mbs, local_batch // mbs, schedules, max_vpp, screen)
-        for floor, fits, plan in (_best_first(est, plans, global_batch) if REUSE else
+        for floor, fits, plan in (_best_first(est, plans, global_batch) if reuse else
                                   [(0.0, True, x) for x in plans]):
             to_beat = best[0] if best is not None else float("inf")
             if floor > to_beat:   # cannot win; all it could teach is whether it needs recompute
                 limited = limited or not fits
                 continue
-            result, short, n = _best_recompute(est, plan, global_batch, to_beat if REUSE else float("inf"))
+            result, short, n = _best_recompute(est, plan, global_batch, to_beat if reuse else float("inf"))
             evaluated += n
             shortfall = min(shortfall, short)
             limited = limited or result is None or result[1].recompute != ("none",)
@@ -230,14 +227,14 @@ def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tup
 def memoised_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
     recompute policies ask for the same plans); a UserError is remembered and raised again."""
-    return _memoised(est, ("floor", plan, global_batch),
-                     lambda: plan_floor(est, plan, global_batch, memoised_memory(est, plan, global_batch)))
+    return est.memo.floors.get(PlanAt(plan, global_batch), lambda: plan_floor(
+        est, plan, global_batch, memoised_memory(est, plan, global_batch)))
 
 
 def memoised_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
     """``plan_memory``, memoised as ``memoised_floor`` (the recompute policies a plan is not
     priced under need their memory only, not a step floor)."""
-    return _memoised(est, ("memory", plan, global_batch), lambda: plan_memory(est, plan, global_batch))
+    return est.memo.memories.get(PlanAt(plan, global_batch), lambda: plan_memory(est, plan, global_batch))
 
 
 def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
@@ -289,8 +286,8 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     Memory needs no simulation (``plan_floor``), so only the chosen plan is priced — and not
     even it when its floor exceeds ``to_beat`` (the mesh's best: it cannot win, and is
     reported as not fitting, as ``_best_recompute_priced`` does).  The choice, shortfall and
-    estimate are ``_best_recompute_priced``'s (the reference path, ``REUSE`` off)."""
-    if not REUSE:
+    estimate are ``_best_recompute_priced``'s (the reference path, ``EstimateOptions.exact``)."""
+    if est.options.exact:
         return _best_recompute_priced(est, plan, global_batch, to_beat)
     mems: dict[str, Memory] = {}
     choice: list[str | None] = [None] * plan.pp
@@ -355,36 +352,16 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_bea
     return ((e.step_time_s, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
 
 
-_MEMO: "weakref.WeakKeyDictionary[Estimator, dict]" = weakref.WeakKeyDictionary()
-
-
 def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
     """``est.estimate(plan, global_batch, detail=False)``, memoised per Estimator on the plan
     (the screening pass, the refinement and the ZeRO variants of one mesh ask for the same
     plans; a UserError is remembered and raised again)."""
-    if not REUSE:
+    if est.options.exact:
         return est.estimate(plan, global_batch, detail=False)
-    return _memoised(est, (plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
+    return est.memo.estimates.get(PlanAt(plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
 
 
 def _step_time(est: Estimator, plan: Plan, global_batch: int) -> float:
     """``_estimate(...).step_time_s`` without what the step does not read (``Estimator
     .step_time_s``, equal to the bit), memoised: what the stage search compares plans by."""
-    return _memoised(est, ("step", plan, global_batch), lambda: est.step_time_s(plan, global_batch))
-
-
-def _memoised(est: Estimator, key: tuple, compute):
-    """``compute()`` remembered per Estimator under ``key`` (a UserError too, raised again)."""
-    memo = _MEMO.setdefault(est, {})
-    hit = memo.get(key)
-    if hit is None:
-        try:
-            hit = compute()
-        except UserError as err:
-            hit = err
-        if len(memo) > MEMO_LIMIT:
-            memo.clear()
-        memo[key] = hit
-    if isinstance(hit, UserError):
-        raise hit
-    return hit
+    return est.memo.steps.get(PlanAt(plan, global_batch), lambda: est.step_time_s(plan, global_batch))

@@ -58,6 +58,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, Sequence, TypeVar, get_args
 
+from costmodels.memo import Table
+
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model, cp_model_helper
 
@@ -400,15 +402,24 @@ class Skeleton(Generic[M, L]):
         out += [(r[3], v) for t, ws in zip(problem.tensors, self.w) for r, v in zip(t.redist, ws) if v >= 0]
         return out
 
+    def same_model(self, other: Skeleton[M, L]) -> bool:
+        """Whether two skeletons are one model, variable for variable and constraint for
+        constraint (the memo audit's comparison: a model object has no value equality)."""
+        return self.x == other.x and self.w == other.w and _model_text(self.model) == _model_text(other.model)
+
+
+def _model_text(model: Any) -> str:
+    """A CpModel's proto, or a ModelBuilderHelper's LP, as text."""
+    return str(model.proto) if hasattr(model, "proto") else model.export_to_lp_string()
+
 
 _NodesStructure = tuple[tuple[int, tuple[int, ...]], ...]
 _TensorsStructure = tuple[tuple[int, tuple[int, ...], tuple[tuple[int, tuple[int, ...], int], ...],
                                 tuple[tuple[int, int, int], ...], tuple[tuple[int, int], ...]], ...]
 Structure = tuple[_NodesStructure, _TensorsStructure, tuple[tuple[int, int, tuple[int, ...]], ...]]
 """``_structure``: what ``_build`` reads of a problem besides its costs."""
-
-_SKELETONS: dict[Structure, Skeleton[cp_model.CpModel, _Literal]] = {}
 _SKELETONS_LIMIT = 64                  # a skeleton holds ~0.5 MB (a 130-node MoE block); a search meets ~15
+_SKELETONS: Table[Skeleton[cp_model.CpModel, _Literal]] = Table("ilp.skeletons", _SKELETONS_LIMIT, compare=Skeleton.same_model)
 
 
 def _structure(problem: IlpProblem) -> Structure:
@@ -433,16 +444,10 @@ def built_variables(problem: IlpProblem,
     return tuple(tuple(row) for row in x), w
 
 
-def per_structure(cache: dict[Structure, S], problem: IlpProblem, make: Callable[[], S]) -> S:
-    """``make()`` remembered in ``cache`` under ``problem``'s ``_structure`` (cleared past
-    ``_SKELETONS_LIMIT`` entries): a model's variables and constraints, built once per structure."""
-    key = _structure(problem)
-    hit = cache.get(key)
-    if hit is None:
-        if len(cache) >= _SKELETONS_LIMIT:
-            cache.clear()
-        hit = cache[key] = make()
-    return hit
+def per_structure(table: Table[S], problem: IlpProblem, make: Callable[[], S]) -> S:
+    """``make()`` remembered in ``table`` under ``problem``'s ``_structure``: a model's variables
+    and constraints, built once per structure."""
+    return table.get(_structure(problem), make)
 
 
 def _skeleton(problem: IlpProblem) -> Skeleton[cp_model.CpModel, _Literal]:

@@ -22,6 +22,7 @@ from autoplan.sharding.local import SEQ_ROLES, scaled_dim
 from autoplan.sharding.price import BACKWARD_GROUP, FORWARD_GROUP
 from autoplan.sharding.strategies import legal_strategies
 from autoplan.sharding.types import ShardingContext
+from costmodels.memo import Table, memo
 
 PARAM_GRAD_ROLE = "param_grad:"    # OpGraph.output_roles labels, written by frontend/convert.py
 INPUT_GRAD_ROLE = "input_grad:"
@@ -55,6 +56,18 @@ class Read:
     views: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class PrepareKey:
+    """What a preparation reads: the graph (hashed whole, once), tp, sp, follower merging and
+    which sharded dims divide (``_divides``: everything legality reads of mbs and cp)."""
+
+    graph: OpGraph
+    tp: int
+    sp: bool
+    merge_followers: bool
+    divides: tuple[bool, ...]
+
+
 @dataclass
 class Prepared:
     graph: OpGraph
@@ -62,6 +75,7 @@ class Prepared:
     unit_of: dict[str, int]
     alias: dict[str, str]                                # deduped view -> kept view
     reads: dict[TensorRef, list[Read]]                  # base tensor -> its reads
+    key: PrepareKey | None = None                       # what it was prepared under (``prepare``)
 
 
 def dedupe_views(graph: OpGraph) -> dict[str, str]:
@@ -89,35 +103,29 @@ def prepare(graph: OpGraph, ctx: ShardingContext) -> Prepared:
     depend on: the graph, tp, sp, follower merging and which sharded dims divide (``_divides``:
     the micro-batch and cp variants of one tp sub-mesh nearly always meet on one).  The result
     is read, never changed, by its users."""
-    key = (id(graph), ctx.tp, ctx.sp, ctx.merge_followers, _divides(graph, ctx))
-    hit = _PREPARED.get(key)
-    if hit is not None and hit.graph is graph:
-        return hit
-    if len(_PREPARED) >= _PREPARED_LIMIT:
-        _PREPARED.clear()
-    out = _PREPARED[key] = _prepare(graph, ctx)
-    return out
+    key = PrepareKey(graph, ctx.tp, ctx.sp, ctx.merge_followers, _divides(graph, ctx))
+    return _PREPARED.get(key, lambda: _prepare(graph, ctx, key))
 
 
-_PREPARED: dict[tuple[int, int, bool, bool, tuple[bool, ...]], Prepared] = {}
-_PREPARED_LIMIT = 1024
-_SCALED: dict[int, tuple[OpGraph, tuple[tuple[int, str], ...]]] = {}
+_PREPARED: Table[Prepared] = Table("sharding.prepared", 1024)
 
 
 def _divides(graph: OpGraph, ctx: ShardingContext) -> tuple[bool, ...]:
     """Per distinct (size, role) of the graph's dims that scale with the micro-batch or cp
     (``local.local_dim``): whether tp divides its local size, as ``strategies.placement_ok``
     asks — everything legality reads of mbs and cp."""
-    hit = _SCALED.get(id(graph))
-    if hit is None or hit[0] is not graph:
-        dims = sorted({(size, role) for n in graph.nodes for t in n.outputs if t is not None
-                       for size, role in zip(t.shape, t.dim_roles) if role in ("batch", *SEQ_ROLES)})
-        hit = _SCALED[id(graph)] = (graph, tuple(dims))
-    locals_ = (scaled_dim(size, role, ctx.mbs, ctx.cp) for size, role in hit[1])
+    locals_ = (scaled_dim(size, role, ctx.mbs, ctx.cp) for size, role in _scaled_dims(graph))
     return tuple(local >= ctx.tp and float(local / ctx.tp).is_integer() for local in locals_)
 
 
-def _prepare(graph: OpGraph, ctx: ShardingContext) -> Prepared:
+@memo(1024)
+def _scaled_dims(graph: OpGraph) -> tuple[tuple[int, str], ...]:
+    """The distinct (size, role) of the graph's dims that scale with the micro-batch or cp."""
+    return tuple(sorted({(size, role) for n in graph.nodes for t in n.outputs if t is not None
+                         for size, role in zip(t.shape, t.dim_roles) if role in ("batch", *SEQ_ROLES)}))
+
+
+def _prepare(graph: OpGraph, ctx: ShardingContext, key: PrepareKey | None = None) -> Prepared:
     alias = dedupe_views(graph)
     nodes = [n for n in graph.nodes if n.name not in alias and n.op != "output"]
     units: list[Unit] = []
@@ -135,7 +143,7 @@ def _prepare(graph: OpGraph, ctx: ShardingContext) -> Prepared:
         else:
             unit_of[n.name] = len(units)
             units.append(Unit(n.name, [n.name], [{n.name: s} for s in ok]))
-    return Prepared(graph, units, unit_of, alias, reads_of(graph, nodes, alias, unit_of))
+    return Prepared(graph, units, unit_of, alias, reads_of(graph, nodes, alias, unit_of), key)
 
 
 

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplan.sharding.ilp import IlpProblem, IlpSolution, Skeleton, built_variables, evaluate, feasible, per_structure
+from autoplan.sharding.ilp import (_SKELETONS_LIMIT, IlpProblem, IlpSolution, Skeleton, built_variables, evaluate,
+                                   feasible, per_structure)
+from costmodels.memo import Table
 
 if TYPE_CHECKING:
     from ortools.linear_solver.python import model_builder_helper
 
-    from autoplan.sharding.ilp import Structure
 
 INTEGRAL_TOL = 1e-6      # an x within this of 0 or 1 is read as that integer
 REL_TOL = 1e-9           # the certificate: the assignment's objective within this of the LP bound
@@ -72,7 +73,8 @@ class _Rows:
         self.fixed.append(v)
 
 
-_LP_SKELETONS: dict[Structure, Skeleton[model_builder_helper.ModelBuilderHelper, int]] = {}
+_LP_SKELETONS: Table[Skeleton[model_builder_helper.ModelBuilderHelper, int]] = Table(
+    "relaxation.skeletons", _SKELETONS_LIMIT, compare=Skeleton.same_model)
 
 
 def _lp_skeleton(problem: IlpProblem) -> Skeleton[model_builder_helper.ModelBuilderHelper, int]:

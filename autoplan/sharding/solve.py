@@ -19,7 +19,8 @@ from autoplan.sharding.prepare import (Prepared, Read, dedupe_views, is_unary_el
 from autoplan.sharding.price import (NodeCost, OpCollective, Redistribution, memory_price, node_cost, node_prices,
                                     redistribution_cost, redistribution_pricer, redistribution_runs)
 from autoplan.sharding.strategies import replicated
-from autoplan.sharding.types import BlockAssignment, BlockSharding, Collective, ShardingContext
+from autoplan.sharding.types import SOLVE_SECONDS, BlockAssignment, BlockSharding, Collective, ShardingContext
+from costmodels.memo import Table, memo
 
 _EMPTY_SIZE = {"nodes": 0, "x_vars": 0, "e_vars": 0, "w_vars": 0, "constraints": 0}
 
@@ -60,16 +61,18 @@ class _TensorShape:
     forbidden: tuple[tuple[int, int], ...]              # the (a, b) of pairs, under the NVLink rule
 
 
-_TENSOR_SHAPES: dict[int, tuple[Prepared, tuple[_TensorShape, ...]]] = {}
-_TENSOR_SHAPES_LIMIT = 1024
+_TENSOR_SHAPES: Table[tuple[_TensorShape, ...]] = Table("sharding.tensor_shapes", 1024)
 
 
 def _tensor_shapes(prep: Prepared) -> tuple[_TensorShape, ...]:
-    """``_TensorShape`` of every tensor the ILP prices, memoised on the prepared graph's identity
-    (kept with the entry, so an id is never reused while cached; ``prepare`` memoises it)."""
-    hit = _TENSOR_SHAPES.get(id(prep))
-    if hit is not None and hit[0] is prep:
-        return hit[1]
+    """``_TensorShape`` of every tensor the ILP prices, memoised on the key ``prepare`` prepared
+    it under (a preparation made outside ``prepare`` is not remembered)."""
+    if prep.key is None:
+        return _tensor_shapes_of(prep)
+    return _TENSOR_SHAPES.get(prep.key, lambda: _tensor_shapes_of(prep))
+
+
+def _tensor_shapes_of(prep: Prepared) -> tuple[_TensorShape, ...]:
     g = prep.graph
 
     def unit_strategies(read: Read) -> list[Callable[[str], Strategy]]:
@@ -95,9 +98,6 @@ def _tensor_shapes(prep: Prepared) -> tuple[_TensorShape, ...]:
                       for a in names for b in names if a != b and redistribution(names[a], names[b]) is not None)
         out.append(_TensorShape(ref, f"{ref.node}:{ref.index}", pu, out_pl, rows, pairs,
                                 tuple(sorted({(a, b) for a, b, *_ in pairs}))))
-    if len(_TENSOR_SHAPES) >= _TENSOR_SHAPES_LIMIT:
-        _TENSOR_SHAPES.clear()
-    _TENSOR_SHAPES[id(prep)] = (prep, tuple(out))
     return tuple(out)
 
 
@@ -140,10 +140,7 @@ def solve_assignment(graph: OpGraph, ctx: ShardingContext) -> BlockAssignment:
     return BlockAssignment(choice, sol.objective, sol.gap, sol.solve_seconds, sol.status, problem.size)
 
 
-_SOLVED: dict[tuple[ilp.IlpProblem, str, float], ilp.IlpSolution] = {}
-_SOLVED_LIMIT = 4096
-
-
+@memo(4096, volatile=SOLVE_SECONDS)
 def solve_problem(problem: ilp.IlpProblem, backend: str, time_limit_s: float) -> ilp.IlpSolution:
     """``ilp.solve``, remembered by exactly what its answer depends on: the problem itself (every
     cost, placement, read and forbidden choice, the memory row) and the solver settings.  The
@@ -152,14 +149,7 @@ def solve_problem(problem: ilp.IlpProblem, backend: str, time_limit_s: float) ->
     again.  Contexts meet on one problem where nothing they differ in reaches the ILP: e.g.
     a head without attention (``@post``) prices tokens per GPU, ``mbs / cp``, alone, so
     (mbs 2, cp 2) is (mbs 1, cp 1) there whenever the local dims divide alike."""
-    key = (problem, backend, time_limit_s)
-    hit = _SOLVED.get(key)
-    if hit is None:
-        hit = ilp.solve(problem, backend, time_limit_s)
-        if len(_SOLVED) >= _SOLVED_LIMIT:
-            _SOLVED.clear()
-        _SOLVED[key] = hit
-    return hit
+    return ilp.solve(problem, backend, time_limit_s)
 
 
 @dataclass(frozen=True)
@@ -253,24 +243,14 @@ class _LayoutReads:
     held: tuple[TensorRef, ...]                         # ``OpGraph.wgrad_held_outputs`` by (node name, index)
 
 
-_LAYOUT_READS: dict[int, tuple[OpGraph, BlockAssignment, _LayoutReads]] = {}
-_LAYOUT_READS_LIMIT = 4096
-
-
+@memo(4096, volatile=SOLVE_SECONDS)
 def _layout_reads(g: OpGraph, assignment: BlockAssignment) -> _LayoutReads:
-    """``_LayoutReads`` of one (graph, assignment), memoised on the pair's identity (both are
-    kept with the entry, so an id is never reused while cached)."""
-    hit = _LAYOUT_READS.get(id(assignment))
-    if hit is not None and hit[0] is g and hit[1] is assignment:
-        return hit[2]
+    """``_LayoutReads`` of one (graph, assignment), memoised on the pair (each hashed whole, once)."""
     chosen = assignment.choice
     alias = dedupe_views(g)
     nodes = tuple((g.node(name), s) for name, s in chosen.items() if name not in alias)
     out = _LayoutReads(nodes, tuple(_redistributions(g, chosen, alias)),
                        tuple(sorted(g.wgrad_held_outputs(), key=lambda r: (r.node, r.index))))
-    if len(_LAYOUT_READS) > _LAYOUT_READS_LIMIT:
-        _LAYOUT_READS.clear()
-    _LAYOUT_READS[id(assignment)] = (g, assignment, out)
     return out
 
 

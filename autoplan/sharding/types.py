@@ -11,6 +11,7 @@ from typing import Protocol
 
 from autoplan.axes import Axis
 from autoplan.ir import Strategy
+from costmodels.memo import kept_hash, without_kept_hash
 
 Gemm = tuple[float, float, float]
 """A GEMM's local (M, N, K) on one GPU (batch folded into M)."""
@@ -31,6 +32,9 @@ class Pricer(Protocol):
 # Tie-break toward lower activation memory when two layouts cost the same seconds: one second
 # per 10¹⁵ bytes, far below any real time difference (a microsecond is worth a gigabyte).
 MEMORY_TIE_BREAK_S_PER_BYTE = 1e-15
+
+
+SOLVE_SECONDS = ("solve_seconds",)   # what a solve measures, not what it finds: the memo audit skips it
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,8 @@ class BlockSharding:
 
 @dataclass(frozen=True)
 class BlockAssignment:
-    """A solved ILP: the strategy of every node of one block graph on its tp axis."""
+    """A solved ILP: the strategy of every node of one block graph on its tp axis.  Hashed by
+    its choice, once (it keys the memo of what pricing it reads, ``solve._layout_reads``)."""
 
     choice: dict[str, Strategy]
     objective_s: float
@@ -113,3 +118,8 @@ class BlockAssignment:
     solve_seconds: float
     status: str
     ilp_size: dict[str, int]
+
+    def __hash__(self) -> int:
+        return kept_hash(self, lambda a: tuple(a.choice.items()))
+
+    __getstate__ = without_kept_hash

@@ -36,17 +36,15 @@ in another order than the simulation, so callers leave a relative margin (1e-9).
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Sequence
 
+from costmodels.memo import memo
 from costmodels.pipeline import steady
 from costmodels.pipeline.events import _peak_in_flight, compile_schedule
 from costmodels.pipeline.schedules import get_spec, shared_orders, stage_rank
-from costmodels.pipeline.shared import shared
 
 
-@lru_cache(maxsize=1024)
-@shared
+@memo(1024, shared=True)
 def peak_activations(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
     """Per-rank peak live forward chunks of the schedule's order (module docstring)."""
     get_spec(schedule).check(p, m, v)
@@ -102,7 +100,7 @@ def _paired_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[float
     return max(head[own[0]] + m * sum((f[s] - fc[s]) + (b[s] - bc[s]) + w[s] for s in own) for own in stages_of)
 
 
-@lru_cache(maxsize=1024)
+@memo(1024)
 def _placement(schedule: str, p: int, v: int) -> tuple[tuple[bool, ...], tuple[tuple[int, ...], ...]]:
     """(whether boundary s → s+1 joins two ranks, per virtual stage; each rank's stages)."""
     n = p * v

@@ -10,19 +10,19 @@ at max(its rank free, each remote input's end + p2p) + its duration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
+from costmodels.memo import memo
 from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, Action, RankOrder, get_spec,
                                            shared_orders, stage_rank)
-from costmodels.pipeline.shared import shared
 
 
-@dataclass(frozen=True, eq=False)   # identity hash: cached per shape
+@dataclass(frozen=True, eq=False)
 class Compiled:
-    """A schedule's actions in a topological order, as flat lists indexed by position."""
+    """A schedule's actions in a topological order, as flat lists indexed by position.  Equal
+    (and hashed) by ``shape``, what it was compiled from: memos of it key on that value."""
 
     rank: list[int]              # rank of each action
     dep1: list[int]              # position of the first cross-rank input, -1 if none
@@ -39,6 +39,13 @@ class Compiled:
     ops: list[tuple[tuple[int, int, int], ...]]   # ops of each action, for the timeline
     peak: tuple[int, ...]
     op_table: np.ndarray         # (actions, 2, 3): each action's ops (kind, micro-batch, stage); no second: −1
+    shape: tuple[str, int, int, int]   # (schedule, pp, m, chunks): compile_schedule's arguments
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Compiled) and self.shape == other.shape
+
+    def __hash__(self) -> int:
+        return hash(self.shape)
 
 
 def _deadlock_error(schedule: str, orders: list[RankOrder], ptr: list[int]) -> RuntimeError:
@@ -48,8 +55,7 @@ def _deadlock_error(schedule: str, orders: list[RankOrder], ptr: list[int]) -> R
                         f"blocked heads: {'; '.join(heads[:6])}")
 
 
-@lru_cache(maxsize=512)  # ~2.5 MB per entry at pp=16, m=128, v=3; most are far smaller
-@shared
+@memo(512, shared=True)  # ~2.5 MB per entry at pp=16, m=128, v=3; most are far smaller
 def compile_schedule(schedule: str, p: int, m: int, v: int) -> Compiled:
     """The schedule's orders as a ``Compiled`` DAG: every action numbered (rank by rank),
     each op's provider and input found with array arithmetic (``_inputs``), then the
@@ -90,7 +96,7 @@ def compile_schedule(schedule: str, p: int, m: int, v: int) -> Compiled:
     table[ops[~later, 0], 0] = ops[~later, 1:]
     table[ops[later, 0], 1] = ops[later, 1:]
     return _flat(schedule, orders, act_ops, rank, rank_ids, topo, pos, (first, first_b, second, second_b),
-                 _peaks_of(ops, rank, p), table)
+                 _peaks_of(ops, rank, p), table, (schedule, p, m, v))
 
 
 def _inputs(schedule: str, ops: np.ndarray, n_stages: int, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +179,7 @@ def _peaks_of(ops: np.ndarray, act_rank: np.ndarray, p: int) -> tuple[int, ...]:
 def _flat(schedule: str, orders: list[RankOrder], act_ops: list[Action], act_rank: np.ndarray,
           rank_ids: list[list[int]], topo: np.ndarray, pos: np.ndarray,
           inputs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], peak: tuple[int, ...],
-          table: np.ndarray) -> Compiled:
+          table: np.ndarray, shape: tuple[str, int, int, int]) -> Compiled:
     """The ``Compiled`` arrays in topological order.  Inputs on the same rank ran earlier in its
     order (the sort checked it), so the rank's own clock already covers them; only remote inputs
     are kept."""
@@ -195,7 +201,7 @@ def _flat(schedule: str, orders: list[RankOrder], act_ops: list[Action], act_ran
     return Compiled(rank.tolist(), dep1.tolist(), dep2.tolist(), bnd1, bnd2, np.where(paired, -1, table[:, 0, 0]),
                     table[:, 0, 2].copy(), pair_pos, table[pair_pos, 0, 2], table[pair_pos, 1, 2],
                     [int(pos[ids[0]]) for ids in rank_ids], [int(pos[ids[-1]]) for ids in rank_ids],
-                    ops, peak, table)
+                    ops, peak, table, shape)
 
 
 def rank_predecessors(comp: Compiled) -> np.ndarray:

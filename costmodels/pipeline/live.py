@@ -29,13 +29,12 @@ built for that size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
+from costmodels.memo import memo
 from costmodels.pipeline.schedules import B, BW, F, W, build_orders, get_spec, shared_orders
-from costmodels.pipeline.shared import shared
 from costmodels.pipeline.steady import reduced_sizes
 
 
@@ -47,9 +46,9 @@ class LivePeak:
     alive: dict[int, int]          # virtual stage -> micro-batches alive at the peak
 
 
-@lru_cache(maxsize=256)
 def _events(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], ...]:
-    """Per rank, per action: (stages whose forward it starts, stages whose activations it frees)."""
+    """Per rank, per action: (stages whose forward it starts, stages whose activations it frees):
+    the walk ``_walk`` vectorises, the reference its tests compare with."""
     split = get_spec(schedule).split_backward
     frees = (W,) if split else (BW,)
     out = []
@@ -78,8 +77,7 @@ class _Walk:
     checks: np.ndarray       # (ranks, checkpoints) int
 
 
-@lru_cache(maxsize=64)
-@shared
+@memo(64, shared=True)
 def _walk(schedule: str, p: int, m: int, v: int) -> _Walk:
     """``_Walk`` of the orders with array arithmetic: every op as (rank, action, kind, stage),
     the additions (F: code s, B: 2S + s) before the frees (S + s, W: 3S + s, B: 4S + s) of each
@@ -172,7 +170,7 @@ def _split(schedule: str, stage_bytes: Sequence[float], split_bytes: Sequence[fl
     return tuple(split_bytes)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...],
            held_bytes: tuple[float, ...], freed_bytes: tuple[float, ...],
            loss_bytes: tuple[float, ...]) -> tuple[LivePeak, ...]:
@@ -197,7 +195,7 @@ def _peaks(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, .
     return tuple(LivePeak(x, held[r]) if x > 0.0 else LivePeak(0.0, {}) for r, x in enumerate(best.tolist()))
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _bytes(schedule: str, p: int, size: int, v: int, stage_bytes: tuple[float, ...],
            held_bytes: tuple[float, ...], freed_bytes: tuple[float, ...],
            loss_bytes: tuple[float, ...]) -> tuple[float, ...]:

@@ -22,10 +22,9 @@ same sums as ``events._run`` takes, so every entry is ``simulator._simulated``'s
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
+from costmodels.memo import memo
 from costmodels.pipeline import steady
 from costmodels.pipeline.events import Compiled, StageTimes, compile_schedule, durations, rank_predecessors
 
@@ -93,7 +92,7 @@ def _columns(comp: Compiled, durs: list[np.ndarray],
     return n, np.stack(durs, axis=1), np.stack([t.p2p for t in times], axis=1), end
 
 
-@lru_cache(maxsize=256)
+@memo(256)
 def _period_levels(comp: Compiled, per: steady.Period) -> _Levels:
     """``_run_levels``' tables of one period's actions (``steady.period_part``)."""
     return _levels_of(steady.period_part(comp, per), len(comp.rank))
@@ -117,7 +116,7 @@ def simulate_all(schedule: str, p: int, m: int, v: int, times: list[StageTimes])
     return out
 
 
-@lru_cache(maxsize=64)
+@memo(64)
 def _whole_step_levels(comp: Compiled) -> _Levels:
     """``_run_levels``' tables of every action of ``comp``: its rank predecessor is the rank's
     previous action in the topological order (which keeps each rank's order)."""
@@ -151,7 +150,7 @@ def _period_matrices(comp: Compiled, per: steady.Period, durs: list[np.ndarray],
     return forms[:, rows[1]]
 
 
-@lru_cache(maxsize=256)
+@memo(256)
 def _level_tables(comp: Compiled, per: steady.Period) -> tuple[_Levels, ...]:
     """Per part (the past C_T, the tail): per level (positions, rank predecessor, remote inputs
     1 and 2, their p2p boundaries), the missing predecessor mapped to row n (end 0) and a missing

@@ -36,8 +36,9 @@ References (read to get the orders right; the code below is our own):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
+
+from costmodels.memo import memo
 
 F, B, W, BW = 0, 1, 2, 3
 KIND_NAMES = ("F", "B", "W", "BW")
@@ -463,7 +464,7 @@ def build_orders(schedule: str, stages: int, microbatches: int, chunks: int) -> 
     return _GENERATORS[schedule](stages, microbatches, chunks)
 
 
-@lru_cache(maxsize=8)
+@memo(8)
 def shared_orders(schedule: str, stages: int, microbatches: int, chunks: int) -> list[RankOrder]:
     """``build_orders``, remembered for the few shapes in use: one shape's compiled order, live
     walk and in-flight counts each read its orders (read-only: callers never change them)."""

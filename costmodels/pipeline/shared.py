@@ -3,12 +3,13 @@
 A pipeline shape's pure functions — its compiled order (``events.compile_schedule``), its
 steady-state period (``steady.find_period``), its live-memory walk (``live._walk``) and its
 in-flight counts (``bounds.peak_activations``) — cost tens of milliseconds each, and every worker
-of a search needs many of the same few dozen.  Each process keeps its own ``lru_cache`` of them;
-without this each worker rebuilt the shapes a sibling had already built.
+of a search needs many of the same few dozen.  Each process keeps its own memo of them
+(``costmodels.memo.memo(limit, shared=True)``); without this each worker rebuilt the shapes a
+sibling had already built.
 
-``shared(fn)`` goes under the ``lru_cache``: while ``sharing(directory)`` is open (the search
-opens it before it forks its workers, which inherit it), a miss reads
-``directory/<fn>-<digest of its arguments>.pkl`` where a sibling wrote it, else computes the
+``read_or_build`` is what such a memo does on a miss: while ``sharing()`` is open (the search
+opens it before it forks its workers, which inherit it), it reads
+``directory/<name>-<digest of the arguments>.pkl`` where a sibling wrote it, else computes the
 result and writes it (to a temporary name, then renamed: a reader sees a whole file or none).
 A process about to compute claims the name first (``<name>.claim``, created exclusively); a
 sibling that finds the claim waits for the file instead of building the same shape at the same
@@ -16,11 +17,10 @@ time, and builds it itself if the claim goes away without one (the builder faile
 ``WAIT_S``.  Waits cannot cycle: a shared function only calls shared functions of later stages
 (in-flight counts → period → compiled order), and a process waits on nothing while it holds a
 claim of the last stage.  The results are pure functions of their arguments, so which process
-built one changes no number; with no directory open, ``fn`` runs as written.
+built one changes no number; with no directory open, ``compute`` runs as written.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import pickle
@@ -29,40 +29,35 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any
 
 _DIRECTORY: str | None = None
-F = TypeVar("F", bound=Callable[..., Any])
 
 
-def shared(fn: F) -> F:
-    """``fn`` (positional arguments of stable ``repr``) cached in the open sharing directory."""
-    name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any) -> Any:
-        directory = _DIRECTORY
-        if directory is None:
-            return fn(*args)
-        path = os.path.join(directory, f"{name}-{hashlib.sha1(repr(args).encode()).hexdigest()}.pkl")
-        hit = _read(path)
-        if hit is None and not _claim(path):
-            hit = _wait(path)
-        if hit is not None:
-            return hit[0]
+def read_or_build(name: str, args: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+    """``compute()``, the result of function ``name`` on ``args`` (positional arguments of
+    stable ``repr``), read from the open sharing directory where a sibling built it."""
+    directory = _DIRECTORY
+    if directory is None:
+        return compute()
+    path = os.path.join(directory, f"{name}-{hashlib.sha1(repr(args).encode()).hexdigest()}.pkl")
+    hit = _read(path)
+    if hit is None and not _claim(path):
+        hit = _wait(path)
+    if hit is not None:
+        return hit[0]
+    try:
+        out = compute()
+        partial = f"{path}.{os.getpid()}"
         try:
-            out = fn(*args)
-            partial = f"{path}.{os.getpid()}"
-            try:
-                with open(partial, "wb") as f:
-                    pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
-                os.replace(partial, path)
-            except OSError:          # a full or vanished directory: the result still stands
-                pass
-        finally:
-            _release(path)
-        return out
-    return cast(F, wrapper)
+            with open(partial, "wb") as f:
+                pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(partial, path)
+        except OSError:          # a full or vanished directory: the result still stands
+            pass
+    finally:
+        _release(path)
+    return out
 
 
 WAIT_S = 60.0           # longest wait for a sibling's claimed result before building it here

@@ -21,9 +21,10 @@ in-flight count; costmodels.pipeline.events) depends only on (schedule, pp, m, c
 is cached; a call then does one pass over the actions.  A long step is not simulated in
 full: costmodels.pipeline.steady simulates a short one (about pp to 4·pp micro-batches)
 and inserts the missing steady-state periods through one period's max-plus matrix —
-exact, and its cost does not grow with m.  ``simulate(..., full=True)`` runs every action.
-``simulate_many`` prices one shape under many stage times (a band's samples) at once
-(costmodels.pipeline.paired), each result the one ``simulate`` gives.
+exact, and its cost does not grow with m.  ``simulate(..., exact=True)`` runs every action:
+the reference path the extrapolation is tested against.  ``simulate_many`` prices one shape
+under many stage times (a band's samples) at once (costmodels.pipeline.paired), each result
+the one ``simulate`` gives.
 """
 from __future__ import annotations
 
@@ -36,11 +37,6 @@ from costmodels.pipeline import paired, steady
 from costmodels.pipeline.events import StageTimes, durations, run_compiled
 from costmodels.pipeline.events import compile_schedule as _compile
 from costmodels.pipeline.schedules import KIND_NAMES, get_spec
-
-
-# False: every step simulated event by event, as before costmodels.pipeline.steady existed —
-# the reference path experiments/bench_search.py times the extrapolation against.
-EXTRAPOLATE = True
 
 
 class TimelineEntry(NamedTuple):
@@ -153,7 +149,7 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
              f: Sequence[float], b: Sequence[float], w: Sequence[float],
              p2p: float | Sequence[float] = 0.0,
              f_comm: Sequence[float] | None = None, b_comm: Sequence[float] | None = None,
-             keep_timeline: bool = False, full: bool = False) -> PipelineResult:
+             keep_timeline: bool = False, exact: bool = False) -> PipelineResult:
     """Simulate one training step of ``schedule`` and return its timing and memory.
 
     ``stages`` = pp (ranks), ``chunks`` = virtual stages per rank, ``microbatches`` = m.
@@ -167,12 +163,12 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
     schedule's order deadlocks (a bug).
 
     Without a timeline, a long step is priced from a shorter one plus whole steady-state
-    periods (costmodels.pipeline.steady: exact, cost independent of m); ``full=True``
-    forces the event-by-event simulation of all m micro-batches.
+    periods (costmodels.pipeline.steady: exact, cost independent of m); ``exact=True``
+    forces the event-by-event simulation of all m micro-batches (the reference path).
     """
     get_spec(schedule).check(stages, microbatches, chunks)
     times = _stage_times(stages * chunks, f, b, w, p2p, f_comm, b_comm)
-    if EXTRAPOLATE and not (keep_timeline or full):
+    if not (keep_timeline or exact):
         fast = steady.extrapolate(schedule, stages, microbatches, chunks, times)
         if fast is not None:
             step, steady_step, busy, peak = fast
@@ -182,20 +178,20 @@ def simulate(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
 
 
 def simulate_many(schedule: str, *, stages: int, microbatches: int, chunks: int = 1,
-                  runs: Sequence[dict[str, Any]]) -> list[PipelineResult]:
-    """``simulate(schedule, stages=…, microbatches=…, chunks=…, **run)`` for every ``run`` (its
-    f, b, w, p2p, f_comm, b_comm), equal to the bit: one shape under many stage times (a band's
-    paired samples) extrapolated at once where it extrapolates, else simulated whole at once
-    (``costmodels.pipeline.paired``); with ``EXTRAPOLATE`` off, each run on its own."""
+                  runs: Sequence[dict[str, Any]], exact: bool = False) -> list[PipelineResult]:
+    """``simulate(schedule, stages=…, microbatches=…, chunks=…, exact=exact, **run)`` for every
+    ``run`` (its f, b, w, p2p, f_comm, b_comm), equal to the bit: one shape under many stage times
+    (a band's paired samples) extrapolated at once where it extrapolates, else simulated whole at
+    once (``costmodels.pipeline.paired``); with ``exact``, each run on its own."""
     get_spec(schedule).check(stages, microbatches, chunks)
     times = [_stage_times(stages * chunks, r["f"], r["b"], r["w"], r.get("p2p", 0.0), r.get("f_comm"),
                           r.get("b_comm")) for r in runs]
-    fast = paired.extrapolate_many(schedule, stages, microbatches, chunks, times) if EXTRAPOLATE and len(runs) > 1 \
-        else [None] * len(runs)
-    if EXTRAPOLATE and len(runs) > 1 and fast[0] is None:
+    batched = not exact and len(runs) > 1
+    fast = paired.extrapolate_many(schedule, stages, microbatches, chunks, times) if batched else [None] * len(runs)
+    if batched and fast[0] is None:
         fast = paired.simulate_all(schedule, stages, microbatches, chunks, times)
     return [PipelineResult(schedule, stages, microbatches, chunks, *x) if x is not None
-            else simulate(schedule, stages=stages, microbatches=microbatches, chunks=chunks, **r)
+            else simulate(schedule, stages=stages, microbatches=microbatches, chunks=chunks, exact=exact, **r)
             for x, r in zip(fast, runs)]
 
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import cast
 
 import numpy as np
@@ -53,7 +52,7 @@ import numpy as np
 from costmodels.pipeline.events import (Compiled, StageTimes, compile_schedule, durations,
                                         rank_predecessors, run_compiled)
 from costmodels.pipeline.schedules import get_spec, interleaved_group_size
-from costmodels.pipeline.shared import shared
+from costmodels.memo import memo
 
 REL_TOL = 1e-12       # iterates repeat to this share of the step's largest end time
 
@@ -61,9 +60,10 @@ Summary = tuple[float, float, tuple[float, ...], tuple[int, ...]]
 """(step time, steady step time, busy seconds per rank, peak activations per rank)."""
 
 
-@dataclass(frozen=True, eq=False)   # identity hash: cached per shape
+@dataclass(frozen=True, eq=False)
 class Period:
-    """Where the compiled m_s step is split (module docstring)."""
+    """Where the compiled m_s step is split (module docstring).  Equal (and hashed) by
+    ``shape``, what it was found for: memos of it key on that value."""
 
     split: int                  # T = S + c
     frontier: np.ndarray        # positions of F_S
@@ -72,6 +72,13 @@ class Period:
     reach: np.ndarray           # _Graph.reach: actions with reach >= T are the tail
     prev: list[int]             # rank predecessor of every action (−1: none)
     tail_size: int              # actions with reach >= T
+    shape: tuple[str, int, int, int, int]   # (schedule, pp, m_s, chunks, c): find_period's arguments
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Period) and self.shape == other.shape
+
+    def __hash__(self) -> int:
+        return hash(self.shape)
 
 
 def period_microbatches(schedule: str, p: int, m: int) -> int | None:
@@ -101,7 +108,7 @@ def reduced_sizes(schedule: str, p: int, m: int, v: int) -> list[int]:
     return [m_s] if m_s is not None and m_s < m else []
 
 
-@lru_cache(maxsize=256)
+@memo(256)
 def short_size(schedule: str, p: int, v: int, c: int, residue: int) -> int | None:
     """Smallest m_s ≡ residue (mod c), from _FIRST on (at most 4 periods more), for which
     ``find_period`` finds a split (and, interleaved, the group size is still c)."""
@@ -115,8 +122,7 @@ def short_size(schedule: str, p: int, v: int, c: int, residue: int) -> int | Non
     return None
 
 
-@lru_cache(maxsize=256)
-@shared
+@memo(256, shared=True)
 def find_period(schedule: str, p: int, m_s: int, v: int, c: int) -> Period | None:
     """The latest split S of the compiled m_s step whose structure satisfies the module
     docstring's conditions for a period of c micro-batches, or None.  Every rank's last
@@ -133,7 +139,7 @@ def find_period(schedule: str, p: int, m_s: int, v: int, c: int) -> Period | Non
         image = valid[front]
         if np.array_equal(np.sort(image), nxt):
             return Period(s_split + c, front, image, period, g.reach, g.preds[:, 0].tolist(),
-                          int(np.count_nonzero(g.reach >= s_split + c)))
+                          int(np.count_nonzero(g.reach >= s_split + c)), (schedule, p, m_s, v, c))
     return None
 
 
@@ -155,7 +161,7 @@ class _Graph:
     where: np.ndarray        # (4, stages, m)
 
 
-@lru_cache(maxsize=64)
+@memo(64)
 def _graph(schedule: str, p: int, m_s: int, v: int) -> _Graph:
     comp = compile_schedule(schedule, p, m_s, v)
     n = len(comp.ops)
@@ -276,7 +282,7 @@ def _run_periods(per: Period, part: "_Part", dur_arr: np.ndarray, end: list[floa
     return [work[q] for q in image]
 
 
-@lru_cache(maxsize=256)
+@memo(256)
 def period_part(comp: Compiled, per: Period) -> "_Part":
     """The ``_Part`` of one period's actions (C_T − C_S)."""
     return part_of(comp, np.asarray(per.prev), per.period)
@@ -348,7 +354,7 @@ _PeriodRows = tuple[list[tuple[int, ...]], list[int], tuple[tuple[np.ndarray, np
 """``_period_rows``: (input rows per period action, rows of σ F_S, levels (positions, input rows))."""
 
 
-@lru_cache(maxsize=256)
+@memo(256)
 def _period_rows(comp: Compiled, per: Period) -> _PeriodRows | None:
     """For ``_period_matrix``: per period action the rows of its rank predecessor and remote
     inputs (−1: the −inf row), the rows of σ F_S, and the period's levels — (positions in the
@@ -491,7 +497,7 @@ class _Part:
     level_starts: np.ndarray
 
 
-@lru_cache(maxsize=256)
+@memo(256)
 def _parts(comp: Compiled, per: Period) -> tuple[_Part, _Part, np.ndarray]:
     """(the past C_T: actions with reach < T, the tail: the others, every action's rank).
     C_T is down-closed, so its actions wait only on its own; the tail waits on its own and on

@@ -78,5 +78,5 @@ def test_a_shape_that_does_not_extrapolate_is_simulated_whole_for_every_sample_a
     runs = [dict(f=t.f.tolist(), b=t.b.tolist(), w=t.w.tolist(), p2p=t.p2p[:p * v - 1].tolist(),
                  f_comm=t.f_comm.tolist(), b_comm=t.b_comm.tolist()) for t in times]
     got = simulate_many(schedule, stages=p, microbatches=m, chunks=v, runs=runs)
-    want = [simulate(schedule, stages=p, microbatches=m, chunks=v, full=True, **r) for r in runs]
+    want = [simulate(schedule, stages=p, microbatches=m, chunks=v, exact=True, **r) for r in runs]
     assert got == want

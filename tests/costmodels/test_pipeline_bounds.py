@@ -41,9 +41,9 @@ def test_peak_without_simulation_equals_the_simulated_peak(schedule):
     for p, v, m in _shapes(schedule):
         n = p * v
         ones = [1.0] * n
-        for full in (False, True):
-            sim = simulate(schedule, stages=p, microbatches=m, chunks=v, f=ones, b=ones, w=ones, full=full)
-            assert peak_activations(schedule, p, m, v) == sim.peak_activations, (p, v, m, full)
+        for exact in (False, True):
+            sim = simulate(schedule, stages=p, microbatches=m, chunks=v, f=ones, b=ones, w=ones, exact=exact)
+            assert peak_activations(schedule, p, m, v) == sim.peak_activations, (p, v, m, exact)
 
 
 @pytest.mark.parametrize("schedule", sorted(CHUNKS))
@@ -53,7 +53,7 @@ def test_makespan_bound_never_exceeds_the_simulated_step(schedule):
         for mode in ("equal", "head", "random", "random"):
             f, b, w, p2p = _times(rng, p * v, mode)
             step = simulate(schedule, stages=p, microbatches=m, chunks=v, f=f, b=b, w=w, p2p=p2p,
-                            full=True).step_time
+                            exact=True).step_time
             bound = makespan_lower_bound(schedule, p, m, v, f.tolist(), b.tolist(), w.tolist(), p2p)
             assert bound <= step * (1 + 1e-12), (schedule, p, v, m, mode, bound, step)
             assert bound > 0.0
@@ -70,7 +70,7 @@ def test_paired_bound_holds_with_hidden_communication():
             for share in (0.0, 0.3, 1.0):
                 fc, bc = f * share * rng.uniform(0, 1, p * v), b * share * rng.uniform(0, 1, p * v)
                 step = simulate("dualpipev", stages=p, microbatches=m, chunks=v, f=f, b=b, w=w, p2p=p2p,
-                                f_comm=fc, b_comm=bc, full=True).step_time
+                                f_comm=fc, b_comm=bc, exact=True).step_time
                 bound = makespan_lower_bound("dualpipev", p, m, v, f.tolist(), b.tolist(), w.tolist(), p2p,
                                              fc.tolist(), bc.tolist())
                 assert bound <= step * (1 + 1e-12), (p, v, m, mode, share, bound, step)
@@ -93,5 +93,5 @@ def test_makespan_bound_is_tight_for_zb_h1_at_equal_stages():
     through rank 0's wait for its first backward, which at most p forwards can fill."""
     p, m = 8, 64
     ones = [1.0] * p
-    step = simulate("zb-h1", stages=p, microbatches=m, f=ones, b=ones, w=ones, full=True).step_time
+    step = simulate("zb-h1", stages=p, microbatches=m, f=ones, b=ones, w=ones, exact=True).step_time
     assert makespan_lower_bound("zb-h1", p, m, 1, ones, ones, ones, 0.0) == pytest.approx(step, rel=1e-12)

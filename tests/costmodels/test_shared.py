@@ -1,11 +1,13 @@
-"""The per-shape results a search's workers share (costmodels/pipeline/shared.py): a result
-built in one process is read, not rebuilt, in another, and equals the one built in place."""
+"""The per-shape results a search's workers share (``memo(limit, shared=True)`` through
+costmodels/pipeline/shared.py): a result built in one process is read, not rebuilt, in another,
+and equals the one built in place."""
 import multiprocessing as mp
 import os
 import time
 
 import numpy as np
 
+from costmodels.memo import memo
 from costmodels.pipeline import shared
 from costmodels.pipeline.events import compile_schedule
 from costmodels.pipeline.simulator import simulate
@@ -14,7 +16,7 @@ from costmodels.pipeline.steady import find_period
 CALLS: list[int] = []
 
 
-@shared.shared
+@memo(16, shared=True)
 def _square(x: int) -> int:
     CALLS.append(x)
     return x * x
@@ -34,13 +36,14 @@ def test_a_result_built_in_a_forked_worker_is_read_not_rebuilt():
         assert _square(7) == 49 and CALLS == []     # read from the child's file
         assert _square(8) == 64 and CALLS == [8]
     assert not os.path.exists(directory)            # removed with the context
+    _square.cache_clear()
     assert _square(7) == 49 and CALLS == [8, 7]     # no directory: built where asked
 
 
 BUILT = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"autoplan-test-built-{os.getpid()}")
 
 
-@shared.shared
+@memo(16, shared=True)
 def _slow_cube(x: int) -> int:
     with open(BUILT, "a") as f:          # one line per build, whichever process builds
         f.write(f"{os.getpid()}\n")
@@ -85,19 +88,23 @@ def test_a_failed_build_releases_its_claim_and_the_waiter_builds_it():
 
 
 def _period_in_child(args):
-    return find_period.__wrapped__(*args) is not None and compile_schedule.__wrapped__(*args[:4]) is not None
+    find_period.cache_clear()
+    compile_schedule.cache_clear()
+    return find_period(*args) is not None and compile_schedule(*args[:4]) is not None
 
 
 def test_shapes_read_back_equal_the_ones_built_in_place():
     shape = ("interleaved", 4, 16, 2)
-    fresh_comp = compile_schedule.__wrapped__.__wrapped__(*shape)
-    fresh_period = find_period.__wrapped__.__wrapped__(*shape, 4)
+    fresh_comp = compile_schedule.__wrapped__(*shape)
+    fresh_period = find_period.__wrapped__(*shape, 4)
     with shared.sharing() as directory:
         with mp.get_context("fork").Pool(1) as pool:
             assert pool.map(_period_in_child, [shape + (4,)]) == [True]
         assert len(os.listdir(directory)) >= 2
-        comp = compile_schedule.__wrapped__(*shape)          # under the lru_cache: the file's
-        period = find_period.__wrapped__(*shape, 4)
+        compile_schedule.cache_clear()
+        find_period.cache_clear()
+        comp = compile_schedule(*shape)          # not in this process's memo: the file's
+        period = find_period(*shape, 4)
     for a, b in ((comp, fresh_comp), (period, fresh_period)):
         for name, value in vars(b).items():
             got = getattr(a, name)

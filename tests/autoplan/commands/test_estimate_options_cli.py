@@ -34,6 +34,7 @@ FLAGS = {   # EstimateOptions field -> (the flags that set it, the value they se
     "state_precision": (["--state-precision", "apex-dfa-bf16"], "apex-dfa-bf16"),
     "kernels": (["--kernels", "megatron-core"], "megatron-core"),
     "params": (["--params", PARAMS], load_override(PARAMS)),
+    "exact": (["--exact"], True),
 }
 SEARCH_ONLY = {"allow_cross_domain"}   # the search's hard rule; elsewhere a break is reported, not avoided
 

@@ -6,13 +6,12 @@ import math
 import pytest
 
 import topologies
-from autoplan.cost import Estimator, rounded
+from autoplan.cost import EstimateOptions, Estimator, rounded
 from autoplan.cost.bounds import plan_floor
 from autoplan.frontend import trace
 from autoplan.search import SearchOptions, search, stages
 from autoplan.search.space import enumerate_meshes
 from autoplan.search.stages import recompute_floor
-from costmodels.pipeline import simulator
 
 # long-32k: memory binds (recomputation needed on some meshes); llama7b: nothing binds,
 # pipelines run up to 256 micro-batches (extrapolated steps); the floor skips plans in both
@@ -24,21 +23,20 @@ CASES = {
 }
 
 
-def _run(model, cluster, batch):
-    result = search(model, cluster, global_batch=batch, options=SearchOptions(workers=1, top_k=5))
+def _run(model, cluster, batch, *, exact=False):
+    options = SearchOptions(workers=1, top_k=5, estimate=EstimateOptions(exact=exact))
+    result = search(model, cluster, global_batch=batch, options=options)
     text = json.dumps([rounded(c.to_dict()) for c in result.candidates], indent=2, sort_keys=True)
     return text, result.stats.plans_priced
 
 
 @pytest.mark.slow        # 15-45 s per case on 2 cores; CI runs the slow tier too
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_shortcuts_keep_the_top_k_and_price_fewer_plans(case, monkeypatch):
+def test_shortcuts_keep_the_top_k_and_price_fewer_plans(case):
     spec, seq, cluster_name, batch, binds = CASES[case]
     model, cluster = trace(spec, seq=seq), topologies.load(cluster_name)
     new, new_priced = _run(model, cluster, batch)
-    monkeypatch.setattr(stages, "REUSE", False)
-    monkeypatch.setattr(simulator, "EXTRAPOLATE", False)
-    old, old_priced = _run(model, cluster, batch)
+    old, old_priced = _run(model, cluster, batch, exact=True)        # the reference path
     assert new == old
     assert new_priced < old_priced
 

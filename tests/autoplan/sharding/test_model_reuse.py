@@ -32,9 +32,9 @@ def _fresh_text_model(problem: ilp.IlpProblem):
 
 
 @pytest.fixture
-def problems(gpt_block, llama_block, h100, monkeypatch):
+def problems(gpt_block, llama_block, h100):
     """Every (block, context) problem, built with the shapes memo in use."""
-    monkeypatch.setattr(solve_mod, "_TENSOR_SHAPES", {})
+    solve_mod._TENSOR_SHAPES.clear()
     out = []
     for graph in (gpt_block, llama_block):
         for kw in CONTEXTS:
@@ -43,21 +43,21 @@ def problems(gpt_block, llama_block, h100, monkeypatch):
     return out
 
 
-def test_memoised_tensor_shapes_build_the_fresh_problem(problems, monkeypatch):
+def test_memoised_tensor_shapes_build_the_fresh_problem(problems):
     """Each context's problem equals the one built with an empty memo; the memo served more than
     one context (the micro-batch variants of one tp sub-mesh share a prepared graph)."""
     assert len(solve_mod._TENSOR_SHAPES) < len(problems)
     for graph, ctx, problem in problems:
-        monkeypatch.setattr(solve_mod, "_TENSOR_SHAPES", {})
+        solve_mod._TENSOR_SHAPES.clear()
         assert build_problem(prepare(graph, ctx), ctx) == problem
     forbidden = [p for _, ctx, p in problems if ctx.forbid_tp_collectives]
     assert forbidden and all(any(t.forbidden_redist for t in p.tensors) for p in forbidden)
 
 
-def test_a_reused_skeleton_is_the_fresh_model_proto_for_proto(problems, monkeypatch):
+def test_a_reused_skeleton_is_the_fresh_model_proto_for_proto(problems):
     """Problems of one structure with other costs: the model from the shared skeleton (objective
     and hints merged in) is the whole-text model, variable for variable; the skeleton was shared."""
-    monkeypatch.setattr(ilp, "_SKELETONS", {})
+    ilp._SKELETONS.clear()
     for _, _, problem in problems:
         m, x, _ = ilp._cpsat_model(problem)
         ref, ref_x = _fresh_text_model(problem)
@@ -68,11 +68,11 @@ def test_a_reused_skeleton_is_the_fresh_model_proto_for_proto(problems, monkeypa
     assert len(costs) > len(ilp._SKELETONS)          # a skeleton served problems of different costs
 
 
-def test_a_reused_skeleton_solves_as_a_fresh_one(problems, monkeypatch):
+def test_a_reused_skeleton_solves_as_a_fresh_one(problems):
     """The same strategies and objective whether every solve builds its model afresh or the
     problems share skeletons (CP-SAT: one worker, fixed seed, so one model gives one answer).
     The NVLink rule forbids every tp collective here, which leaves the problems no solution."""
-    monkeypatch.setattr(ilp, "_SKELETONS", {})
+    ilp._SKELETONS.clear()
     solvable = [p for _, ctx, p in problems if not ctx.forbid_tp_collectives]
     shared = [ilp.solve(p) for p in solvable]
     assert len(ilp._SKELETONS) < len(solvable)

@@ -158,6 +158,6 @@ def test_repricing_a_layout_equals_pricing_it_afresh(gpt_block, a100):
     contexts = [a100(8, sp=True), a100(8, sp=True, mbs=4, recompute="full"), a100(8, sp=True, mbs=2, cp=2)]
     warm = [price_assignment(gpt_block, a, ctx) for ctx in contexts]
     for ctx, got in zip(contexts, warm):
-        solve._LAYOUT_READS.clear()
+        solve._layout_reads.cache_clear()
         assert price_assignment(gpt_block, a, ctx) == got
     assert warm[1].recompute_s > 0 and any("[recompute]" in c.tensor for c in warm[1].collectives)

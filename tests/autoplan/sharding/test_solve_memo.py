@@ -26,7 +26,7 @@ def solves(monkeypatch):
     def counting(problem, backend="cpsat", time_limit_s=30.0):
         calls.append(problem)
         return real(problem, backend, time_limit_s)
-    monkeypatch.setattr(solve_mod, "_SOLVED", {})
+    solve_mod.solve_problem.cache_clear()
     monkeypatch.setattr(ilp, "solve", counting)
     return calls
 
@@ -40,7 +40,7 @@ def test_tokens_per_gpu_alone_reach_a_head_without_attention(gpt, h100, solves):
     b = solve_assignment(gpt.post, two)
     assert len(solves) == 1
     assert {k: s.name for k, s in a.choice.items()} == {k: s.name for k, s in b.choice.items()}
-    solve_mod._SOLVED.clear()
+    solve_mod.solve_problem.cache_clear()
     fresh = solve_assignment(gpt.post, two)
     assert len(solves) == 2 and fresh.choice == b.choice and fresh.objective_s == b.objective_s
 
