@@ -25,6 +25,11 @@ named in ``volatile`` — wall seconds of a solve — skipped), and a difference
 ``StaleHit``: a key that misses an input the value depends on.
 ``tests/autoplan/cost/test_memo_keys.py`` prices plans differing in one input each under it.
 Every memo registers itself by name in ``REGISTRY``: ``clear_all()`` empties them all.
+
+Outside this layer, by design: the vocabulary's tiny pure functions of a few ints and strings
+(``autoplan.plan``'s stage splits, ``autoplan.mesh``'s rank groups) keep ``functools.lru_cache``
+(also keyed on every argument; at ~300k lookups a search, the Python wrapper here would cost more
+than they do), and ``topologies`` (below this package) caches its data files the same way.
 """
 from __future__ import annotations
 

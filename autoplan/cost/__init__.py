@@ -14,8 +14,8 @@ composer) and ``types`` (the records).
 because the fast one pays (measured on GPT-3 175B at h100x1024: ``step_time_s`` 155 µs against
 ``estimate(detail=False)`` 307 µs per plan; ``plan_memory`` 54 µs against the estimate's 134 µs
 of rank memories after its simulation), each is equal to the bit, and a test says so.
-``EstimateOptions.exact`` (``SearchOptions.exact``) runs the reference paths of the search and
-the simulator.
+``EstimateOptions.exact`` (``--exact``) runs the reference paths of the search and the
+simulator.
 
 Each row: fast path, reference, and below it the test (under ``tests/``) that they agree.
 
@@ -49,7 +49,7 @@ an ILP skeleton shared by one structure          the whole-text model
   ↳ autoplan/sharding/test_solve_memo.py::test_prepare_memo_is_the_fresh_preparation_in_every_context
 ``stages._best_recompute`` (memory only)         ``_best_recompute_priced``
   ↳ autoplan/search/test_stages.py::test_least_recompute_is_the_priced_choice
-the stage search's floor and estimate memo       ``SearchOptions(exact=True)``
+the stage search's floor and estimate memo       ``EstimateOptions(exact=True)``
   ↳ autoplan/search/test_stages.py::test_shortcuts_keep_the_top_k_and_price_fewer_plans
 every memo (``costmodels.memo``)                 recomputing each hit (``audit()``)
   ↳ autoplan/cost/test_memo_keys.py
