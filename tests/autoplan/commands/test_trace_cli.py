@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-MODELS = Path(__file__).parent / "models"
+MODELS = Path(__file__).parents[1] / "frontend" / "models"   # the frontend tests' model files
 
 
 def test_trace_json(cli):
