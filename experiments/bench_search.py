@@ -203,7 +203,6 @@ def speed(bands: bool = True) -> list[dict]:
 
 def quality() -> list[dict]:
     from autoplan.baselines import RECIPES, baseline
-    from autoplan.baselines.common import price
     from autoplan.cost import Estimator
     from autoplan.errors import UserError
     from autoplan.frontend import trace
@@ -221,7 +220,7 @@ def quality() -> list[dict]:
         for name in RECIPES:
             try:
                 plan = baseline(name, model, cluster, seq=seq, global_batch=batch, estimator=est)
-                hands[name] = (plan, price(est, plan, batch))
+                hands[name] = (plan, est.estimate(plan, batch))
             except UserError as e:
                 hands[name] = (None, str(e).splitlines()[0])
         fitting = {k: v for k, v in hands.items() if v[0] is not None and v[1].fits}

@@ -25,7 +25,6 @@ WIDTH, MAX_HEIGHT = 1300, 8000
 
 def build_html() -> str:
     from autoplan.baselines import baseline
-    from autoplan.baselines.common import price
     from autoplan.explain import render_report
     from autoplan.plan import Plan
     from autoplan.workload import Workload
@@ -33,9 +32,9 @@ def build_html() -> str:
     w = Workload.load(MODEL, CLUSTER, seq=SEQ, global_batch=GLOBAL_BATCH)
     graph, cluster, estimator = w.model, w.cluster, w.estimator()
     plan = Plan.parse(HAND_PLAN, num_gpus=cluster.num_gpus)
-    est = price(estimator, plan, GLOBAL_BATCH)
+    est = estimator.estimate(plan, GLOBAL_BATCH)
     bplan = baseline(BASELINE, graph, cluster, seq=SEQ, global_batch=GLOBAL_BATCH, estimator=estimator)
-    best = price(estimator, bplan, GLOBAL_BATCH)
+    best = estimator.estimate(bplan, GLOBAL_BATCH)
     return render_report(MODEL, cluster, [(plan, est), (bplan, best)], estimator, baseline=(bplan, best),
                          baseline_name=BASELINE)
 

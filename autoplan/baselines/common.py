@@ -19,7 +19,7 @@ from autoplan.plan import Plan
 from topologies.cluster import Cluster
 
 if TYPE_CHECKING:   # the cost model is only called, never needed to import a recipe
-    from autoplan.cost import Estimate, Estimator
+    from autoplan.cost import Estimator
 
 MAX_VPP = 4
 """Megatron users' habit: at most 4 model chunks per pipeline rank (more chunks cut the
@@ -106,12 +106,6 @@ def microbatches(global_batch: int, dp: int, mbs: int = 1) -> int:
     return global_batch // (dp * mbs)
 
 
-def price(estimator: Estimator, plan: Plan, global_batch: int) -> Estimate:
-    """``estimator.estimate`` after every check a user plan needs (UserError on a bad one)."""
-    estimator.check(plan, global_batch)
-    return estimator.estimate(plan, global_batch)
-
-
 def first_that_fits(recipe: str, ctx: RecipeContext, candidates: Iterable[Plan]) -> Plan:
     """The first candidate that is valid for the model, cluster and batch and fits in HBM.
 
@@ -123,7 +117,7 @@ def first_that_fits(recipe: str, ctx: RecipeContext, candidates: Iterable[Plan])
     closest: tuple[float, Plan] | None = None
     for plan in candidates:
         try:
-            est = price(ctx.estimator, plan, ctx.global_batch)
+            est = ctx.estimator.estimate(plan, ctx.global_batch)
         except UserError as e:
             first_error = first_error or e
             continue

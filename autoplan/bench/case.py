@@ -11,8 +11,8 @@ Contenders, in this order:
   deepseek); a recipe that cannot apply (deepseek on a dense model, fsdp when the batch does
   not split over the GPUs, nothing on its ladder fits) is a row with status ``n/a`` and why.
 
-Every plan is priced by the same ``Estimator`` (``baselines.common.price``: plan checks, then
-``Estimator.estimate``), which prices hand plans as written and flags rule breaks, so a
+Every plan is priced by the same ``Estimator`` (``Estimator.estimate``: plan checks, then the
+estimate), which prices hand plans as written and flags rule breaks, so a
 recipe whose EP group crosses nodes is priced on the slower links and marked
 ``respects_nvlink = False``.
 
@@ -44,7 +44,6 @@ import traceback
 from typing import Any
 
 from autoplan.baselines import RECIPES, baseline, credible
-from autoplan.baselines.common import price
 from autoplan.bench.child import SearchFailed, SearchTimeout, search_with_limit
 from autoplan.bench.grid import respects_nvlink, search_grid
 from autoplan.bench.suite import Case
@@ -192,7 +191,7 @@ def _row(contender: str, kind: str, *, status: str, error: str | None = None, pl
 
 def _priced(contender: str, kind: str, estimator: Estimator, plan: Plan, global_batch: int) -> dict:
     try:
-        e = price(estimator, plan, global_batch)
+        e = estimator.estimate(plan, global_batch)
     except UserError as err:
         return _row(contender, kind, status="error", error=err.problem, plan=plan)
     return _row(contender, kind, status="ok", plan=plan, estimate=e)
@@ -236,7 +235,7 @@ def _bands(estimator: Estimator, rows: dict[str, dict], hand: str | None, global
     steps = []
     for name in ("auto", hand):
         plan = Plan.parse(rows[name]["plan"], num_gpus=gpus)
-        steps.append(sampler.band(plan, global_batch, price(estimator, plan, global_batch)).step_s)
+        steps.append(sampler.band(plan, global_batch, estimator.estimate(plan, global_batch)).step_s)
     ratios = [h / a for a, h in zip(*steps)]
     out.update({f"auto_vs_hand_p{round(q * 100)}": quantile(ratios, q) for q in (0.1, 0.5, 0.9)})
     out["p_auto_beats_hand"] = sum(r > 1.0 for r in ratios) / len(ratios)

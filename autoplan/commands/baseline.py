@@ -39,7 +39,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines import SUMMARIES, baseline, check_recipe, credible, published
-    from autoplan.baselines.common import price
     from autoplan.commands.common import estimate_options_from
     from autoplan.workload import Workload, load_cluster
 
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
     graph, estimator = w.model, w.estimator(options)
     plan = baseline(args.recipe, graph, cluster, seq=args.seq, global_batch=args.global_batch, estimator=estimator)
-    est = price(estimator, plan, args.global_batch)
+    est = estimator.estimate(plan, args.global_batch)
     source = published.source(graph) if args.recipe == published.NAME else None
     fits_family = credible(args.recipe, graph)
     if args.json:

@@ -102,10 +102,9 @@ class _Pricer:
     moe: bool
 
     def price(self, plan: Plan) -> _Priced:
-        from autoplan.baselines.common import price
         from autoplan.cost.evidence import flags
 
-        est = price(self.estimator, plan, self.global_batch)
+        est = self.estimator.estimate(plan, self.global_batch)
         band = self.sampler.band(plan, self.global_batch, est).fields() if self.sampler else None
         return _Priced(plan=plan, estimate=est, band=band, evidence=flags(plan, est, moe=self.moe))
 

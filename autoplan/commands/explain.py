@@ -73,7 +73,6 @@ def parse_baseline(text: str, num_gpus: int):
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.baselines import baseline
-    from autoplan.baselines.common import price
     from autoplan.commands.common import estimate_options_from
     from autoplan.explain import Side, audit, render_markdown, render_report
     from autoplan.export.load import load_plan
@@ -87,13 +86,13 @@ def run(args: argparse.Namespace) -> int:
     wanted = parse_baseline(args.baseline, cluster.num_gpus) if args.baseline else None
     w = Workload.load(args.model, cluster, seq=seq, global_batch=global_batch)
     graph, estimator = w.model, w.estimator(options)
-    est = price(estimator, plan, global_batch)
+    est = estimator.estimate(plan, global_batch)
     base = None
     if isinstance(wanted, str):
         bplan = baseline(wanted, graph, cluster, seq=seq, global_batch=global_batch, estimator=estimator)
-        base = Side(wanted, bplan, price(estimator, bplan, global_batch))
+        base = Side(wanted, bplan, estimator.estimate(bplan, global_batch))
     elif wanted is not None:
-        base = Side("baseline", wanted, price(estimator, wanted, global_batch))
+        base = Side("baseline", wanted, estimator.estimate(wanted, global_batch))
     if args.format == "html":
         text = render_report(args.model, cluster, [(plan, est)], estimator,
                              baseline=(base.plan, base.estimate) if base else None,

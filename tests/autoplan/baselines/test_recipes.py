@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoplan.baselines import RECIPES, baseline, check_recipe
-from autoplan.baselines.common import divisors, price
+from autoplan.baselines.common import divisors
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
 
@@ -25,7 +25,7 @@ def planned(setup):
             model, cluster, seq, batch = case
             s = setup(model, cluster, seq)
             plan = baseline(recipe, s[0], s[1], seq=seq, global_batch=batch, estimator=s[2])
-            memo[case, recipe] = (plan, price(s[2], plan, batch), s)
+            memo[case, recipe] = (plan, s[2].estimate(plan, batch), s)
         return memo[case, recipe]
     return get
 
