@@ -93,7 +93,6 @@ def plans(draw, num_gpus: int, layers: int, moe: bool):
 @st.composite
 def cases(draw):
     """(model, graph, cluster, plan, global batch) that the CLI's checks accept."""
-    from autoplan.baselines.common import price
     from autoplan.cost import Estimator
 
     model = draw(st.sampled_from(MODELS))
@@ -103,7 +102,7 @@ def cases(draw):
     batch = plan.dp * plan.mbs * draw(st.sampled_from((1, 4, 8)))
     est = Estimator(graph, cluster)
     try:
-        e = price(est, plan, batch)
+        e = est.estimate(plan, batch)
     except UserError:
         assume(False)
     return model, graph, cluster, plan, batch, e
@@ -189,11 +188,10 @@ def test_every_virtual_stage_holds_a_layer(case):
 
 @given(cases())
 def test_same_inputs_same_bytes(case):
-    from autoplan.baselines.common import price
     from autoplan.cost import Estimator
 
     _, graph, cluster, plan, batch, e = case
-    assert price(Estimator(graph, cluster), plan, batch).to_json() == e.to_json()
+    assert Estimator(graph, cluster).estimate(plan, batch).to_json() == e.to_json()
 
 
 def _nvlink_ok(case):
@@ -215,13 +213,12 @@ def test_nvlink_violations_power_of_two_domains(case):
 
 
 def _case(model: str, cluster: str, plan: str, batch: int):
-    from autoplan.baselines.common import price
     from autoplan.cost import Estimator
     from autoplan.plan import Plan
 
     graph, c = graph_of(model), load_cluster(cluster)
     p = Plan.parse(plan, num_gpus=c.num_gpus)
-    return model, graph, c, p, batch, price(Estimator(graph, c), p, batch)
+    return model, graph, c, p, batch, Estimator(graph, c).estimate(p, batch)
 
 
 @given(cases())

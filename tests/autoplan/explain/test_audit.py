@@ -6,7 +6,6 @@ import json
 import pytest
 
 from autoplan.baselines import baseline
-from autoplan.baselines.common import price
 from autoplan.explain import Side, audit, render_markdown
 from autoplan.explain.units import AXIS_NAMES, KIND_NAMES
 from autoplan.plan import Plan
@@ -26,8 +25,8 @@ def good_vs_megascale(gpt3):
     graph, cluster, estimator = gpt3
     plan = Plan.parse(GOOD, cluster.num_gpus)
     bplan = baseline("megascale", graph, cluster, seq=2048, global_batch=BATCH, estimator=estimator)
-    return audit(graph, cluster, Side("plan", plan, price(estimator, plan, BATCH)),
-                 Side("megascale", bplan, price(estimator, bplan, BATCH)))
+    return audit(graph, cluster, Side("plan", plan, estimator.estimate(plan, BATCH)),
+                 Side("megascale", bplan, estimator.estimate(bplan, BATCH)))
 
 
 def test_primitive_times_add_up_to_the_estimate(good_vs_megascale):
@@ -84,7 +83,7 @@ def test_good_plan_verdicts(good_vs_megascale):
 def test_bad_plan_fails_naming_group_and_link(gpt3):
     graph, cluster, estimator = gpt3
     plan = Plan.parse(BAD, cluster.num_gpus)
-    a = audit(graph, cluster, Side("plan", plan, price(estimator, plan, BATCH)))
+    a = audit(graph, cluster, Side("plan", plan, estimator.estimate(plan, BATCH)))
     v = {x.rule: x for x in a.verdicts}
     tp = v["tp-inside-nvlink"]
     assert tp.status == "fail"

@@ -8,7 +8,6 @@ import subprocess
 import pytest
 
 from autoplan.baselines import baseline
-from autoplan.baselines.common import price
 from autoplan.explain import render_report
 from autoplan.explain.report import CHART_IDS
 from autoplan.explain.svg import GANTT_EXACT_MAX, gantt_svg, map_window, mesh_map_svg
@@ -24,9 +23,9 @@ GOOD = "tp=8,pp=8,vpp=2,schedule=zbv,recompute=selective,order=tp-cp-ep-pp-dp"
 def report(setup):
     graph, cluster, estimator = setup("gpt3-175b", "h100x1024")
     plan = Plan.parse(GOOD, cluster.num_gpus)
-    est = price(estimator, plan, 1024)
+    est = estimator.estimate(plan, 1024)
     bplan = baseline("megascale", graph, cluster, seq=2048, global_batch=1024, estimator=estimator)
-    best = price(estimator, bplan, 1024)
+    best = estimator.estimate(bplan, 1024)
     html = render_report("gpt3-175b", cluster, [(plan, est), (bplan, best)], estimator, baseline=(bplan, best),
                          baseline_name="megascale")
     return html, plan, est
@@ -65,7 +64,7 @@ def test_report_shows_the_bands_and_robust_record_of_each_top_plan(setup, report
     _, plan, est = report
     graph, cluster, estimator = setup("gpt3-175b", "h100x1024")
     bplan = baseline("megascale", graph, cluster, seq=2048, global_batch=1024, estimator=estimator)
-    ranked = [(plan, est), (bplan, price(estimator, bplan, 1024))]
+    ranked = [(plan, est), (bplan, estimator.estimate(bplan, 1024))]
     sampler = Sampler(estimator, 4, seed=0)
     bands = [sampler.band(p, 1024, e) for p, e in ranked]
     robust = [r for _, r in sorted(rank(["a", "b"], bands, "regret", 2), key=lambda t: t[0])]

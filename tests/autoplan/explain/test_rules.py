@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.baselines.common import price
 from autoplan.explain.rules import largest_overhead, verdicts
 from autoplan.plan import Plan
 
@@ -13,7 +12,7 @@ SEQ = 131072
 def judged(setup, model, cluster, seq, text, batch):
     graph, c, estimator = setup(model, cluster, seq)
     plan = Plan.parse(text, c.num_gpus)
-    est = price(estimator, plan, batch)
+    est = estimator.estimate(plan, batch)
     return {v.rule: v for v in verdicts(graph, c, plan, est)}, est
 
 
