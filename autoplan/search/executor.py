@@ -26,9 +26,10 @@ task runs again.  The batches, thresholds and results are the ones waiting for e
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from autoplan.cost import Estimator
 from autoplan.cost.uncertainty import Sampler

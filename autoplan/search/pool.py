@@ -34,7 +34,7 @@ pool byte for byte.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from autoplan.cost import Estimator
 from autoplan.cost.bounds import step_lower_bound

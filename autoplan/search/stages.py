@@ -30,15 +30,14 @@ ones are skipped.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
 from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lower_bound
 from autoplan.cost.memo import PlanAt
+from autoplan.errors import UserError
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memo import memo
