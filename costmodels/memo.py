@@ -37,9 +37,10 @@ import dataclasses
 import functools
 import weakref
 from collections import Counter
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Generic, Hashable, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -47,7 +48,7 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 REGISTRY: dict[str, Callable[[], None]] = {}        # name -> its clear(); functions and table kinds
-_TABLES: "weakref.WeakSet[Table[Any]]" = weakref.WeakSet()
+_TABLES: weakref.WeakSet[Table[Any]] = weakref.WeakSet()
 _MISSING = object()
 
 

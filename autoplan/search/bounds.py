@@ -14,13 +14,16 @@ from autoplan.plan import Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
 
+# a mesh's tie-break: (tp, cp, ep, pp, dp, zero, not sp, cp algorithm, axis order)
+SortKey = tuple[int, int, int, int, int, int, bool, str, tuple[str, ...]]
+
 
 @dataclass(frozen=True)
 class Bounded:
     """A mesh whose model states fit, with its step-time lower bound and its tie-break."""
 
     bound: float
-    sort_key: tuple
+    sort_key: SortKey
     mesh: MeshChoice
 
 
@@ -34,7 +37,8 @@ class Bounds:
 def bound_meshes(est: Estimator, meshes: list[MeshChoice], global_batch: int,
                  mbs_choices: tuple[int, ...]) -> Bounds:
     """The meshes whose model states fit (``states_floor``), each with its ``lower_bound``."""
-    bounded, pruned, least = [], 0, float("inf")
+    bounded: list[Bounded] = []
+    pruned, least = 0, float("inf")
     for mesh in meshes:
         states = states_floor(est, mesh, global_batch, mbs_choices)
         least = min(least, states)
@@ -68,5 +72,5 @@ def _mbs_plans(mesh: MeshChoice, global_batch: int, mbs_choices: tuple[int, ...]
             if (global_batch // mesh.dp) % mbs == 0]
 
 
-def _mesh_sort_key(mesh: MeshChoice) -> tuple:
+def _mesh_sort_key(mesh: MeshChoice) -> SortKey:
     return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.order)

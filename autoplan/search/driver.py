@@ -33,13 +33,13 @@ from autoplan.cost import Estimator
 from autoplan.errors import UserError
 from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import BlockGraph
-from autoplan.search.bounds import Bounded, bound_meshes
+from autoplan.search.bounds import Bounded, SortKey, bound_meshes
 from autoplan.search.choose import choose
 from autoplan.search.executor import LOOK_AHEAD, Executor, Job, open_executor
 from autoplan.search.presolve import ilp_records, solve_layouts
 from autoplan.search.progress import Progress, progress_bar
 from autoplan.search.records import Explored, SearchOptions, SearchResult, SearchStats
-from autoplan.search.space import MeshChoice, enumerate_meshes
+from autoplan.search.space import MeshChoice, MeshKey, enumerate_meshes
 from autoplan.search.stages import MeshResult
 from autoplan.search.variants import TupleSearch, holds, search_tuple
 from costmodels.memory import GIB
@@ -107,7 +107,7 @@ class _Task:
     """A degree tuple to search: its bound (the least of its variants'), key and variants."""
 
     bound: float
-    key: tuple
+    key: MeshKey
     meshes: tuple[MeshChoice, ...]
 
 
@@ -122,18 +122,18 @@ def _explore(run: _Run, bounded: list[Bounded], started: float) -> Explored:
     best-first by the bound, ``BATCH`` tasks at a time, and prune against the K-th best distinct
     mesh so far.  With no more tuples than the refine budget, every tuple is refined."""
     options = run.options
-    tuples: dict[tuple, list[Bounded]] = {}
+    tuples: dict[MeshKey, list[Bounded]] = {}
     for b in bounded:
         tuples.setdefault(b.mesh.key, []).append(b)
     refine_n = max(2 * options.top_k, options.refine)
     found = Explored()
     progress = progress_bar(options.progress, len(tuples) + min(refine_n, len(tuples)), started)
     try:
-        screened: dict[tuple, MeshResult] = {}
+        screened: dict[MeshKey, MeshResult] = {}
         chosen = sorted(tuples)
         if len(tuples) > refine_n:
             screened = _best_first(run, _screen_tasks(tuples), BATCH, found, progress, screen=True)
-            chosen = sorted(tuples, key=lambda k: (screened[k].estimate.step_time_s if k in screened
+            chosen = sorted(tuples, key=lambda k: (screened[k].found_estimate.step_time_s if k in screened
                                                    else float("inf"), k))[:refine_n]
             log.info("screen: %d degree tuples, %d fit; refining the best %d", len(tuples), len(screened),
                      len(chosen))
@@ -148,7 +148,7 @@ def _explore(run: _Run, bounded: list[Bounded], started: float) -> Explored:
     return found
 
 
-def _screen_tasks(tuples: dict[tuple, list[Bounded]]) -> list[_Task]:
+def _screen_tasks(tuples: dict[MeshKey, list[Bounded]]) -> list[_Task]:
     """Per tuple, its representative variant then the others (``refine_tuple`` screens the first,
     and the next ZeRO stages where memory binds), by the representatives' bounds."""
     reps = sorted(((_representative(v), v) for v in tuples.values()), key=lambda t: (t[0].bound, t[0].sort_key))
@@ -162,11 +162,11 @@ def _representative(variants: list[Bounded]) -> Bounded:
                                         b.mesh.order != first_order, b.sort_key))
 
 
-def _sort_key(b: Bounded) -> tuple:
+def _sort_key(b: Bounded) -> SortKey:
     return b.sort_key
 
 
-def _refine_tasks(tuples: dict[tuple, list[Bounded]], chosen: list[tuple]) -> list[_Task]:
+def _refine_tasks(tuples: dict[MeshKey, list[Bounded]], chosen: list[MeshKey]) -> list[_Task]:
     """Per chosen tuple, every variant in mesh order, by the least bound of its variants."""
     tasks = [_Task(min(b.bound for b in tuples[k]), k, tuple(b.mesh for b in sorted(tuples[k], key=_sort_key)))
              for k in chosen]
@@ -174,10 +174,10 @@ def _refine_tasks(tuples: dict[tuple, list[Bounded]], chosen: list[tuple]) -> li
 
 
 def _best_first(run: _Run, tasks: list[_Task], batch: int, found: Explored, progress: Progress, *,
-                screen: bool) -> dict[tuple, MeshResult]:
+                screen: bool) -> dict[MeshKey, MeshResult]:
     """Run ``tasks`` best-first, ``batch`` at a time, each batch at the K-th best so far (the
     pruning threshold); merge their results into ``found``; the best result per tuple of this pass."""
-    best_here: dict[tuple, MeshResult] = {}
+    best_here: dict[MeshKey, MeshResult] = {}
     batches = run.executor.best_first(search_tuple, holds)
     i = 0
     while i < len(tasks):
@@ -196,14 +196,15 @@ def _best_first(run: _Run, tasks: list[_Task], batch: int, found: Explored, prog
 
 
 def _next_batch(tasks: list[_Task], i: int, batch: int, kth: float,
-                best: dict[tuple, MeshResult]) -> tuple[list[tuple[int, _Task]], int, int]:
+                best: dict[MeshKey, MeshResult]) -> tuple[list[tuple[int, _Task]], int, int]:
     """From task ``i`` on, the next ``batch`` tasks a threshold of ``kth`` does not prune: ((index,
     task) each, the index after them, how many were pruned on the way).  A task is pruned where
     its bound reaches both the threshold and its tuple's best so far."""
-    chosen, pruned = [], 0
+    chosen: list[tuple[int, _Task]] = []
+    pruned = 0
     while i < len(tasks) and len(chosen) < batch:
         current = best.get(tasks[i].key)
-        if tasks[i].bound >= kth and (current is None or tasks[i].bound >= current.estimate.step_time_s):
+        if tasks[i].bound >= kth and (current is None or tasks[i].bound >= current.found_estimate.step_time_s):
             pruned += 1
         else:
             chosen.append((i, tasks[i]))
@@ -211,8 +212,8 @@ def _next_batch(tasks: list[_Task], i: int, batch: int, kth: float,
     return chosen, i, pruned
 
 
-def _upcoming(run: _Run, tasks: list[_Task], i: int, batch: int, best: dict[tuple, MeshResult], screen: bool,
-              done: list[list[MeshResult]], count: int) -> list[Job]:
+def _upcoming(run: _Run, tasks: list[_Task], i: int, batch: int, best: dict[MeshKey, MeshResult], screen: bool,
+              done: list[list[MeshResult]], count: int) -> list[Job[TupleSearch]]:
     """The jobs of the batches after task ``i``, whole batches until ``count`` jobs, at the threshold
     that ``best`` and the current batch's results ``done`` so far give (what the executor may
     start ahead)."""
@@ -220,19 +221,19 @@ def _upcoming(run: _Run, tasks: list[_Task], i: int, batch: int, best: dict[tupl
     for out in (out for results in done for out in results if out.plan is not None):
         _keep_best(out, merged)
     kth = _kth_best(merged, run.options.top_k)
-    jobs: list[Job] = []
+    jobs: list[Job[TupleSearch]] = []
     while len(jobs) < count and i < len(tasks):
         chosen, i, _ = _next_batch(tasks, i, batch, kth, merged)
         jobs += _jobs(run, chosen, kth, screen)
     return jobs
 
 
-def _jobs(run: _Run, chosen: list[tuple[int, _Task]], threshold: float, screen: bool) -> list[Job]:
+def _jobs(run: _Run, chosen: list[tuple[int, _Task]], threshold: float, screen: bool) -> list[Job[TupleSearch]]:
     """The executor's jobs for the (index, task) pairs ``chosen``, at ``threshold``."""
     return [Job(k, TupleSearch(t.meshes, run.global_batch, run.options, threshold, screen)) for k, t in chosen]
 
 
-def _merge(results: list[MeshResult], found: Explored, best_here: dict[tuple, MeshResult]) -> None:
+def _merge(results: list[MeshResult], found: Explored, best_here: dict[MeshKey, MeshResult]) -> None:
     """One task's results into the best per tuple (``found.best``, ``best_here``) and the counts."""
     counters = found.counters
     for out in results:
@@ -255,13 +256,13 @@ def _described(out: MeshResult) -> str:
     name = (f"tp{m.tp}·cp{m.cp}·ep{m.ep}·pp{m.pp}·dp{m.dp} zero{m.zero}{' sp' * m.sp}"
             f"{' ' + m.cp_algo if m.cp > 1 else ''} order={'-'.join(m.order)}")
     if out.plan is not None:
-        return f"{name}: {out.estimate.step_time_s:.4g} s, {out.plan.to_compact()} ({out.evaluated} plans priced)"
+        return f"{name}: {out.found_estimate.step_time_s:.4g} s, {out.plan.to_compact()} ({out.evaluated} plans priced)"
     if out.pruned:
         return f"{name}: every micro-batch size bounded out"
     return f"{name}: fits nowhere, {out.shortfall_gib:.1f} GiB short ({out.evaluated} plans priced)"
 
 
-def _keep_best(out: MeshResult, *tables: dict[tuple, MeshResult]) -> None:
+def _keep_best(out: MeshResult, *tables: dict[MeshKey, MeshResult]) -> None:
     """``out`` into each table of the best result per tuple, where it beats the one there."""
     for table in tables:
         prev = table.get(out.mesh.key)
@@ -270,13 +271,13 @@ def _keep_best(out: MeshResult, *tables: dict[tuple, MeshResult]) -> None:
 
 
 def _rank_key(r: MeshResult) -> tuple[float, str]:
-    return (r.estimate.step_time_s, r.plan.to_string())
+    return (r.found_estimate.step_time_s, r.found_plan.to_string())
 
 
-def _kth_best(best: dict[tuple, MeshResult], k: int) -> float:
+def _kth_best(best: dict[MeshKey, MeshResult], k: int) -> float:
     if len(best) < k:
         return float("inf")
-    return sorted(r.estimate.step_time_s for r in best.values())[k - 1]
+    return sorted(r.found_estimate.step_time_s for r in best.values())[k - 1]
 
 
 def _no_fit_message(est: Estimator, shortfall: float, least_states: float) -> str:

@@ -26,9 +26,10 @@ task runs again.  The batches, thresholds and results are the ones waiting for e
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from autoplan.cost import Estimator
 from autoplan.cost.uncertainty import Sampler
@@ -40,6 +41,7 @@ POLL_S = 0.002        # how long a gather waits on its first unfinished run befo
 
 T = TypeVar("T")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
 class Worker:
@@ -69,23 +71,35 @@ class Job(Generic[T]):
 
 
 Task = Callable[[Worker, T], R]
-Upcoming = Callable[[list, int], list]      # (a batch's results in so far, n) -> the next batches' Jobs, ≥ n of them
-Holds = Callable[[Any, Any], bool]          # (a result run ahead, the task's true item) -> it is that item's
+Upcoming = Callable[[list[R], int], list[Job[T]]]   # (a batch's results in so far, n) -> the next batches' Jobs, ≥ n
+Holds = Callable[[R, T], bool]              # (a result run ahead, the task's true item) -> it is that item's
 
 
-class Batches(Protocol):
-    def run(self, jobs: list[Job], upcoming: Upcoming) -> list:
+class Batches(Protocol[T, R]):
+    def run(self, jobs: list[Job[T]], upcoming: Upcoming[R, T]) -> list[R]:
         """The results of ``jobs``, in order."""
 
 
 class Executor(Protocol):
-    workers: int            # tasks run at once
+    @property
+    def workers(self) -> int:
+        """Tasks run at once."""
 
-    def map(self, fn: Task, items: Sequence) -> list:
+    def map(self, fn: Task[T, R], items: Sequence[T]) -> list[R]:
         """``fn(worker, item)`` of every item, in order."""
 
-    def best_first(self, fn: Task, holds: Holds) -> Batches:
+    def best_first(self, fn: Task[T, R], holds: Holds[R, T]) -> Batches[T, R]:
         """A runner of one best-first pass of ``fn``'s batches (module docstring)."""
+
+
+class _Run(Protocol[R_co]):
+    """A task's run in a worker, as ``_gather`` reads it (a ``multiprocessing`` ``AsyncResult``)."""
+
+    def ready(self) -> bool: ...
+
+    def wait(self, timeout: float) -> None: ...
+
+    def get(self) -> R_co: ...
 
 
 class SerialExecutor:
@@ -102,19 +116,19 @@ class SerialExecutor:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def map(self, fn: Task, items: Sequence) -> list:
+    def map(self, fn: Task[T, R], items: Sequence[T]) -> list[R]:
         return [fn(self._worker, item) for item in items]
 
-    def best_first(self, fn: Task, holds: Holds) -> Batches:
+    def best_first(self, fn: Task[T, R], holds: Holds[R, T]) -> Batches[T, R]:
         return _SerialBatches(self, fn)
 
 
 @dataclass(frozen=True)
-class _SerialBatches:
+class _SerialBatches(Generic[T, R]):
     executor: SerialExecutor
-    fn: Task
+    fn: Task[T, R]
 
-    def run(self, jobs: list[Job], upcoming: Upcoming) -> list:
+    def run(self, jobs: list[Job[T]], upcoming: Upcoming[R, T]) -> list[R]:
         return self.executor.map(self.fn, [job.item for job in jobs])
 
 
@@ -141,16 +155,18 @@ class ForkExecutor:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
-    def map(self, fn: Task, items: Sequence) -> list:
+    def map(self, fn: Task[T, R], items: Sequence[T]) -> list[R]:
         if len(items) < 2:
             return [fn(self._here, item) for item in items]
-        return self._pool.map(_call, [(fn, item) for item in items], chunksize=1)
+        out: list[R] = self._pool.map(_call, [(fn, item) for item in items], chunksize=1)
+        return out
 
-    def submit(self, fn: Task, item: object) -> Any:
+    def submit(self, fn: Task[T, R], item: T) -> _Run[R]:
         """``fn(worker, item)`` started in a worker: an ``AsyncResult``."""
-        return self._pool.apply_async(_call, ((fn, item),))
+        run: _Run[R] = self._pool.apply_async(_call, ((fn, item),))
+        return run
 
-    def best_first(self, fn: Task, holds: Holds) -> Batches:
+    def best_first(self, fn: Task[T, R], holds: Holds[R, T]) -> Batches[T, R]:
         return _AheadBatches(self, fn, holds)
 
 
@@ -181,41 +197,46 @@ def _install(worker: Worker) -> None:
     _WORKER = worker
 
 
-def _call(task: tuple[Task, object]) -> object:
+def _call(task: tuple[Task[T, R], T]) -> R:
     fn, item = task
+    if _WORKER is None:
+        raise RuntimeError("a task sent to a worker ran outside one")
     return fn(_WORKER, item)
 
 
-class _AheadBatches:
+class _AheadBatches(Generic[T, R]):
     """One best-first pass in the workers, looking ahead (module docstring): ``_ahead`` holds
     the runs started ahead, by job key, until their batch comes."""
 
-    def __init__(self, executor: ForkExecutor, fn: Task, holds: Holds) -> None:
+    def __init__(self, executor: ForkExecutor, fn: Task[T, R], holds: Holds[R, T]) -> None:
         self._executor, self._fn, self._holds = executor, fn, holds
-        self._ahead: dict[int, Any] = {}
+        self._ahead: dict[int, _Run[R]] = {}
 
-    def run(self, jobs: list[Job], upcoming: Upcoming) -> list:
-        runs = [self._start(job) if (hit := self._ahead.pop(job.key, None)) is None else
-                _Ahead(hit, lambda ran, job=job: self._holds(ran, job.item), lambda job=job: self._start(job))
-                for job in jobs]
+    def run(self, jobs: list[Job[T]], upcoming: Upcoming[R, T]) -> list[R]:
+        runs: list[_Run[R]] = [self._start(job) if (hit := self._ahead.pop(job.key, None)) is None else
+                               self._kept_if_holds(hit, job) for job in jobs]
         for key in [key for key in self._ahead if key < jobs[-1].key]:     # pruned at the true threshold
             del self._ahead[key]
         ahead = self._executor.look_ahead * self._executor.workers
         return _gather(runs, None if ahead == 0 else lambda done: self._start_ahead(upcoming(done, ahead)))
 
-    def _start(self, job: Job) -> Any:
+    def _kept_if_holds(self, hit: _Run[R], job: Job[T]) -> _Ahead[R]:
+        """``hit``, ``job`` run ahead, checked against ``job``'s true item once it is in."""
+        return _Ahead(hit, lambda ran: self._holds(ran, job.item), lambda: self._start(job))
+
+    def _start(self, job: Job[T]) -> _Run[R]:
         return self._executor.submit(self._fn, job.item)
 
-    def _start_ahead(self, jobs: list[Job]) -> None:
+    def _start_ahead(self, jobs: list[Job[T]]) -> None:
         for job in jobs:
             if job.key not in self._ahead:
                 self._ahead[job.key] = self._start(job)
 
 
-def _gather(runs: list, look_ahead: Callable[[list], None] | None) -> list:
+def _gather(runs: list[_Run[R]], look_ahead: Callable[[list[R]], None] | None) -> list[R]:
     """The results of ``runs`` (async runs, in order); once the first is in while others still
     run, ``look_ahead(results so far)`` once (None: never)."""
-    outs: list = [None] * len(runs)
+    outs: list[R | None] = [None] * len(runs)
     looked = look_ahead is None or len(runs) < 2
     while True:
         for j, run in enumerate(runs):
@@ -223,18 +244,18 @@ def _gather(runs: list, look_ahead: Callable[[list], None] | None) -> list:
                 outs[j] = run.get()
         waiting = [j for j, o in enumerate(outs) if o is None]
         if not waiting:
-            return outs
-        if not looked and len(waiting) < len(runs):
+            return [o for o in outs if o is not None]       # every one is in
+        if not looked and look_ahead is not None and len(waiting) < len(runs):
             look_ahead([o for o in outs if o is not None])
             looked = True
         runs[waiting[0]].wait(POLL_S)
 
 
-class _Ahead:
+class _Ahead(Generic[R]):
     """A task's run started ahead, for ``_gather``: once it is in, kept where ``holds(its
     result)``, else replaced by ``again()``, the task run at its true item."""
 
-    def __init__(self, run: Any, holds: Callable[[Any], bool], again: Callable[[], Any]) -> None:
+    def __init__(self, run: _Run[R], holds: Callable[[R], bool], again: Callable[[], _Run[R]]) -> None:
         self._run, self._holds, self._again, self._checked = run, holds, again, False
 
     def _check(self) -> None:
@@ -251,7 +272,7 @@ class _Ahead:
         self._check()
         self._run.wait(timeout)
 
-    def get(self) -> Any:
+    def get(self) -> R:
         while not self.ready():
             self.wait(POLL_S)
         return self._run.get()

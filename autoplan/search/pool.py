@@ -34,13 +34,14 @@ pool byte for byte.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from autoplan.cost import Estimator
 from autoplan.cost.bounds import step_lower_bound
 from autoplan.errors import UserError
 from autoplan.plan import Plan
-from autoplan.search.space import MeshChoice
+from autoplan.search.records import SearchOptions
+from autoplan.search.space import MeshChoice, MeshKey
 from autoplan.search.stages import MeshResult, best_plan, schedule_variants
 from autoplan.search.stages import memoised_floor as stage_floor
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
@@ -52,10 +53,10 @@ HEDGE_REACH = 0.05         # a hedge is at most this much slower by point than t
 
 
 def _key(r: MeshResult) -> tuple[float, str]:
-    return (r.estimate.step_time_s, r.plan.to_string())
+    return (r.found_estimate.step_time_s, r.found_plan.to_string())
 
 
-def hedge(est: Estimator, plan: Plan, global_batch: int, options, reach: float) -> MeshResult | None:
+def hedge(est: Estimator, plan: Plan, global_batch: int, options: SearchOptions, reach: float) -> MeshResult | None:
     """The best plan of ``plan``'s mesh variant at its micro-batch size among the schedules of
     ``options.schedules`` that do not split the backward (module docstring, 2); None when the
     mesh has no pipeline, no such schedule runs, or none fits within ``reach`` seconds.
@@ -70,12 +71,12 @@ def hedge(est: Estimator, plan: Plan, global_batch: int, options, reach: float) 
                          tuple(s for s in schedules if s != "interleaved")) if t]
     found: MeshResult | None = None
     for tier in tiers:
-        to_beat = reach if found is None else min(reach, found.estimate.step_time_s)
+        to_beat = reach if found is None else min(reach, found.found_estimate.step_time_s)
         if not _could_beat(est, mesh, plan.mbs, global_batch, tier, options.max_vpp, to_beat):
             continue
         out = best_plan(est, mesh, global_batch, mbs_choices=(plan.mbs,), schedules=tier,
                         max_vpp=options.max_vpp, threshold=to_beat)
-        if out.plan is not None and out.estimate.step_time_s <= to_beat and \
+        if out.plan is not None and out.found_estimate.step_time_s <= to_beat and \
                 (found is None or _key(out) < _key(found)):
             found = out
     return found
@@ -102,25 +103,25 @@ def _could_beat(est: Estimator, mesh: MeshChoice, mbs: int, global_batch: int, s
 
 
 def robust_pool(est: Estimator, ranked: list[MeshResult], variants: dict[str, MeshResult], global_batch: int,
-                options, hedges: Callable[[list[Plan], float], list[MeshResult | None]] | None = None
+                options: SearchOptions, hedges: Callable[[list[Plan], float], list[MeshResult | None]] | None = None
                 ) -> list[MeshResult]:
     """The pool (module docstring): ``ranked`` is the search's best plan per mesh by point,
     ``variants`` every variant's best plan by plan string.  ``hedges(plans, reach)``: ``hedge``
     of each plan, in order (the search's workers price them; default: here, one by one)."""
-    by_mesh: dict[tuple, list[MeshResult]] = {}
+    by_mesh: dict[MeshKey, list[MeshResult]] = {}
     for v in sorted(variants.values(), key=_key):
         by_mesh.setdefault(v.mesh.key, []).append(v)
-    reach = min(ranked[min(options.pool_size, len(ranked)) - 1].estimate.step_time_s,
-                ranked[0].estimate.step_time_s * (1.0 + HEDGE_REACH))
+    reach = min(ranked[min(options.pool_size, len(ranked)) - 1].found_estimate.step_time_s,
+                ranked[0].found_estimate.step_time_s * (1.0 + HEDGE_REACH))
     looked = ranked[:HEDGE_MESHES * options.pool_size]
     heads = [by_mesh[r.mesh.key][:POOL_VARIANTS] for r in looked]
-    plans = [own[0].plan for own in heads]
+    plans = [own[0].found_plan for own in heads]
     found = hedges(plans, reach) if hedges is not None else \
         [hedge(est, plan, global_batch, options, reach) for plan in plans]
-    entries: dict[tuple, list[MeshResult]] = {}
+    entries: dict[MeshKey, list[MeshResult]] = {}
     for r, own, h in zip(looked, heads, found):
-        known = {v.plan.to_string() for v in own}
-        if h is not None and h.plan.to_string() not in known:
+        known = {v.found_plan.to_string() for v in own}
+        if h is not None and h.found_plan.to_string() not in known:
             own = sorted([own[0], h], key=_key) + own[1:]
         entries[r.mesh.key] = own
     meshes = sorted(entries, key=lambda k: _key(entries[k][0]))[:options.pool_size]

@@ -13,12 +13,14 @@ import logging
 import time
 
 from autoplan.cost import Estimator
+from autoplan.cost.tp import LayoutKey
 from autoplan.plan import Plan
 from autoplan.search.executor import Worker, open_executor
 from autoplan.search.records import IlpRecord
 from autoplan.search.space import MeshChoice
 from autoplan.sharding import BlockAssignment
 from autoplan.sharding.ilp import load_backend
+from topologies.cluster import GroupSpan
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ def solve_layouts(est: Estimator, meshes: list[MeshChoice], global_batch: int, m
                   workers: int) -> None:
     """Solve every block ILP the meshes need at the micro-batch sizes that divide their local
     batch, and keep the solutions in ``est``."""
-    jobs: dict[tuple, tuple[str, Plan]] = {}
+    jobs: dict[LayoutKey, tuple[str, Plan]] = {}
     for mesh in meshes:
         for mbs in mbs_choices:
             if (global_batch // mesh.dp) % mbs == 0:
@@ -36,9 +38,9 @@ def solve_layouts(est: Estimator, meshes: list[MeshChoice], global_batch: int, m
                     jobs.setdefault(key, (kind, plan))
     # one task per (kind, tp, sp, span): its micro-batch and cp variants are solved in one process,
     # where those that meet on one problem share its solve (``sharding.solve.solve_problem``)
-    groups: dict[tuple, list[tuple]] = {}
+    groups: dict[tuple[str, int, bool, GroupSpan], list[LayoutKey]] = {}
     for key in jobs:
-        groups.setdefault(key[:4], []).append(key)
+        groups.setdefault((key.graph, key.tp, key.sp, key.span), []).append(key)
     tasks = [[jobs[key] for key in keys] for keys in groups.values()]
     weights = [_task_weight(est, task) for task in tasks]
     if any(weights):

@@ -4,7 +4,11 @@ search has run a second, so a quick search prints nothing extra."""
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichBar
+    from rich.progress import TaskID
 
 
 class Progress(Protocol):
@@ -30,7 +34,9 @@ class RichProgress:
     DELAY_S = 1.0
 
     def __init__(self, total: int, started: float | None = None) -> None:
-        self._total, self._done, self._p = total, 0, None
+        self._total, self._done = total, 0
+        self._p: RichBar | None = None
+        self._task: TaskID | None = None
         self._start, self._clock = time.perf_counter() if started is None else started, time.perf_counter
 
     def advance(self, steps: int = 1) -> None:
@@ -47,7 +53,7 @@ class RichProgress:
                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
             self._task = self._p.add_task("", total=self._total, completed=self._done - 1)
             self._p.start()
-        if self._p is not None:
+        if self._p is not None and self._task is not None:
             self._p.advance(self._task)
 
     def stop(self) -> None:

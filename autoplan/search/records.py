@@ -14,7 +14,7 @@ from autoplan.errors import UserError
 from autoplan.layout import Layout
 from autoplan.plan import SCHEDULES, Plan
 from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, Robust
-from autoplan.search.space import SpaceStats
+from autoplan.search.space import MeshKey, SpaceStats
 from autoplan.search.stages import MeshResult
 
 
@@ -134,6 +134,6 @@ class Explored:
     (tp, cp, ep, pp, dp), every fitting variant's best result by plan string (what the robust
     pool chooses among), and the counts."""
 
-    best: dict[tuple[int, ...], MeshResult] = field(default_factory=dict)
+    best: dict[MeshKey, MeshResult] = field(default_factory=dict)
     variants: dict[str, MeshResult] = field(default_factory=dict)
     counters: SearchCounters = field(default_factory=SearchCounters)

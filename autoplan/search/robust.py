@@ -25,6 +25,7 @@ the better ranked) and its worst regret against the returned set over the sample
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -46,7 +47,7 @@ class Robust:
     worst_regret: float        # max over samples of t / min over the returned set − 1
     folded: tuple[str, ...]    # plans within FOLD_TOLERANCE of it on every sample
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"objective": self.objective, "score": self.score, "p_best": self.p_best,
                 "worst_regret": self.worst_regret, "folded": list(self.folded)}
 
@@ -63,7 +64,7 @@ def scores(bands: list[Band], objective: str) -> list[float]:
 
 
 def rank(keys: list[str], bands: list[Band], objective: str, top_k: int,
-         groups: list | None = None) -> list[tuple[int, Robust]]:
+         groups: Sequence[Hashable] | None = None) -> list[tuple[int, Robust]]:
     """Indices of the ``top_k`` kept candidates in objective order, each with its Robust record.
 
     ``keys`` (plan strings) break ties, so the order is total and deterministic; ``groups``

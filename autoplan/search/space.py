@@ -16,6 +16,7 @@ experts and dp, pp ≤ layers, dp divides the global batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from autoplan.ir import ModelInfo
 from autoplan.plan import Plan
@@ -26,6 +27,8 @@ MIN_CP_CHUNK = 1024          # tokens per cp rank below which attention chunks g
 MAX_CP = 32                  # Llama 3 405B's 128K run used cp=16 (Dubey et al. 2024, §3.3.2); 2x that is the ceiling
 ORDERS = (("tp", "cp", "ep", "dp", "pp"),     # pipeline outermost (Megatron default)
           ("tp", "cp", "ep", "pp", "dp"))     # data parallel outermost (MegaScale, Llama 3)
+
+MeshKey = tuple[int, int, int, int, int]     # (tp, cp, ep, pp, dp): a degree tuple
 
 
 @dataclass(frozen=True)
@@ -41,12 +44,12 @@ class MeshChoice:
     order: tuple[str, ...]
 
     @property
-    def key(self) -> tuple[int, int, int, int, int]:
+    def key(self) -> MeshKey:
         """What makes two plans different meshes (top-K returns distinct keys)."""
         return (self.tp, self.cp, self.ep, self.pp, self.dp)
 
-    def plan(self, **inner) -> Plan:
-        fields = dict(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, zero=self.zero,
+    def plan(self, **inner: Any) -> Plan:
+        fields: dict[str, Any] = dict(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, zero=self.zero,
                       sp=self.sp, cp_algo=self.cp_algo, order=self.order)
         fields.update(inner)
         return Plan(**fields)

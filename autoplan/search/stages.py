@@ -30,15 +30,14 @@ ones are skipped.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.errors import UserError
 from autoplan.cost import Estimate, Estimator
 from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lower_bound
 from autoplan.cost.memo import PlanAt
+from autoplan.errors import UserError
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memo import memo
@@ -66,13 +65,31 @@ class MeshResult:
         same sizes are searched and skipped, in the same order."""
         return self.searched_bound < threshold
 
+    @property
+    def found_plan(self) -> Plan:
+        """``plan``, for a result known to have found one (a result without one raises)."""
+        if self.plan is None:
+            raise ValueError(f"no plan of {self.mesh} was found")
+        return self.plan
+
+    @property
+    def found_estimate(self) -> Estimate:
+        """``estimate``, for a result known to have found a plan (a result without one raises)."""
+        if self.estimate is None:
+            raise ValueError(f"no plan of {self.mesh} was found")
+        return self.estimate
+
+
+# what ``_best_recompute`` returns: ((step seconds, plan) | None, shortfall GiB, plans priced)
+Recomputed = tuple[tuple[float, Plan] | None, float, int]
+
 
 def schedule_variants(pp: int, m: int, layers: int, *, schedules: tuple[str, ...],
                       max_vpp: int) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs that can run ``m`` micro-batches on ``pp`` ranks."""
     if pp == 1:
         return [("1f1b", 1)]
-    out = []
+    out: list[tuple[str, int]] = []
     for name in schedules:
         if name == "interleaved":
             for v in range(2, max_vpp + 1):
@@ -111,10 +128,10 @@ def balanced_cuts(layer_work: tuple[float, ...], pre: float, post: float,
     if slack is None:
         lightest = min(layer_work) if layer_work else 0.0
         slack = 1 + (math.ceil(max(pre, post) / lightest) if lightest > 0 else n)
-    prefix = [0.0]
+    sums = [0.0]
     for w in layer_work:
-        prefix.append(prefix[-1] + w)
-    prefix = np.array(prefix)
+        sums.append(sums[-1] + w)
+    prefix = np.array(sums)
     even = n / chunks
     lo, hi = max(1, int(even) - slack), int(even) + 1 + slack
     ks = np.arange(lo, hi + 1)
@@ -227,14 +244,16 @@ def _variants(est: Estimator, mesh: MeshChoice, mbs: int, m: int, schedules: tup
 def memoised_floor(est: Estimator, plan: Plan, global_batch: int) -> Floor:
     """``plan_floor``, memoised with the estimates (the screening pass, the refinement and the
     recompute policies ask for the same plans); a UserError is remembered and raised again."""
-    return est.memo.floors.get(PlanAt(plan, global_batch), lambda: plan_floor(
+    floor: Floor = est.memo.floors.get(PlanAt(plan, global_batch), lambda: plan_floor(
         est, plan, global_batch, memoised_memory(est, plan, global_batch)))
+    return floor
 
 
 def memoised_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
     """``plan_memory``, memoised as ``memoised_floor`` (the recompute policies a plan is not
     priced under need their memory only, not a step floor)."""
-    return est.memo.memories.get(PlanAt(plan, global_batch), lambda: plan_memory(est, plan, global_batch))
+    memory: Memory = est.memo.memories.get(PlanAt(plan, global_batch), lambda: plan_memory(est, plan, global_batch))
+    return memory
 
 
 def _best_first(est: Estimator, plans: list[Plan], global_batch: int) -> list[tuple[float, bool, Plan]]:
@@ -280,7 +299,7 @@ def recompute_floor(none: Estimate) -> float:
     return (none.step_time_s - none.time_breakdown_s["dp_exposed"]) * (1 - 1e-9)
 
 
-def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
+def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")) -> Recomputed:
     """Least recomputation per stage that fits; returns ((step seconds, plan) | None, shortfall GiB, plans priced).
 
     Memory needs no simulation (``plan_floor``), so only the chosen plan is priced — and not
@@ -305,8 +324,9 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
             break
     if None in choice:
         return None, mems["full"].memory_per_stage_gib[choice.index(None)] - hbm, 0
-    mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
-    mem = mems[choice[0]] if len(set(choice)) == 1 else memoised_memory(est, mixed, global_batch)
+    picked = [c for c in choice if c is not None]      # all of them
+    mixed = plan.replace(recompute=tuple(picked) if len(set(picked)) > 1 else (picked[0],))
+    mem = mems[picked[0]] if len(set(picked)) == 1 else memoised_memory(est, mixed, global_batch)
     if not mem.fits:
         return None, mem.memory_gib - hbm, 0
     try:
@@ -317,7 +337,8 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     return (_step_time(est, mixed, global_batch), mixed), 0.0, 1
 
 
-def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")):
+def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int,
+                           to_beat: float = float("inf")) -> Recomputed:
     """``_best_recompute`` by pricing every uniform policy (the reference path).
 
     ``to_beat``: the mesh's best step so far.  When the plan does not fit without
@@ -345,11 +366,12 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int, to_bea
             return None, per_policy["full"].memory_per_stage_gib[rank] - hbm, priced
         choice.append(fitting[0])
     mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
-    e = per_policy.get(choice[0]) if len(set(choice)) == 1 else None
-    if e is None:
-        e = _estimate(est, mixed, global_batch)
+    final = per_policy.get(choice[0]) if len(set(choice)) == 1 else None
+    if final is None:
+        final = _estimate(est, mixed, global_batch)
         priced += 1
-    return ((e.step_time_s, mixed) if e.fits else None), (0.0 if e.fits else e.memory_gib - hbm), priced
+    return (((final.step_time_s, mixed) if final.fits else None), (0.0 if final.fits else final.memory_gib - hbm),
+            priced)
 
 
 def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
@@ -358,10 +380,13 @@ def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:
     plans; a UserError is remembered and raised again)."""
     if est.options.exact:
         return est.estimate(plan, global_batch, detail=False)
-    return est.memo.estimates.get(PlanAt(plan, global_batch), lambda: est.estimate(plan, global_batch, detail=False))
+    e: Estimate = est.memo.estimates.get(PlanAt(plan, global_batch),
+                                         lambda: est.estimate(plan, global_batch, detail=False))
+    return e
 
 
 def _step_time(est: Estimator, plan: Plan, global_batch: int) -> float:
     """``_estimate(...).step_time_s`` without what the step does not read (``Estimator
     .step_time_s``, equal to the bit), memoised: what the stage search compares plans by."""
-    return est.memo.steps.get(PlanAt(plan, global_batch), lambda: est.step_time_s(plan, global_batch))
+    step: float = est.memo.steps.get(PlanAt(plan, global_batch), lambda: est.step_time_s(plan, global_batch))
+    return step

@@ -54,7 +54,7 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
 
     if screen:
         # the representative, then — while memory binds — the next ZeRO stages of the same variant
-        out = [run(variants[0])]
+        out: list[MeshResult] = [run(variants[0])]
         for z in (2, 3):
             last = out[-1]
             if last.pruned or not (last.plan is None or last.memory_limited):
@@ -64,7 +64,7 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
             if nxt is not None:
                 out.append(run(nxt))
         return out
-    out: list[MeshResult] = []
+    out = []
     orders = sorted({v.order for v in variants}, key=lambda o: [v.order for v in variants].index(o))
     base_order = orders[0]
     families = sorted({(v.sp, v.cp_algo) for v in variants}, key=lambda f: (not f[0], f[1]))
@@ -80,9 +80,9 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
                     out.append(run(next(v for v in family if v.zero == z)))
     fitting = [r for r in out if r.plan is not None]
     if fitting:
-        best = min(fitting, key=lambda r: (r.estimate.step_time_s, r.plan.to_string()))
+        best = min(fitting, key=lambda r: (r.found_estimate.step_time_s, r.found_plan.to_string()))
         for order in orders[1:]:
-            plan = best.plan.replace(order=order)
+            plan = best.found_plan.replace(order=order)
             try:
                 e = est.estimate(plan, global_batch, detail=False)     # in full where shown (``detailed``)
             except UserError:

@@ -49,14 +49,15 @@ so ``w = max_c e`` over its group.
 Backends: OR-Tools (``cpsat``: the LP relaxation first, by GLOP — where its optimum is
 integral it is the ILP's, ``relaxation.py`` — else CP-SAT: integer objective, costs scaled to
 nanoseconds; one worker and a deterministic time limit, so a timed-out solve is reproducible; no
-probing or symmetry detection in presolve, ``_fast_presolve``) and PuLP/CBC (wall-clock limit).  A time limit returns the best solution found, with its optimality gap.
+probing or symmetry detection in presolve, ``_fast_presolve``) and PuLP/CBC (wall-clock limit).  A
+time limit returns the best solution found, with its optimality gap.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, Sequence, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, get_args
 
 from costmodels.memo import Table
 
@@ -419,7 +420,8 @@ _TensorsStructure = tuple[tuple[int, tuple[int, ...], tuple[tuple[int, tuple[int
 Structure = tuple[_NodesStructure, _TensorsStructure, tuple[tuple[int, int, tuple[int, ...]], ...]]
 """``_structure``: what ``_build`` reads of a problem besides its costs."""
 _SKELETONS_LIMIT = 64                  # a skeleton holds ~0.5 MB (a 130-node MoE block); a search meets ~15
-_SKELETONS: Table[Skeleton[cp_model.CpModel, _Literal]] = Table("ilp.skeletons", _SKELETONS_LIMIT, compare=Skeleton.same_model)
+_SKELETONS: Table[Skeleton[cp_model.CpModel, _Literal]] = Table("ilp.skeletons", _SKELETONS_LIMIT,
+                                                               compare=Skeleton.same_model)
 
 
 def _structure(problem: IlpProblem) -> Structure:

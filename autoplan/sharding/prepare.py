@@ -13,9 +13,8 @@
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
 from autoplan.sharding.local import SEQ_ROLES, scaled_dim

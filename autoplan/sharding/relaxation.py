@@ -25,8 +25,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplan.sharding.ilp import (_SKELETONS_LIMIT, IlpProblem, IlpSolution, Skeleton, built_variables, evaluate,
-                                   feasible, per_structure)
+from autoplan.sharding.ilp import (
+    _SKELETONS_LIMIT,
+    IlpProblem,
+    IlpSolution,
+    Skeleton,
+    built_variables,
+    evaluate,
+    feasible,
+    per_structure,
+)
 from costmodels.memo import Table
 
 if TYPE_CHECKING:
@@ -78,7 +86,8 @@ _LP_SKELETONS: Table[Skeleton[model_builder_helper.ModelBuilderHelper, int]] = T
 
 
 def _lp_skeleton(problem: IlpProblem) -> Skeleton[model_builder_helper.ModelBuilderHelper, int]:
-    """The LP ``Skeleton`` (a ModelBuilderHelper's variables and rows) of ``problem``'s structure, built on first sight."""
+    """The LP ``Skeleton`` (a ModelBuilderHelper's variables and rows) of ``problem``'s structure,
+    built on first sight."""
     from ortools.linear_solver.python import model_builder_helper as mb
 
     def make() -> Skeleton[model_builder_helper.ModelBuilderHelper, int]:

@@ -14,10 +14,30 @@ from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
 from autoplan.sharding import ilp
 from autoplan.sharding.local import local_bytes
 from autoplan.sharding.placements import is_shard, redistribution
-from autoplan.sharding.prepare import (Prepared, Read, dedupe_views, is_unary_elementwise, prepare, read_group,
-                                       read_phase, reads_of, resolve, resolved_reads, view_inverse)
-from autoplan.sharding.price import (NodeCost, OpCollective, Redistribution, memory_price, node_cost, node_prices,
-                                    redistribution_cost, redistribution_pricer, redistribution_runs)
+from autoplan.sharding.prepare import (
+    Prepared,
+    Read,
+    dedupe_views,
+    is_unary_elementwise,
+    prepare,
+    read_group,
+    read_phase,
+    reads_of,
+    resolve,
+    resolved_reads,
+    view_inverse,
+)
+from autoplan.sharding.price import (
+    NodeCost,
+    OpCollective,
+    Redistribution,
+    memory_price,
+    node_cost,
+    node_prices,
+    redistribution_cost,
+    redistribution_pricer,
+    redistribution_runs,
+)
 from autoplan.sharding.strategies import replicated
 from autoplan.sharding.types import SOLVE_SECONDS, BlockAssignment, BlockSharding, Collective, ShardingContext
 from costmodels.memo import Table, memo
@@ -87,7 +107,7 @@ def _tensor_shapes_of(prep: Prepared) -> tuple[_TensorShape, ...]:
         pu = prep.unit_of[ref.node]
         ids: dict[str, int] = {}
 
-        def pid(p: str) -> int:
+        def pid(p: str, ids: dict[str, int] = ids) -> int:   # ids bound now: used in this iteration only
             return ids.setdefault(p, len(ids))
 
         out_pl = tuple(pid(us[ref.node].outputs[ref.index] or "R") for us in prep.units[pu].strategies)
@@ -209,7 +229,7 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
                         for x in c.intrinsic]
-    for (ref, a, b, grp, phase, label), once in zip(shape.redistributions, prices.redistributions):
+    for (ref, _a, _b, grp, phase, label), once in zip(shape.redistributions, prices.redistributions):
         r = replace(once, runs=redistribution_runs(g, ref, grp, ctx.recompute))
         if r.runs == 2:
             collectives.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))

@@ -10,10 +10,15 @@ prices one shape under many sets of stage times at once, each as ``simulate`` wo
 ``closed_form_bubble``/``closed_form_peak_activations`` hold the papers' formulas the
 simulator is tested against (closed_form.py).
 """
-from costmodels.pipeline.closed_form import (ClosedFormBubble, closed_form_bubble,
-                                             closed_form_peak_activations)
-from costmodels.pipeline.schedules import (SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, ScheduleSpec,
-                                           interleaved_group_size, stage_rank)
+from costmodels.pipeline.closed_form import ClosedFormBubble, closed_form_bubble, closed_form_peak_activations
+from costmodels.pipeline.schedules import (
+    SCHEDULES,
+    SPLIT_BACKWARD,
+    V_SCHEDULES,
+    ScheduleSpec,
+    interleaved_group_size,
+    stage_rank,
+)
 from costmodels.pipeline.simulator import PipelineResult, TimelineEntry, simulate, simulate_many
 
 __all__ = ["ClosedFormBubble", "PipelineResult", "SCHEDULES", "SPLIT_BACKWARD", "ScheduleSpec", "TimelineEntry",

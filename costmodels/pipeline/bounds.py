@@ -36,7 +36,7 @@ in another order than the simulation, so callers leave a relative margin (1e-9).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from costmodels.memo import memo
 from costmodels.pipeline import steady

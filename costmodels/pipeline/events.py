@@ -15,8 +15,18 @@ from typing import NamedTuple
 import numpy as np
 
 from costmodels.memo import memo
-from costmodels.pipeline.schedules import (B, BW, F, KIND_NAMES, W, Action, RankOrder, get_spec,
-                                           shared_orders, stage_rank)
+from costmodels.pipeline.schedules import (
+    BW,
+    KIND_NAMES,
+    Action,
+    B,
+    F,
+    RankOrder,
+    W,
+    get_spec,
+    shared_orders,
+    stage_rank,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,8 +280,7 @@ def _run(rank: list[int], dep1: list[int], lat1: list[float], dep2: list[int],
     """End time of every action, visiting them in topological order (the hot loop)."""
     end = [0.0] * len(dur)
     free = [0.0] * p
-    q = 0
-    for r, d1, l1, d2, l2, du in zip(rank, dep1, lat1, dep2, lat2, dur):
+    for q, (r, d1, l1, d2, l2, du) in enumerate(zip(rank, dep1, lat1, dep2, lat2, dur)):
         t = free[r]
         if d1 >= 0:
             x = end[d1] + l1
@@ -284,5 +293,4 @@ def _run(rank: list[int], dep1: list[int], lat1: list[float], dep2: list[int],
         t += du
         end[q] = t
         free[r] = t
-        q += 1
     return end

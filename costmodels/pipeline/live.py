@@ -28,13 +28,13 @@ built for that size.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from costmodels.memo import memo
-from costmodels.pipeline.schedules import B, BW, F, W, build_orders, get_spec, shared_orders
+from costmodels.pipeline.schedules import BW, B, F, W, build_orders, get_spec, shared_orders
 from costmodels.pipeline.steady import reduced_sizes
 
 

@@ -11,7 +11,8 @@ actions whose inputs in the part all lie in earlier levels) is one gather–max�
 the same max of the same sums as ``steady._run_part`` takes (a rank's predecessor, else 0;
 each remote input's end + its p2p; then + the duration), so the floats are equal.  The
 period matrices are built the same way, the samples a leading axis of the same level-wise
-forms (``steady._period_matrix``), as many samples at once as fit the cache; the iteration A^J ⊗ x and its cycle check stay per sample
+forms (``steady._period_matrix``), as many samples at once as fit the cache; the iteration
+A^J ⊗ x and its cycle check stay per sample
 (batched over samples, its products reduce a 3-D array along its middle axis: slower).
 
 Where the period matrix would not pay off, the periods run one at a time, every sample at

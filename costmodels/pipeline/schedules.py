@@ -35,8 +35,8 @@ References (read to get the orders right; the code below is our own):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from costmodels.memo import memo
 
@@ -145,11 +145,11 @@ def interleaved_orders(p: int, m: int, v: int) -> list[RankOrder]:
     for r in range(p):
         warmup = min(2 * (p - r - 1) + (v - 1) * g, total)
 
-        def fwd(k: int) -> Action:
+        def fwd(k: int, r: int = r) -> Action:   # r bound now: the closures run in this iteration only
             i, c = table[k]
             return ((F, i, c * p + r),)
 
-        def bwd(k: int) -> Action:
+        def bwd(k: int, r: int = r) -> Action:
             i, c = table[k]
             return ((BW, i, (v - 1 - c) * p + r),)
 

@@ -49,10 +49,16 @@ from typing import cast
 
 import numpy as np
 
-from costmodels.pipeline.events import (Compiled, StageTimes, compile_schedule, durations,
-                                        rank_predecessors, run_compiled)
-from costmodels.pipeline.schedules import get_spec, interleaved_group_size
 from costmodels.memo import memo
+from costmodels.pipeline.events import (
+    Compiled,
+    StageTimes,
+    compile_schedule,
+    durations,
+    rank_predecessors,
+    run_compiled,
+)
+from costmodels.pipeline.schedules import get_spec, interleaved_group_size
 
 REL_TOL = 1e-12       # iterates repeat to this share of the step's largest end time
 
@@ -266,7 +272,7 @@ def extrapolate(schedule: str, p: int, m: int, v: int, times: StageTimes, *,
     return None
 
 
-def _run_periods(per: Period, part: "_Part", dur_arr: np.ndarray, end: list[float], times: StageTimes,
+def _run_periods(per: Period, part: _Part, dur_arr: np.ndarray, end: list[float], times: StageTimes,
                  periods: int) -> list[float]:
     """The frontier's end times after ``periods`` more periods, one at a time: the frontier F_S
     takes the times of its images σ F_S, then the period's actions run again (their inputs lie
@@ -283,7 +289,7 @@ def _run_periods(per: Period, part: "_Part", dur_arr: np.ndarray, end: list[floa
 
 
 @memo(256)
-def period_part(comp: Compiled, per: Period) -> "_Part":
+def period_part(comp: Compiled, per: Period) -> _Part:
     """The ``_Part`` of one period's actions (C_T − C_S)."""
     return part_of(comp, np.asarray(per.prev), per.period)
 
