@@ -18,7 +18,7 @@ ILP prices with ("collective seconds on the tp axis").
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from autoplan.axes import Axis
 from autoplan.cost.params import NOMINAL, Params, perturb_cluster, perturb_profile

@@ -17,9 +17,8 @@ forward + backward (Korthikanti/Megatron: no recompute, full s² attention); HFU
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Mapping
-from typing import Callable
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
 from autoplan.cost import dp, fsdp, memory, pp, report
@@ -142,7 +141,8 @@ class Estimator:
     def check(self, plan: Plan, global_batch: int) -> None:
         info = self.info
         plan.validate(num_gpus=self.cluster.num_gpus, num_layers=self.model.num_layers, heads=info.heads,
-                      kv_heads=info.kv_heads, experts=info.experts, seq=self.model.sample_positions, global_batch=global_batch)
+                      kv_heads=info.kv_heads, experts=info.experts, seq=self.model.sample_positions,
+                      global_batch=global_batch)
 
     def counted_parts(self, plan: Plan, mesh: Mesh) -> list[tuple[Part, int]]:
         """Every graph of the model under ``plan`` (no recompute), with how often it occurs."""
@@ -171,7 +171,7 @@ class Estimator:
         return self._step(plan, mesh, m, pipe, pol, [memory.rank_numels(pipe, r) for r in range(plan.pp)]).step_s
 
     def _step(self, plan: Plan, mesh: Mesh, m: int, pipe: pp.Pipeline, pol: fsdp.Policy,
-              numels: list[tuple[float, float]]) -> "_Step":
+              numels: list[tuple[float, float]]) -> _Step:
         """Step = makespan + the slowest rank's exposed DP traffic + tied-embedding sync + optimizer,
         from each pipeline rank's (dense, expert) parameter count."""
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)

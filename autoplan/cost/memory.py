@@ -61,8 +61,15 @@ from autoplan.cost.pp import Bag, Pipeline, per_bag
 from autoplan.cost.types import DEFAULT_MARGIN_GIB, Part  # noqa: F401  (DEFAULT_MARGIN_GIB: documented here)
 from autoplan.errors import UserError
 from autoplan.plan import SCHEDULE_SPECS, Plan
-from costmodels.memory import (GIB, MASTER_BYTES, PARAM_BYTES, STATE_PRECISIONS, StatePrecision, keeps_gathered,
-                               model_state_bytes)
+from costmodels.memory import (
+    GIB,
+    MASTER_BYTES,
+    PARAM_BYTES,
+    STATE_PRECISIONS,
+    StatePrecision,
+    keeps_gathered,
+    model_state_bytes,
+)
 from costmodels.pipeline.live import LivePeak
 
 # The loss backward's extra buffers per logit element beyond the saved fp32 log-softmax output:

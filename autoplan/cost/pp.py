@@ -15,8 +15,8 @@ layer's critical path.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from autoplan.axes import Axis
 from autoplan.cost.comms import Comms
@@ -25,6 +25,7 @@ from autoplan.mesh import Mesh
 from autoplan.plan import Plan, recompute_layers
 from costmodels.memo import memo
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
+from costmodels.pipeline import PipelineResult
 
 ACTIVATION_BYTES = 2                    # bf16
 Bag = list[tuple[Part, int]]
@@ -41,7 +42,7 @@ class Pipeline:
     w: tuple[float, ...]
     act_bytes: float                      # one boundary activation, bytes
     p2p_s: float                          # one stage-to-stage send, seconds
-    sim: object                           # costmodels.pipeline simulation result
+    sim: PipelineResult                   # costmodels.pipeline simulation result
     p2p_exposed_s: float                  # what P2P adds to the makespan (0 unless detail)
     p2p_hop: tuple[int, ...] = ()         # the (sender, receiver) of the slowest stage-to-stage hop
     gather_s: float = 0.0                 # part of p2p_s: the receiver's all-gather over tp (no SP)
@@ -175,7 +176,8 @@ def price_pipeline(comms: Comms, plan: Plan, bags: list[Bag], simulation: tuple[
     if plan.pp > 1 and detail:
         no_p2p = comms.simulate(*args[:7], 0.0, *args[8:])
         p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
-    return Pipeline(tuple(bags), rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed, hop, gather)
+    return Pipeline(tuple(bags), rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed,
+                    hop, gather)
 
 
 def pair_comms(schedule: str, bags: list[Bag]) -> tuple[list[float] | None, list[float] | None]:

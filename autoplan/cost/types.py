@@ -9,8 +9,8 @@ from typing import Any, Literal, get_args
 from autoplan.cost.params import NOMINAL, Params
 from autoplan.errors import UserError
 from autoplan.sharding.ilp import BACKENDS, Backend
-from costmodels.memory import STATE_PRECISION_NAMES, StatePrecisionName
 from costmodels.memo import kept_hash, without_kept_hash
+from costmodels.memory import STATE_PRECISION_NAMES, StatePrecisionName
 
 DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces, NCCL buffers, fragmentation
 
@@ -27,7 +27,8 @@ class EstimateOptions:
     (``commands.common.add_estimate_args`` / ``estimate_options_from``).  A choice field's allowed
     values are its ``Literal``'s (``CHOICES``), checked on construction."""
 
-    overlap_grad_reduce: bool = True      # DP reduction overlaps the last backward (Megatron --overlap-grad-reduce, FSDP)
+    # DP reduction overlaps the last backward (Megatron --overlap-grad-reduce, FSDP)
+    overlap_grad_reduce: bool = True
     allow_cross_domain: bool = False      # let per-layer collectives leave the NVLink domain (the search's rule)
     profile: str | None = None            # path to a compute profile YAML (default: the GPU's)
     solver: Backend = "cpsat"             # block ILP backend (autoplan.sharding.ilp)
@@ -39,8 +40,10 @@ class EstimateOptions:
                                           # under no-sync); None = the runtime's default (FSDP2: "microbatch" at
                                           # pp = 1, "step" under PP)
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
-    grad_reduce_bytes: float = 4.0        # bytes per gradient element reduced over dp: fp32 (Megatron's main grads,
-                                          # FSDP2's reduce_dtype); 2 where the stack reduces the fp16 grads (DeepSpeed fp16)
+    # bytes per gradient element reduced over dp: fp32 (Megatron's main grads, FSDP2's reduce_dtype);
+    # 2 where the stack reduces the fp16 grads (DeepSpeed fp16)
+    grad_reduce_bytes: float = 4.0
+
     state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
     kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
@@ -127,7 +130,7 @@ class Part:
 
     __getstate__ = without_kept_hash
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__post_init__()
 
