@@ -242,3 +242,47 @@ def rounded(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [rounded(v) for v in x]
     return x
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One stage-to-stage boundary activation (``pp.boundary``); all zero without pipelining."""
+
+    bytes_per_rank: float       # what each tp rank sends
+    seconds: float              # one send on the slowest hop, the receiver's all-gather included
+    hop: tuple[int, ...]        # (sender, receiver) of the slowest hop; () without pipelining
+    gather_s: float             # part of ``seconds``: the receiver's all-gather over tp (no SP)
+
+
+# the simulator's arguments hashed whole (lists as tuples): ``Comms``' memo key
+SimulationKey = tuple[str, int, int, int, tuple[float, ...], tuple[float, ...], tuple[float, ...], float,
+                      "tuple[float, ...] | None", "tuple[float, ...] | None"]
+
+
+@dataclass(frozen=True)
+class SimulationArgs:
+    """What ``Comms.simulate`` simulates for one plan at m micro-batches (``pp.simulation_args``):
+    the schedule's shape, per virtual stage F, B, W (and the EP seconds an overlapped DualPipeV
+    pair can hide), and the boundary whose seconds are the stage-to-stage P2P time."""
+
+    schedule: str
+    pp: int
+    m: int
+    vpp: int
+    f: list[float]
+    b: list[float]
+    w: list[float]
+    f_comm: list[float] | None
+    b_comm: list[float] | None
+    boundary: Boundary
+
+    @property
+    def p2p(self) -> float:
+        return self.boundary.seconds
+
+    def key(self, p2p: float | None = None) -> SimulationKey:
+        """The simulator's arguments as one hashable key; ``p2p`` in place of the boundary's seconds."""
+        return (self.schedule, self.pp, self.m, self.vpp, tuple(self.f), tuple(self.b), tuple(self.w),
+                self.boundary.seconds if p2p is None else p2p,
+                tuple(self.f_comm) if self.f_comm is not None else None,
+                tuple(self.b_comm) if self.b_comm is not None else None)

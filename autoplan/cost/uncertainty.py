@@ -28,7 +28,7 @@ from autoplan.cost.estimator import Estimator
 from autoplan.cost.params import Params, Range, ranges
 from autoplan.cost.reprice import evaluate, template
 from autoplan.cost.tp import LAYOUTS_KEPT, BlockLayouts, ShardingKey
-from autoplan.cost.types import Estimate, EstimateOptions
+from autoplan.cost.types import Estimate, EstimateOptions, SimulationArgs
 from autoplan.errors import UserError
 from autoplan.ir import OpGraph
 from autoplan.mesh import Mesh
@@ -126,10 +126,10 @@ class Sampler:
         return [[e.step_time_s(p, global_batch) for p in plans] for e in estimators]
 
 
-def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple:
+def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple[Comms, SimulationArgs]:
     """(comms, arguments) of the one simulation ``est.step_time_s(plan, global_batch)`` runs."""
     est.check(plan, global_batch)
-    args, _ = est.simulation_args(plan, Mesh.of(plan), plan.microbatches(global_batch))
+    args = est.simulation_args(plan, Mesh.of(plan), plan.microbatches(global_batch))
     return est.comms, args
 
 
