@@ -95,11 +95,11 @@ class _Shape:
 
     mesh: Mesh
     m: int
-    bags: tuple
-    groups: tuple[tuple[list, bool], ...]      # memory.rank_groups: distinct rank bags
+    bags: tuple[pp.Bag, ...]
+    groups: tuple[tuple[pp.Bag, bool], ...]    # memory.rank_groups: distinct rank bags
     of_rank: tuple[int, ...]                   # each rank's group
     live: tuple[float, ...]                    # each rank's peak live activation bytes
-    inputs: dict                               # Estimator.memory_inputs (the FSDP policy reads zero: not here)
+    inputs: memory.MemoryInputs                # Estimator.memory_inputs (the FSDP policy reads zero: not here)
 
 
 def _shape_key(est: Estimator, plan: Plan, global_batch: int, mesh: Mesh) -> ShapeKey:
@@ -118,7 +118,8 @@ def _shape(est: Estimator, plan: Plan, key: ShapeKey) -> _Shape:
         inputs = est.memory_inputs(plan, mesh, m)
         live = peak_bytes(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(bags, inputs["loss"]))
         return _Shape(mesh, m, bags, groups, of_rank, live, inputs)
-    return est.memo.shapes.get(key, compute)
+    shape: _Shape = est.memo.shapes.get(key, compute)
+    return shape
 
 
 def plan_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
@@ -129,10 +130,10 @@ def plan_memory(est: Estimator, plan: Plan, global_batch: int) -> Memory:
     shape = _shape(est, plan, _shape_key(est, plan, global_batch, Mesh.of(plan)))
     pol = fsdp.policy(est.options, plan)
     states = [memory.bag_states(plan, bag, last, pol=pol, **shape.inputs) for bag, last in shape.groups]
-    totals = memory.rank_total(np.array([x[:5] for x in states])[list(shape.of_rank)].T, np.asarray(shape.live))
+    totals = memory.rank_total(np.array([x.held for x in states])[list(shape.of_rank)].T, np.asarray(shape.live))
     peak = float(totals.max())
     return Memory(peak <= est.usable_bytes, peak / GIB, tuple((totals / GIB).tolist()),
-                  tuple((x[5], x[6]) for x in states))
+                  tuple((x.dense_numel, x.expert_numel) for x in states))
 
 
 def plan_floor(est: Estimator, plan: Plan, global_batch: int, mem: Memory | None = None) -> Floor:
@@ -151,7 +152,7 @@ def _makespan_floor(est: Estimator, plan: Plan, shape: _Shape) -> tuple[float, f
     embedding's sync seconds): what the floor reads that the ZeRO stage does not change."""
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = pp.stage_times(shape.bags, pp.wpass_factor(est.comms, schedule))
-    _, p2p, _, _ = pp.boundary(est.comms, plan, shape.mesh, est.model.sample_positions, est.hidden, schedule)
+    p2p = pp.boundary(est.comms, plan, shape.mesh, est.model.sample_positions, est.hidden, schedule).seconds
     f_comm, b_comm = pp.pair_comms(schedule, list(shape.bags))
     return (makespan_lower_bound(schedule, plan.pp, shape.m, plan.vpp, f, b, w, p2p, f_comm, b_comm),
             est.embedding_sync(plan, shape.mesh)[1])

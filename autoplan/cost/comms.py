@@ -10,7 +10,7 @@ thousands of times:
 * ``slowest_hop(nbytes, ranks, closed)``: one step of a chain or ring of P2P sends (every rank
   sends to the next at once, so the step lasts as long as its slowest hop: a ring CP group of
   16 nodes crosses the network on every hop, not only past the NVLink domain of its first pair);
-* ``simulate(...)``: the pipeline event simulator (``costmodels.pipeline``), extrapolating long
+* ``simulate(args)``: the pipeline event simulator (``costmodels.pipeline``), extrapolating long
   steps unless ``exact`` (``EstimateOptions.exact``: every step event by event).
 
 ``AxisPricer`` binds a ``Comms`` to one plan's mesh: it is the ``sharding.Pricer`` the block
@@ -18,12 +18,14 @@ ILP prices with ("collective seconds on the tp axis").
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from autoplan.axes import Axis
 from autoplan.cost.params import NOMINAL, Params, perturb_cluster, perturb_profile
+from autoplan.cost.types import SimulationArgs, SimulationKey
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
+from autoplan.sharding.types import Gemm
 from costmodels import compute
 from costmodels.collectives import collective_time
 from costmodels.memo import Table
@@ -36,7 +38,7 @@ PRICES_KEPT = 200_000             # spans and collective seconds kept
 
 class Comms:
     def __init__(self, cluster: Cluster, profile_path: str | None = None, params: Params = NOMINAL,
-                 exact: bool = False):
+                 exact: bool = False) -> None:
         """``params``: the uncertain parameters' multipliers, applied to the cluster and profile here
         and read by the pricers that own the mechanism ones (``cost/params.py``); ``exact``: the
         simulator's reference path."""
@@ -51,7 +53,7 @@ class Comms:
         self._colls: Table[float] = Table("comms.collectives", PRICES_KEPT)
         self._sims: Table[PipelineResult] = Table("comms.simulations", SIMULATION_CACHE_LIMIT)
 
-    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: tuple | None) -> float:
+    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> float:
         gpu = self.cluster.gpu
         return compute.op_time(kind, flops, nbytes, peak_flops=gpu.bf16_flops, hbm_bw=gpu.hbm_bw,
                                profile=self.profile, gemm=gemm)
@@ -68,7 +70,7 @@ class Comms:
         return self._colls.get((kind, nbytes, tuple(ranks)),
                                lambda: collective_time(kind, nbytes, self.span(ranks), self.cluster))
 
-    def slowest_hop(self, nbytes: float, ranks, *, closed: bool) -> tuple[float, tuple[int, int]]:
+    def slowest_hop(self, nbytes: float, ranks: Sequence[int], *, closed: bool) -> tuple[float, tuple[int, int]]:
         """(seconds, (sender, receiver)) of the slowest of the P2P hops ``ranks[i] → ranks[i+1]``,
         and ``ranks[-1] → ranks[0]`` when ``closed`` (a ring); the first such pair on ties."""
         ring = tuple(ranks)
@@ -77,31 +79,28 @@ class Comms:
         pairs = list(zip(ring, ring[1:])) + ([(ring[-1], ring[0])] if closed and len(ring) > 2 else [])
         return max(((self.collective("p2p", nbytes, pair), pair) for pair in pairs), key=lambda t: t[0])
 
-    def simulate(self, schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm=None, b_comm=None):
-        """The pipeline simulator, memoised on its inputs (plans that differ only in ZeRO stage or
-        data-parallel layout share their pipeline)."""
-        return self._sims.get(_simulation_key(schedule, pp, m, vpp, f, b, w, p2p, f_comm, b_comm), lambda: simulate(
-            schedule, stages=pp, microbatches=m, chunks=vpp, f=f, b=b, w=w, p2p=p2p, f_comm=f_comm, b_comm=b_comm,
-            exact=self.exact))
+    def simulate(self, args: SimulationArgs, p2p: float | None = None) -> PipelineResult:
+        """The pipeline simulator on ``args`` (``p2p``: stage-to-stage seconds in place of the
+        boundary's), memoised on its inputs (plans that differ only in ZeRO stage or data-parallel
+        layout share their pipeline)."""
+        key = args.key(p2p)
+        return self._sims.get(key, lambda: simulate(
+            args.schedule, stages=args.pp, microbatches=args.m, chunks=args.vpp, f=args.f, b=args.b, w=args.w,
+            p2p=key[7], f_comm=args.f_comm, b_comm=args.b_comm, exact=self.exact))
 
 
-def _simulation_key(schedule: str, pp: int, m: int, vpp: int, f, b, w, p2p: float, f_comm, b_comm) -> tuple:
-    return (schedule, pp, m, vpp, tuple(f), tuple(b), tuple(w), p2p,
-            tuple(f_comm) if f_comm is not None else None, tuple(b_comm) if b_comm is not None else None)
-
-
-def simulate_paired(requests: list[tuple[Comms, tuple]]) -> None:
-    """Put into each ``Comms``' memo what its ``simulate(*args)`` returns, for every (comms, args)
+def simulate_paired(requests: list[tuple[Comms, SimulationArgs]]) -> None:
+    """Put into each ``Comms``' memo what its ``simulate(args)`` returns, for every (comms, args)
     of ``requests``: the requests of one shape (schedule, pp, m, vpp) — a band's samples of one
     plan — are simulated at once (``costmodels.pipeline.simulate_many``, equal to the bit), so
     a later ``simulate`` with those arguments finds its result."""
-    shapes: dict[tuple, list[tuple[Comms, tuple, tuple]]] = {}
+    shapes: dict[tuple[str, int, int, int, bool], list[tuple[Comms, SimulationKey, SimulationArgs]]] = {}
     for comms, args in requests:
-        key = _simulation_key(*args)
+        key = args.key()
         if key not in comms._sims:
-            shapes.setdefault((*args[:4], comms.exact), []).append((comms, key, args))
+            shapes.setdefault((args.schedule, args.pp, args.m, args.vpp, comms.exact), []).append((comms, key, args))
     for (schedule, pp, m, vpp, exact), todo in shapes.items():
-        runs = [dict(f=a[4], b=a[5], w=a[6], p2p=a[7], f_comm=a[8], b_comm=a[9]) for _, _, a in todo]
+        runs = [dict(f=a.f, b=a.b, w=a.w, p2p=a.p2p, f_comm=a.f_comm, b_comm=a.b_comm) for _, _, a in todo]
         for (comms, key, _), result in zip(todo, simulate_many(schedule, stages=pp, microbatches=m, chunks=vpp,
                                                                runs=runs, exact=exact)):
             comms._sims.put(key, result)
@@ -110,11 +109,11 @@ def simulate_paired(requests: list[tuple[Comms, tuple]]) -> None:
 class AxisPricer:
     """``sharding.Pricer`` on one mesh: collectives on the group of a named axis holding rank 0."""
 
-    def __init__(self, comms: Comms, mesh: Mesh):
+    def __init__(self, comms: Comms, mesh: Mesh) -> None:
         self._comms = comms
         self._mesh = mesh
 
-    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: tuple | None) -> float:
+    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> float:
         return self._comms.op_seconds(kind, flops, nbytes, gemm)
 
     def collective_seconds(self, kind: str, nbytes: float, axis: Axis) -> float:

@@ -40,7 +40,8 @@ PARAM_GATHER_BYTES = fsdp.PARAM_GATHER_BYTES  # bf16
 PER_MICROBATCH = ("zero3",)                    # "zero3_step": ZeRO-2/3 traffic of some passes only
 
 
-def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, edp_ranks, m: int,
+def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks: tuple[int, ...],
+             edp_ranks: tuple[int, ...], m: int,
              pol: fsdp.Policy | None = None, grad_bytes: float = GRAD_REDUCE_BYTES) -> list[DpComm]:
     """Data-parallel collectives of one pipeline rank holding ``dense`` + ``expert`` parameters
     (ZeRO-3 counted by ``pol``, FSDP2's defaults when None; ``grad_bytes`` per reduced gradient)."""
@@ -53,14 +54,16 @@ def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks, ed
         if plan.zero == 0:
             out.append(DpComm("all_reduce", grads, 1, comms.collective("all_reduce", grads, ranks), ranks, "grad"))
         elif plan.zero == 1:
-            out.append(DpComm("reduce_scatter", grads, 1, comms.collective("reduce_scatter", grads, ranks), ranks, "grad"))
+            out.append(DpComm("reduce_scatter", grads, 1, comms.collective("reduce_scatter", grads, ranks), ranks,
+                              "grad"))
             out.append(DpComm("all_gather", params, 1, comms.collective("all_gather", params, ranks), ranks, "param"))
         else:                     # ZeRO-2 is ZeRO-3 that never reshards (fsdp.policy)
             out += _zero3_comms(comms, plan, params, grads, ranks, m, pol)
     return out
 
 
-def _zero3_comms(comms: Comms, plan: Plan, params: float, grads: float, ranks, m: int,
+def _zero3_comms(comms: Comms, plan: Plan, params: float, grads: float, ranks: tuple[int, ...], m: int,
+
                  pol: fsdp.Policy | None) -> list[DpComm]:
     """FSDP2's gathers (forward passes, and backward ones under reshard) and reduce-scatters per
     step; ZeRO-2 is the policy that never reshards.  Labelled ``zero3`` when they recur every

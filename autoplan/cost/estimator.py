@@ -17,9 +17,8 @@ forward + backward (Korthikanti/Megatron: no recompute, full s² attention); HFU
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Mapping
-from typing import Callable
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
 from autoplan.cost import dp, fsdp, memory, pp, report
@@ -27,8 +26,8 @@ from autoplan.cost.comms import Comms
 from autoplan.cost.memo import BagKey, EstimatorMemo, LocalShape, PartKey, PlanAt
 from autoplan.cost.parts import price_part
 from autoplan.cost.tp import BlockLayouts, LayoutKey
-from autoplan.cost.types import Estimate, EstimateOptions, Part
-from autoplan.ir import BlockGraph, OpGraph
+from autoplan.cost.types import DpComm, Estimate, EstimateOptions, LayerWork, Part, Primitive, SimulationArgs
+from autoplan.ir import BlockGraph, OpGraph, OpNode
 from autoplan.layout import BlockLayout, Layout
 from autoplan.mesh import Mesh
 from autoplan.opkinds import attention_flops
@@ -82,7 +81,7 @@ class Estimator:
             plan, self.model.order, self.model.num_layers,
             lambda kind, rc: self._part(PartKey(kind, rc, key.local), plan, mesh)))
 
-    def simulation_args(self, plan: Plan, mesh: Mesh, m: int) -> tuple[tuple, tuple]:
+    def simulation_args(self, plan: Plan, mesh: Mesh, m: int) -> SimulationArgs:
         """``pp.simulation_args`` of ``plan`` at ``m`` micro-batches, remembered (a band's
         sample asks for it to simulate its plans at once, then prices each plan with it)."""
         return self.memo.pipelines.get(PlanAt(plan, m), lambda: pp.simulation_args(
@@ -92,12 +91,12 @@ class Estimator:
         """Every graph of the model — block kinds, then "@pre" and "@post" — with how often it occurs."""
         return [(b.kind, b.count) for b in self.model.blocks] + [("@pre", 1), ("@post", 1)]
 
-    def layer_work(self, plan: Plan) -> dict:
+    def layer_work(self, plan: Plan) -> LayerWork:
         """Per micro-batch F+B+W+exposed seconds of every layer (model order) and of pre/post, no
         recompute: what the stage-cut DP balances."""
         part = self._parts_of(plan, Mesh.of(plan))
         work = {k: part(k).work_s for k in dict.fromkeys((*self.model.order, "@pre", "@post"))}
-        return {"layers": [work[k] for k in self.model.order], "pre": work["@pre"], "post": work["@post"]}
+        return LayerWork(tuple(work[k] for k in self.model.order), work["@pre"], work["@post"])
 
     def solve_layouts(self, plan: Plan) -> None:
         """Solve the block ILP of every graph for ``plan``'s tp group (what the search does before forking)."""
@@ -111,7 +110,7 @@ class Estimator:
         keys = [(self.layouts.assignment_key(kind, plan, mesh), kind) for kind, _ in self.graph_kinds()]
         return [(key, kind) for key, kind in keys if key not in self.layouts.assignments]
 
-    def solve_layout(self, kind: str, plan: Plan):
+    def solve_layout(self, kind: str, plan: Plan) -> BlockAssignment:
         """The block ILP of one graph at ``plan`` (a ``BlockAssignment``), not stored: workers solve
         in parallel and the parent keeps them (``store_layouts``)."""
         return self.layouts.solve(self.graph(kind), plan, Mesh.of(plan))
@@ -123,7 +122,7 @@ class Estimator:
 
     def solved_layouts(self) -> dict[LayoutKey, BlockAssignment]:
         """Every block ILP solution kept so far, by ``LayoutKey``."""
-        return dict(self.layouts.assignments.items())
+        return dict(self.layouts.assignments.items())  # type: ignore[arg-type]  # BlockLayouts keys it on LayoutKey
 
     def layout(self, plan: Plan) -> Layout | None:
         """The tp placements ``plan`` is priced with (block ILP solutions); None without tp."""
@@ -142,7 +141,8 @@ class Estimator:
     def check(self, plan: Plan, global_batch: int) -> None:
         info = self.info
         plan.validate(num_gpus=self.cluster.num_gpus, num_layers=self.model.num_layers, heads=info.heads,
-                      kv_heads=info.kv_heads, experts=info.experts, seq=self.model.sample_positions, global_batch=global_batch)
+                      kv_heads=info.kv_heads, experts=info.experts, seq=self.model.sample_positions,
+                      global_batch=global_batch)
 
     def counted_parts(self, plan: Plan, mesh: Mesh) -> list[tuple[Part, int]]:
         """Every graph of the model under ``plan`` (no recompute), with how often it occurs."""
@@ -171,14 +171,14 @@ class Estimator:
         return self._step(plan, mesh, m, pipe, pol, [memory.rank_numels(pipe, r) for r in range(plan.pp)]).step_s
 
     def _step(self, plan: Plan, mesh: Mesh, m: int, pipe: pp.Pipeline, pol: fsdp.Policy,
-              numels: list[tuple[float, float]]) -> "_Step":
+              numels: list[tuple[float, float]]) -> _Step:
         """Step = makespan + the slowest rank's exposed DP traffic + tied-embedding sync + optimizer,
         from each pipeline rank's (dense, expert) parameter count."""
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
         by_numels = {n: dp.dp_comms(self.comms, plan, n[0], n[1], dp_ranks, edp_ranks, m, pol,
                                     self.options.grad_reduce_bytes) for n in dict.fromkeys(numels)}
         dp_colls = [by_numels[n] for n in numels]
-        zero3: dict[tuple, float | None] = {}
+        zero3: dict[_ChunksKey, float | None] = {}
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
                                     first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
@@ -207,7 +207,7 @@ class Estimator:
 
     def _zero3_exposed(self, plan: Plan, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
                        dp_ranks: tuple[int, ...], edp_ranks: tuple[int, ...],
-                       memo: dict[tuple, float | None]) -> float | None:
+                       memo: dict[_ChunksKey, float | None]) -> float | None:
         """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-2/3 (``fsdp``), None otherwise.
         Per-layer collectives share the links when the dense dp group lies inside one NVLink domain.
         ``memo`` (one dict per plan): ranks whose chunks hold the same parts at the same ends share it."""
@@ -231,13 +231,13 @@ class Estimator:
         inputs = self.memory_inputs(plan, mesh, m)
         peaks = peak_live(schedule, plan.pp, m, plan.vpp, *memory.walk_bytes(pipe.bags, inputs["loss"]))
         pol = pol or fsdp.policy(self.options, plan)
-        memo: dict = {}
+        memo: dict[memory.RankKey, memory.BagStates] = {}
         return [memory.rank_memory(plan, pipe, r, peaks[r], memo=memo, pol=pol, **inputs) for r in range(plan.pp)]
 
-    def memory_inputs(self, plan: Plan, mesh: Mesh, m: int) -> dict:
+    def memory_inputs(self, plan: Plan, mesh: Mesh, m: int) -> memory.MemoryInputs:
         """What ``memory.bag_states`` reads besides a rank's bag and the FSDP policy (keyword
         arguments; none of them reads the ZeRO stage)."""
-        return dict(dense_dp=len(mesh.group(DENSE_DP)), expert_dp=len(mesh.group(EXPERT_DP)),
+        return memory.MemoryInputs(dense_dp=len(mesh.group(DENSE_DP)), expert_dp=len(mesh.group(EXPERT_DP)),
                     loss=memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0),
                     ends=frozenset(map(self._parts_of(plan, mesh), ("@pre", "@post"))),
                     microbatches=m, precision=memory.state_precision(self.options.state_precision))
@@ -260,8 +260,9 @@ class Estimator:
         nbytes = self.info.vocab * self.hidden / plan.tp * dp.GRAD_REDUCE_BYTES
         return nbytes, self.comms.collective("all_reduce", nbytes, (pp_ranks[0], pp_ranks[-1]))
 
-    def _assemble(self, plan, mesh, global_batch, m, pipe, mems, prims, busy, step, dp_exposed, embed_s,
-                  optimizer_s) -> Estimate:
+    def _assemble(self, plan: Plan, mesh: Mesh, global_batch: int, m: int, pipe: pp.Pipeline,
+                  mems: list[memory.RankMemory], prims: list[Primitive], busy: int, step: float, dp_exposed: float,
+                  embed_s: float, optimizer_s: float) -> Estimate:
         """MFU, memory and the breakdown on the busiest rank, into one Estimate."""
         gpu = self.cluster.gpu
         counts = {b.kind: b.count for b in self.model.blocks}
@@ -298,12 +299,16 @@ class Estimator:
             microbatches=m, stage_times_s=tuple(zip(pipe.f, pipe.b, pipe.w)), ilp_gap=self.layouts.max_gap)
 
 
+# the chunks of a pipeline rank as FSDP prices them: (its (part, count) pairs, first chunk, last chunk) each
+_ChunksKey = tuple[tuple[tuple[tuple[Part, int], ...], bool, bool], ...]
+
+
 @dataclass(frozen=True)
 class _Step:
     """A step's time and the per-rank DP pieces the report reads (``Estimator._step``)."""
 
     step_s: float
-    dp_colls: list
+    dp_colls: list[list[DpComm]]
     dp_exposed: list[float]
     embed_bytes: float
     embed_s: float
@@ -316,7 +321,7 @@ def estimate(model: BlockGraph, cluster: Cluster, plan: Plan, *, global_batch: i
     return Estimator(model, cluster, options).estimate(plan, global_batch)
 
 
-def _block_input(graph: OpGraph):
+def _block_input(graph: OpGraph) -> OpNode | None:
     """The placeholder of the residual stream entering ``graph``, or None."""
     return next((n for n in graph.nodes if n.op == "placeholder" and n.role == "input" and n.out is not None), None)
 
@@ -324,4 +329,5 @@ def _block_input(graph: OpGraph):
 def _hidden_of(model: BlockGraph) -> int:
     """The residual width: the last dim of the first block's input."""
     entry = _block_input(model.blocks[0].graph)
-    return entry.out.shape[-1] if entry is not None else 0
+    return entry.out.shape[-1] if entry is not None else 0  # type: ignore[union-attr]  # _block_input: out is set
+

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
@@ -31,14 +32,15 @@ class Flag:
     regime: str       # schedule | zero | cp | moe | mfu
     text: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str]:
         return {"regime": self.regime, "text": self.text}
 
 
 @memo(1)
-def coverage() -> dict:
+def coverage() -> dict[str, Any]:
     with open(EVIDENCE_PATH) as f:
-        return yaml.safe_load(f)
+        data: dict[str, Any] = yaml.safe_load(f)
+        return data
 
 
 def flags(plan: Plan, estimate: Estimate, *, moe: bool) -> tuple[Flag, ...]:

@@ -85,12 +85,15 @@ class Unit:
     kept: bool = False             # not resharded after forward (root, last block)
 
 
-def _collective(comms: Comms, kind: str, per_elem: float, dense: float, expert: float, dp_ranks, edp_ranks) -> float:
+def _collective(comms: Comms, kind: str, per_elem: float, dense: float, expert: float, dp_ranks: tuple[int, ...],
+                edp_ranks: tuple[int, ...]) -> float:
     return (comms.collective(kind, dense * per_elem, dp_ranks)
             + comms.collective(kind, expert * per_elem, edp_ranks))
 
 
-def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool, dp_ranks, edp_ranks,
+def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool,
+                dp_ranks: tuple[int, ...], edp_ranks: tuple[int, ...],
+
                 shared_link: bool, grad_bytes: float = GRAD_REDUCE_BYTES) -> list[Unit]:
     """A chunk's units in forward order.  ``pp.stage_bags`` appends ``@pre`` (embedding) to the
     first chunk's bag and then ``@post`` (norm, head, loss) to the last chunk's.  The chunk's root

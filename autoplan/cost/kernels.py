@@ -18,13 +18,13 @@
 """
 from __future__ import annotations
 
-from autoplan.ir import OpGraph, OpNode, TensorRef
+from autoplan.cost.types import KERNELS
+from autoplan.errors import UserError
+from autoplan.ir import OpGraph, OpNode, TensorInfo, TensorRef
 from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
 from autoplan.sharding.local import local_bytes
 from autoplan.sharding.price import recomputed
-from autoplan.cost.types import KERNELS
-from autoplan.errors import UserError
 
 SILU = "aten.silu.default"
 MUL = "aten.mul.Tensor"
@@ -44,6 +44,12 @@ def gated_silus(graph: OpGraph) -> list[OpNode]:
     return [n for n in fwd if n.op == SILU and n.name in read]
 
 
+def _out(n: OpNode) -> TensorInfo:
+    """The output tensor of op ``n`` (every op has one; only a graph's output node has none)."""
+    assert n.out is not None, n.name
+    return n.out
+
+
 def kernel_saving_bytes(kernels: str, graph: OpGraph, bs: BlockSharding, plan: Plan, recompute: str) -> float:
     """Bytes of one micro-batch the engine's kernels do not keep beyond the traced saved bytes
     under ``recompute`` (``bs``: the graph's solved sharding under that policy): under
@@ -51,6 +57,8 @@ def kernel_saving_bytes(kernels: str, graph: OpGraph, bs: BlockSharding, plan: P
     if check_kernels(kernels) == "eager" or recompute in ("op", "full"):
         return 0.0
     saved = graph.saved_outputs()
-    return sum(local_bytes(n.out, bs.placements.get(n.name), plan.tp, plan.mbs, plan.cp)
+    return sum(local_bytes(_out(n), bs.placements.get(n.name), plan.tp, plan.mbs, plan.cp)
+
+
                for n in gated_silus(graph)
                if TensorRef(n.name, 0) in saved and not recomputed(graph, n, recompute))

@@ -31,13 +31,17 @@ simulations by their arguments) and the block ILP's solutions on ``tp.BlockLayou
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autoplan.axes import Axis
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
 from autoplan.plan import SCHEDULE_SPECS, Plan
 from costmodels.memo import Table
+
+if TYPE_CHECKING:
+    from autoplan.cost.pp import Bag
+    from autoplan.cost.types import Part, SimulationArgs
 
 _TP, _CP, _EP = Axis.TP.value, Axis.CP.value, Axis.EP.value      # read once: an enum's value is a property
 KEPT = 20_000              # entries per Estimator table; a table past it starts again empty
@@ -118,9 +122,9 @@ class EstimatorMemo:
     """The tables of one Estimator (module docstring); ``clear()`` empties them all."""
 
     def __init__(self) -> None:
-        self.parts: Table[Any] = Table("estimator.parts", KEPT)
-        self.bags: Table[Any] = Table("estimator.bags", KEPT)
-        self.pipelines: Table[Any] = Table("estimator.pipelines", KEPT)
+        self.parts: Table[Part] = Table("estimator.parts", KEPT)
+        self.bags: Table[list[Bag]] = Table("estimator.bags", KEPT)
+        self.pipelines: Table[SimulationArgs] = Table("estimator.pipelines", KEPT)
         self.shapes: Table[Any] = Table("bounds.shapes", KEPT)
         self.makespan_floors: Table[Any] = Table("bounds.makespan_floors", KEPT)
         self.estimates: Table[Any] = Table("search.estimates", SEARCH_KEPT, errors=(UserError,))

@@ -52,17 +52,27 @@ peak, none of it needed, since a full device frees cached blocks before it fails
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
+from numpy.typing import NDArray
 
 from autoplan.cost.fsdp import Policy
 from autoplan.cost.pp import Bag, Pipeline, per_bag
 from autoplan.cost.types import DEFAULT_MARGIN_GIB, Part  # noqa: F401  (DEFAULT_MARGIN_GIB: documented here)
 from autoplan.errors import UserError
 from autoplan.plan import SCHEDULE_SPECS, Plan
-from costmodels.memory import (GIB, MASTER_BYTES, PARAM_BYTES, STATE_PRECISIONS, StatePrecision, keeps_gathered,
-                               model_state_bytes)
+from costmodels.memory import (
+    GIB,
+    MASTER_BYTES,
+    PARAM_BYTES,
+    STATE_PRECISIONS,
+    StatePrecision,
+    keeps_gathered,
+    model_state_bytes,
+)
 from costmodels.pipeline.live import LivePeak
 
 # The loss backward's extra buffers per logit element beyond the saved fp32 log-softmax output:
@@ -147,7 +157,7 @@ def fsdp_staging_bytes(plan: Plan, block: float, root: float, pol: Policy, freed
     return max(during, after - freed)
 
 
-def split_wgrad_bytes(plan: Plan, bag) -> float:
+def split_wgrad_bytes(plan: Plan, bag: Bag) -> float:
     """The weight half of a split backward under the zero 0/1 engine (pp > 1): torch's
     ``stage_backward_weight`` computes one parameter group's bf16 gradient, which apply folds
     into the fp32 main_grad before the next group (``apply.distributed_optimizer.
@@ -169,9 +179,43 @@ def state_precision(name: str) -> StatePrecision:
     return STATE_PRECISIONS[name]
 
 
+RankKey = tuple[tuple[tuple[Part, int], ...], bool]    # a rank's (part, count) pairs, holds the last stage
+
+
+@dataclass(frozen=True)
+class BagStates:
+    """What a rank holding one bag of parts keeps besides its activation peak (``bag_states``):
+    bytes, and the parameters it holds."""
+
+    params: float
+    grads: float
+    optimizer: float
+    loss: float             # the loss buffers added to the activation peak (last stage, no split backward)
+    other: float            # transients: recompute, FSDP staging, split-backward weight gradients
+    dense_numel: float
+    expert_numel: float
+
+    @property
+    def held(self) -> tuple[float, float, float, float, float]:
+        """(params, grads, optimizer, loss, other): what ``rank_total`` sums."""
+        return self.params, self.grads, self.optimizer, self.loss, self.other
+
+
+class MemoryInputs(TypedDict):
+    """What ``bag_states`` reads besides a rank's bag and the FSDP policy (``Estimator.memory_inputs``)."""
+
+    dense_dp: int
+    expert_dp: int
+    loss: float
+    ends: frozenset[Part]
+    microbatches: int
+    precision: StatePrecision
+
+
 def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_dp: int, expert_dp: int,
                 loss: float, ends: frozenset[Part], microbatches: int, pol: Policy,
-                precision: StatePrecision = StatePrecision(), memo: dict | None = None) -> RankMemory:
+                precision: StatePrecision = StatePrecision(),
+                memo: dict[RankKey, BagStates] | None = None) -> RankMemory:
     """Memory of pipeline rank ``rank``; ``live``: its activation peak; ``ends``: the pre/post
     parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan.  ``memo``: one
     dict shared by the ranks of one plan (same other arguments), where ranks holding the same
@@ -183,12 +227,12 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_
                           microbatches=microbatches, pol=pol, precision=precision)
         if memo is not None:
             memo[key] = held
-    params, grads, optimizer, last, other, dense, expert = held
-    return RankMemory(params, grads, optimizer, live.bytes + last, max(0.0, other - last), dense, expert,
+    return RankMemory(held.params, held.grads, held.optimizer, live.bytes + held.loss,
+                      max(0.0, held.other - held.loss), held.dense_numel, held.expert_numel,
                       tuple(sorted(live.alive.items())))
 
 
-def rank_bag(bags, chunks: tuple[int, ...]) -> tuple[list, tuple]:
+def rank_bag(bags: Sequence[Bag], chunks: tuple[int, ...]) -> tuple[Bag, RankKey]:
     """The (part, count) pairs of a rank holding virtual stages ``chunks`` of ``bags``, and the key
     ranks holding the same parts share (the pairs, parts hashed whole, and whether the last
     stage is there)."""
@@ -196,13 +240,16 @@ def rank_bag(bags, chunks: tuple[int, ...]) -> tuple[list, tuple]:
     return bag, (tuple(bag), len(bags) - 1 in chunks)
 
 
-def rank_groups(bags, rank_chunks) -> tuple[tuple[tuple[list, bool], ...], tuple[int, ...]]:
+def rank_groups(bags: Sequence[Bag], rank_chunks: Sequence[tuple[int, ...]]
+                ) -> tuple[tuple[tuple[Bag, bool], ...], tuple[int, ...]]:
     """The distinct rank bags of a pipeline, (bag, holds the last stage) in first-rank order, and
     each rank's index among them (``rank_bag``'s key).  A rank holding the very bag lists of the
     rank before it (``stage_bags`` shares one list among the inner stages of the same layers and
     policy) is in its group without building its key."""
-    index: dict[tuple, int] = {}
-    groups, of_rank = [], []
+    index: dict[RankKey, int] = {}
+    groups: list[tuple[Bag, bool]] = []
+    of_rank: list[int] = []
+    group = 0
     before: list[Bag] = []
     for chunks in rank_chunks:
         lists = [bags[c] for c in chunks]
@@ -217,12 +264,13 @@ def rank_groups(bags, rank_chunks) -> tuple[tuple[tuple[list, bool], ...], tuple
     return tuple(groups), tuple(of_rank)
 
 
-def rank_total(states, live_bytes):
-    """``RankMemory.total`` of ranks with ``bag_states`` ``states`` (its first five entries; each
-    a number, or an array with one per rank) and ``live_bytes`` of activations at their peaks,
-    to the bit (the same sums in the same order)."""
-    params, grads, optimizer, last, other = states[:5]
-    return params + grads + optimizer + (live_bytes + last) + np.maximum(0.0, other - last)
+def rank_total(states: NDArray[np.float64], live_bytes: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``RankMemory.total`` of ranks with ``BagStates.held`` ``states`` (five rows, one column per
+    rank) and ``live_bytes`` of activations at their peaks, to the bit (the same sums in the same
+    order)."""
+    params, grads, optimizer, last, other = states
+    total: NDArray[np.float64] = params + grads + optimizer + (live_bytes + last) + np.maximum(0.0, other - last)
+    return total
 
 
 def rank_numels(pipe: Pipeline, rank: int) -> tuple[float, float]:
@@ -230,15 +278,15 @@ def rank_numels(pipe: Pipeline, rank: int) -> tuple[float, float]:
     return bag_numels(rank_bag(pipe.bags, pipe.rank_chunks[rank])[0])
 
 
-def bag_numels(bag) -> tuple[float, float]:
+def bag_numels(bag: Bag) -> tuple[float, float]:
     """(dense, expert) parameters of (part, count) pairs."""
     return sum(p.dense_numel * n for p, n in bag), sum(p.expert_numel * n for p, n in bag)
 
 
-def bag_states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: int, loss: float,
+def bag_states(plan: Plan, bag: Bag, holds_last: bool, *, dense_dp: int, expert_dp: int, loss: float,
                ends: frozenset[Part], microbatches: int, pol: Policy,
-               precision: StatePrecision = StatePrecision()) -> tuple[float, ...]:
-    """(params, grads, optimizer, loss, other, dense numel, expert numel) of a rank holding ``bag``."""
+               precision: StatePrecision = StatePrecision()) -> BagStates:
+    """The ``BagStates`` of a rank holding ``bag``."""
     dense, expert = bag_numels(bag)
     params, grads, optimizer = model_states(plan, dense, expert, dense_dp=dense_dp, expert_dp=expert_dp,
                                             microbatches=microbatches, pol=pol, precision=precision)
@@ -251,7 +299,7 @@ def bag_states(plan: Plan, bag, holds_last: bool, *, dense_dp: int, expert_dp: i
     if biggest is not None:
         other += fsdp_staging_bytes(plan, _numel(biggest), root, pol, freed=biggest.saved_bytes)
     other += split_wgrad_bytes(plan, bag)
-    return (params, grads, optimizer, last, other, dense, expert)
+    return BagStates(params, grads, optimizer, last, other, dense, expert)
 
 
 def model_states(plan: Plan, dense: float, expert: float, *, dense_dp: int, expert_dp: int, microbatches: int,
@@ -274,7 +322,7 @@ def splits_backward(plan: Plan) -> bool:
     return plan.pp > 1 and SCHEDULE_SPECS[plan.schedule].split_backward
 
 
-def walk_bytes(bags, loss: float) -> tuple[list[float], list[float], list[float], list[float]]:
+def walk_bytes(bags: Sequence[Bag], loss: float) -> tuple[list[float], list[float], list[float], list[float]]:
     """What ``costmodels.pipeline.live`` walks per virtual stage (model order), one micro-batch:
     the saved bytes, the input gradients kept from B to W under a split
     backward (``Part.wgrad_held_bytes``), the part of the saved bytes B frees

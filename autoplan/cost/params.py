@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, fields
+from typing import Any
 
 import yaml
 
@@ -109,7 +110,7 @@ def _ranges(profile_path: str) -> tuple[Range, ...]:
     return tuple(merged[n] for n in PARAM_NAMES)
 
 
-def _read(where: str, yaml_data: dict | None) -> dict[str, Range]:
+def _read(where: str, yaml_data: dict[str, Any] | None) -> dict[str, Range]:
     if yaml_data is None:
         with open(where) as f:
             yaml_data = yaml.safe_load(f)

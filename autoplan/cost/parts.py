@@ -88,7 +88,8 @@ def _param_numels(graph: OpGraph, bs: BlockSharding, plan: Plan) -> tuple[int, i
     dense = expert = largest = 0
     for n in graph.params():
         pl = bs.param_placements.get(n.param or n.name, "R")
-        numel = n.out.numel // (plan.tp if pl.startswith("S(") else 1)
+        numel = n.out.numel // (plan.tp if pl.startswith("S(") else 1)  # type: ignore[union-attr]  # a param has its tensor
+
         if is_expert_param(n):
             numel //= plan.ep
             expert += numel

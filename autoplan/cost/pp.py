@@ -15,19 +15,21 @@ layer's critical path.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable
 
 from autoplan.axes import Axis
 from autoplan.cost.comms import Comms
-from autoplan.cost.types import Part
+from autoplan.cost.types import Boundary, Part, SimulationArgs
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan, recompute_layers
 from costmodels.memo import memo
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
+from costmodels.pipeline import PipelineResult
 
 ACTIVATION_BYTES = 2                    # bf16
 Bag = list[tuple[Part, int]]
+NO_BOUNDARY = Boundary(0.0, 0.0, (), 0.0)     # a single stage sends nothing
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Pipeline:
     w: tuple[float, ...]
     act_bytes: float                      # one boundary activation, bytes
     p2p_s: float                          # one stage-to-stage send, seconds
-    sim: object                           # costmodels.pipeline simulation result
+    sim: PipelineResult                   # costmodels.pipeline simulation result
     p2p_exposed_s: float                  # what P2P adds to the makespan (0 unless detail)
     p2p_hop: tuple[int, ...] = ()         # the (sender, receiver) of the slowest stage-to-stage hop
     gather_s: float = 0.0                 # part of p2p_s: the receiver's all-gather over tp (no SP)
@@ -70,9 +72,11 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
             hit = parts[(kind, rc)] = part(kind, rc)
         return hit
 
-    bags, start = [], 0
+    bags: list[Bag] = []
+    start = 0
     layers = plan.stage_layers(num_layers)
-    alike: dict[tuple, Bag] = {}       # inner chunks of the same layers and policy share one bag
+    # inner chunks of the same layers and policy share one bag
+    alike: dict[tuple[tuple[tuple[str, int], ...], str], Bag] = {}
     for c, (n, kinds) in enumerate(zip(layers, _chunk_kinds(order, layers))):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
         if recompute_layers(rc) is None:
@@ -97,18 +101,19 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
 @memo(4096)
 def _chunk_kinds(order: tuple[str, ...], layers: tuple[int, ...]) -> tuple[tuple[tuple[str, int], ...], ...]:
     """Per virtual stage, (block kind, layers of it) in first-seen order."""
-    out, start = [], 0
+    out: list[tuple[tuple[str, int], ...]] = []
+    start = 0
     for n in layers:
         out.append(tuple(Counter(order[start:start + n]).items()))
         start += n
     return tuple(out)
 
 
-def per_bag(bags: list[Bag], fn: Callable[[Bag], tuple]) -> list[list]:
+def per_bag(bags: Sequence[Bag], fn: Callable[[Bag], tuple[float, ...]]) -> list[list[float]]:
     """``fn(bag)`` (a tuple of sums) of every bag, as one list per entry of the tuple; ``fn`` once
     per run of one shared list (``stage_bags`` gives the inner virtual stages of the same layers
     and policy one list, and those stages follow each other)."""
-    rows: list[tuple] = []
+    rows: list[tuple[float, ...]] = []
     before: Bag | None = None
     for bag in bags:
         rows.append(rows[-1] if bag is before else fn(bag))
@@ -116,7 +121,7 @@ def per_bag(bags: list[Bag], fn: Callable[[Bag], tuple]) -> list[list]:
     return [list(column) for column in zip(*rows)] if rows else []
 
 
-def stage_times(bags: list[Bag], wpass: float = 1.0) -> tuple[list[float], list[float], list[float]]:
+def stage_times(bags: Sequence[Bag], wpass: float = 1.0) -> tuple[list[float], list[float], list[float]]:
     """Per virtual stage F (forward + exposed forward communication), B (input gradient +
     exposed backward communication) and W (weight gradient, × ``wpass``), seconds per micro-batch."""
     f, b, w = per_bag(bags, lambda bag: (sum((p.forward_s + p.exposed_fwd_s) * n for p, n in bag),
@@ -152,33 +157,31 @@ def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
 
 
 def simulation_args(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int,
-                    hidden: int) -> tuple[tuple, tuple[float, float, tuple[int, ...], float]]:
-    """(the arguments of ``Comms.simulate`` — schedule, pp, m, vpp, f, b, w, p2p, f_comm, b_comm —,
-    ``boundary``'s four values): what ``price_pipeline`` simulates for ``plan`` (a band asks for
-    every sample's before simulating them at once)."""
+                    hidden: int) -> SimulationArgs:
+    """What ``price_pipeline`` simulates for ``plan`` (a band asks for every sample's before
+    simulating them at once)."""
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = stage_times(bags, wpass_factor(comms, schedule))
     f, b = engine_instructions(f, b, comms.profile.p2p_host_s)
     f_comm, b_comm = pair_comms(schedule, bags)
-    bnd = boundary(comms, plan, mesh, seq_len, hidden, schedule)
-    return (schedule, plan.pp, m, plan.vpp, f, b, w, bnd[1], f_comm, b_comm), bnd
+    return SimulationArgs(schedule, plan.pp, m, plan.vpp, f, b, w, f_comm, b_comm,
+                          boundary(comms, plan, mesh, seq_len, hidden, schedule))
 
 
-def price_pipeline(comms: Comms, plan: Plan, bags: list[Bag], simulation: tuple[tuple, tuple], *,
-                   detail: bool) -> Pipeline:
-    """The priced pipeline of ``plan`` from its ``simulation_args`` ``simulation``; with ``detail``,
+def price_pipeline(comms: Comms, plan: Plan, bags: list[Bag], args: SimulationArgs, *, detail: bool) -> Pipeline:
+    """The priced pipeline of ``plan`` from its ``simulation_args`` ``args``; with ``detail``,
     also the exposed share of stage-to-stage P2P (a second simulation, without it)."""
-    args, (act_bytes, p2p, hop, gather) = simulation
-    f, b, w = args[4:7]
-    sim = comms.simulate(*args)
+    sim = comms.simulate(args)
     p2p_exposed = 0.0
     if plan.pp > 1 and detail:
-        no_p2p = comms.simulate(*args[:7], 0.0, *args[8:])
+        no_p2p = comms.simulate(args, p2p=0.0)
         p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
-    return Pipeline(tuple(bags), rank_chunks(plan), tuple(f), tuple(b), tuple(w), act_bytes, p2p, sim, p2p_exposed, hop, gather)
+    bnd = args.boundary
+    return Pipeline(tuple(bags), rank_chunks(plan), tuple(args.f), tuple(args.b), tuple(args.w), bnd.bytes_per_rank,
+                    bnd.seconds, sim, p2p_exposed, bnd.hop, bnd.gather_s)
 
 
-def pair_comms(schedule: str, bags: list[Bag]) -> tuple[list[float] | None, list[float] | None]:
+def pair_comms(schedule: str, bags: Sequence[Bag]) -> tuple[list[float] | None, list[float] | None]:
     """Per virtual stage the EP seconds of F and of B an overlapped pair can hide (DualPipeV:
     ``f_comm``, ``b_comm`` of the simulator); (None, None) for the other schedules."""
     if schedule != "dualpipev":
@@ -187,18 +190,18 @@ def pair_comms(schedule: str, bags: list[Bag]) -> tuple[list[float] | None, list
 
 
 def boundary(comms: Comms, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,
-                   schedule: str) -> tuple[float, float, tuple[int, ...], float]:
-    """(bytes each tp rank sends, seconds of one stage-to-stage send, its slowest hop, the
-    all-gather part of those seconds) for one boundary activation, ``b·(s/cp)·h·2`` bytes.
+                   schedule: str) -> Boundary:
+    """One boundary activation, ``b·(s/cp)·h·2`` bytes: what each tp rank sends, the seconds of
+    one stage-to-stage send on the slowest hop, that hop, and the all-gather part of those seconds.
 
     Every tp rank sends 1/tp of it: under SP the activation is sequence-sharded already; without
     SP Megatron's scatter/gather (``scatter_gather_tensors_in_pipeline``) and DeepSpeed split the
     replicated activation over the tp group, send the slices, and all-gather them on the
     receiving stage over its tp group (NVLink), which lies on the receiver's critical path."""
     if plan.pp == 1:
-        return 0.0, 0.0, (), 0.0
+        return NO_BOUNDARY
     full = plan.mbs * seq_len / plan.cp * hidden * ACTIVATION_BYTES
     per_rank = full / plan.tp
     hop_s, hop = comms.slowest_hop(per_rank, mesh.group(Axis.PP.value), closed=schedule == "interleaved")
     gather = 0.0 if plan.sp else comms.collective("all_gather", full, mesh.group(Axis.TP.value))
-    return per_rank, hop_s + gather, hop, gather
+    return Boundary(per_rank, hop_s + gather, hop, gather)

@@ -5,6 +5,9 @@ first), per step, by (collective kind, what it is for, group size, level of the 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from autoplan.axes import Axis
 from autoplan.cost.comms import Comms
 from autoplan.cost.pp import Pipeline
@@ -14,28 +17,45 @@ from autoplan.plan import Plan
 from autoplan.rules import nvlink_breaks
 from costmodels.memory import GIB
 
+_Key = tuple[str, str, str, int, str]     # (kind, axis, purpose, group size, level)
+
+
+@dataclass
+class _Row:
+    """One primitive's sums: its span's description, calls, bytes × calls, seconds, exposed seconds."""
+
+    span: str
+    calls: int = 0
+    total: float = 0.0
+    seconds: float = 0.0
+    exposed: float = 0.0
+
 
 class _Table:
     """Accumulates collectives into primitives keyed by (kind, axis, purpose, group size, level)."""
 
     def __init__(self, comms: Comms):
         self.comms = comms
-        self.acc: dict[tuple, list] = {}
+        self.acc: dict[_Key, _Row] = {}
 
-    def add(self, kind, axis, purpose, ranks, calls, nbytes, seconds, exposed):
+    def add(self, kind: str, axis: str, purpose: str, ranks: Sequence[int], calls: int, nbytes: float,
+            seconds: float, exposed: float) -> None:
         if len(ranks) <= 1:
             return
         span = self.comms.span(ranks)
         key = (kind, axis, purpose, len(ranks), span.level)
-        a = self.acc.setdefault(key, [self.comms.cluster.describe_span(span), 0, 0.0, 0.0, 0.0])
-        a[1] += calls
-        a[2] += nbytes * calls
-        a[3] += seconds
-        a[4] += exposed
+        a = self.acc.get(key)
+        if a is None:
+            a = self.acc[key] = _Row(self.comms.cluster.describe_span(span))
+        a.calls += calls
+        a.total += nbytes * calls
+        a.seconds += seconds
+        a.exposed += exposed
 
     def primitives(self) -> list[Primitive]:
-        rows = [Primitive(kind, axis, purpose, size, span, level, calls, total / max(calls, 1), seconds, exposed)
-                for (kind, axis, purpose, size, level), (span, calls, total, seconds, exposed) in self.acc.items()]
+        rows = [Primitive(kind, axis, purpose, size, a.span, level, a.calls, a.total / max(a.calls, 1), a.seconds,
+                          a.exposed)
+                for (kind, axis, purpose, size, level), a in self.acc.items()]
         return sorted(rows, key=lambda p: (p.kind, p.traffic, p.group_size, p.level, p.purpose))
 
 
@@ -63,13 +83,14 @@ def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, ran
         if pipe.gather_s:     # without SP: the receiver all-gathers the tp slices (Megatron's scatter/gather)
             table.add("all_gather", Axis.TP.value, "activations", mesh.group(Axis.TP.value), sends,
                       pipe.act_bytes * plan.tp, total * (1 - hop_share), exposed * (1 - hop_share))
-    dp_total = sum(c.seconds for c in dp)
-    for c in dp:
+    dp_total = sum(d.seconds for d in dp)
+    for d in dp:
         # the exposed part of data-parallel traffic, shared in proportion to each collective's time
-        table.add(c.kind, Axis.DP.value, "parameters" if c.kind == "all_gather" else "gradients", c.ranks, c.calls, c.nbytes, c.seconds,
-                  dp_exposed * c.seconds / dp_total if dp_total else 0.0)
+        table.add(d.kind, Axis.DP.value, "parameters" if d.kind == "all_gather" else "gradients", d.ranks, d.calls,
+                  d.nbytes, d.seconds, dp_exposed * d.seconds / dp_total if dp_total else 0.0)
     if embed_s:
-        table.add("all_reduce", Axis.PP.value, "embedding", (pp_ranks[0], pp_ranks[-1]), 1, embed_bytes, embed_s, embed_s)
+        table.add("all_reduce", Axis.PP.value, "embedding", (pp_ranks[0], pp_ranks[-1]), 1, embed_bytes, embed_s,
+                  embed_s)
     return table.primitives()
 
 

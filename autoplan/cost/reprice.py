@@ -11,9 +11,14 @@ call once.  No sample repeats the graph walk.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+from autoplan.axes import Axis
 from autoplan.ir import OpGraph
-from autoplan.sharding import BlockAssignment, BlockSharding, price_assignment
+from autoplan.sharding import BlockAssignment, BlockSharding, Pricer, ShardingContext, price_assignment
+from autoplan.sharding.types import Gemm
+
+Call = tuple[Any, ...]     # ("op", kind, flops, bytes, gemm) or ("coll", kind, bytes, axis)
 
 
 class Lin:
@@ -21,10 +26,10 @@ class Lin:
 
     __slots__ = ("terms",)
 
-    def __init__(self, terms: dict):
+    def __init__(self, terms: dict[Call, float]):
         self.terms = terms
 
-    def __add__(self, other):
+    def __add__(self, other: object) -> Lin:
         if isinstance(other, Lin):
             out = dict(self.terms)
             for k, v in other.terms.items():
@@ -36,12 +41,12 @@ class Lin:
 
     __radd__ = __add__
 
-    def __mul__(self, c: float):
+    def __mul__(self, c: float) -> Lin:
         return Lin({k: v * c for k, v in self.terms.items()})
 
     __rmul__ = __mul__
 
-    def value(self, pricer) -> float:
+    def value(self, pricer: Pricer) -> float:
         """Σ coefficient · seconds under ``pricer`` (a ``sharding.Pricer``), calls in a fixed order."""
         total = 0.0
         for (what, *args), c in self.terms.items():
@@ -52,21 +57,23 @@ class Lin:
 class SymbolicPricer:
     """A ``sharding.Pricer`` that answers with the call itself, as a ``Lin``."""
 
-    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: tuple | None) -> Lin:
+    def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> Lin:
         return Lin({("op", kind, flops, nbytes, gemm): 1.0})
 
-    def collective_seconds(self, kind: str, nbytes: float, axis) -> Lin:
+    def collective_seconds(self, kind: str, nbytes: float, axis: Axis) -> Lin:
         return Lin({("coll", kind, nbytes, axis): 1.0})
 
 
-def template(graph: OpGraph, assignment: BlockAssignment, ctx) -> BlockSharding:
+def template(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext) -> BlockSharding:
     """``assignment`` priced under ``ctx`` with symbolic seconds (``ctx``'s own pricer unused)."""
-    return price_assignment(graph, assignment, dataclasses.replace(ctx, pricer=SymbolicPricer()))
+    # a Pricer answering Lin, not float: price_assignment only adds and scales what it answers, as Lin does
+    symbolic = dataclasses.replace(ctx, pricer=SymbolicPricer())  # type: ignore[arg-type]
+    return price_assignment(graph, assignment, symbolic)
 
 
-def evaluate(tpl: BlockSharding, pricer) -> BlockSharding:
+def evaluate(tpl: BlockSharding, pricer: Pricer) -> BlockSharding:
     """The template's seconds under ``pricer``."""
-    def v(x):
+    def v(x: float | Lin) -> float:
         return x.value(pricer) if isinstance(x, Lin) else float(x)
     return dataclasses.replace(
         tpl, forward_s=v(tpl.forward_s), backward_s=v(tpl.backward_s), wgrad_s=v(tpl.wgrad_s),

@@ -66,7 +66,7 @@ def with_fallback(bs: BlockSharding, graph: OpGraph, plan: Plan, recompute: str,
     fwd_s = bwd_s = 0.0
     fwd_n = bwd_n = 0
     for n in _softmax_nodes(graph):
-        b, heads, sq, sk = n.out.shape
+        b, heads, sq, sk = n.out.shape  # type: ignore[union-attr]  # a softmax has its output
         local_heads = heads // plan.tp if bs.placements.get(n.name, "R").startswith("S(") else heads
         attn_batches = b * plan.mbs * local_heads
         sq_local = sq // plan.cp
@@ -80,5 +80,7 @@ def with_fallback(bs: BlockSharding, graph: OpGraph, plan: Plan, recompute: str,
     if not fwd_n:
         return bs
     return dataclasses.replace(bs, forward_s=bs.forward_s + fwd_s, backward_s=bs.backward_s + bwd_s,
-                               recompute_s=bs.recompute_s + (bwd_s - fwd_s), forward_launches=bs.forward_launches + fwd_n,
+                               recompute_s=bs.recompute_s + (bwd_s - fwd_s),
+                               forward_launches=bs.forward_launches + fwd_n,
+
                                backward_launches=bs.backward_launches + bwd_n)

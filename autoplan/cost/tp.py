@@ -24,8 +24,8 @@ from autoplan.ir import OpGraph
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.sharding import BlockAssignment, BlockSharding, ShardingContext, price_assignment, solve_assignment
-from autoplan.sharding.types import SOLVE_SECONDS
 from autoplan.sharding.solve import LayoutPrices, layout_prices
+from autoplan.sharding.types import SOLVE_SECONDS
 from costmodels.memo import Table
 from topologies.cluster import GroupSpan
 

@@ -9,8 +9,8 @@ from typing import Any, Literal, get_args
 from autoplan.cost.params import NOMINAL, Params
 from autoplan.errors import UserError
 from autoplan.sharding.ilp import BACKENDS, Backend
-from costmodels.memory import STATE_PRECISION_NAMES, StatePrecisionName
 from costmodels.memo import kept_hash, without_kept_hash
+from costmodels.memory import STATE_PRECISION_NAMES, StatePrecisionName
 
 DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces, NCCL buffers, fragmentation
 
@@ -27,7 +27,8 @@ class EstimateOptions:
     (``commands.common.add_estimate_args`` / ``estimate_options_from``).  A choice field's allowed
     values are its ``Literal``'s (``CHOICES``), checked on construction."""
 
-    overlap_grad_reduce: bool = True      # DP reduction overlaps the last backward (Megatron --overlap-grad-reduce, FSDP)
+    # DP reduction overlaps the last backward (Megatron --overlap-grad-reduce, FSDP)
+    overlap_grad_reduce: bool = True
     allow_cross_domain: bool = False      # let per-layer collectives leave the NVLink domain (the search's rule)
     profile: str | None = None            # path to a compute profile YAML (default: the GPU's)
     solver: Backend = "cpsat"             # block ILP backend (autoplan.sharding.ilp)
@@ -39,8 +40,10 @@ class EstimateOptions:
                                           # under no-sync); None = the runtime's default (FSDP2: "microbatch" at
                                           # pp = 1, "step" under PP)
     memory_margin_gib: float = DEFAULT_MARGIN_GIB   # head-room a plan must leave free (cost.memory docstring)
-    grad_reduce_bytes: float = 4.0        # bytes per gradient element reduced over dp: fp32 (Megatron's main grads,
-                                          # FSDP2's reduce_dtype); 2 where the stack reduces the fp16 grads (DeepSpeed fp16)
+    # bytes per gradient element reduced over dp: fp32 (Megatron's main grads, FSDP2's reduce_dtype);
+    # 2 where the stack reduces the fp16 grads (DeepSpeed fp16)
+    grad_reduce_bytes: float = 4.0
+
     state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
     kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
@@ -62,6 +65,16 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field ->
     "state_precision": ("state precision", STATE_PRECISION_NAMES),
     "kernels": ("kernels", KERNELS),
 }
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    """Per micro-batch F + B + W + exposed per-layer communication seconds, no recompute: of each
+    layer in model order, of the part before the blocks and of the part after them."""
+
+    layers: tuple[float, ...]
+    pre: float
+    post: float
 
 
 @dataclass(frozen=True)
@@ -127,7 +140,7 @@ class Part:
 
     __getstate__ = without_kept_hash
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__post_init__()
 
@@ -239,3 +252,47 @@ def rounded(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [rounded(v) for v in x]
     return x
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One stage-to-stage boundary activation (``pp.boundary``); all zero without pipelining."""
+
+    bytes_per_rank: float       # what each tp rank sends
+    seconds: float              # one send on the slowest hop, the receiver's all-gather included
+    hop: tuple[int, ...]        # (sender, receiver) of the slowest hop; () without pipelining
+    gather_s: float             # part of ``seconds``: the receiver's all-gather over tp (no SP)
+
+
+# the simulator's arguments hashed whole (lists as tuples): ``Comms``' memo key
+SimulationKey = tuple[str, int, int, int, tuple[float, ...], tuple[float, ...], tuple[float, ...], float,
+                      "tuple[float, ...] | None", "tuple[float, ...] | None"]
+
+
+@dataclass(frozen=True)
+class SimulationArgs:
+    """What ``Comms.simulate`` simulates for one plan at m micro-batches (``pp.simulation_args``):
+    the schedule's shape, per virtual stage F, B, W (and the EP seconds an overlapped DualPipeV
+    pair can hide), and the boundary whose seconds are the stage-to-stage P2P time."""
+
+    schedule: str
+    pp: int
+    m: int
+    vpp: int
+    f: list[float]
+    b: list[float]
+    w: list[float]
+    f_comm: list[float] | None
+    b_comm: list[float] | None
+    boundary: Boundary
+
+    @property
+    def p2p(self) -> float:
+        return self.boundary.seconds
+
+    def key(self, p2p: float | None = None) -> SimulationKey:
+        """The simulator's arguments as one hashable key; ``p2p`` in place of the boundary's seconds."""
+        return (self.schedule, self.pp, self.m, self.vpp, tuple(self.f), tuple(self.b), tuple(self.w),
+                self.boundary.seconds if p2p is None else p2p,
+                tuple(self.f_comm) if self.f_comm is not None else None,
+                tuple(self.b_comm) if self.b_comm is not None else None)

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autoplan.errors import UserError
 from autoplan.cost.comms import AxisPricer, Comms, simulate_paired
 from autoplan.cost.estimator import Estimator
 from autoplan.cost.params import Params, Range, ranges
 from autoplan.cost.reprice import evaluate, template
 from autoplan.cost.tp import LAYOUTS_KEPT, BlockLayouts, ShardingKey
-from autoplan.cost.types import Estimate, EstimateOptions
+from autoplan.cost.types import Estimate, EstimateOptions, SimulationArgs
+from autoplan.errors import UserError
 from autoplan.ir import OpGraph
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
@@ -51,7 +52,7 @@ def draw(rs: tuple[Range, ...], n: int, seed: int) -> tuple[Params, ...]:
     return tuple(Params(**{name: col[i] for name, col in columns.items()}) for i in range(n))
 
 
-def quantile(values, q: float) -> float:
+def quantile(values: Iterable[float], q: float) -> float:
     """The q-quantile by linear interpolation between order statistics."""
     xs = sorted(values)
     pos = q * (len(xs) - 1)
@@ -75,9 +76,9 @@ class Band:
         """MFU quantile: the step's (1−q) quantile turned into MFU."""
         return self.point_mfu * self.point_step_s / self.step(1.0 - q)
 
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, float]:
         """The JSON fields: step_time_s_p10/_p50/_p90, mfu_p10/_p50/_p90, band_samples."""
-        out = {"band_samples": len(self.step_s)}
+        out: dict[str, float] = {"band_samples": len(self.step_s)}
         for q in QUANTILES:
             tag = f"p{round(q * 100)}"
             out[f"step_time_s_{tag}"] = self.step(q)
@@ -114,7 +115,7 @@ class Sampler:
         steps = self.steps([plan], global_batch, range(len(self.params)))
         return Band(tuple(row[0] for row in steps), point.step_time_s, point.mfu)
 
-    def steps(self, plans: list[Plan], global_batch: int, samples) -> list[list[float]]:
+    def steps(self, plans: list[Plan], global_batch: int, samples: Iterable[int]) -> list[list[float]]:
         """Per sample index of ``samples``: the step time of every plan on it.  Each plan's
         pipelines on these samples (one shape, other stage times) are simulated at once first
         (``comms.simulate_paired``); each sample's ``step_time_s`` then finds its own."""
@@ -125,10 +126,10 @@ class Sampler:
         return [[e.step_time_s(p, global_batch) for p in plans] for e in estimators]
 
 
-def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple:
+def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple[Comms, SimulationArgs]:
     """(comms, arguments) of the one simulation ``est.step_time_s(plan, global_batch)`` runs."""
     est.check(plan, global_batch)
-    args, _ = est.simulation_args(plan, Mesh.of(plan), plan.microbatches(global_batch))
+    args = est.simulation_args(plan, Mesh.of(plan), plan.microbatches(global_batch))
     return est.comms, args
 
 

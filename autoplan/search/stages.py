@@ -280,7 +280,7 @@ def _cut_variants(est: Estimator, plan: Plan) -> list[tuple[int, ...]]:
     work = est.layer_work(plan)
     ranks = tuple(plan.stage_rank(c) for c in range(plan.pp * plan.vpp))
     try:
-        cuts = balanced_cuts(tuple(work["layers"]), work["pre"], work["post"], ranks)
+        cuts = balanced_cuts(work.layers, work.pre, work.post, ranks)
     except ValueError:
         return variants
     if cuts != plan.stage_layers(est.model.num_layers):
