@@ -1,7 +1,7 @@
 """Does a refactor change any number?  The JSON of the README's examples, the bench's quick suite
 and the worst search rows, byte for byte, against another commit, and the worst rows' search time.
 
-    python experiments/check_identical.py --base REV [--only readme,quick,worst] [--time] [--repeat N]
+    python experiments/check_identical.py --base REV [--only readme,quick,worst] [--time] [--repeat N] [--write]
 
 The commit ``REV`` is checked out into a temporary git worktree; every command runs in a fresh
 process, once on ``REV`` and once on the working tree, each with its own trace cache (a cold
@@ -9,7 +9,8 @@ trace is not timed: ``--time`` runs the search in-process after tracing).  A row
 the two outputs are identical bytes; timing fields of the bench record (``*_s``, ``cpus``) are
 dropped before comparing.  With ``--time``, each worst row's search seconds (wall and CPU of the
 search process and its workers) on both trees, interleaved ``--repeat`` times (default 3), the
-ratio of medians new / old.  Exit status 1 when any output differs.
+ratio of medians new / old.  ``--write`` puts the rows and the timing table into
+experiments/RESULTS.md (section ``check_identical``).  Exit status 1 when any output differs.
 """
 from __future__ import annotations
 
@@ -148,6 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--time", action="store_true", help="also time the worst rows' search, old vs new")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", metavar="DIR", help="write each output as DIR/{old,new}/<row>.txt")
+    ap.add_argument("--write", action="store_true", help="record the result in experiments/RESULTS.md")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     base = tempfile.mkdtemp(prefix="autoplan-base-")
@@ -156,13 +158,15 @@ def main(argv=None) -> int:
                    capture_output=True)
     trees = {"old": base, "new": REPO}
     differ = 0
+    lines: list[str] = []
     try:
         for name, what in _rows(only):
             outs = {"old": _old(args.base, name, lambda: _run(base, caches["old"], what)),  # noqa: B023 - _old runs it now
                     "new": _run(REPO, caches["new"], what)}
             same = outs["old"] == outs["new"]
             differ += not same
-            print(f"{'same   ' if same else 'DIFFERS'} {name}", flush=True)
+            lines.append(f"{'same   ' if same else 'DIFFERS'} {name}")
+            print(lines[-1], flush=True)
             if args.keep:
                 for k, out in outs.items():
                     os.makedirs(os.path.join(args.keep, k), exist_ok=True)
@@ -170,8 +174,9 @@ def main(argv=None) -> int:
                               "wb") as f:
                         f.write(out)
         if args.time:
-            print("\n| row | old wall s | new wall s | new/old wall | old CPU s | new CPU s | new/old CPU |")
-            print("|---|---|---|---|---|---|---|")
+            lines += ["", "| row | old wall s | new wall s | new/old wall | old CPU s | new CPU s | new/old CPU |",
+                      "|---|---|---|---|---|---|---|"]
+            print("\n".join(lines[-3:]))
             for row in WORST:
                 runs: dict[str, list[dict]] = {"old": [], "new": []}
                 for _ in range(args.repeat):
@@ -179,15 +184,34 @@ def main(argv=None) -> int:
                         runs[k].append(_timed(trees[k], caches[k], row))
                 med = {k: (statistics.median(r["wall_s"] for r in v), statistics.median(r["cpu_s"] for r in v))
                        for k, v in runs.items()}
-                print(f"| {row[0]}@{row[1]} | {med['old'][0]:.2f} | {med['new'][0]:.2f} | "
-                      f"{med['new'][0] / med['old'][0]:.3f} | {med['old'][1]:.2f} | {med['new'][1]:.2f} | "
-                      f"{med['new'][1] / med['old'][1]:.3f} |", flush=True)
+                lines.append(f"| {row[0]}@{row[1]} | {med['old'][0]:.2f} | {med['new'][0]:.2f} | "
+                             f"{med['new'][0] / med['old'][0]:.3f} | {med['old'][1]:.2f} | {med['new'][1]:.2f} | "
+                             f"{med['new'][1] / med['old'][1]:.3f} |")
+                print(lines[-1], flush=True)
     finally:
         subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", base], capture_output=True)
         for d in caches.values():
             shutil.rmtree(d, ignore_errors=True)
     print(f"\n{differ} differ" if differ else "\nall identical")
+    if args.write:
+        _write(args, lines, differ)
     return 1 if differ else 0
+
+
+def _write(args: argparse.Namespace, lines: list[str], differ: int) -> None:
+    from results_md import write_section
+
+    head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    cmd = " ".join(["python experiments/check_identical.py", f"--base {args.base}", f"--only {args.only}",
+                    *(["--time", f"--repeat {args.repeat}"] if args.time else []), "--write"])
+    text = (f"`{cmd}` at {head} ({os.cpu_count()} cores; each output byte for byte, each search in a fresh "
+            f"process; times: medians of the interleaved repeats, search only, the trace excluded; the "
+            f"machine is shared, so wall seconds vary and CPU seconds are the steadier figure): "
+            f"{'all identical' if not differ else f'{differ} differ'}.\n\n```\n" + "\n".join(
+                x for x in lines if not x.startswith("|") and x) + "\n```\n\n" + "\n".join(
+                x for x in lines if x.startswith("|")) + "\n")
+    write_section("check_identical", "A refactor against its base (`experiments/check_identical.py`)", text)
 
 
 if __name__ == "__main__":
