@@ -134,8 +134,9 @@ class _SerialBatches(Generic[T, R]):
 
 class ForkExecutor:
     """``workers`` processes forked on entry with ``est`` as it is then, in shape sharing; closed
-    and joined on exit.  ``look_ahead``: tasks per worker started ahead (0: wait for every batch).
-    A lone task runs here: forking it out would only wait for it."""
+    and joined on exit (terminated where an error leaves).  ``look_ahead``: tasks per worker
+    started ahead (0: wait for every batch).  A lone task runs here: forking it out would only
+    wait for it."""
 
     def __init__(self, est: Estimator, workers: int, look_ahead: int = LOOK_AHEAD) -> None:
         self.workers, self.look_ahead = workers, look_ahead
@@ -152,7 +153,11 @@ class ForkExecutor:
             self._stack = stack.pop_all()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # Leaving on an error (Ctrl-C: the workers got SIGINT too and left, their tasks with them),
+        # terminate: a close-and-join would wait forever for the lost tasks' results.
+        if exc_type is not None and self._pool is not None:
+            self._pool.terminate()
         self._stack.close()
 
     def map(self, fn: Task[T, R], items: Sequence[T]) -> list[R]:
