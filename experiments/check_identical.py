@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_search import WORST_CASES as WORST  # (model, cluster, seq, global batch) rows
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 README = [
@@ -36,17 +38,6 @@ README = [
     ("search point objective", ["search", "gpt3-175b", "--cluster", "h100x1024", "--samples", "0",
                                 "--objective", "point", "--json"]),
     ("search workers 1", ["search", "llama3-8b", "--cluster", "h100x64", "--workers", "1", "--json"]),
-]
-WORST = [            # model, cluster, seq, global batch: experiments/bench_search.py's WORST_CASES
-    ("gpt3-175b", "h100x16384", 2048, 1536),
-    ("gpt3-175b", "h100x1024", 2048, 1536),
-    ("gpt3-175b", "h100x256", 2048, 1536),
-    ("llama3-405b", "h100x16384", 8192, 2048),
-    ("llama3-405b", "h100x1024", 8192, 2048),
-    ("gpt-529.6b", "h100x1024", 2048, 1536),
-    ("gpt-1t", "h100x1024", 2048, 1536),
-    ("llama3-405b", "h100x131072", 8192, 2048),
-    ("deepseek-v3", "h100x2048", 4096, 4096),
 ]
 # what a bench record measures of the machine or the run rather than computes (seconds, cores, its --out)
 TIMING_KEYS = {"cpus", "command", "trace_s", "search_s", "case_s", "recipe_s", "seconds", "ilp_seconds",
@@ -128,10 +119,15 @@ def _timed(tree: str, cache: str, row: tuple) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _old(base: str, name: str, run) -> bytes:
-    """``run()`` on the base commit, remembered under its full hash (a commit's output does not change)."""
-    sha = subprocess.run(["git", "-C", REPO, "rev-parse", base], capture_output=True, text=True).stdout.strip()
-    path = os.path.join(tempfile.gettempdir(), "autoplan-identical", sha, name.replace(" ", "_").replace("/", "_"))
+def _slug(name: str) -> str:
+    """A row's name as a file name."""
+    return name.replace(" ", "_").replace("/", "_")
+
+
+def _old(sha: str, name: str, run) -> bytes:
+    """``run()`` on the base commit, remembered under its full hash ``sha`` (a commit's output
+    does not change)."""
+    path = os.path.join(tempfile.gettempdir(), "autoplan-identical", sha, _slug(name))
     if os.path.exists(path) and os.path.getmtime(path) > os.path.getmtime(__file__):
         with open(path, "rb") as f:
             return f.read()
@@ -157,11 +153,12 @@ def main(argv=None) -> int:
     subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", base, args.base], check=True,
                    capture_output=True)
     trees = {"old": base, "new": REPO}
+    sha = subprocess.run(["git", "-C", REPO, "rev-parse", args.base], capture_output=True, text=True).stdout.strip()
     differ = 0
     lines: list[str] = []
     try:
         for name, what in _rows(only):
-            outs = {"old": _old(args.base, name, lambda: _run(base, caches["old"], what)),  # noqa: B023 - _old runs it now
+            outs = {"old": _old(sha, name, lambda: _run(base, caches["old"], what)),  # noqa: B023 - _old runs it now
                     "new": _run(REPO, caches["new"], what)}
             same = outs["old"] == outs["new"]
             differ += not same
@@ -170,7 +167,7 @@ def main(argv=None) -> int:
             if args.keep:
                 for k, out in outs.items():
                     os.makedirs(os.path.join(args.keep, k), exist_ok=True)
-                    with open(os.path.join(args.keep, k, name.replace(" ", "_").replace("/", "_") + ".txt"),
+                    with open(os.path.join(args.keep, k, _slug(name) + ".txt"),
                               "wb") as f:
                         f.write(out)
         if args.time:
