@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 
 from autoplan.apply.memcheck import ALLOCATORS, GIB
-from autoplan.apply.memcheck_compare import compare
 from autoplan.commands.common import add_margin_arg
 from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
@@ -66,6 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from autoplan.apply.memcheck_compare import compare
     from autoplan.commands.common import memory_margin
     from autoplan.cost import rounded
     from autoplan.export.load import load_plan
