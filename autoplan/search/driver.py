@@ -237,7 +237,8 @@ def _merge(results: list[MeshResult], found: Explored, best_here: dict[MeshKey, 
     """One task's results into the best per tuple (``found.best``, ``best_here``) and the counts."""
     counters = found.counters
     for out in results:
-        log.debug("%s", _described(out))
+        if log.isEnabledFor(logging.DEBUG):        # the line is built only when -vv shows it
+            log.debug("%s", _described(out))
         counters.evaluated += 1
         counters.priced += out.evaluated
         if out.plan is None:
