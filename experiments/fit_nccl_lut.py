@@ -54,7 +54,7 @@ def predicted(rows, efficiency: float, latency_s: float, launch_s: float) -> lis
     out = []
     for n, size, _ in rows:
         if n not in clusters:
-            c = pr._cluster(f"vtrain:{n}")
+            c = pr.cluster(f"vtrain:{n}")
             c = dataclasses.replace(c, nvlink_efficiency=efficiency, nvlink_latency=latency_s,
                                     launch_latency=launch_s)
             clusters[n] = (c, c.span(range(n)))

@@ -72,6 +72,7 @@ class RegimeRow:
     plan: str
     published_s: float
     group: str = ""      # vTrain ranking group
+    source: str = ""     # the publication or data set (SOURCES key): the unit left out by ``--cv``
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,36 @@ def run_options(ident: str, base: EstimateOptions) -> EstimateOptions:
     return dataclasses.replace(base, **run_settings(ident)[1])
 
 
+SOURCES: dict[str, str] = {
+    "sc21": "Narayanan et al., SC21, Table 1 (Megatron-LM, A100)",
+    "korthikanti": "Korthikanti et al., Reducing Activation Recomputation, Table 5 and §6 (A100)",
+    "torchtitan-a100": "torchtitan docs/performance.md, Apr 2024 (64 A100 80GB, FSDP2)",
+    "torchtitan-h100": "torchtitan benchmarks llama3_h100_202412 (Grand Teton H100, FSDP2)",
+    "llama3-paper": "Llama 3 paper, Table 4 (8,192 H100)",
+    "ngc-nemotron": "NVIDIA NGC DGXC benchmark 24.11, Nemotron-4 340B (128 H100)",
+    "vtrain": "vTrain ground_truth_single.csv and its NCCL LUTs (Megatron-DeepSpeed, 8x A100)",
+    "zero-bubble": "Qi et al., Zero Bubble Pipeline Parallelism, Tables 3-4 (8-16 A100)",
+    "usp": "Fang and Zhao, USP, arXiv 2405.07719, Tables 5-6 (8-16 A800)",
+    "nemo-longseq": "NVIDIA NeMo Long Sequence Performance (H100, FP8)",
+    "mcore-zoo": "Megatron-Core MoE model zoo (Qwen3-235B-A22B, 256 H100)",
+    "megatron-bridge": "Megatron-Bridge 26.04 performance tables (H100, B200)",
+    "fp8-lm": "Peng et al., FP8-LM, arXiv 2310.18313, Table 5 (H100)",
+    "llm-foundry": "llm-foundry benchmark tables (MPT on 8 H100)",
+}
+"""Every public source, by the key ``validate_published.py --cv`` leaves out one at a time."""
+
+_SOURCE_PREFIXES = (("torchtitan docs/performance.md", "torchtitan-a100"), ("torchtitan benchmarks", "torchtitan-h100"),
+                    ("Llama 3 paper", "llama3-paper"), ("NVIDIA NGC", "ngc-nemotron"))
+
+
+def source_of(src: str) -> str:
+    """The SOURCES key of a regime_runs.json row's ``src``."""
+    for prefix, key in _SOURCE_PREFIXES:
+        if src.startswith(prefix):
+            return key
+    raise ValueError(f"unknown source {src!r}: add it to SOURCES and _SOURCE_PREFIXES")
+
+
 def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
     """The rows of ``regime_runs.json`` (regime = the note's ``group=``)."""
     path = path or os.path.join(REFERENCE, "regime_runs.json")
@@ -159,7 +190,7 @@ def regime_json_rows(path: str | None = None) -> list[RegimeRow]:
             cluster = TORCHTITAN_A100
         plan = with_fields(engine_plan(r["plan"], r["note"], r["model"]), run_settings(note["id"])[0])
         out.append(RegimeRow(note["group"], note["id"], r["model"], cluster, r["seq"], r["global_batch"], plan,
-                             r["iter_s"]))
+                             r["iter_s"], source=source_of(r["src"])))
     return out
 
 
@@ -176,7 +207,7 @@ def vtrain_rows(path: str | None = None) -> list[RegimeRow]:
             model = f"gpt:layers={l},hidden={h},heads={a},vocab={VTRAIN_VOCAB},max_seq={s},attention=eager"
             plan = f"tp={tp},pp={pp},dp={dp},mbs={mbs},recompute=none,sp=off,zero=0,schedule=1f1b"
             out.append(RegimeRow("single-node", f"vtrain-{len(out)}", model, f"vtrain:{n}", s, gb, plan,
-                                 ms / 1000.0, group=f"h{h} l{l} n{n} B{gb} s{s}"))
+                                 ms / 1000.0, group=f"h{h} l{l} n{n} B{gb} s{s}", source="vtrain"))
     return out
 
 
@@ -193,15 +224,26 @@ GRAND_TETON_GPU = {
 """What the Grand Teton cluster YAMLs of the reference folder say in comments but do not set."""
 
 
+A800_NVLINK_BW = 200.0e9
+"""A800 SXM: NVLink 400 GB/s bidirectional (8 of A100's 12 links), 200 GB/s per direction."""
+
+
 @lru_cache(maxsize=None)
-def _cluster(name: str):
+def cluster(name: str, nics_per_node: int | None = None):
+    """A row's cluster: Grand Teton YAMLs with their GPU facts, the torchtitan A100 network
+    (``nics_per_node`` replaces its fitted NIC count), ``vtrain:N``, ``a800xN`` (the A100 system
+    with A800's NVLink) or any ``topologies.load`` name."""
+    if name.startswith("a800x"):
+        base = topologies.load("a100" + name[4:])
+        return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, nvlink_bw=A800_NVLINK_BW))
     if name.endswith(".yaml") and os.path.basename(name).startswith("grandteton"):
         with open(name) as f:
             raw = yaml.safe_load(f)
         raw.update(GRAND_TETON_GPU)
         return from_mapping(raw, default_name=os.path.basename(name)[:-5], source=name)
     if name == TORCHTITAN_A100:
-        return dataclasses.replace(topologies.load("a100x64"), **TORCHTITAN_A100_NETWORK)
+        network = TORCHTITAN_A100_NETWORK | ({"nics_per_node": nics_per_node} if nics_per_node else {})
+        return dataclasses.replace(topologies.load("a100x64"), **network)
     if not name.startswith("vtrain:"):
         return topologies.load(name)
     n = int(name.split(":")[1])
@@ -225,16 +267,24 @@ _ESTIMATORS: dict = {}
 
 
 def price_row(row: RegimeRow, options: EstimateOptions) -> Priced | None:
-    """Price one row as written; None when the plan does not parse for the row."""
-    cluster = _cluster(row.cluster)
-    key = (row.model, row.seq, row.cluster, options)
+    """Price one row as written; None when the plan does not parse or price for the row."""
+    out = price_or_why(row, options)
+    return out if isinstance(out, Priced) else None
+
+
+def price_or_why(row: RegimeRow, options: EstimateOptions, network: dict | None = None) -> Priced | str:
+    """Price one row as written; the planner's refusal (its problem line) when it cannot.
+    ``network``: ``{"nics_per_node": n}`` for the torchtitan A100 cluster (``cluster``)."""
+    nics = (network or {}).get("nics_per_node") if row.cluster == TORCHTITAN_A100 else None
+    machines = cluster(row.cluster, nics)
+    key = (row.model, row.seq, row.cluster, nics, options)
     est = _ESTIMATORS.get(key)
     if est is None:
-        est = _ESTIMATORS[key] = Estimator(_model(row.model, row.seq), cluster, options)
+        est = _ESTIMATORS[key] = Estimator(_model(row.model, row.seq), machines, options)
     try:
-        e = est.estimate(Plan.parse(row.plan, num_gpus=cluster.num_gpus), row.global_batch, detail=False)
-    except UserError:
-        return None
+        e = est.estimate(Plan.parse(row.plan, num_gpus=machines.num_gpus), row.global_batch, detail=False)
+    except UserError as err:
+        return err.problem
     return Priced(row, e.step_time_s, e.memory_gib, e.fits)
 
 

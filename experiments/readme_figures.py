@@ -132,6 +132,7 @@ def trace_speed(cores: int) -> str:
 
 
 def validation(cores: int) -> str:
+    import cross_validation as cv
     import validate_published as vp
 
     errors = [abs(err) for _, e, err, _ in vp.price_rows() if e is not None]
@@ -144,7 +145,19 @@ def validation(cores: int) -> str:
         f"**{pct(sum(errors) / len(errors))} mean and {pct(max(errors))} max error** on iteration time using "
         f"physical parameters only; on runs it was never fitted to, Megatron-LM's H100 table comes out within "
         f"{100 * h100_mean:.1f} pp MFU on average and Nemotron-4 340B's step time within {held} "
-        f"(`experiments/RESULTS.md`).")
+        f"(`experiments/RESULTS.md`). " + out_of_sample(cv))
+
+
+def out_of_sample(cv) -> str:
+    """The leave-one-source-out sentence: the error on each regime's rows with every fitted
+    parameter refitted without the row's own source (``validate_published.py --cv``)."""
+    o = cv.summary(cv.cross_validate())["out_of_sample"]
+    names = (("megatron", "Megatron-style"), ("fsdp", "FSDP"), ("schedule", "pipeline-schedule"),
+             ("cp", "context-parallel"), ("single-node", "vTrain single-node"))
+    parts = ", ".join(f"{pct(o[k]['mean_abs'])} on {o[k]['rows']} {label}" for k, label in names)
+    return (f"**Out of sample** — each source left out, every fitted parameter refitted without it, its rows "
+            f"priced (`python experiments/validate_published.py --cv`) — the mean error is {parts} rows "
+            f"(vTrain's host-time parameters have no second source: left out, they fall to their priors).")
 
 
 def tour(cores: int) -> str:

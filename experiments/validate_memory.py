@@ -85,7 +85,7 @@ def price(row: dict, options: EstimateOptions = EstimateOptions(), *, reserved: 
     """The row's estimate beside its published figure; with ``reserved`` and a published
     (reserved) peak, also the allocator replay (``allocator_replays``) and the error against it."""
     options = dataclasses.replace(options, **row.get("options", {}))
-    cluster = pr._cluster(row["cluster"])
+    cluster = pr.cluster(row["cluster"])
     est = Estimator(pr._model(row["model"], row["seq"]), cluster, options)
     e = est.estimate(Plan.parse(row["plan"], num_gpus=cluster.num_gpus), row["global_batch"], detail=False)
     out = {"id": row["id"], "plan": e.plan, "predicted_gib": round(e.memory_gib, 2),

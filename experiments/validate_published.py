@@ -1,10 +1,14 @@
 """Price every published run of ../shared/reference/calibration_runs.md and compare.
 
-    python experiments/validate_published.py [--write] [--json] [--held-out] [--regimes] [--misses]
+    python experiments/validate_published.py [--write] [--json] [--held-out] [--regimes] [--misses] [--cv]
 
 ``--regimes`` adds the error by regime on the other public rows (``published_regimes.py``):
 FSDP (torchtitan), single-node small-kernel (vTrain), published layouts that must fit, and
-says which regimes (CP / long context, MoE) have no public row.  ``--misses`` lists the vTrain
+adds the public rows of ``regimes3_public.json`` (schedules, CP, MoE, the BF16 halves of the FP8
+pairs; ``published_regimes3.py``) and lists the ones the planner cannot write yet, with why.
+``--cv`` runs leave-one-source-out validation (``cross_validation.py``): every fitted parameter
+refitted without each source in turn, that source priced with the refit; prints the in-sample
+and out-of-sample error per regime and the parameter inventory.  ``--misses`` lists the vTrain
 groups whose predicted-best plan measures more than 5 % above the group's measured best (both
 plans, measured and predicted seconds): the rows that decide the ranking; then, per (hidden, tp,
 micro-batch), one layer's seconds and the rest of a micro-batch, measured and predicted, and the
@@ -42,6 +46,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import published_regimes as pr  # noqa: E402
+import published_regimes3 as pr3  # noqa: E402
 import topologies  # noqa: E402
 import vtrain_layers  # noqa: E402
 from autoplan.cost import EstimateOptions, Estimator  # noqa: E402
@@ -283,6 +288,8 @@ def main(argv=None) -> int:
                     help="also report the error by regime on the other public rows (FSDP, vTrain, must-fit)")
     ap.add_argument("--held-out", action="store_true",
                     help="also price the Megatron-LM README H100 table (never fitted) and compare MFU")
+    ap.add_argument("--cv", action="store_true",
+                    help="only the leave-one-source-out validation and the fitted-parameter inventory")
     ap.add_argument("--misses", action="store_true",
                     help="only list the vTrain groups whose predicted-best plan is not within 5 %% of the "
                          "measured best")
@@ -290,6 +297,8 @@ def main(argv=None) -> int:
     if args.misses:
         print(misses_report(pr.price_all(pr.vtrain_rows())))
         return 0
+    if args.cv:
+        return cross_validation_main(args)
     t0 = time.perf_counter()
     table = price_rows()
     errors = [abs(err) for _, e, err, _ in table if e is not None]
@@ -369,9 +378,52 @@ def regime_report(megatron_errors: list[float]) -> tuple[str, dict]:
                                                 f"({p.memory_gib:.0f} GiB)" for p in members)
         lines.append(f"| {title} | {s['rows']} | {s['mean_abs']:.1%} | {s['max_abs']:.1%} | "
                      f"{s['mean_signed']:+.1%} | {note} |")
-    lines.append("| CP / long context | 0 | | | | no public row (the 131K Llama 3 row is held out) |")
-    lines.append("| MoE | 0 | | | | no public row |")
+    text, more = regimes3_report()
+    out.update({f"regimes3-{k}": v for k, v in more.items()})
+    return "\n".join(lines) + "\n\nThe rows of regimes3_public.json:\n\n" + text, out
+
+
+def regimes3_report() -> tuple[str, dict]:
+    """The regimes3_public.json rows by regime (``published_regimes3``): error where priced, and
+    every row the planner cannot write yet with the reason; ZB and CP pair ratios."""
+    rows, refused = pr3.rows()
+    results = [pr.price_or_why(r, EstimateOptions()) for r in rows]
+    priced = [p for p in results if isinstance(p, pr.Priced)]
+    refused += [pr3.Unexpressible(r.ident, r.regime, r.source, why)
+                for r, why in zip(rows, results) if isinstance(why, str)]
+    out: dict = {}
+    lines = ["| regime | rows priced | mean abs error | max abs error | mean signed | fit in HBM | not expressible |",
+             "|" + "---|" * 7]
+    for regime in ("schedule", "cp", "moe", "fp8"):
+        members = [p for p in priced if p.row.regime == regime]
+        s = out[regime] = pr.summary(members)
+        s["not_expressible"] = sum(u.regime == regime for u in refused)
+        fits = sum(p.fits for p in members)
+        lines.append(f"| {regime}{' (BF16 rows)' if regime == 'fp8' else ''} | {s['rows']} | "
+                     + (f"{s['mean_abs']:.1%} | {s['max_abs']:.1%} | {s['mean_signed']:+.1%} | " if members
+                        else "| | | ")
+                     + f"{fits}/{len(members)} | {s['not_expressible']} |")
+    lines += ["", "| pair | measured ratio | predicted ratio |", "|---|---|---|"]
+    lines += [f"| {q.other} / {q.base} | {q.measured:.3f} | {q.predicted:.3f} |" for q in pr3.pairs(priced)]
+    lines += ["", "Not expressible yet:", ""] + [f"* {u.ident}: {u.why}" for u in refused]
     return "\n".join(lines) + "\n", out
+
+
+def cross_validation_main(args: argparse.Namespace) -> int:
+    """``--cv``: leave-one-source-out validation (``cross_validation.py``)."""
+    import cross_validation as cv
+    t0 = time.perf_counter()
+    report = cv.cross_validate()
+    text = cv.markdown(report) + f"\n({time.perf_counter() - t0:.0f} s)\n"
+    if args.json:
+        print(json.dumps(pr.rounded_summary({f"{k}:{r}": v for k, regimes in cv.summary(report).items()
+                                             for r, v in regimes.items()}), indent=1, sort_keys=True))
+    else:
+        print(text)
+    if args.write:
+        write_section("cross_validation", "Leave-one-source-out validation "
+                      "(`python experiments/validate_published.py --cv --write`)", text)
+    return 0
 
 
 def misses_report(priced: list) -> str:

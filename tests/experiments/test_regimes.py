@@ -15,7 +15,7 @@ def pr(experiment):
 
 def test_grand_teton_rows_get_their_gpus_hbm_and_power_limited_peak(pr):
     row = next(r for r in pr.regime_json_rows() if r.ident == "tt-h100-T1-8b-fsdp8")
-    gpu = pr._cluster(row.cluster).gpu
+    gpu = pr.cluster(row.cluster).gpu
     assert (gpu.hbm_bytes, gpu.hbm_bw) == (96e9, 2.4e12)
     assert gpu.bf16_flops == pytest.approx(989e12 * 500 / 700)
 
@@ -43,7 +43,7 @@ def test_fsdp_rows_error_stays_at_todays_level(pr):
 def test_torchtitan_a100_rows_run_on_the_fitted_network(pr):
     rows = [r for r in pr.regime_json_rows() if r.cluster == pr.TORCHTITAN_A100]
     assert len(rows) == 8
-    cluster = pr._cluster(pr.TORCHTITAN_A100)
+    cluster = pr.cluster(pr.TORCHTITAN_A100)
     assert (cluster.num_gpus, cluster.nics_per_node) == (64, 2)
     assert cluster.node_network_bw == pytest.approx(2 * 25e9 * 0.96)      # 2x HDR 200G at NCCL's 0.96
 

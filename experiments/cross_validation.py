@@ -1,0 +1,399 @@
+"""Leave-one-source-out validation of the cost model's fitted parameters, and their inventory.
+
+    python experiments/validate_published.py --cv [--write] [--json]
+
+A *source* is one publication or data set (``published_regimes.SOURCES``).  For each source S in
+turn, every fit whose rows S priced depends on is redone without S's rows (coordinate descent
+over the fit's grid, starting at the shipped values; a fit left with no row takes its
+parameters' priors), and S's rows are priced with the refitted values: the *out-of-sample*
+error.  The *in-sample* error prices every row with the shipped values.  Both are reported per
+regime; a source that no fit uses is out of sample by construction (the two errors agree).
+
+The fits (``FITS``) are the project's fit scripts' objectives, written once here:
+
+* ``a100``: GEMM peak fraction, GEMM half-efficiency dim and elementwise fusion of
+  ``costmodels/profiles/a100.yaml`` on the Megatron A100 rows (SC21 Table 1, Korthikanti Table 5
+  and §6), each row's unpublished micro-batch and virtual stages tuned by the model
+  (``validate_published.price``): ``fit_a100_profile.py``.
+* ``h100``: GEMM peak fraction, flash-attention forward fraction (backward tied at the published
+  0.45/0.55 ratio) and fusion of ``h100.yaml`` on the public H100 rows of regime_runs.json:
+  ``fit_h100_profile.py``.
+* ``stack``: the Megatron-DeepSpeed stack's GPU time per kernel, host floor per launch and
+  pipeline-engine host time per send/receive (``a100-megatron-deepspeed.yaml``) on vTrain's
+  single-node runs (every ``VTRAIN_EVERY``-th row): ``fit_host_floor.py``.
+* ``torchtitan-a100-network``: NICs per node of the torchtitan A100 cluster, which its source
+  does not state: ``fit_a100_network.py``.
+
+Objective: mean |predicted / published − 1| over the fit's rows (a row the model cannot price
+or fit is left out of the mean, as the fit scripts do).  Not refitted here: the vTrain node's
+NVLink figures (``fit_nccl_lut.py``), fitted to nccl-tests look-up tables of that node, a
+microbenchmark of the hardware and no training run; they are in the inventory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import yaml
+
+import published_regimes as pr
+import published_regimes3 as p3
+import validate_published as vp
+from autoplan.cost import EstimateOptions
+from costmodels.compute import PROFILE_DIR
+
+VTRAIN_EVERY = 6
+"""Every 6th vTrain row (240 of 1,440) in the ``stack`` fit and the report: the fit script
+uses every 3rd; 240 rows keep the mean within 0.2 points of all 1,440 (``--cv`` prints both)."""
+H100_BWD_OVER_FWD = 0.45 / 0.55
+MEGATRON_SOURCES = {"SC21 T1": "sc21", "Korthikanti T5": "korthikanti", "Korthikanti §6": "korthikanti"}
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One fitted parameter: where it lives, its grid, and what it means."""
+
+    name: str                        # "<fit>.<field>"
+    shipped: float
+    grid: tuple[float, ...]
+    plausible: tuple[float, float]
+    prior: float                     # its value when no row constrains it
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Parameters fitted together on the rows of some sources."""
+
+    name: str
+    parameters: tuple[Parameter, ...]
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One published row to price: its source, report regime and measured seconds."""
+
+    source: str
+    regime: str
+    ident: str
+    published_s: float
+    row: vp.Row | pr.RegimeRow
+
+
+@dataclass(frozen=True)
+class Result:
+    case: Case
+    predicted_s: float | None        # None: the model cannot price it or it does not fit
+
+    @property
+    def error(self) -> float | None:
+        return None if self.predicted_s is None else self.predicted_s / self.case.published_s - 1.0
+
+
+def _yaml_value(path: str, key: str) -> float:
+    with open(os.path.join(PROFILE_DIR, path)) as f:
+        return float(yaml.safe_load(f)[key])
+
+
+def _fits() -> tuple[Fit, ...]:
+    a100, h100, stack = "a100.yaml", "h100.yaml", "a100-megatron-deepspeed.yaml"
+    return (
+        Fit("a100", (
+            Parameter("a100.gemm_peak_fraction", _yaml_value(a100, "gemm_peak_fraction"),
+                      (0.70, 0.72, 0.74, 0.76, 0.78, 0.80), (0.6, 0.85), 0.76,
+                      "large bf16 GEMM throughput / dense peak (cuBLAS reaches ~0.8)"),
+            Parameter("a100.gemm_half_dim", _yaml_value(a100, "gemm_half_dim"), (64, 96, 128, 192, 256),
+                      (32, 512), 128, "GEMM dim at which efficiency is half the peak fraction"),
+            Parameter("a100.fusion", _yaml_value(a100, "fusion"), (0.5, 0.75, 1.0), (0.3, 1.0), 0.5,
+                      "share of elementwise HBM traffic left after kernel fusion")),
+            ("sc21", "korthikanti")),
+        Fit("h100", (
+            Parameter("h100.gemm_peak_fraction", _yaml_value(h100, "gemm_peak_fraction"),
+                      (0.66, 0.70, 0.74, 0.76, 0.78, 0.80), (0.6, 0.85), 0.76,
+                      "large bf16 GEMM throughput / dense peak"),
+            Parameter("h100.attention_fwd_fraction", _yaml_value(h100, "attention_fwd_fraction"),
+                      (0.30, 0.35, 0.40, 0.45, 0.50, 0.55), (0.3, 0.75), 0.55,
+                      "flash-attention forward throughput / dense peak (FA2 0.35-0.5, FA3 0.6-0.75)"),
+            Parameter("h100.fusion", _yaml_value(h100, "fusion"), (0.5, 0.75, 1.0), (0.3, 1.0), 0.5,
+                      "share of elementwise HBM traffic left after kernel fusion")),
+            ("torchtitan-h100", "llama3-paper", "ngc-nemotron")),
+        Fit("stack", (
+            Parameter("stack.overhead_s", _yaml_value(stack, "overhead_s"), (20e-6, 26e-6, 34e-6), (2e-6, 50e-6),
+                      _yaml_value(a100, "overhead_s"), "GPU time per eager kernel beyond its HBM traffic (s)"),
+            Parameter("stack.host_floor_s", _yaml_value(stack, "host_floor_s"), (52e-6, 55e-6, 58e-6),
+                      (5e-6, 100e-6), 0.0, "host time per launched op of the eager stack (s)"),
+            Parameter("stack.p2p_host_s", _yaml_value(stack, "p2p_host_s"), (300e-6, 450e-6, 600e-6),
+                      (0.0, 1e-3), 0.0, "pipeline-engine host time per send/receive instruction (s)")),
+            ("vtrain",)),
+        Fit("torchtitan-a100-network", (
+            Parameter("torchtitan-a100-network.nics_per_node", float(pr.TORCHTITAN_A100_NETWORK["nics_per_node"]),
+                      (1, 2, 4, 8), (1, 8), 8.0,
+                      "HDR 200G NICs per 8x A100 node (unstated by the source; prior: a DGX A100's 8)"),),
+            ("torchtitan-a100",)),
+    )
+
+
+FITS = _fits()
+PARAMETERS = {p.name: p for f in FITS for p in f.parameters}
+SHIPPED = {name: p.shipped for name, p in PARAMETERS.items()}
+
+
+# --- the rows ---------------------------------------------------------------------------------
+
+def cases() -> list[Case]:
+    """Every public row the model prices, with its source and report regime."""
+    out = [Case(MEGATRON_SOURCES[r.source], "megatron", f"{r.source} {r.name}", r.published_s, r)
+           for r in vp.rows()]
+    regime_of = {"fsdp": "fsdp", "memory-must-fit": "megatron"}
+    for r in pr.regime_json_rows():
+        out.append(Case(r.source, regime_of[r.regime], r.ident, r.published_s, r))
+    out += [Case("vtrain", "single-node", r.ident, r.published_s, r) for r in pr.vtrain_rows()[::VTRAIN_EVERY]]
+    priced, _ = p3.rows()
+    out += [Case(r.source, "fp8-bf16" if r.regime == "fp8" else r.regime, r.ident, r.published_s, r)
+            for r in priced]
+    return out
+
+
+# --- pricing under a parameter point ----------------------------------------------------------
+
+def _profile_file(base: str, fields: dict) -> str:
+    """A profile YAML: ``base`` with ``fields`` replaced, named by its content (a cached profile
+    is keyed on its path, so one path never holds two contents)."""
+    with open(os.path.join(PROFILE_DIR, base)) as f:
+        data = yaml.safe_load(f)
+    data.update(fields)
+    text = yaml.safe_dump(data, sort_keys=True)
+    path = os.path.join(tempfile.gettempdir(), "autoplan-cv",
+                        f"{base[:-5]}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def _gpu_fields(point: dict[str, float], gpu: str) -> dict:
+    fields = {k.split(".", 1)[1]: point[k] for k in point if k.startswith(gpu + ".")}
+    if "gemm_half_dim" in fields:
+        fields["gemm_half_dim"] = int(fields["gemm_half_dim"])
+    if gpu == "h100":
+        fields["attention_bwd_fraction"] = round(fields["attention_fwd_fraction"] * H100_BWD_OVER_FWD, 3)
+    return fields
+
+
+def _profiles(point: dict[str, float]) -> dict[str, str]:
+    stack = {k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("stack.")}
+    return {"a100": _profile_file("a100.yaml", _gpu_fields(point, "a100")),
+            "h100": _profile_file("h100.yaml", _gpu_fields(point, "h100")),
+            "stack": _profile_file("a100-megatron-deepspeed.yaml", {**_gpu_fields(point, "a100"), **stack})}
+
+
+def _regime_options(row: pr.RegimeRow, profiles: dict[str, str]) -> EstimateOptions:
+    if row.source == "vtrain":
+        return dataclasses.replace(pr.VTRAIN_OPTIONS, profile=profiles["stack"])
+    gpu = pr.cluster(row.cluster).gpu.name
+    profile = profiles["a100"] if gpu.startswith("a100") else profiles["h100"] if gpu.startswith("h") else None
+    return pr.run_options(row.ident, EstimateOptions(profile=profile))
+
+
+def price(selected: list[Case], point: dict[str, float]) -> list[Result]:
+    """Every case priced with the parameters of ``point`` (a full name -> value mapping)."""
+    profiles = _profiles(point)
+    network = {"nics_per_node": int(point["torchtitan-a100-network.nics_per_node"])}
+    pr._ESTIMATORS.clear()
+    models: dict = {}
+    out = []
+    for case in selected:
+        row = case.row
+        if isinstance(row, vp.Row):
+            e = vp.price(row, models, EstimateOptions(overlap_grad_reduce=False, profile=profiles["a100"]))
+            out.append(Result(case, None if e is None else e.step_time_s))
+            continue
+        priced = pr.price_or_why(row, _regime_options(row, profiles), network=network)
+        out.append(Result(case, priced.predicted_s if isinstance(priced, pr.Priced) else None))
+    pr._ESTIMATORS.clear()
+    return out
+
+
+def mean_abs(results: list[Result]) -> float:
+    errs = [abs(r.error) for r in results if r.error is not None]
+    return sum(errs) / len(errs) if errs else float("nan")
+
+
+# --- fitting ----------------------------------------------------------------------------------
+
+def refit(fit: Fit, rows: list[Case], start: dict[str, float],
+          objective: Callable[[list[Case], dict[str, float]], float] | None = None) -> dict[str, float]:
+    """``start`` with ``fit``'s parameters moved to the grid point that minimises the mean |error|
+    of ``rows``: coordinate descent (each parameter over its grid, the others held) until no
+    move improves by more than 1e-4; the priors where ``rows`` is empty."""
+    point = dict(start)
+    if not rows:
+        return point | {p.name: p.prior for p in fit.parameters}
+    objective = objective or (lambda rs, pt: mean_abs(price(rs, pt)))
+    best = objective(rows, point)
+    improved = True
+    while improved:
+        improved = False
+        for p in fit.parameters:
+            for value in p.grid:
+                if value == point[p.name]:
+                    continue
+                trial = point | {p.name: value}
+                score = objective(rows, trial)
+                if score < best - 1e-4:
+                    best, point, improved = score, trial, True
+    return point
+
+
+def depends_on(case: Case, fit: Fit) -> bool:
+    """Whether ``case``'s price reads ``fit``'s parameters."""
+    gpu = "a100" if isinstance(case.row, vp.Row) else pr.cluster(case.row.cluster).gpu.name
+    if fit.name == "a100":
+        return gpu.startswith("a100") or case.source == "vtrain"
+    if fit.name == "h100":
+        return gpu.startswith("h")
+    if fit.name == "stack":
+        return case.source == "vtrain"
+    return case.source == "torchtitan-a100"
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One source left out: the parameters refitted without it and its rows priced with them."""
+
+    source: str
+    point: dict[str, float]
+    results: tuple[Result, ...]
+
+
+def fold(source: str, everything: list[Case]) -> Fold:
+    """Leave ``source`` out: refit every fit its rows depend on, price its rows."""
+    own = [c for c in everything if c.source == source]
+    point = dict(SHIPPED)
+    for fit in FITS:
+        if not any(depends_on(c, fit) for c in own):
+            continue
+        if source not in fit.sources:
+            continue            # the fit never saw this source: its values are out of sample already
+        rows = [c for c in everything if c.source in fit.sources and c.source != source]
+        point = refit(fit, rows, point)
+    return Fold(source, point, tuple(price(own, point)))
+
+
+# --- the report -------------------------------------------------------------------------------
+
+REGIMES = (("megatron", "Megatron-style TP+PP (SC21, Korthikanti, Llama 3 405B, Nemotron-4)"),
+           ("fsdp", "FSDP / ZeRO-3 (torchtitan A100 + H100)"),
+           ("single-node", f"single-node small-kernel (vTrain, every {VTRAIN_EVERY}th row)"),
+           ("schedule", "pipeline schedules (Zero Bubble paper)"),
+           ("cp", "context parallelism (USP paper, BF16)"),
+           ("moe", "MoE (BF16 rows the grammar can write)"),
+           ("fp8-bf16", "BF16 halves of the FP8 pairs (FP8-LM, llm-foundry)"))
+
+
+@dataclass(frozen=True)
+class Report:
+    in_sample: tuple[Result, ...]
+    folds: tuple[Fold, ...]
+
+    def out_of_sample(self) -> list[Result]:
+        return [r for f in self.folds for r in f.results]
+
+
+def cross_validate(selected: list[Case] | None = None) -> Report:
+    """In-sample results (shipped values) and one fold per source of ``selected``."""
+    everything = cases()
+    selected = selected if selected is not None else everything
+    sources = sorted({c.source for c in selected})
+    in_sample = price(selected, SHIPPED)
+    folds = []
+    for source in sources:
+        if not any(source in fit.sources for fit in FITS):
+            own = tuple(r for r in in_sample if r.case.source == source)
+            folds.append(Fold(source, dict(SHIPPED), own))
+            continue
+        folds.append(fold(source, everything))
+    return Report(tuple(in_sample), tuple(folds))
+
+
+def _regime_stats(results: list[Result]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for regime, _ in REGIMES:
+        members = [r for r in results if r.case.regime == regime]
+        errs = [abs(r.error) for r in members if r.error is not None]
+        out[regime] = {"rows": len(errs), "unpriced": len(members) - len(errs),
+                       "mean_abs": sum(errs) / len(errs) if errs else float("nan"),
+                       "max_abs": max(errs) if errs else float("nan")}
+    return out
+
+
+def summary(report: Report) -> dict[str, dict[str, dict[str, float]]]:
+    """Per regime: rows, mean and max |error|, in sample and out of sample."""
+    return {"in_sample": _regime_stats(list(report.in_sample)),
+            "out_of_sample": _regime_stats(report.out_of_sample())}
+
+
+def regime_table(report: Report) -> str:
+    s = summary(report)
+    lines = ["| regime | rows | in-sample mean (max) | out-of-sample mean (max) | not priced |",
+             "|---|---|---|---|---|"]
+    for regime, title in REGIMES:
+        i, o = s["in_sample"][regime], s["out_of_sample"][regime]
+        lines.append(f"| {title} | {i['rows']} | {i['mean_abs']:.1%} ({i['max_abs']:.1%}) | "
+                     f"{o['mean_abs']:.1%} ({o['max_abs']:.1%}) | {i['unpriced']} |")
+    return "\n".join(lines) + "\n"
+
+
+def source_table(report: Report) -> str:
+    inside = {r.case.ident: r for r in report.in_sample}
+    lines = ["| source left out | rows | in-sample mean | out-of-sample mean | parameters that moved |",
+             "|---|---|---|---|---|"]
+    for f in report.folds:
+        moved = ", ".join(f"{k.split('.', 1)[1]} {SHIPPED[k]:g}→{v:g}" for k, v in f.point.items() if v != SHIPPED[k])
+        mine = [inside[r.case.ident] for r in f.results]
+        lines.append(f"| {f.source} | {len(f.results)} | {mean_abs(mine):.1%} | {mean_abs(list(f.results)):.1%} | "
+                     f"{moved or '—'} |")
+    return "\n".join(lines) + "\n"
+
+
+def rows_by_source(selected: list[Case]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for c in selected:
+        counts[c.source] = counts.get(c.source, 0) + 1
+    return counts
+
+
+def inventory(report: Report) -> str:
+    """Each fitted parameter: value, plausible range, meaning, the sources that constrain it and
+    the range of its refitted values across folds; a warning where one source decides it."""
+    counts = rows_by_source([r.case for r in report.in_sample])
+    lines = ["| parameter | value | plausible | across folds | constrained by (rows) | meaning |",
+             "|---|---|---|---|---|---|"]
+    warnings = []
+    for fit in FITS:
+        for p in fit.parameters:
+            values = [f.point[p.name] for f in report.folds if f.source in fit.sources]
+            spread = f"{min(values):g}–{max(values):g}" if values else "—"
+            by = ", ".join(f"{s} ({counts.get(s, 0)})" for s in fit.sources)
+            lines.append(f"| {p.name} | {p.shipped:g} | {p.plausible[0]:g}–{p.plausible[1]:g} | {spread} | {by} | "
+                         f"{p.meaning} |")
+            if len(fit.sources) == 1:
+                warnings.append(f"warning: {p.name} is decided by one source alone ({fit.sources[0]}); "
+                                f"without it the prior {p.prior:g} prices that source")
+    lines.append("| vtrain-node NVLink (efficiency 0.72, 1.5 µs/step, 48 µs/call) | fixed | | not refitted | "
+                 "vTrain's nccl-tests LUTs (448 points) | a microbenchmark of that node (fit_nccl_lut.py) |")
+    return "\n".join(lines) + "\n\n" + "\n".join(warnings) + "\n"
+
+
+def markdown(report: Report) -> str:
+    return ("Error by regime, every parameter fitted on all public rows (in sample) and refitted without "
+            "the row's own source (out of sample):\n\n" + regime_table(report)
+            + "\nPer source left out:\n\n" + source_table(report)
+            + "\nFitted parameters:\n\n" + inventory(report))

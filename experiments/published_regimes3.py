@@ -1,0 +1,186 @@
+"""The public rows of ``regimes3_public.json`` (schedules, context parallelism, MoE, FP8), priced
+where the planner can write them, and the reason where it cannot.
+
+Read by ``experiments/validate_published.py --regimes`` and ``--cv``.  Each row becomes a
+``published_regimes.RegimeRow`` (its regime, source and the plan string the project parses) or an
+``Unexpressible`` record naming what the grammar or the pricing lacks (FP8 precision, the MoE
+folding keys ``etp``/``edp``, a USP split other than the rule's).
+
+The measured figure becomes seconds per step, in this order: the row's ``derived.iter_s``;
+``global_batch / samples_per_s``; ``global_batch · seq / (tokens_per_s_per_gpu · GPUs)``; else
+``FLOPs per step / (tflops_per_gpu · GPUs)`` with the source's own FLOP convention
+(``regimes3_public.md``): the USP paper counts causal attention work, NeMo's long-sequence page
+the full s², both over the matmuls of the model (``model_flops_per_token``).
+
+Clusters: ``<gpu>x<N>`` shorthand of the row's GPU kind; A800 rows (``gpu: other``) are the A100
+80GB reference system with NVLink capped at 400 GB/s, 200 GB/s per direction (the export-control
+part: same silicon, fewer NVLink lanes).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import published_regimes as pr
+from autoplan.errors import UserError
+from autoplan.mesh import Mesh
+from autoplan.plan import Plan
+from autoplan.rules import ulysses_and_ring
+
+PATH = os.path.join(pr.REFERENCE, "regimes3_public.json")
+SOURCE_OF_PREFIX = {"zb-": "zero-bubble", "usp-": "usp", "nemo-": "nemo-longseq", "mcore-": "mcore-zoo",
+                    "mb-": "megatron-bridge", "fp8lm-": "fp8-lm", "llmfoundry-": "llm-foundry"}
+GPU_SHORTHAND = {"a100-80gb": "a100", "h100": "h100", "b200": "b200", "other": "a800"}
+GPT_VOCAB = 50304
+"""Vocabulary of a ``gpt:`` row that does not publish one (Zero Bubble, FP8-LM): the GPT-2 BPE
+padded to a multiple of 128, Megatron-LM's default tokenizer setting (an assumption)."""
+CAUSAL_FLOPS = {"usp": True, "nemo-longseq": False}
+"""Whether the source's TFLOP/s count causal attention work (regimes3_public.md's table)."""
+
+
+@dataclass(frozen=True)
+class Unexpressible:
+    """A public row the planner cannot price yet, and why."""
+
+    ident: str
+    regime: str
+    source: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two rows of one ``pair_group``: the measured and predicted ratio of their step times."""
+
+    group: str
+    base: str
+    other: str
+    measured: float      # other / base, measured
+    predicted: float     # other / base, predicted
+
+
+def source_of(ident: str) -> str:
+    for prefix, key in SOURCE_OF_PREFIX.items():
+        if ident.startswith(prefix):
+            return key
+    raise ValueError(f"row {ident!r}: no source for its prefix; add it to SOURCE_OF_PREFIX")
+
+
+@lru_cache(maxsize=1)
+def raw_rows() -> tuple[dict, ...]:
+    with open(PATH) as f:
+        return tuple(json.load(f))
+
+
+def cluster_name(r: dict) -> str:
+    return f"{GPU_SHORTHAND[r['gpu']]}x{r['num_gpus']}"
+
+
+def model_flops_per_token(spec: str, seq: int, *, causal: bool) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward) of a ``gpt:``/``llama:`` spec:
+    6·(matmul parameters) + 12·layers·seq·heads·head_dim (full attention: QKᵀ and AV, 2·2·s·d
+    forward per token, x3 for training; Korthikanti et al.'s 72·B·s·l·h²·s/6h term), halved
+    for causal."""
+    family, _, args = spec.partition(":")
+    kv = dict(a.split("=", 1) for a in args.split(","))
+    layers, hidden, heads = int(kv["layers"]), int(kv["hidden"]), int(kv["heads"])
+    head_dim = int(kv.get("head_dim", hidden // heads))
+    kv_heads = int(kv.get("kv_heads", heads))
+    vocab = int(kv.get("vocab", GPT_VOCAB))
+    ffn = int(kv.get("ffn", 4 * hidden))
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    mlp = (3 if family == "llama" else 2) * hidden * ffn
+    matmul = layers * (attn + mlp) + hidden * vocab
+    scores = 12.0 * layers * seq * heads * head_dim * (0.5 if causal else 1.0)
+    return 6.0 * matmul + scores
+
+
+def measured_step_s(r: dict) -> float:
+    """Seconds per step from what the row measured (module docstring for the order)."""
+    m, gb, seq, n = r["measured"], r["global_batch"], r["seq"], r["num_gpus"]
+    if (r.get("derived") or {}).get("iter_s"):
+        return float(r["derived"]["iter_s"])
+    if "iter_s" in m:
+        return float(m["iter_s"])
+    if "samples_per_s" in m:
+        return gb / m["samples_per_s"]
+    if "samples_per_s_per_gpu" in m:
+        return gb / (m["samples_per_s_per_gpu"] * n)
+    if "tokens_per_s_per_gpu" in m:
+        return gb * seq / (m["tokens_per_s_per_gpu"] * n)
+    causal = CAUSAL_FLOPS[source_of(r["id"])]
+    return model_flops_per_token(model_spec(r), seq, causal=causal) * gb * seq / (m["tflops_per_gpu"] * 1e12 * n)
+
+
+def _fields(plan: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in plan.split(","))
+
+
+def _usp_split_why(r: dict, fields: dict[str, str]) -> str:
+    """'' when the row's (ulysses, ring) split is the one autoplan's rule gives its cp_algo."""
+    want = (int(fields.get("ulysses", "1")), int(fields.get("ring", "1")))
+    bare = ",".join(f"{k}={v}" for k, v in fields.items() if k not in ("ulysses", "ring"))
+    plan = Plan.parse(bare, num_gpus=r["num_gpus"])
+    cluster = pr.cluster(cluster_name(r))
+    got = ulysses_and_ring(plan, Mesh.of(plan), cluster.nvlink_domain)
+    if got == want:
+        return ""
+    return f"USP split ulysses={want[0]},ring={want[1]} not expressible (the rule gives {got[0]}x{got[1]})"
+
+
+def why_not(r: dict) -> str:
+    """'' when the row can be priced as written; else what the planner lacks."""
+    if r["precision"] != "bf16":
+        return f"precision {r['precision']} (no FP8 pricing yet: issue 35)"
+    fields = _fields(r["plan"])
+    if "etp" in fields or "edp" in fields:
+        return "MoE parallel folding (etp/edp) not expressible (issue 34)"
+    try:
+        if "ulysses" in fields or "ring" in fields:
+            return _usp_split_why(r, fields)
+        Plan.parse(r["plan"], num_gpus=r["num_gpus"])
+    except UserError as e:
+        return f"plan refused: {e.problem}"
+    return ""
+
+
+def model_spec(r: dict) -> str:
+    """The row's model spec, with ``GPT_VOCAB`` where a ``gpt:`` row publishes no vocabulary."""
+    spec = r["model"]
+    return spec + f",vocab={GPT_VOCAB}" if spec.startswith("gpt:") and "vocab=" not in spec else spec
+
+
+def plan_string(r: dict) -> str:
+    """The row's plan without the split keys the rule already fixes."""
+    return ",".join(f"{k}={v}" for k, v in _fields(r["plan"]).items() if k not in ("ulysses", "ring"))
+
+
+def rows() -> tuple[list[pr.RegimeRow], list[Unexpressible]]:
+    """(the rows priced as written, the rows the planner cannot write yet)."""
+    priced, refused = [], []
+    for r in raw_rows():
+        source, why = source_of(r["id"]), why_not(r)
+        if why:
+            refused.append(Unexpressible(r["id"], r["regime"], source, why))
+            continue
+        priced.append(pr.RegimeRow(r["regime"], r["id"], model_spec(r), cluster_name(r), r["seq"], r["global_batch"],
+                                   plan_string(r), measured_step_s(r), group=r.get("pair_group") or "",
+                                   source=source))
+    return priced, refused
+
+
+def pairs(priced: list[pr.Priced]) -> list[Pair]:
+    """Every pair group's rows against its first row (the JSON's order: 1F1B, BF16, ...)."""
+    groups: dict[str, list[pr.Priced]] = {}
+    for p in priced:
+        if p.row.group:
+            groups.setdefault(p.row.group, []).append(p)
+    out = []
+    for group, members in groups.items():
+        base = members[0]
+        for other in members[1:]:
+            out.append(Pair(group, base.row.ident, other.row.ident, other.row.published_s / base.row.published_s,
+                            other.predicted_s / base.predicted_s))
+    return out

@@ -1,0 +1,99 @@
+"""Leave-one-source-out validation (issue 38 item 1): the refit, the folds, the new public rows."""
+import json
+
+import pytest
+
+
+def test_coordinate_descent_finds_the_grid_minimum_and_priors_without_rows(experiment):
+    cv = experiment("cross_validation")
+    fit = cv.Fit("toy", (cv.Parameter("toy.a", 1.0, (1.0, 2.0, 3.0, 4.0), (0, 5), 9.0, ""),
+                         cv.Parameter("toy.b", 10.0, (10.0, 20.0, 30.0), (0, 40), 7.0, "")), ("s",))
+    # separable bowl with its minimum at a=3, b=20 (a grid point)
+    def bowl(rows, point):
+        return (point["toy.a"] - 3.0) ** 2 + (point["toy.b"] - 20.0) ** 2 / 100.0
+    start = {"toy.a": 1.0, "toy.b": 10.0, "other": 5.0}
+    assert cv.refit(fit, ["row"], start, bowl) == {"toy.a": 3.0, "toy.b": 20.0, "other": 5.0}
+    assert cv.refit(fit, [], start, bowl) == {"toy.a": 9.0, "toy.b": 7.0, "other": 5.0}
+
+
+def test_a_fold_never_fits_on_the_source_it_prices(experiment, monkeypatch):
+    cv = experiment("cross_validation")
+    seen = []
+    monkeypatch.setattr(cv, "refit", lambda fit, rows, start, objective=None: seen.append((fit.name, rows)) or start)
+    monkeypatch.setattr(cv, "price", lambda cases, point: [cv.Result(c, c.published_s) for c in cases])
+    everything = cv.cases()
+    for source in ("sc21", "korthikanti", "torchtitan-h100", "vtrain", "torchtitan-a100"):
+        seen.clear()
+        f = cv.fold(source, everything)
+        assert seen, f"{source}: no fit refitted"
+        assert all(c.source != source for _, rows in seen for c in rows)
+        assert {r.case.source for r in f.results} == {source}
+    # korthikanti's rows depend on the A100 fit only; its refit uses SC21's 10 rows
+    cv.fold("korthikanti", everything)
+    assert [(name, len(rows)) for name, rows in seen[-1:]] == [("a100", 10)]
+
+
+def test_model_flops_agree_with_korthikanti_for_a_gpt(experiment):
+    p3 = experiment("published_regimes3")
+    layers, hidden, seq, vocab = 96, 12288, 2048, 50304
+    # Korthikanti et al. (full attention, no recompute): 72·B·s·l·h²·(1 + s/6h + V/12lh) per batch
+    per_token = 72 * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+    got = p3.model_flops_per_token(f"gpt:layers={layers},hidden={hidden},heads=96,vocab={vocab}", seq, causal=False)
+    assert got == pytest.approx(per_token, rel=1e-12)
+    causal = p3.model_flops_per_token(f"gpt:layers={layers},hidden={hidden},heads=96,vocab={vocab}", seq, causal=True)
+    assert per_token - causal == pytest.approx(6 * layers * seq * hidden, rel=1e-12)
+
+
+def test_measured_seconds_follow_each_rows_unit(experiment):
+    p3 = experiment("published_regimes3")
+    raw = {r["id"]: r for r in p3.raw_rows()}
+    assert p3.measured_step_s(raw["zb-1p5B-m24-1f1b"]) == pytest.approx(144 / (11.8 * 8), rel=1e-3)
+    assert p3.measured_step_s(raw["fp8lm-gpt-7b-h100x32-bf16"]) == pytest.approx(2048 / 159.2)
+    # USP: causal-effective TFLOP/s; Llama 3 8B at 64K on 16 GPUs, one sequence
+    layers, h, kv, ffn, vocab, s = 32, 4096, 1024, 14336, 128256, 65536
+    flops = 6 * (layers * (2 * h * h + 2 * h * kv + 3 * h * ffn) + h * vocab) + 6 * layers * s * h
+    row = raw["usp-llama3-8b-a800x16-64k-tp1-u8r2-bs1"]
+    assert p3.measured_step_s(row) == pytest.approx(flops * s / (136.31e12 * 16), rel=1e-9)
+
+
+def test_rows_the_grammar_cannot_write_say_why(experiment):
+    p3 = experiment("published_regimes3")
+    priced, refused = p3.rows()
+    why = {u.ident: u.why for u in refused}
+    assert "USP split ulysses=4,ring=4" in why["usp-llama3-8b-a800x16-64k-tp1-u4r4-bs1"]
+    assert "etp" in why["mcore-qwen3-235b-h100x256-xnode-ep32"]
+    assert "fp8" in why["fp8lm-gpt-7b-h100x32-fp8"]
+    # the 8x2 split is the rule's: priced, without the split keys
+    usp = next(r for r in priced if r.ident == "usp-llama3-8b-a800x16-64k-tp1-u8r2-bs1")
+    assert "ulysses" not in usp.plan and "cp_algo=usp" in usp.plan
+    assert len(priced) + len(refused) == 59
+
+
+@pytest.mark.slow        # about a minute on 2 cores
+def test_cross_validation_report(capsys, experiment):
+    vp = experiment("validate_published")
+    assert vp.main(["--cv", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    # issue 38's acceptance where it holds today (Megatron <= 8 %, FSDP <= 10 % out of sample)
+    assert s["out_of_sample:megatron"]["mean_abs"] <= 0.08
+    assert s["out_of_sample:fsdp"]["mean_abs"] <= 0.10
+    # refitting cannot beat the shipped values on their own rows by construction, except by chance
+    assert s["out_of_sample:megatron"]["mean_abs"] >= s["in_sample:megatron"]["mean_abs"]
+    # rows of sources no fit uses are out of sample already: both errors agree
+    for regime in ("schedule", "cp", "fp8-bf16"):
+        assert s[f"out_of_sample:{regime}"] == s[f"in_sample:{regime}"]
+
+
+@pytest.mark.slow
+def test_the_shipped_a100_values_are_still_the_fits_optimum(experiment):
+    """A guard on staleness: refitting on every row (today's model) may move a value one grid step,
+    but may not beat the shipped values by more than half a point of mean error (today: GEMM
+    peak 0.78 -> 0.80, 3.80 % -> 3.73 %)."""
+    cv = experiment("cross_validation")
+    fit = next(f for f in cv.FITS if f.name == "a100")
+    rows = [c for c in cv.cases() if c.source in fit.sources]
+    point = cv.refit(fit, rows, dict(cv.SHIPPED))
+    assert cv.mean_abs(cv.price(rows, point)) > cv.mean_abs(cv.price(rows, cv.SHIPPED)) - 0.005
+    for p in fit.parameters:
+        grid = sorted(p.grid)
+        assert abs(grid.index(point[p.name]) - grid.index(p.shipped)) <= 1, p.name
