@@ -1,25 +1,37 @@
 """A plan as Megatron-LM command-line arguments.
 
 Targets ``megatron/training/arguments.py`` of NVIDIA/Megatron-LM at commit
-000c4ac24f61159c138b0975def722c65245983c (flag names checked against that file;
-``--pipeline-model-parallel-layout`` and the Megatron-FSDP flags are recent
-additions that older releases lack).
+d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22; flag names and the ``validate_args``
+constraints checked against that file and the ``TransformerConfig`` checks in
+``megatron/core/transformer/transformer_config.py``; tests/autoplan/export/megatron_validate_args.py
+encodes them).
 
 Mapping (plan → flags):
 
+* ``--bf16``: the mixed precision every estimate assumes (Megatron's default is fp32).
 * tp → ``--tensor-model-parallel-size``, sp → ``--sequence-parallel``.
 * pp → ``--pipeline-model-parallel-size``; vpp with an even split →
   ``--num-layers-per-virtual-pipeline-stage`` (``--num-virtual-stages-per-pipeline-rank``
   when the layer count is unknown); uneven stage cuts →
-  ``--pipeline-model-parallel-layout`` (E = embedding, t = layer, L = loss, stages
-  split by "|", in virtual-stage order).
-* schedule: 1f1b and interleaved are Megatron's own; gpipe, zb-h1/h2, zbv and
-  dualpipev are not in Megatron-LM and run as 1F1B / interleaved (warned).
-* cp → ``--context-parallel-size``; ring/ulysses/usp → ``--cp-comm-type``
-  p2p/a2a/a2a+p2p.
-* ep → ``--expert-model-parallel-size``.
+  ``--pipeline-model-parallel-layout`` (E = embedding, t = layer, L = loss, stages split by "|")
+  in Megatron's order: entry ``v·pp + r`` is chunk v of pipeline rank r
+  (``PipelineParallelLayerLayout``), so a V schedule's cut (rank r holds stages r and 2·pp−1−r)
+  is listed as the counts each rank holds, not in V order.
+* schedule: 1f1b and interleaved are Megatron's own; gpipe, zb-h1/h2, zbv and dualpipev run as
+  1F1B / interleaved (warned).  The zero-bubble and DualPipeV plans of MoE models (ep > 1, virtual
+  stages under pp > 1, no full recomputation) get ``--overlap-moe-expert-parallel-comm
+  --delay-wgrad-compute``: the expert all-to-all overlapped across micro-batches and the weight
+  gradients split off, Megatron's form of the W split (``TransformerConfig`` asserts those
+  preconditions; other plans are warned).
+* cp → ``--context-parallel-size``; ring/ulysses → ``--cp-comm-type`` p2p/a2a; usp → ``a2a+p2p`` with
+  ``--hierarchical-context-parallel-sizes U R`` (Ulysses inside, ring across), the split autoplan's
+  rule fixes (``autoplan.rules.ulysses_and_ring``) for the cluster's NVLink domain.
+* ep → ``--expert-model-parallel-size``, ``--expert-tensor-parallel-size`` tp (the plan's experts
+  are split over tp) and ``--moe-token-dispatcher-type alltoall`` (the all-to-all the plan prices;
+  Megatron's default is allgather).
 * zero 1 → ``--use-distributed-optimizer``; zero 2/3 → ``--use-megatron-fsdp
-  --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``.
+  --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params`` and ``--ckpt-format
+  fsdp_dtensor`` (``validate_args`` asserts it under Megatron-FSDP).
 * recompute → ``--recompute-granularity`` (full adds ``--recompute-method uniform
   --recompute-num-layers 1``; full:N is ``--recompute-method block --recompute-num-layers N``;
   op, which Megatron lacks, becomes full with a warning).
@@ -30,34 +42,45 @@ Mapping (plan → flags):
 from __future__ import annotations
 
 from autoplan.export.base import Export, Setting, Settings, stage_layers, uniform_recompute
+from autoplan.mesh import Mesh
 from autoplan.plan import DEFAULT_ORDER, SCHEDULE_SPECS, Plan, recompute_layers
+from autoplan.rules import ulysses_and_ring
 
-MEGATRON_COMMIT = "000c4ac24f61159c138b0975def722c65245983c"
+MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 CP_COMM = {"ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p"}
 TP_PP_DP_ORDER = ("tp", "cp", "ep", "pp", "dp")
+DEFAULT_NVLINK_DOMAIN = 8        # GPUs per NVLink domain of an H100/A100 node, when no cluster is named
 
 
 def pipeline_layout(layers: tuple[int, ...]) -> str:
-    """``--pipeline-model-parallel-layout`` of per-stage layer counts (virtual-stage order)."""
+    """``--pipeline-model-parallel-layout`` of per-stage layer counts, in Megatron's stage order."""
     stages = ["t" * n for n in layers]
     stages[0] = "E" + stages[0]
     stages[-1] = stages[-1] + "L"
     return "|".join(stages)
 
 
+def megatron_order(plan: Plan, layers: tuple[int, ...]) -> tuple[int, ...]:
+    """The plan's layers per virtual stage (model order) as Megatron lists its stages: entry
+    ``v·pp + r`` is the v-th chunk of pipeline rank r (``PipelineParallelLayerLayout.__init__``), so each
+    rank holds the layer counts the plan gives it; the identity for looped schedules."""
+    return tuple(layers[plan.stages_of_rank(r)[v]] for v in range(plan.vpp) for r in range(plan.pp))
+
+
 def to_megatron(plan: Plan, *, num_layers: int | None = None, global_batch: int | None = None,
-                seq: int | None = None) -> Export:
+                seq: int | None = None, nvlink_domain: int | None = None) -> Export:
     """``plan`` as Megatron-LM arguments, one group of flags per part of the plan (module docstring)."""
     flags = (_size_flags(num_layers, seq) + _tensor_flags(plan) + _pipeline_flags(plan, num_layers)
-             + _context_flags(plan) + _expert_flags(plan) + _data_parallel_flags(plan) + _recompute_flags(plan)
-             + _batch_flags(plan, global_batch) + _order_flags(plan))
+             + _schedule_flags(plan) + _context_flags(plan, nvlink_domain) + _expert_flags(plan)
+             + _data_parallel_flags(plan) + _recompute_flags(plan) + _batch_flags(plan, global_batch)
+             + _order_flags(plan))
     return Export(engine="megatron", text=_command_line(plan, flags.items), warnings=flags.warnings)
 
 
 def _size_flags(num_layers: int | None, seq: int | None) -> Settings:
     items = [Setting("--num-layers", num_layers)] if num_layers is not None else []
     items += [Setting("--seq-length", seq)] if seq is not None else []
-    return Settings(tuple(items))
+    return Settings(tuple(items) + (Setting("--bf16"),))
 
 
 def _tensor_flags(plan: Plan) -> Settings:
@@ -68,21 +91,25 @@ def _tensor_flags(plan: Plan) -> Settings:
 
 def _pipeline_flags(plan: Plan, num_layers: int | None) -> Settings:
     """pp, and the virtual stages: even (layers per virtual stage, or stages per rank when the
-    layer count is unknown) or uneven (the layout string)."""
+    layer count is unknown) or uneven (the layout string, in Megatron's stage order)."""
     size = Settings((Setting("--pipeline-model-parallel-size", plan.pp),))
     if plan.pp == 1:
         return size
     layers = stage_layers(plan, num_layers)
-    cuts: tuple[Setting, ...]
     if layers is not None and len(set(layers)) > 1:
-        cuts = (Setting("--pipeline-model-parallel-layout", f'"{pipeline_layout(layers)}"'),)
+        ordered = megatron_order(plan, layers)
+        cuts = Settings((Setting("--pipeline-model-parallel-layout", f'"{pipeline_layout(ordered)}"'),))
+        if SCHEDULE_SPECS[plan.schedule].placement == "v":
+            cuts += Settings(warnings=(f"schedule={plan.schedule}'s cut goes to Megatron-LM rank by rank (each rank "
+                                       "keeps its layer counts), but Megatron places the output layer and loss "
+                                       f"on pipeline rank {plan.pp - 1}, not on rank 0 as the V places them",))
     elif plan.vpp > 1 and layers is not None:
-        cuts = (Setting("--num-layers-per-virtual-pipeline-stage", layers[0]),)
+        cuts = Settings((Setting("--num-layers-per-virtual-pipeline-stage", layers[0]),))
     elif plan.vpp > 1:
-        cuts = (Setting("--num-virtual-stages-per-pipeline-rank", plan.vpp),)
+        cuts = Settings((Setting("--num-virtual-stages-per-pipeline-rank", plan.vpp),))
     else:
-        cuts = ()
-    return size + Settings(cuts, _schedule_warnings(plan.schedule))
+        cuts = Settings()
+    return size + cuts
 
 
 def _schedule_warnings(schedule: str) -> tuple[str, ...]:
@@ -99,27 +126,73 @@ def _schedule_warnings(schedule: str) -> tuple[str, ...]:
     return ()
 
 
-def _context_flags(plan: Plan) -> Settings:
+def _schedule_flags(plan: Plan) -> Settings:
+    """Megatron's stand-in schedule (warned) and, for zero-bubble and DualPipeV plans, its W split:
+    ``--delay-wgrad-compute`` with the ``--overlap-moe-expert-parallel-comm`` it requires."""
+    warnings = _schedule_warnings(plan.schedule) if plan.pp > 1 else ()
+    if plan.pp == 1 or not SCHEDULE_SPECS[plan.schedule].split_backward:
+        return Settings(warnings=warnings)
+    blocker = _overlap_blocker(plan)
+    if blocker:
+        return Settings(warnings=warnings + (
+            f"schedule={plan.schedule}'s weight-gradient split has no Megatron-LM form here: "
+            f"--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm, which {blocker}",))
+    return Settings((Setting("--overlap-moe-expert-parallel-comm"), Setting("--delay-wgrad-compute")), warnings)
+
+
+def _overlap_blocker(plan: Plan) -> str | None:
+    """Why ``--overlap-moe-expert-parallel-comm`` is refused for ``plan`` (TransformerConfig.__post_init__
+    asserts ep > 1, virtual stages under pp > 1, no full recomputation), or None."""
+    if plan.ep == 1:
+        return "needs expert parallelism (ep > 1)"
+    if plan.vpp == 1:
+        return "needs virtual pipeline stages under pp > 1"
+    mode, _ = uniform_recompute(plan)
+    if mode in ("op", "full") or recompute_layers(mode) is not None:
+        return f"refuses full recomputation (recompute={mode} runs as --recompute-granularity full)"
+    return None
+
+
+def usp_split(plan: Plan, nvlink_domain: int) -> tuple[int, int]:
+    """(Ulysses size, ring size) of a USP plan: autoplan's rule, Ulysses inside the NVLink domain."""
+    return ulysses_and_ring(plan, Mesh.of(plan), nvlink_domain)
+
+
+def _context_flags(plan: Plan, nvlink_domain: int | None) -> Settings:
     if plan.cp == 1:
         return Settings()
-    warnings = ("cp_algo=usp: also pass --hierarchical-context-parallel-sizes "
-                "<a2a size> <p2p size> (the plan does not record the split)",) if plan.cp_algo == "usp" else ()
-    return Settings((Setting("--context-parallel-size", plan.cp), Setting("--cp-comm-type", CP_COMM[plan.cp_algo])),
-                    warnings)
+    flags = Settings((Setting("--context-parallel-size", plan.cp), Setting("--cp-comm-type", CP_COMM[plan.cp_algo])))
+    if plan.cp_algo != "usp":
+        return flags
+    ulysses, ring = usp_split(plan, nvlink_domain or DEFAULT_NVLINK_DOMAIN)
+    warnings = () if nvlink_domain else (
+        f"cp_algo=usp split {ulysses}×{ring} (Ulysses × ring) for {DEFAULT_NVLINK_DOMAIN}-GPU NVLink domains: "
+        "pass --cluster for the cluster's own",)
+    return flags + Settings((Setting("--hierarchical-context-parallel-sizes", f"{ulysses} {ring}"),), warnings)
 
 
 def _expert_flags(plan: Plan) -> Settings:
-    return Settings((Setting("--expert-model-parallel-size", plan.ep),) if plan.ep > 1 else ())
+    """ep with the experts split over tp (etp = tp) and the all-to-all dispatcher the plan prices."""
+    if plan.ep == 1:
+        return Settings()
+    warnings = (f"ep={plan.ep} with cp={plan.cp}: Megatron-LM's expert groups fold over the cp ranks first "
+                "(expert grid etp-ep-edp-pp), the plan's lie outside them: same group sizes, other ranks",
+                ) if plan.cp > 1 else ()
+    return Settings((Setting("--expert-model-parallel-size", plan.ep),
+                     Setting("--expert-tensor-parallel-size", plan.tp),
+                     Setting("--moe-token-dispatcher-type", "alltoall")), warnings)
 
 
 def _data_parallel_flags(plan: Plan) -> Settings:
-    """zero 1: the distributed optimizer; zero 2/3: Megatron-FSDP."""
+    """zero 1: the distributed optimizer; zero 2/3: Megatron-FSDP, whose checkpoints must be
+    ``fsdp_dtensor`` (validate_args)."""
     if plan.dp == 1 or plan.zero == 0:
         return Settings()
     if plan.zero == 1:
         return Settings((Setting("--use-distributed-optimizer"),))
     strategy = "optim_grads_params" if plan.zero >= 3 else "optim_grads"
-    return Settings((Setting("--use-megatron-fsdp"), Setting("--data-parallel-sharding-strategy", strategy)))
+    return Settings((Setting("--use-megatron-fsdp"), Setting("--data-parallel-sharding-strategy", strategy),
+                     Setting("--ckpt-format", "fsdp_dtensor")))
 
 
 def _recompute_flags(plan: Plan) -> Settings:

@@ -82,7 +82,7 @@ def test_mappings(plan, flags):
     ("pp=2,schedule=zb-h1", "schedule=zb-h1 is not in Megatron-LM"),
     ("pp=2,schedule=zbv", "schedule=zbv (V placement) is not in Megatron-LM"),
     ("pp=2,schedule=dualpipev", "schedule=dualpipev (V placement) is not in Megatron-LM"),
-    ("cp=2,cp_algo=usp", "cp_algo=usp: also pass --hierarchical-context-parallel-sizes"),
+    ("cp=2,cp_algo=usp", "cp_algo=usp split 2×1 (Ulysses × ring) for 8-GPU NVLink domains"),
     ("pp=4,recompute=full-selective-none-none", "per-stage recompute full-selective-none-none"),
     ("tp=2,order=pp-tp-cp-ep-dp", "order=pp-tp-cp-ep-dp is not expressible"),
 ])
@@ -94,3 +94,50 @@ def test_what_megatron_cannot_express_is_warned(plan, warning):
 def test_v_schedule_keeps_two_chunks_per_rank():
     args, _ = _args("pp=2,schedule=zbv", num_layers=8)
     assert _flag(args, "--num-layers-per-virtual-pipeline-stage") == "2"
+
+
+@pytest.mark.parametrize("plan, flags", [
+    ("dp=8,zero=2", {"--ckpt-format": "fsdp_dtensor"}),
+    ("dp=8,zero=3", {"--ckpt-format": "fsdp_dtensor"}),
+    ("tp=2,dp=8,ep=4", {"--expert-model-parallel-size": "4", "--expert-tensor-parallel-size": "2",
+                        "--moe-token-dispatcher-type": "alltoall"}),
+    ("tp=2,cp=8,cp_algo=usp", {"--cp-comm-type": "a2a+p2p", "--hierarchical-context-parallel-sizes": "4"}),
+])
+def test_flags_megatron_requires_with_the_plan(plan, flags):
+    args, _ = _args(plan, num_layers=8)
+    assert "--bf16" in args
+    for flag, value in flags.items():
+        assert _flag(args, flag) == value
+
+
+def test_usp_split_is_autoplans_rule_for_the_clusters_nvlink_domain():
+    """tp=2 beside cp=8 on 8-GPU domains: Ulysses over 4, ring over 2; 72-GPU domains: Ulysses over 8."""
+    args, _ = _args("tp=2,cp=8,cp_algo=usp", num_layers=8)
+    assert args[args.index("--hierarchical-context-parallel-sizes") + 1:][:2] == ["4", "2"]
+    args, warnings = _args("tp=2,cp=8,cp_algo=usp", num_layers=8, nvlink_domain=72)
+    assert args[args.index("--hierarchical-context-parallel-sizes") + 1:][:2] == ["8", "1"] and warnings == ()
+
+
+def test_v_schedule_cut_is_listed_rank_by_rank():
+    """A V's rank r holds stages r and 2·pp−1−r; Megatron's layout entry v·pp + r is rank r's chunk v."""
+    args, warnings = _args("pp=2,schedule=zbv,layers=1-3-2-4", num_layers=10)
+    assert _flag(args, "--pipeline-model-parallel-layout") == "Et|ttt|tttt|ttL"
+    assert any("places the output layer and loss on pipeline rank 1" in w for w in warnings)
+    args, _ = _args("pp=2,vpp=2,schedule=interleaved,layers=1-3-2-4", num_layers=10)
+    assert _flag(args, "--pipeline-model-parallel-layout") == "Et|ttt|tt|ttttL"
+
+
+@pytest.mark.parametrize("plan, overlap", [
+    ("pp=2,dp=8,ep=4,schedule=zbv", True),
+    ("pp=2,dp=8,ep=4,schedule=dualpipev,recompute=selective", True),
+    ("pp=2,dp=8,ep=4,schedule=dualpipev,recompute=full", False),
+    ("pp=2,dp=8,ep=4,schedule=zb-h1", False),
+    ("pp=2,dp=8,schedule=zbv", False),
+    ("pp=2,dp=8,ep=4,vpp=2,schedule=interleaved", False),
+])
+def test_w_split_uses_megatrons_moe_overlap_where_its_preconditions_hold(plan, overlap):
+    args, warnings = _args(plan, num_layers=8)
+    assert ("--delay-wgrad-compute" in args) == overlap
+    assert ("--overlap-moe-expert-parallel-comm" in args) == overlap
+    split = Plan.parse(plan).schedule_spec.split_backward
+    assert any("weight-gradient split has no Megatron-LM form" in w for w in warnings) == (split and not overlap)
