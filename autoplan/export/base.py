@@ -14,11 +14,13 @@ def recompute_strength(policy: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Export:
-    """An engine configuration: ``text`` to paste, ``warnings`` on what it cannot express."""
+    """An engine configuration: ``text`` to paste, ``warnings`` on what it cannot express, and for an
+    engine configured by its command line alone the argument list (``-o`` writes one per line)."""
 
     engine: str
     text: str
     warnings: tuple[str, ...] = ()
+    argv: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

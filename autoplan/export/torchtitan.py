@@ -1,36 +1,37 @@
-"""A plan as a torchtitan TOML fragment ([parallelism], [activation_checkpoint], [training]).
+"""A plan as torchtitan 0.3.0's command line: ``--module M --config C`` and CLI overrides.
 
-Targets torchtitan's TOML ``JobConfig``, ``torchtitan/config/job_config.py`` at commit
-6404b932421f5ce382e7dac5ad381b2c17b1373c (key names checked against that file).
-Later torchtitan main replaced the TOML JobConfig by Python configs
-(``ParallelismConfig``: ``pipeline_parallel_module_fqns_per_model_part``,
-``num_pp_microbatches``, ``enable_sequence_parallel``); this exporter does not
-target that.
+torchtitan 0.3.0 (PyPI) has no TOML job config: ``torchtitan.config.ConfigManager().parse_args(argv)``
+imports ``torchtitan.models.M.config_registry``, calls its function ``C`` for a ``Trainer.Config``,
+and applies the ``--section.key value`` overrides with tyro (``torchtitan/config/manager.py``).
+Every parallelism value is given explicitly, since the registry functions set their own (llama3_405b
+sets tp=8, deepseek_v3_671b ep=2, ...).  The 0.2.x TOML is ``autoplan.export.torchtitan_toml``.
 
-Mapping (plan → key):
+Mapping (plan → override; ``torchtitan/config/configs.py`` ``ParallelismConfig``/``TrainingConfig``):
 
-* dp: zero 2/3 → ``data_parallel_shard_degree`` = dp (FSDP2) with
-  ``fsdp_reshard_after_forward`` "never" (zero 2) / "always" (zero 3); zero 0 →
-  ``data_parallel_replicate_degree`` = dp (DDP); zero 1 has no torchtitan form and
-  runs as zero 2 (warned).
-* tp → ``tensor_parallel_degree`` (torchtitan always adds sequence parallelism and
-  loss parallelism with TP; sp=off is warned).
-* pp → ``pipeline_parallel_degree``, schedule → ``pipeline_parallel_schedule``
-  (torch names), mbs → ``pipeline_parallel_microbatch_size``; stage cuts →
-  ``module_fqns_per_model_part`` with the module names of torchtitan's decoder
-  models (``tok_embeddings``, ``layers.N``, ``norm``, ``output``).
-* cp → ``context_parallel_degree``; ring → ``context_parallel_rotate_method`` =
-  "alltoall" (KV passed around the ring); Ulysses/USP have no torchtitan form (warned).
-* ep → ``expert_parallel_degree`` (carved out of dp, as torchtitan's dp2ep).
-* recompute → ``[activation_checkpoint] mode`` (selective and op use ``selective_ac_option = "op"``;
-  full:N becomes full, with a warning).
+* dp: zero 2/3 → ``parallelism.data_parallel_shard_degree`` = dp (FSDP2) with
+  ``fsdp_reshard_after_forward`` never (zero 2) / always (zero 3); zero 0 →
+  ``data_parallel_replicate_degree`` = dp (DDP); zero 1 runs as zero 2 (warned).
+* tp → ``tensor_parallel_degree``; sp → ``enable_sequence_parallel`` (new in 0.3).
+* pp → ``pipeline_parallel_degree``, schedule → ``pipeline_parallel_schedule`` (torch names), mbs →
+  ``pipeline_parallel_microbatch_size``, cuts → ``module_fqns_per_model_part`` (model order; torch's V
+  schedules place the chunks V-wise themselves); pp > 1 needs ``training.disable_cuda_graphs``
+  (``Trainer.Config._validate_cuda_graphs``), as does ep > 1 with a host-syncing token dispatcher.
+* cp → ``context_parallel_degree`` (ring attention; 0.3 dropped ``context_parallel_rotate_method``;
+  Ulysses/USP are warned).
+* ep → ``expert_parallel_degree``.  0.3 has no expert tensor parallelism (0.2's
+  ``expert_tensor_parallel_degree`` is gone): EP borrows ranks from dp_shard·cp·tp
+  (``distributed/parallel_dims.py``), each expert whole.  With tp > 1 the plan's experts are split over
+  tp, so ep·tp is given — the same experts per GPU — and warned about.
+* recompute → the ``activation_checkpoint:{none,full,selective}`` subcommand, last (0.3 dropped
+  ``selective_ac_option``; ``selective`` is per-op SAC, autoplan's ``op``; the plan's ``selective``,
+  Megatron's attention-core recomputation, runs as it and is warned about).
 """
 from __future__ import annotations
 
 from autoplan.export.base import Export, Setting, Settings, default_order_warning, stage_layers, uniform_recompute
 from autoplan.plan import DEFAULT_ORDER, Plan, recompute_layers
 
-TORCHTITAN_COMMIT = "6404b932421f5ce382e7dac5ad381b2c17b1373c"
+TORCHTITAN_VERSION = "0.3.0"
 SCHEDULES = {
     "gpipe": "GPipe",
     "1f1b": "1F1B",
@@ -40,18 +41,22 @@ SCHEDULES = {
     "zbv": "ZBVZeroBubble",
     "dualpipev": "DualPipeV",
 }
-
-
-def _toml(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
-        return "[\n" + "".join(f"    {_toml(v)},\n" for v in value) + "]"     # one row per line
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return str(value)
+# zoo model → (--module, --config) of torchtitan 0.3.0's config registries
+CONFIGS = {
+    "llama3-8b": ("llama3", "llama3_8b"),
+    "llama3-70b": ("llama3", "llama3_70b"),
+    "llama3-405b": ("llama3", "llama3_405b"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
+}
+STAND_IN = ("llama3", "llama3_debugmodel")
+# what a registry config builds beyond the plan (every estimate is priced in bf16)
+CONFIG_NOTES = {
+    "llama3-405b": "torchtitan's llama3_405b config trains its linear layers in float8 (Float8LinearConverter, "
+                   "set in Python, no CLI override) and the plan is priced in bf16: write a bf16 config to match",
+}
+SELECTIVE_WARNING = ("recompute=selective (Megatron's attention-core recomputation) is not in torchtitan: "
+                     "its selective activation checkpointing is per-op SAC (recompute=op: every second matmul "
+                     "recomputed), slower than the plan's estimate, within its memory")
 
 
 def model_parts(layers: tuple[int, ...]) -> list[list[str]]:
@@ -69,53 +74,71 @@ def model_parts(layers: tuple[int, ...]) -> list[list[str]]:
 
 
 def to_torchtitan(plan: Plan, *, num_layers: int | None = None, global_batch: int | None = None,
-                  seq: int | None = None) -> Export:
-    """``plan`` as torchtitan TOML: [parallelism] one group of keys per parallelism, then
-    [activation_checkpoint] and [training] (module docstring)."""
-    parallelism = (_data_parallel_keys(plan) + _tensor_parallel_keys(plan) + _pipeline_keys(plan, num_layers)
-                   + _context_parallel_keys(plan) + _expert_and_order_keys(plan))
-    checkpoint = _activation_checkpoint_keys(plan)
-    training = _training_keys(plan, global_batch, seq)
-    lines = [f"# autoplan plan {plan.to_string()}",
-             f"# torchtitan TOML JobConfig (torchtitan/config/job_config.py @ {TORCHTITAN_COMMIT[:12]})"]
-    lines += _table("parallelism", parallelism) + [""] + _table("activation_checkpoint", checkpoint)
-    if training.items:
-        lines += [""] + _table("training", training)
-    return Export(engine="torchtitan", text="\n".join(lines) + "\n",
-                  warnings=parallelism.warnings + checkpoint.warnings)
+                  seq: int | None = None, model: str | None = None) -> Export:
+    """``plan`` as torchtitan 0.3.0 arguments (module docstring); ``Export.argv`` is the list."""
+    settings = (_config(model) + _data_parallel(plan) + _tensor_parallel(plan) + _pipeline(plan, num_layers)
+                + _context_parallel(plan) + _expert_parallel(plan) + _training(plan, global_batch, seq)
+                + _activation_checkpoint(plan))
+    argv = tuple(arg for s in settings.items for arg in _args(s))
+    header = [f"# autoplan plan {plan.to_string()}",
+              f"# torchtitan {TORCHTITAN_VERSION}: torchtitan.config.ConfigManager().parse_args(argv) "
+              "(torchtitan/config/manager.py)"]
+    lines = [" ".join(_args(s)) for s in settings.items]
+    text = "\n".join(header) + "\n" + " \\\n".join(lines) + "\n"
+    return Export(engine="torchtitan", text=text, warnings=settings.warnings, argv=argv)
 
 
-def _table(name: str, keys: Settings) -> list[str]:
-    return [f"[{name}]"] + [f"{k.name} = {_toml(k.value)}" for k in keys.items]
+def _args(s: Setting) -> tuple[str, ...]:
+    if s.value is None:
+        return (s.name,)
+    if isinstance(s.value, list):                       # module_fqns_per_model_part: one A,B,C per chunk
+        return (s.name, *(",".join(part) for part in s.value))
+    return (s.name, str(s.value))
 
 
-def _data_parallel_keys(plan: Plan) -> Settings:
-    """zero 0: DDP over dp; zero 2/3 (and 1, warned): FSDP2 over dp, resharding after forward under zero 3."""
-    if plan.zero == 0:
-        return Settings((Setting("data_parallel_replicate_degree", plan.dp), Setting("data_parallel_shard_degree", 1)))
-    keys = Settings((Setting("data_parallel_replicate_degree", 1), Setting("data_parallel_shard_degree", plan.dp)))
-    if plan.dp == 1:
-        return keys
-    warnings = ("zero=1 has no torchtitan form: FSDP with fsdp_reshard_after_forward = "
-                "\"never\" (zero=2: gradients sharded too)",) if plan.zero == 1 else ()
-    return keys + Settings((Setting("fsdp_reshard_after_forward", "always" if plan.zero >= 3 else "never"),),
-                           warnings)
+def _config(model: str | None) -> Settings:
+    module, config = CONFIGS.get(model or "", STAND_IN)
+    warnings: tuple[str, ...] = () if model in CONFIGS else (
+        f"torchtitan {TORCHTITAN_VERSION} ships no config for {model or 'an unnamed model'}: "
+        f"--module {module} --config {config} stand in (every parallelism value below is explicit); "
+        "replace them with your model's config_registry module and function",)
+    warnings += (CONFIG_NOTES[model],) if model in CONFIG_NOTES else ()
+    return Settings((Setting("--module", module), Setting("--config", config)), warnings)
 
 
-def _tensor_parallel_keys(plan: Plan) -> Settings:
-    warnings = (("sp=off is not expressible: torchtitan always applies sequence parallelism with TP",)
-                if plan.tp > 1 and not plan.sp else ())
-    return Settings((Setting("tensor_parallel_degree", plan.tp),), warnings)
+def _data_parallel(plan: Plan) -> Settings:
+    """zero 0: DDP over dp; zero 1/2/3: FSDP2 over dp (zero 1 warned), resharding after forward under
+    zero 3; ep > 1 needs FSDP (EP borrows dp_shard ranks), so zero 0 with ep runs as zero 2 (warned)."""
+    fsdp = plan.zero > 0 or plan.ep > 1
+    replicate, shard = (1, plan.dp) if fsdp else (plan.dp, 1)
+    keys = (Setting("--parallelism.data_parallel_replicate_degree", replicate),
+            Setting("--parallelism.data_parallel_shard_degree", shard),
+            Setting("--parallelism.fsdp_reshard_after_forward",
+                    "always" if plan.zero >= 3 else "never" if fsdp and plan.dp > 1 else "default"))
+    warnings: tuple[str, ...] = ()
+    if plan.dp > 1 and plan.zero == 1:
+        warnings = ("zero=1 has no torchtitan form: FSDP with fsdp_reshard_after_forward never "
+                    "(zero=2: gradients sharded too)",)
+    elif plan.dp > 1 and plan.zero == 0 and plan.ep > 1:
+        warnings = ("zero=0 with ep > 1 has no torchtitan form (its EP borrows FSDP ranks): FSDP with "
+                    "fsdp_reshard_after_forward never (zero=2: optimizer state and gradients sharded)",)
+    return Settings(keys, warnings)
 
 
-def _pipeline_keys(plan: Plan, num_layers: int | None) -> Settings:
-    """pp, its torch schedule and micro-batch size, and the stage cuts as module FQNs when the
-    layer count is known."""
-    degree = Settings((Setting("pipeline_parallel_degree", plan.pp),))
+def _tensor_parallel(plan: Plan) -> Settings:
+    sp = "--parallelism.enable_sequence_parallel" if plan.sp or plan.tp == 1 else \
+        "--parallelism.no_enable_sequence_parallel"
+    return Settings((Setting("--parallelism.tensor_parallel_degree", plan.tp), Setting(sp)))
+
+
+def _pipeline(plan: Plan, num_layers: int | None) -> Settings:
+    """pp, its torch schedule and micro-batch size, and the stage cuts as module FQNs when the layer
+    count is known; CUDA graphs off (torchtitan refuses them under pp)."""
+    keys = Settings((Setting("--parallelism.pipeline_parallel_degree", plan.pp),
+                     Setting("--parallelism.pipeline_parallel_schedule", SCHEDULES[plan.schedule]),
+                     Setting("--parallelism.pipeline_parallel_microbatch_size", plan.mbs)))
     if plan.pp == 1:
-        return degree
-    keys = degree + Settings((Setting("pipeline_parallel_schedule", SCHEDULES[plan.schedule]),
-                              Setting("pipeline_parallel_microbatch_size", plan.mbs)))
+        return keys
     if plan.schedule == "zb-h2":
         keys += Settings(warnings=("schedule=zb-h2 is not in torch pipelining: InterleavedZeroBubble "
                                    "(ZB1P, one model chunk per rank)",))
@@ -123,46 +146,54 @@ def _pipeline_keys(plan: Plan, num_layers: int | None) -> Settings:
     if layers is None:
         return keys + Settings(warnings=("stage cuts left to torchtitan (its default split) because the layer "
                                          "count is unknown: pass --model to pin them",))
-    return keys + Settings((Setting("module_fqns_per_model_part", model_parts(layers)),))
+    return keys + Settings((Setting("--parallelism.module_fqns_per_model_part", model_parts(layers)),))
 
 
-def _context_parallel_keys(plan: Plan) -> Settings:
-    """cp, ring attention passing K/V around the ring (all-to-all rotation); Ulysses/USP run as ring."""
-    degree = Settings((Setting("context_parallel_degree", plan.cp),))
-    if plan.cp == 1:
-        return degree
-    warnings = ((f"cp_algo={plan.cp_algo} is not in torchtitan: ring attention "
-                 "(context_parallel_rotate_method = \"alltoall\")",) if plan.cp_algo != "ring" else ())
-    return degree + Settings((Setting("context_parallel_rotate_method", "alltoall"),), warnings)
+def _context_parallel(plan: Plan) -> Settings:
+    """cp as ring attention (torchtitan's only CP); Ulysses/USP run as ring."""
+    warnings = ((f"cp_algo={plan.cp_algo} is not in torchtitan {TORCHTITAN_VERSION}: ring attention",)
+                if plan.cp > 1 and plan.cp_algo != "ring" else ())
+    return Settings((Setting("--parallelism.context_parallel_degree", plan.cp),), warnings)
 
 
-def _expert_and_order_keys(plan: Plan) -> Settings:
-    """ep (carved out of dp), and a warning when the plan's axis order is not torchtitan's."""
-    order = default_order_warning(plan, "torchtitan", DEFAULT_ORDER)
-    return Settings((Setting("expert_parallel_degree", plan.ep),), (order,) if order else ())
+def _expert_parallel(plan: Plan) -> Settings:
+    """ep, ×tp when the experts are split over tp (no expert TP in 0.3), and the axis-order warning."""
+    warnings = tuple(w for w in (default_order_warning(plan, "torchtitan", DEFAULT_ORDER),) if w)
+    degree = plan.ep
+    if plan.ep > 1 and plan.tp > 1:
+        degree = plan.ep * plan.tp
+        warnings += (f"ep={plan.ep} with tp={plan.tp} (experts split over tp) is not in torchtitan "
+                     f"{TORCHTITAN_VERSION}, which has no expert tensor parallelism: expert_parallel_degree "
+                     f"{degree} (ep·tp, whole experts, as many per GPU as the plan's; the expert all-to-all "
+                     "spans the tp ranks too and needs the expert count divisible by it); "
+                     "`--to torchtitan@0.2` carries expert_tensor_parallel_degree",)
+    return Settings((Setting("--parallelism.expert_parallel_degree", degree),), warnings)
 
 
-def _activation_checkpoint_keys(plan: Plan) -> Settings:
-    """The plan's one recompute mode (``uniform_recompute``); full:N, which torchtitan lacks, runs as full."""
+def _training(plan: Plan, global_batch: int | None, seq: int | None) -> Settings:
+    """Batch sizes (a rank's local batch is its share of the global one under pp, else one micro-batch),
+    the sequence length where given, and CUDA graphs off where torchtitan refuses them."""
+    keys: tuple[Setting, ...] = ()
+    if global_batch is not None:
+        keys += (Setting("--training.local_batch_size", global_batch // plan.dp if plan.pp > 1 else plan.mbs),
+                 Setting("--training.global_batch_size", global_batch))
+    if seq is not None:
+        keys += (Setting("--training.seq_len", seq),)
+    if plan.pp > 1 or plan.ep > 1:
+        keys += (Setting("--training.disable_cuda_graphs"),)
+    return Settings(keys)
+
+
+def _activation_checkpoint(plan: Plan) -> Settings:
+    """The plan's one recompute mode (``uniform_recompute``) as the subcommand, which tyro reads last;
+    full:N, which torchtitan lacks, runs as full."""
     mode, note = uniform_recompute(plan)
     warnings: tuple[str, ...] = (note,) if note else ()
     if recompute_layers(mode) is not None:
         warnings += (f"recompute={mode} (the first N layers of each stage) is not in torchtitan: "
-                     "mode = \"full\" on every layer",)
+                     "activation_checkpoint:full on every layer",)
         mode = "full"
-    keys: tuple[Setting, ...] = (Setting("mode", "selective" if mode == "op" else mode),)
-    if mode in ("selective", "op"):
-        keys += (Setting("selective_ac_option", "op"),)
-    return Settings(keys, warnings)
-
-
-def _training_keys(plan: Plan, global_batch: int | None, seq: int | None) -> Settings:
-    """Batch sizes (a rank's local batch is its share of the global one under pp, else one micro-batch)
-    and the sequence length, where given."""
-    keys: tuple[Setting, ...] = ()
-    if global_batch is not None:
-        keys += (Setting("local_batch_size", global_batch // plan.dp if plan.pp > 1 else plan.mbs),
-                 Setting("global_batch_size", global_batch))
-    if seq is not None:
-        keys += (Setting("seq_len", seq),)
-    return Settings(keys)
+    if mode == "selective":
+        warnings += (SELECTIVE_WARNING,)
+    subcommand = {"none": "none", "full": "full", "op": "selective", "selective": "selective"}[mode]
+    return Settings((Setting(f"activation_checkpoint:{subcommand}"),), warnings)
