@@ -12,6 +12,14 @@ The measured figure becomes seconds per step, in this order: the row's ``derived
 (``regimes3_public.md``): the USP paper counts causal attention work, NeMo's long-sequence page
 the full s², both over the matmuls of the model (``model_flops_per_token``).
 
+Zero Bubble's interleaved rows (1F1B-I) run "the maximum number of chunks, each transformer layer
+one chunk" with layers = k·p − 2, the first and the last virtual stage one layer fewer
+(``regimes3_public.md``'s caveat; the row's ``vpp`` is k, the chunks per rank).  The row's plan
+gets that layout as ``layers=``, derived from its own numbers: c = (layers + 2) / (pp·vpp) layers
+per chunk (1 in every row), the first virtual stage c − 1 (the embedding and c − 1 layers) and
+the last c − 1 (c − 1 layers, the head and the loss), e.g. ``layers=0-1x22-0`` for 22 layers on
+pp = 8 with vpp = 3 — Llama 3's layout (``published_regimes.RUN_SETTINGS``).
+
 Clusters: ``<gpu>x<N>`` shorthand of the row's GPU kind; A800 rows (``gpu: other``) are the A100
 80GB reference system with NVLink capped at 400 GB/s, 200 GB/s per direction (the export-control
 part: same silicon, fewer NVLink lanes).
@@ -140,7 +148,7 @@ def why_not(r: dict) -> str:
     try:
         if "ulysses" in fields or "ring" in fields:
             return _usp_split_why(r, fields)
-        Plan.parse(r["plan"], num_gpus=r["num_gpus"])
+        Plan.parse(plan_string(r), num_gpus=r["num_gpus"])
     except UserError as e:
         return f"plan refused: {e.problem}"
     return ""
@@ -152,9 +160,32 @@ def model_spec(r: dict) -> str:
     return spec + f",vocab={GPT_VOCAB}" if spec.startswith("gpt:") and "vocab=" not in spec else spec
 
 
+def _layer_count(spec: str) -> int:
+    return int(spec.split("layers=", 1)[1].split(",", 1)[0])
+
+
+def uneven_layers(r: dict) -> str:
+    """``layers=`` of a Zero Bubble interleaved row (module docstring): with N = pp·vpp virtual
+    stages and layers = c·N − 2, c layers per chunk and one fewer in the first and the last; ''
+    for any other row."""
+    fields = _fields(r["plan"])
+    if source_of(r["id"]) != "zero-bubble" or fields.get("schedule") != "interleaved":
+        return ""
+    n, layers = int(fields["pp"]) * int(fields["vpp"]), _layer_count(r["model"])
+    c, rest = divmod(layers + 2, n)
+    if rest or c < 1:
+        raise ValueError(f"row {r['id']}: {layers} layers is not c·pp·vpp − 2 (the interleaved layout)")
+    return f"{c - 1}-{c}x{n - 2}-{c - 1}"
+
+
 def plan_string(r: dict) -> str:
-    """The row's plan without the split keys the rule already fixes."""
-    return ",".join(f"{k}={v}" for k, v in _fields(r["plan"]).items() if k not in ("ulysses", "ring"))
+    """The row's plan without the split keys the rule already fixes, with the uneven layout of a
+    Zero Bubble interleaved row (``uneven_layers``)."""
+    fields = {k: v for k, v in _fields(r["plan"]).items() if k not in ("ulysses", "ring")}
+    layers = uneven_layers(r)
+    if layers:
+        fields["layers"] = layers
+    return ",".join(f"{k}={v}" for k, v in fields.items())
 
 
 def rows() -> tuple[list[pr.RegimeRow], list[Unexpressible]]:

@@ -120,3 +120,12 @@ def test_runs_notation_of_the_canonical_string_reads_back_to_the_same_plan():
     assert plan.to_string(runs=True).count("layers=0-1x126-0,") == 1
     assert Plan.parse(plan.to_string(runs=True)) == plan
     assert "1x" not in plan.to_string() and len(plan.layers) == 128
+
+
+def test_k_times_p_minus_two_layers_one_per_chunk():
+    """Zero Bubble's interleaved layout: 22 = 8·3 − 2 layers, one per chunk, the first and the
+    last chunk holding only the embedding and the head (hand-expanded)."""
+    plan = Plan.parse("pp=8,vpp=3,schedule=interleaved,layers=0-1x22-0", num_gpus=8)
+    assert plan.stage_layers(22) == (0,) + (1,) * 22 + (0,)
+    assert plan.stages_of_rank(0) == (0, 8, 16) and plan.stages_of_rank(7) == (7, 15, 23)
+    _validate("pp=8,vpp=3,dp=8,schedule=interleaved,layers=0-1x22-0", num_layers=22)

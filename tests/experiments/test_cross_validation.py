@@ -97,3 +97,17 @@ def test_the_shipped_a100_values_are_still_the_fits_optimum(experiment):
     for p in fit.parameters:
         grid = sorted(p.grid)
         assert abs(grid.index(point[p.name]) - grid.index(p.shipped)) <= 1, p.name
+
+
+def test_zero_bubble_interleaved_rows_get_one_layer_per_chunk(experiment):
+    """Zero Bubble's 1F1B-I: one layer per chunk, layers = pp·vpp − 2, the first and the last
+    virtual stage one layer fewer (regimes3_public.md): 22 layers on pp 8 x vpp 3 = 24 chunks."""
+    p3 = experiment("published_regimes3")
+    raw = {r["id"]: r for r in p3.raw_rows()}
+    assert p3.uneven_layers(raw["zb-1p5B-m24-interleaved"]) == "0-1x22-0"
+    assert p3.uneven_layers(raw["zb-14p6B-m48-interleaved"]) == "0-1x46-0"     # 46 = 16·3 − 2
+    assert p3.uneven_layers(raw["zb-1p5B-m24-1f1b"]) == ""
+    priced, refused = p3.rows()
+    assert not [u for u in refused if u.regime == "schedule"]
+    plan = next(r.plan for r in priced if r.ident == "zb-6p2B-m24-interleaved")
+    assert "layers=0-1x30-0" in plan and "vpp=4" in plan          # 30 = 8·4 − 2
