@@ -199,7 +199,7 @@ def _regime_options(row: pr.RegimeRow, profiles: dict[str, str]) -> EstimateOpti
         return dataclasses.replace(pr.VTRAIN_OPTIONS, profile=profiles["stack"])
     gpu = pr.cluster(row.cluster).gpu.name
     profile = profiles["a100"] if gpu.startswith("a100") else profiles["h100"] if gpu.startswith("h") else None
-    return pr.run_options(row.ident, EstimateOptions(profile=profile))
+    return pr.row_options(row, EstimateOptions(profile=profile))
 
 
 def price(selected: list[Case], point: dict[str, float]) -> list[Result]:

@@ -73,6 +73,7 @@ class RegimeRow:
     published_s: float
     group: str = ""      # vTrain ranking group
     source: str = ""     # the publication or data set (SOURCES key): the unit left out by ``--cv``
+    options: tuple[tuple[str, Any], ...] = ()   # EstimateOptions fields of the run's engine (``row_options``)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,11 @@ def run_settings(ident: str) -> tuple[dict[str, str], dict[str, Any]]:
 def run_options(ident: str, base: EstimateOptions) -> EstimateOptions:
     """``base`` with the row's published engine settings (``RUN_SETTINGS``)."""
     return dataclasses.replace(base, **run_settings(ident)[1])
+
+
+def row_options(row: RegimeRow, base: EstimateOptions) -> EstimateOptions:
+    """``base`` with the row's engine settings: ``RUN_SETTINGS`` and the row's own ``options``."""
+    return dataclasses.replace(run_options(row.ident, base), **dict(row.options))
 
 
 SOURCES: dict[str, str] = {
@@ -292,7 +298,7 @@ def price_all(rows: list[RegimeRow]) -> list[Priced]:
     """Every row priced (vTrain rows with the vTrain options, the others with FSDP's overlap)."""
     out = []
     for row in rows:
-        options = VTRAIN_OPTIONS if row.regime == "single-node" else run_options(row.ident, EstimateOptions())
+        options = VTRAIN_OPTIONS if row.regime == "single-node" else row_options(row, EstimateOptions())
         p = price_row(row, options)
         if p is not None:
             out.append(p)

@@ -20,6 +20,12 @@ per chunk (1 in every row), the first virtual stage c − 1 (the embedding and c
 the last c − 1 (c − 1 layers, the head and the loss), e.g. ``layers=0-1x22-0`` for 22 layers on
 pp = 8 with vpp = 3 — Llama 3's layout (``published_regimes.RUN_SETTINGS``).
 
+Zero Bubble's split-backward rows (ZB-1p as ``zb-h1``, ZB-2p as ``zb-h2``) ran the sail-sg fork
+with optimizer post-validation (the caveat; the ZB-2p notes: "~8% slower with the usual
+all-reduce sync"): they are priced with ``EstimateOptions(post_validation=True)``; its 1F1B and
+1F1B-I baselines are Megatron-LM's synchronous optimizer step (where rank 0 starts first and
+ends last, as there, the two agree anyway).
+
 Clusters: ``<gpu>x<N>`` shorthand of the row's GPU kind; A800 rows (``gpu: other``) are the A100
 80GB reference system with NVLink capped at 400 GB/s, 200 GB/s per direction (the export-control
 part: same silicon, fewer NVLink lanes).
@@ -36,6 +42,7 @@ from autoplan.errors import UserError
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.rules import ulysses_and_ring
+from costmodels.pipeline import SPLIT_BACKWARD
 
 PATH = os.path.join(pr.REFERENCE, "regimes3_public.json")
 SOURCE_OF_PREFIX = {"zb-": "zero-bubble", "usp-": "usp", "nemo-": "nemo-longseq", "mcore-": "mcore-zoo",
@@ -188,6 +195,15 @@ def plan_string(r: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in fields.items())
 
 
+def engine_options(r: dict) -> tuple[tuple[str, bool], ...]:
+    """``EstimateOptions`` fields of the row's engine: post-validation for Zero Bubble's
+    split-backward schedules (module docstring)."""
+    schedule = _fields(r["plan"]).get("schedule", "")
+    if source_of(r["id"]) == "zero-bubble" and schedule in SPLIT_BACKWARD:
+        return (("post_validation", True),)
+    return ()
+
+
 def rows() -> tuple[list[pr.RegimeRow], list[Unexpressible]]:
     """(the rows priced as written, the rows the planner cannot write yet)."""
     priced, refused = [], []
@@ -198,7 +214,7 @@ def rows() -> tuple[list[pr.RegimeRow], list[Unexpressible]]:
             continue
         priced.append(pr.RegimeRow(r["regime"], r["id"], model_spec(r), cluster_name(r), r["seq"], r["global_batch"],
                                    plan_string(r), measured_step_s(r), group=r.get("pair_group") or "",
-                                   source=source))
+                                   source=source, options=engine_options(r)))
     return priced, refused
 
 

@@ -387,7 +387,7 @@ def regimes3_report() -> tuple[str, dict]:
     """The regimes3_public.json rows by regime (``published_regimes3``): error where priced, and
     every row the planner cannot write yet with the reason; ZB and CP pair ratios."""
     rows, refused = pr3.rows()
-    results = [pr.price_or_why(r, EstimateOptions()) for r in rows]
+    results = [pr.price_or_why(r, pr.row_options(r, EstimateOptions())) for r in rows]
     priced = [p for p in results if isinstance(p, pr.Priced)]
     refused += [pr3.Unexpressible(r.ident, r.regime, r.source, why)
                 for r, why in zip(rows, results) if isinstance(why, str)]

@@ -63,6 +63,10 @@ def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> Non
     g.add_argument("--kernels", choices=KERNELS, default=default.kernels,
                    help="the engine's kernels where they keep other activations than the traced eager ops: "
                         f"megatron-core's fused SwiGLU keeps only its input (default: {default.kernels})")
+    g.add_argument("--post-validation", action="store_true",
+                   help="Zero Bubble's optimizer post-validation: each pipeline rank steps its optimizer when its "
+                        "own backward ends, checks validated after (the sail-sg Megatron fork); the pipeline "
+                        "costs its steady step instead of its makespan (off: Megatron-LM, torchtitan)")
     add_margin_arg(g)
     g.add_argument("--params", metavar="PATH",
                    help="YAML of parameter multipliers the point model runs under (a perturbation, e.g. "
@@ -85,7 +89,8 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
-        params=load_override(args.params) if args.params else NOMINAL, exact=args.exact)
+        post_validation=args.post_validation, params=load_override(args.params) if args.params else NOMINAL,
+        exact=args.exact)
 
 
 def add_margin_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

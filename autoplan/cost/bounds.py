@@ -9,7 +9,8 @@
   ZeRO stage and the runtime's FSDP policy (``memory.states_lower_bound``).
 * ``plan_floor``: for one fully specified plan, without simulating its pipeline: a lower
   bound on its step time under any recomputation — ``costmodels.pipeline.bounds
-  .makespan_lower_bound`` of its stage times without recomputation, plus the tied-embedding
+  .makespan_lower_bound`` of its stage times without recomputation (``steady_lower_bound`` under
+  optimizer post-validation, where the pipeline costs its steady step), plus the tied-embedding
   sync and the optimizer step (the exposed data-parallel time is ≥ 0), less a relative 1e-9
   for summation order — and whether it fits in HBM as written (``Estimate.fits`` exactly:
   memory reads only the schedule's peak activations, a property of the order).
@@ -32,7 +33,7 @@ from autoplan.cost.memo import ShapeKey
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from costmodels.memory import GIB
-from costmodels.pipeline.bounds import makespan_lower_bound
+from costmodels.pipeline.bounds import makespan_lower_bound, steady_lower_bound
 from costmodels.pipeline.live import peak_bytes
 
 SUMMATION_MARGIN = 1e-9          # relative: bounds sum in another order than the estimate
@@ -154,5 +155,8 @@ def _makespan_floor(est: Estimator, plan: Plan, shape: _Shape) -> tuple[float, f
     f, b, w = pp.stage_times(shape.bags, pp.wpass_factor(est.comms, schedule))
     p2p = pp.boundary(est.comms, plan, shape.mesh, est.model.sample_positions, est.hidden, schedule).seconds
     f_comm, b_comm = pp.pair_comms(schedule, list(shape.bags))
-    return (makespan_lower_bound(schedule, plan.pp, shape.m, plan.vpp, f, b, w, p2p, f_comm, b_comm),
-            est.embedding_sync(plan, shape.mesh)[1])
+    if est.options.post_validation:     # the pipeline costs its steady step, not its makespan
+        floor = steady_lower_bound(schedule, plan.pp, shape.m, plan.vpp, f, b, w, f_comm, b_comm)
+    else:
+        floor = makespan_lower_bound(schedule, plan.pp, shape.m, plan.vpp, f, b, w, p2p, f_comm, b_comm)
+    return floor, est.embedding_sync(plan, shape.mesh)[1]

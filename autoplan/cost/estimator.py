@@ -172,7 +172,8 @@ class Estimator:
 
     def _step(self, plan: Plan, mesh: Mesh, m: int, pipe: pp.Pipeline, pol: fsdp.Policy,
               numels: list[tuple[float, float]]) -> _Step:
-        """Step = makespan + the slowest rank's exposed DP traffic + tied-embedding sync + optimizer,
+        """Step = the pipeline's ``step_s`` (makespan, or steady step under post-validation) + the
+        slowest rank's exposed DP traffic + tied-embedding sync + optimizer,
         from each pipeline rank's (dense, expert) parameter count."""
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
         by_numels = {n: dp.dp_comms(self.comms, plan, n[0], n[1], dp_ranks, edp_ranks, m, pol,
@@ -197,7 +198,8 @@ class Estimator:
         mesh = Mesh.of(plan)
         m = plan.microbatches(global_batch)
         return mesh, m, pp.price_pipeline(self.comms, plan, self.stage_bags(plan, mesh),
-                                          self.simulation_args(plan, mesh, m), detail=detail)
+                                          self.simulation_args(plan, mesh, m), detail=detail,
+                                          post_validation=self.options.post_validation)
 
     def memory_by_rank(self, plan: Plan, global_batch: int) -> list[memory.RankMemory]:
         """The memory of every pipeline rank as ``estimate`` prices it (``autoplan memcheck``
@@ -285,7 +287,7 @@ class Estimator:
             mfu=model_flops / (step * peak), hfu=(model_flops + rec_flops) / (step * peak),
             model_flops_per_step=model_flops, memory_gib=totals[worst] / GIB,
             memory_breakdown_gib={k: v / GIB for k, v in mems[worst].breakdown().items()},
-            fits=totals[worst] <= self.usable_bytes, bubble_fraction=pipe.sim.bubble_fraction,
+            fits=totals[worst] <= self.usable_bytes, bubble_fraction=pp.bubble_fraction(pipe),
             comm_exposed_s=sum(p.exposed_s for p in prims),
             violations=tuple(report.violations(self.comms, plan, mesh, self.info.experts, totals[worst],
                                                self.options.memory_margin_gib)),

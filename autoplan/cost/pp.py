@@ -47,10 +47,19 @@ class Pipeline:
     p2p_exposed_s: float                  # what P2P adds to the makespan (0 unless detail)
     p2p_hop: tuple[int, ...] = ()         # the (sender, receiver) of the slowest stage-to-stage hop
     gather_s: float = 0.0                 # part of p2p_s: the receiver's all-gather over tp (no SP)
+    post_validation: bool = False         # EstimateOptions.post_validation: steps overlap across ranks
 
     @property
     def step_s(self) -> float:
-        return self.sim.step_time
+        """What the pipeline adds to a step: the makespan, or under optimizer post-validation the
+        steady step (each rank starts the next step when it ends this one; equal to the makespan
+        wherever rank 0 starts first and ends last: GPipe, 1F1B, interleaved)."""
+        return self.sim.steady_step_time if self.post_validation else self.sim.step_time
+
+
+def bubble_fraction(pipe: Pipeline) -> float:
+    """The idle share of the ranks' time over the step the pipeline adds (``Pipeline.step_s``)."""
+    return pipe.sim.steady_bubble_fraction if pipe.post_validation else pipe.sim.bubble_fraction
 
 
 def layer_policies(policy: str, n: int) -> list[str]:
@@ -168,17 +177,22 @@ def simulation_args(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: in
                           boundary(comms, plan, mesh, seq_len, hidden, schedule))
 
 
-def price_pipeline(comms: Comms, plan: Plan, bags: list[Bag], args: SimulationArgs, *, detail: bool) -> Pipeline:
+def price_pipeline(comms: Comms, plan: Plan, bags: list[Bag], args: SimulationArgs, *, detail: bool,
+                   post_validation: bool = False) -> Pipeline:
     """The priced pipeline of ``plan`` from its ``simulation_args`` ``args``; with ``detail``,
-    also the exposed share of stage-to-stage P2P (a second simulation, without it)."""
+    also the exposed share of stage-to-stage P2P (a second simulation, without it);
+    ``post_validation``: ``Pipeline.step_s`` is the steady step."""
     sim = comms.simulate(args)
     p2p_exposed = 0.0
     if plan.pp > 1 and detail:
         no_p2p = comms.simulate(args, p2p=0.0)
-        p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
+        if post_validation:
+            p2p_exposed = max(0.0, sim.steady_step_time - no_p2p.steady_step_time)
+        else:
+            p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
     bnd = args.boundary
     return Pipeline(tuple(bags), rank_chunks(plan), tuple(args.f), tuple(args.b), tuple(args.w), bnd.bytes_per_rank,
-                    bnd.seconds, sim, p2p_exposed, bnd.hop, bnd.gather_s)
+                    bnd.seconds, sim, p2p_exposed, bnd.hop, bnd.gather_s, post_validation)
 
 
 def pair_comms(schedule: str, bags: Sequence[Bag]) -> tuple[list[float] | None, list[float] | None]:

@@ -46,6 +46,13 @@ class EstimateOptions:
 
     state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
     kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
+    # Zero Bubble's optimizer post-validation (Qi et al. §4, the sail-sg fork's
+    # --enable-optimizer-post-validation): each pipeline rank steps its optimizer as soon as its own
+    # last backward ends and the global checks (grad norm, inf/nan) are validated afterwards, so
+    # steps overlap across ranks and the pipeline costs its steady step (the longest rank span,
+    # ``PipelineResult.steady_step_time``) instead of its makespan; off: the optimizer waits for the
+    # whole pipeline (Megatron-LM, torchtitan)
+    post_validation: bool = False
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
     # the reference path: every pipeline step simulated event by event, every schedule variant
     # and recompute policy priced (no steady-state extrapolation, no floor, no estimate memo);

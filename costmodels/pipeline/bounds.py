@@ -33,6 +33,11 @@ first fact and the busy time are used: makespan ≥ max_r (head'_r + m · Σ_{s 
 (every action of rank r waits for some micro-batch's forwards through the stages before its
 first, each of which ends at least f' after it starts, alone or in a pair).  The bound sums
 in another order than the simulation, so callers leave a relative margin (1e-9).
+
+``steady_lower_bound`` bounds ``steady_step_time`` (the longest rank span, what a step costs
+under optimizer post-validation): a rank's span holds all its actions, so it is at least its
+busy time, m · Σ_{s on r} (f' + b' + w) with the compute shares f', b' above (f' = f, b' = b
+outside overlapped pairs).
 """
 from __future__ import annotations
 
@@ -84,6 +89,18 @@ def makespan_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[floa
             bound += tail[first]
         best = max(best, bound)
     return best
+
+
+def steady_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[float], b: Sequence[float],
+                       w: Sequence[float], f_comm: Sequence[float] | None = None,
+                       b_comm: Sequence[float] | None = None) -> float:
+    """A lower bound on ``simulate(schedule, ...).steady_step_time`` (module docstring), seconds."""
+    n = p * v
+    paired = get_spec(schedule).overlapped_pairs
+    fc = f_comm if paired and f_comm is not None else [0.0] * n
+    bc = b_comm if paired and b_comm is not None else [0.0] * n
+    _, stages_of = _placement(schedule, p, v)
+    return max(m * sum((f[s] - fc[s]) + (b[s] - bc[s]) + w[s] for s in own) for own in stages_of)
 
 
 def _paired_lower_bound(schedule: str, p: int, m: int, v: int, f: Sequence[float], b: Sequence[float],

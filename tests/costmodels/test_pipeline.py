@@ -458,3 +458,16 @@ def test_schedule_order_is_compiled_once_per_shape():
 def test_costmodels_pipeline_never_imports_torch():
     code = "import sys, costmodels.pipeline; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 24)])
+def test_zb_h2_beats_zb_h1_only_when_steps_overlap(p, m):
+    """Qi et al.: at F = B = W = 1, ZB-H1 idles (p−1)(F+B−W) = p−1 per rank and ZB-H2 none, but
+    ZB-H2's zero needs optimizer post-validation (§4): with the optimizer waiting for the whole
+    pipeline its parallelogram's fill skew, (p−1)·F, is back and it costs what ZB-H1 does
+    (p = 4, m = 8: 27 = 3·8 + 3 both; post-validated 24 = 3·8 against ZB-H1's 27)."""
+    h1, h2 = run("zb-h1", p, m), run("zb-h2", p, m)
+    assert h1.step_time == h1.steady_step_time == 3 * m + (p - 1)
+    assert h2.step_time == 3 * m + (p - 1)               # synchronous optimizer step
+    assert h2.steady_step_time == 3 * m                  # post-validation
+    assert max(h2.peak_activations) == 2 * p - 1 and max(h1.peak_activations) == p   # 2x 1F1B's p

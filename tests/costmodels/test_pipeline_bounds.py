@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from costmodels.pipeline import SCHEDULES, simulate
-from costmodels.pipeline.bounds import makespan_lower_bound, peak_activations
+from costmodels.pipeline.bounds import makespan_lower_bound, peak_activations, steady_lower_bound
 
 CHUNKS = {"gpipe": (1,), "1f1b": (1,), "interleaved": (2, 3), "zb-h1": (1,), "zb-h2": (1,),
           "zbv": (2,), "dualpipev": (2,)}
@@ -95,3 +95,16 @@ def test_makespan_bound_is_tight_for_zb_h1_at_equal_stages():
     ones = [1.0] * p
     step = simulate("zb-h1", stages=p, microbatches=m, f=ones, b=ones, w=ones, exact=True).step_time
     assert makespan_lower_bound("zb-h1", p, m, 1, ones, ones, ones, 0.0) == pytest.approx(step, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", sorted(CHUNKS))
+def test_steady_bound_never_exceeds_the_simulated_steady_step(schedule):
+    """Under optimizer post-validation the pipeline costs its steady step; its floor holds too."""
+    rng = np.random.default_rng(5)
+    for p, v, m in _shapes(schedule):
+        for mode in ("equal", "head", "random"):
+            f, b, w, p2p = _times(rng, p * v, mode)
+            steady = simulate(schedule, stages=p, microbatches=m, chunks=v, f=f, b=b, w=w, p2p=p2p,
+                              exact=True).steady_step_time
+            bound = steady_lower_bound(schedule, p, m, v, f.tolist(), b.tolist(), w.tolist())
+            assert 0.0 < bound <= steady * (1 + 1e-12), (schedule, p, v, m, mode, bound, steady)

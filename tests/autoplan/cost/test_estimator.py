@@ -190,3 +190,22 @@ def test_step_only_pricing_equals_the_estimates_step_to_the_bit_on_every_sample(
     for e in [estimator] + Sampler(estimator, 6, seed=1).estimators():
         assert e.step_time_s(p, 64) == e.estimate(p, 64, detail=False).step_time_s
     assert estimator.step_time_s(p, 64) == estimator.estimate(p, 64).step_time_s
+
+
+def test_post_validation_prices_the_steady_step_where_it_differs(setup):
+    """Optimizer post-validation (EstimateOptions.post_validation) replaces the pipeline's makespan
+    by its steady step: ZB-H2 gets faster than ZB-H1, 1F1B (rank 0 first and last) does not move."""
+    import dataclasses
+
+    graph, cluster, sync = setup(MODEL, "h100x16")
+    post = type(sync)(graph, cluster, dataclasses.replace(sync.options, post_validation=True))
+    steps = {}
+    for schedule in ("1f1b", "zb-h1", "zb-h2"):
+        plan = Plan.parse(f"tp=1,pp=4,dp=4,schedule={schedule}")
+        steps[schedule] = (sync.estimate(plan, 64).step_time_s, post.estimate(plan, 64))
+    assert steps["1f1b"][1].step_time_s == steps["1f1b"][0]
+    zb2 = steps["zb-h2"][1]
+    parts = zb2.time_breakdown_s
+    assert sum(parts.values()) == pytest.approx(zb2.step_time_s, rel=0.01)
+    assert zb2.step_time_s < steps["zb-h2"][0]
+    assert zb2.step_time_s < steps["zb-h1"][1].step_time_s < steps["1f1b"][0]

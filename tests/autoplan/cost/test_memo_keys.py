@@ -61,6 +61,7 @@ OPTION_VARIANTS = {                # per EstimateOptions field, another value (p
     "grad_reduce_bytes": 2.0,
     "state_precision": "apex-dfa-bf16",
     "kernels": "megatron-core",
+    "post_validation": True,
     "params": Params(gemm_peak=0.9, nic_efficiency=0.8, wpass=1.2, recompute=1.1, cp_overlap=0.7),
     "exact": True,
 }
