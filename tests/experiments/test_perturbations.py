@@ -56,3 +56,20 @@ def test_acceptance_fails_past_either_bound(experiment):
     base["perturbed"]["all"]["regret"]["regret"] = 0.0
     base["chosen"]["regret"]["p50_s"] = 1.031
     assert not pert.acceptance(base)["ok"]
+
+
+def test_the_scenario_set_moves_each_parameter_alone_and_then_together(experiment):
+    from dataclasses import asdict
+
+    from autoplan.cost.params import NOMINAL
+
+    p = experiment("perturbations")
+    scenarios = p.scenarios()
+    assert len(scenarios) == 2 * len(p.SCENARIO_PARAMETERS) + len(p.COMBINED)
+    for name in p.SCENARIO_PARAMETERS:
+        for m in (0.8, 1.2):
+            moved = {k: v for k, v in asdict(scenarios[f"{name}×{m:g}"]).items() if v != asdict(NOMINAL)[k]}
+            assert moved == {name: m}
+    slow = asdict(scenarios["slow-network"])
+    wire = {"nic_efficiency", "nvlink_efficiency", "dp_overlap", "cp_overlap"}
+    assert {k for k, v in slow.items() if v != 1.0} == wire
