@@ -120,8 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     _log_to_stderr(getattr(args, "verbose", 0))
     try:
         check_bounds(args)
-        if getattr(args, "trace_timeout", None) is not None:
-            os.environ["AUTOPLAN_TRACE_TIMEOUT"] = repr(float(args.trace_timeout))
         code = int(args.func(args) or 0)
         sys.stdout.flush()
         return code

@@ -42,12 +42,14 @@ class Workload:
 
     @staticmethod
     def load(model: str, cluster: str | Cluster, *, seq: int = DEFAULT_SEQ,
-             global_batch: int = DEFAULT_GLOBAL_BATCH) -> Workload:
+             global_batch: int = DEFAULT_GLOBAL_BATCH, trace_timeout_s: float | None = None) -> Workload:
+        """``trace_timeout_s``: how long the model's import, build and trace may take (None: the
+        tracer's default; 0: no limit)."""
         c = load_cluster(cluster)
         if global_batch < 1:
             raise UserError(f"--global-batch must be ≥ 1, got {global_batch}", "pass --global-batch N with N ≥ 1")
         from autoplan.frontend import trace  # torch: imported only when a model is traced
-        graph = trace(model, seq=seq)
+        graph = trace(model, seq=seq) if trace_timeout_s is None else trace(model, seq=seq, timeout_s=trace_timeout_s)
         _check_stack(graph, model)
         return Workload(graph, c, seq, global_batch, model)
 

@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     check_recipe(args.recipe)
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
     options = estimate_options_from(args, cluster.gpu.hbm_bytes)
-    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
+    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch,
+                      trace_timeout_s=args.trace_timeout)
     graph, estimator = w.model, w.estimator(options)
     plan = baseline(args.recipe, graph, cluster, seq=args.seq, global_batch=args.global_batch, estimator=estimator)
     est = estimator.estimate(plan, args.global_batch)

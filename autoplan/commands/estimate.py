@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         plans = load_plans(args.plans, num_gpus=cluster.num_gpus)
     else:
         plans = [load_plan(args.plan, num_gpus=cluster.num_gpus)]
-    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
+    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch,
+                      trace_timeout_s=args.trace_timeout)
     pricer = _pricer(args, w, options)
     if args.plans:
         print(json.dumps(_priced_file(args.plans, plans, pricer), sort_keys=True))

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     options = estimate_options_from(args, cluster.gpu.hbm_bytes)
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     wanted = parse_baseline(args.baseline, cluster.num_gpus) if args.baseline else None
-    w = Workload.load(args.model, cluster, seq=seq, global_batch=global_batch)
+    w = Workload.load(args.model, cluster, seq=seq, global_batch=global_batch,
+                      trace_timeout_s=args.trace_timeout)
     graph, estimator = w.model, w.estimator(options)
     est = estimator.estimate(plan, global_batch)
     base = None

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--global-batch", global_batch), ("--seq", seq)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UserError(f"{flag} must be a positive integer, got {value!r}", f"pass {flag} N with N ≥ 1")
-    num_layers = model_layers(args.model) if args.model else None
+    num_layers = model_layers(args.model, args.trace_timeout) if args.model else None
     check(plan, num_layers, global_batch)
     nvlink_domain = None
     if args.cluster:
@@ -86,11 +86,11 @@ def searched_batch(data, plan) -> int | None:
     return batch
 
 
-def model_layers(model: str) -> int:
+def model_layers(model: str, timeout_s: float) -> int:
     """Number of blocks of a model (zoo/spec: from its config; a file: built on the meta device)."""
     from autoplan.apply.layout import count_blocks
 
-    return count_blocks(model)
+    return count_blocks(model, timeout_s)
 
 
 def check(plan, num_layers: int | None, global_batch: int | None) -> None:

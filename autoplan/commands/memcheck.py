@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     margin = memory_margin(args, cluster.gpu.hbm_bytes)
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
-    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
+    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch,
+                      trace_timeout_s=args.trace_timeout)
     result = compare(w, args.model, plan, seq=args.seq, global_batch=args.global_batch, margin_gib=margin,
                      pp_ranks=args.pp_ranks, allocator=args.allocator, layout=args.layout)
     if args.json:

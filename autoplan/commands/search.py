@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("-o/--output writes the --json list", "add --json, or drop -o")
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
     estimate = estimate_options_from(args, cluster.gpu.hbm_bytes)
-    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch)
+    w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch,
+                      trace_timeout_s=args.trace_timeout)
     graph = w.model
     options = SearchOptions(estimate=estimate, top_k=args.top, workers=args.workers,
                             progress=sys.stderr.isatty(),   # stderr: stdout stays the same bytes

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"bad run size --seq {args.seq} --batch {args.batch}",
                         "use --seq >= 2 and --batch >= 1")
     graph, cached = trace_with_status(args.model, seq=args.seq, batch=args.batch, dtype=args.dtype,
-                                      use_cache=not args.no_cache)
+                                      use_cache=not args.no_cache, timeout_s=args.trace_timeout)
     info = summarize(graph)
     info["cached"] = cached
     if args.json:

@@ -18,7 +18,6 @@ Tracing cost is one block per kind, so it is nearly flat in depth.
 from __future__ import annotations
 
 import logging
-import os
 import resource
 import signal
 import threading
@@ -46,6 +45,8 @@ from autoplan.gc_pause import cyclic_gc_paused
 from autoplan.ir import Block, BlockGraph, ModelInfo, OpGraph
 
 DTYPES = tuple(TORCH_DTYPES)
+DEFAULT_TRACE_TIMEOUT_S = 300.0
+"""Seconds the import, build and trace of a model may take unless the caller says otherwise."""
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode",
                    "DynamicOutputShapeException", "UnsupportedOperatorException")
@@ -53,23 +54,25 @@ _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode"
 log = logging.getLogger(__name__)
 
 
-def trace(model: str, *, seq: int = 2048, batch: int = 1, dtype: str = "bf16") -> BlockGraph:
+def trace(model: str, *, seq: int = 2048, batch: int = 1, dtype: str = "bf16",
+          timeout_s: float = DEFAULT_TRACE_TIMEOUT_S) -> BlockGraph:
     """Trace ``model`` (model.py path, zoo name or family spec) into a BlockGraph.
 
-    ``seq``: sequence length; ``batch``: micro-batch; ``dtype``: bf16 | fp16 | fp32.
+    ``seq``: sequence length; ``batch``: micro-batch; ``dtype``: bf16 | fp16 | fp32;
+    ``timeout_s``: how long the import, build and trace may take (``time_limit``).
     Results are cached on disk (see ``autoplan.frontend.cache``).
     """
-    return trace_with_status(model, seq=seq, batch=batch, dtype=dtype)[0]
+    return trace_with_status(model, seq=seq, batch=batch, dtype=dtype, timeout_s=timeout_s)[0]
 
 
 def trace_with_status(model: str, *, seq: int = 2048, batch: int = 1, dtype: str = "bf16",
-                      use_cache: bool = True) -> tuple[BlockGraph, bool]:
+                      use_cache: bool = True, timeout_s: float = DEFAULT_TRACE_TIMEOUT_S) -> tuple[BlockGraph, bool]:
     """``trace`` that also says whether the graph came from the cache."""
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}", f"use one of: {', '.join(DTYPES)}")
     if seq < 2 or batch < 1:
         raise UserError(f"bad run size seq={seq}, batch={batch}", "use seq >= 2 and batch >= 1")
-    with time_limit(model):
+    with time_limit(model, timeout_s):
         return _trace_cached(model, seq, batch, dtype, use_cache)
 
 
@@ -100,21 +103,11 @@ class _TraceTimeout(BaseException):
     ``except Exception`` wrappers (and the model's own) do not swallow it."""
 
 
-def trace_timeout_s() -> float:
-    """Seconds a trace may take: ``$AUTOPLAN_TRACE_TIMEOUT`` (the CLI's ``--trace-timeout``
-    sets it), default 300; 0 or less: no limit."""
-    try:
-        return float(os.environ.get("AUTOPLAN_TRACE_TIMEOUT", "300"))
-    except ValueError:
-        return 300.0
-
-
 @contextmanager
-def time_limit(model: str):
-    """Stop the import, build and trace of ``model`` after ``trace_timeout_s()`` (SIGALRM; only
-    in the main thread, and only where no other alarm is set); a model calling ``sys.exit``
-    is bad input too."""
-    limit = trace_timeout_s()
+def time_limit(model: str, limit: float = DEFAULT_TRACE_TIMEOUT_S):
+    """Stop the import, build and trace of ``model`` after ``limit`` seconds (the CLI's
+    ``--trace-timeout``; 0 or less: no limit; SIGALRM: only in the main thread, and only where no
+    other alarm is set); a model calling ``sys.exit`` is bad input too."""
     armed = (limit > 0 and threading.current_thread() is threading.main_thread()
              and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
 

@@ -55,7 +55,6 @@ def built(monkeypatch):
         raise Built(options)
 
     monkeypatch.setattr(Estimator, "__init__", stop)
-    monkeypatch.setenv("AUTOPLAN_TRACE_TIMEOUT", "300")    # main sets it: restored after the test
 
     def run(argv: list[str]) -> EstimateOptions:
         with pytest.raises(Built) as caught:
