@@ -11,6 +11,10 @@ run can end into one exit code:
   (``autoplan.atomic``);
 * stdout closed by the reader (``autoplan clusters --json | head -c 1``): exit 0, silent.
 
+The parser is built for the chosen command alone (``build_parser(only=...)``): each command module
+imports only what its arguments show (``commands/choices.py``) and the rest in ``run``, so
+``autoplan --help`` and a usage error answer without importing numpy or torch.
+
 Every command takes ``-v`` (what the engine decided: the search's passes, bounds and prunings,
 the ILPs it solved; ``logging.INFO``) and ``-vv`` (each plan priced and why one was skipped;
 ``logging.DEBUG``), on stderr through the ``autoplan`` logger.
@@ -28,8 +32,19 @@ from dataclasses import dataclass
 
 from autoplan.errors import EXIT_INTERRUPTED, UserError, note_sigint, track_sigint
 
-COMMANDS = ("search", "trace", "estimate", "clusters", "baseline", "explain", "export", "run",
-            "bench", "calibrate", "memcheck")
+COMMANDS = {   # name -> the one-line help `autoplan --help` lists (the command's module gives the same)
+    "search": "search the K best distinct parallel plans",
+    "trace": "trace a model into blocks and show its parameters, FLOPs and heaviest ops",
+    "estimate": "price a hand-written plan (step time, MFU, memory, collectives)",
+    "clusters": "list the named clusters, or show one",
+    "baseline": "the plan a hand-written 4D recipe gives (megatron, megascale, llama3, fsdp, deepseek, published)",
+    "explain": "audit a plan: primitive placement, rule verdicts, a baseline side by side",
+    "export": "write a plan as torchtitan TOML, Megatron-LM arguments or JSON",
+    "run": "train a model for a few steps under a plan on N local processes",
+    "bench": "benchmark the automatic plan against hand-written 4D recipes and a Megatron grid",
+    "calibrate": "measure GEMM, attention and HBM efficiency on this GPU; write a profile",
+    "memcheck": "memory estimate vs torch's memory tracker on the applied plan",
+}
 TRACING = ("search", "trace", "estimate", "baseline", "explain", "export", "memcheck")
 """Commands that may trace a model, and so take ``--trace-timeout``."""
 
@@ -68,21 +83,17 @@ BOUNDS = {  # argparse dest -> Bound (values of None are "not given" and pass)
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="autoplan",
-        description="Auto-parallel planner for large-model training.",
-    )
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command's arguments, or (``only``, a command name or "")
+    that command's alone, the others listed by name and help without importing their modules."""
+    parser = argparse.ArgumentParser(prog="autoplan", description="Auto-parallel planner for large-model training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"autoplan.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"autoplan.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.add_parser(sub)
+    for name, help_text in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
+        importlib.import_module(f"autoplan.commands.{name}").add_parser(sub)
         sub.choices[name].add_argument(
             "-v", "--verbose", action="count", default=0,
             help="log what the engine decides on stderr (-v: passes, bounds, ILPs; -vv: every plan priced)")
@@ -113,9 +124,15 @@ def _num(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
+def command_in(argv: list[str]) -> str:
+    """The command ``argv`` names: its first argument that is not an option ("" if none: the
+    top-level parser answers, with the list of commands or the usage error)."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(only=command_in(argv)).parse_args(argv)
     _own_sigint()
     _log_to_stderr(getattr(args, "verbose", 0))
     try:

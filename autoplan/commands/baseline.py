@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from autoplan.commands.choices import SUMMARIES
 from autoplan.commands.common import add_estimate_args, add_workload_args, print_estimate, run_header, wide_console
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from autoplan.baselines import SUMMARIES
-
     recipes = "; ".join(f"{k}: {v}" for k, v in SUMMARIES.items())
     p = subparsers.add_parser(
         "baseline", help="the plan a hand-written 4D recipe gives (megatron, megascale, llama3, fsdp, deepseek, "
@@ -38,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoplan.baselines import SUMMARIES, baseline, check_recipe, credible, published
+    from autoplan.baselines import baseline, check_recipe, credible, published
     from autoplan.commands.common import estimate_options_from
     from autoplan.workload import Workload, load_cluster
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -22,8 +23,10 @@ import topologies
 from autoplan.calibrate.device import catalog_gpu_name, cuda_device_name
 from autoplan.calibrate.plan import measurement_plan
 from autoplan.errors import UserError
-from costmodels.compute import ComputeProfile, load_profile
-from costmodels.profile_fit import FitResult, Measurements, fit_profile, measurements_from_mapping, profile_yaml
+
+if TYPE_CHECKING:      # numpy: imported where a profile is fitted, not to parse the command line
+    from costmodels.compute import ComputeProfile
+    from costmodels.profile_fit import FitResult, Measurements
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -70,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
                             fix=f"pass --gpu, one of: {', '.join(topologies.gpu_names())}")
         out = _out_path(args.out, gpu)
         measurements = _measure(args.quick, quiet=args.json)
+    from costmodels.profile_fit import profile_yaml
+
     result, shipped = fit(measurements, gpu, name=os.path.basename(out)[: -len(".yaml")])
     with open(out, "w") as f:
         f.write(profile_yaml(result.profile, gpu, measurements, comment=_comment(measurements, gpu)))
@@ -84,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
 
 def fit(measurements: Measurements, gpu: str, *, name: str) -> tuple[FitResult, ComputeProfile]:
     """Fit ``measurements`` against the catalog peaks of ``gpu``; also return the shipped profile."""
+    from costmodels.compute import load_profile
+    from costmodels.profile_fit import fit_profile
+
     spec = topologies.gpu_spec(gpu)
     shipped = load_profile(gpu)
     source = (f"autoplan calibrate on {measurements.device} ({measurements.software}): "
@@ -102,6 +110,8 @@ def fit(measurements: Measurements, gpu: str, *, name: str) -> tuple[FitResult, 
 
 def read_measurements(path: str) -> tuple[Measurements, str | None]:
     """The ``measurements`` (and ``gpu``, if present) of a profile YAML written by calibrate."""
+    from costmodels.profile_fit import measurements_from_mapping
+
     try:
         with open(path) as f:
             data = yaml.safe_load(f)

@@ -13,7 +13,6 @@ from typing import Any
 
 import topologies
 from autoplan.errors import UserError
-from autoplan.workload import load_cluster
 from topologies import Cluster
 
 
@@ -41,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_table(rows)
         return 0
+    from autoplan.workload import load_cluster
+
     cluster = load_cluster(args.cluster)
     if args.yaml:
         print(topologies.dump_yaml(cluster), end="")

@@ -6,8 +6,17 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from autoplan.cost.uncertainty import DEFAULT_SAMPLES
-from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
+from autoplan.commands.choices import (
+    BACKENDS,
+    DEFAULT_GLOBAL_BATCH,
+    DEFAULT_MARGIN_GIB,
+    DEFAULT_SAMPLES,
+    DEFAULT_SEQ,
+    ESTIMATE_DEFAULTS,
+    GRAD_SYNCS,
+    KERNELS,
+    STATE_PRECISION_NAMES,
+)
 
 if TYPE_CHECKING:
     from autoplan.cost import EstimateOptions
@@ -26,12 +35,7 @@ def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> Non
     """A flag for every option of the cost model (``EstimateOptions``), its default the record's;
     ``estimate_options_from`` reads them back.  ``rules``: the command enforces the hard rules (the
     search), which ``--allow-cross-domain`` lifts; elsewhere a rule break is reported, not avoided."""
-    from autoplan.cost import EstimateOptions
-    from autoplan.cost.types import GRAD_SYNCS, KERNELS
-    from autoplan.sharding.ilp import BACKENDS
-    from costmodels.memory import STATE_PRECISION_NAMES
-
-    default = EstimateOptions()
+    default = argparse.Namespace(**ESTIMATE_DEFAULTS)      # EstimateOptions()'s, without importing the cost model
     g = p.add_argument_group("pricing", "how the cost model prices every plan (EstimateOptions)")
     g.add_argument("--profile", metavar="PATH", help="compute profile YAML (default: the GPU's, costmodels/profiles)")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
@@ -95,8 +99,6 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
 
 def add_margin_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--memory-margin: the HBM per GPU a plan must leave free."""
-    from autoplan.cost.types import DEFAULT_MARGIN_GIB
-
     p.add_argument("--memory-margin", type=float, default=DEFAULT_MARGIN_GIB, metavar="GIB",
                    help=f"GiB of HBM per GPU a plan must leave free for the CUDA context, NCCL buffers and "
                         f"allocator fragmentation (default {DEFAULT_MARGIN_GIB:g}); fits = peak ≤ HBM − margin")

@@ -16,9 +16,9 @@ import argparse
 import os
 import sys
 
+from autoplan.commands.choices import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 from autoplan.commands.common import add_estimate_args
 from autoplan.errors import UserError
-from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

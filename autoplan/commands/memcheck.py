@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import argparse
 
-from autoplan.apply.memcheck import ALLOCATORS, GIB
+from autoplan.commands.choices import ALLOCATORS, DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 from autoplan.commands.common import add_margin_arg
-from autoplan.workload import DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
 
@@ -53,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="tp placements to apply: rule (apply's Megatron-style rule, as `autoplan run` runs a bare "
                         "plan) or searched (the block ILP's layout the estimate priced, as `autoplan run plans.json` "
                         "runs a search result)")
-    p.add_argument("--allocator", choices=tuple(ALLOCATORS), default=None,
+    p.add_argument("--allocator", choices=ALLOCATORS, default=None,
                    help="also replay torch's CUDA caching allocator over the run and report reserved memory: "
                         "classic (torch's default) or expandable (expandable_segments:True, torchtitan's launcher); "
                         "runs the whole model")
@@ -113,7 +112,7 @@ def _print(w, cluster, args, result: dict) -> None:
             console.print(f"needs {r['needs_gib']:.2f} GiB of device memory under that allocator "
                           f"({r['needs_gib'] - r['allocated_peak_gib']:+.2f} beyond the allocated peak: "
                           f"the least device "
-                          f"the replay does not run out on; {cluster.gpu.hbm_bytes / GIB:.1f} GiB here, of which "
+                          f"the replay does not run out on; {cluster.gpu.hbm_bytes / 2 ** 30:.1f} GiB here, of which "
                           f"the CUDA context and NCCL take some outside the allocator)")
         if row["in_flight"] and row["in_flight"]["torch"] is not None:
             console.print(f"chunk-micro-batches in flight at most: torch's order {row['in_flight']['torch']}, "

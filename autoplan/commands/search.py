@@ -17,9 +17,9 @@ import argparse
 import json
 import sys
 
+from autoplan.commands.choices import DEFAULT_OBJECTIVE, OBJECTIVES
 from autoplan.commands.common import add_band_args, add_estimate_args, add_workload_args
 from autoplan.errors import UserError
-from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
