@@ -9,6 +9,8 @@ run can end into one exit code:
 * Ctrl-C / SIGINT: ``interrupted`` on stderr, exit 130; forked worker processes leave
   quietly (their parent reports), and output files are written whole or not at all
   (``autoplan.atomic``);
+* a usage error (an unknown flag, ``--to torchtitian``, ``--seq abc``): the same ``error:`` and
+  ``fix:`` lines (``Parser.error``), exit 2;
 * stdout closed by the reader (``autoplan clusters --json | head -c 1``): exit 0, silent.
 
 The parser is built for the chosen command alone (``build_parser(only=...)``): each command module
@@ -22,10 +24,12 @@ the ILPs it solved; ``logging.INFO``) and ``-vv`` (each plan priced and why one 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import math
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -83,11 +87,39 @@ BOUNDS = {  # argparse dest -> Bound (values of None are "not given" and pass)
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors take the CLI's form: ``error:`` and ``fix:``, exit 2."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message}", usage_fix(self, message))
+
+
+def usage_fix(parser: argparse.ArgumentParser, message: str) -> str:
+    """The fix for an argparse message: the closest spelling of a wrong choice or flag, the type a
+    value needs, the argument missing."""
+    see = f"`{parser.prog} --help` lists what it takes"
+    if m := re.search(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$", message):
+        choices = re.findall(r"'([^']*)'", m.group(3))
+        near = difflib.get_close_matches(m.group(2), choices, n=1)
+        return (f"did you mean {near[0]!r}? " if near else "") + f"{m.group(1)} is one of: {', '.join(choices)}"
+    if m := re.search(r"argument (\S+?)(?:/\S+)?: invalid (int|float) value", message):
+        kind = "a whole number, e.g. 2048" if m.group(2) == "int" else "a number, e.g. 1.5"
+        return f"give {m.group(1)} {kind}"
+    if m := re.search(r"unrecognized arguments: (.*)$", message):
+        flags = [o for a in parser._actions for o in a.option_strings]
+        first = m.group(1).split()[0].split("=")[0]
+        near = difflib.get_close_matches(first, flags, n=1)
+        return (f"did you mean {near[0]}? " if near else f"drop {first}; ") + see
+    if m := re.search(r"the following arguments are required: (.*)$", message):
+        return f"add {m.group(1)}; {see}"
+    return f"see {see}"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser: every command's arguments, or (``only``, a command name or "")
     that command's alone, the others listed by name and help without importing their modules."""
-    parser = argparse.ArgumentParser(prog="autoplan", description="Auto-parallel planner for large-model training.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = Parser(prog="autoplan", description="Auto-parallel planner for large-model training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for name, help_text in COMMANDS.items():
         if only is not None and name != only:
@@ -124,6 +156,16 @@ def _num(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, an unknown argument reported by the command's own parser (its
+    flags are the ones a misspelt flag is near)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def command_in(argv: list[str]) -> str:
     """The command ``argv`` names: its first argument that is not an option ("" if none: the
     top-level parser answers, with the list of commands or the usage error)."""
@@ -132,10 +174,10 @@ def command_in(argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(only=command_in(argv)).parse_args(argv)
     _own_sigint()
-    _log_to_stderr(getattr(args, "verbose", 0))
     try:
+        args = parse(build_parser(only=command_in(argv)), argv)
+        _log_to_stderr(getattr(args, "verbose", 0))
         check_bounds(args)
         code = int(args.func(args) or 0)
         sys.stdout.flush()

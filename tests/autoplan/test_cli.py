@@ -67,3 +67,23 @@ def test_the_command_list_is_each_commands_own_help():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     assert {a.dest: a.help for a in sub._choices_actions} == COMMANDS
+
+
+# --- usage errors: error: and fix:, exit 2 -----------------------------------------------------
+
+@pytest.mark.parametrize("argv, problem, fix", [
+    (["export", "tp=2", "--to", "torchtitian"], "invalid choice: 'torchtitian'", "did you mean 'torchtitan'?"),
+    (["search", "gpt3-175b", "--cluster", "h100x8", "--seq", "abc"], "--seq: invalid int value: 'abc'",
+     "give --seq a whole number"),
+    (["search", "gpt3-175b", "--cluster", "h100x8", "--globl-batch", "8"], "unrecognized arguments: --globl-batch",
+     "did you mean --global-batch?"),
+    (["estimate", "gpt3-175b", "--plan", "tp=2"], "required: --cluster", "add --cluster"),
+    (["serch"], "invalid choice: 'serch'", "did you mean 'search'?"),
+    ([], "required: COMMAND", "add COMMAND"),
+])
+def test_usage_errors_say_error_and_fix(capsys, argv, problem, fix):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and problem in err.splitlines()[0], err
+    assert err.splitlines()[1].startswith("  fix: ") and fix in err.splitlines()[1], err
+    assert len(err.splitlines()) == 2 and "Traceback" not in err
