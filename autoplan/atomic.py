@@ -10,15 +10,18 @@ from __future__ import annotations
 import os
 import tempfile
 
+from autoplan import interrupts
 from autoplan.errors import UserError
 
 
 def write_text(path: str, text: str, *, flag: str = "-o") -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically; an unwritable path is a UserError."""
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = None
+    tmp = registered = None
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        registered = tmp
+        interrupts.register_temporary(tmp)         # removed even where a signal's watchdog ends the process
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, 0o666 & ~_umask())           # mkstemp makes 0600; an output file is 0644-like
@@ -30,6 +33,7 @@ def write_text(path: str, text: str, *, flag: str = "-o") -> None:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        interrupts.release_temporary(registered)
 
 
 def _umask() -> int:

@@ -6,11 +6,11 @@ run can end into one exit code:
 
 * bad input (``UserError``, ``TopologyError``, a count out of bounds): ``error:`` and
   ``  fix:`` on stderr, exit 2, no traceback;
-* Ctrl-C / SIGINT: ``interrupted`` on stderr, exit 130; forked worker processes leave
-  quietly (their parent reports), and output files are written whole or not at all
-  (``autoplan.atomic``);
 * a usage error (an unknown flag, ``--to torchtitian``, ``--seq abc``): the same ``error:`` and
   ``fix:`` lines (``Parser.error``), exit 2;
+* Ctrl-C / SIGINT: ``interrupted`` on stderr, exit 130; SIGTERM: ``terminated``, exit 143; at any
+  moment, within 2 s, no process left, output files written whole or not at all
+  (``autoplan.interrupts``, ``autoplan.atomic``);
 * stdout closed by the reader (``autoplan clusters --json | head -c 1``): exit 0, silent.
 
 The parser is built for the chosen command alone (``build_parser(only=...)``): each command module
@@ -34,7 +34,8 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from autoplan.errors import EXIT_INTERRUPTED, UserError, note_sigint, track_sigint
+from autoplan import interrupts
+from autoplan.errors import EXIT_INTERRUPTED, EXIT_USER, UserError
 
 COMMANDS = {   # name -> the one-line help `autoplan --help` lists (the command's module gives the same)
     "search": "search the K best distinct parallel plans",
@@ -173,8 +174,20 @@ def command_in(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    _own_sigint()
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return its exit code.  Called
+    with an ``argv`` (in-process: tests, scripts), the signal handling is put back as it was."""
+    restore = _own_signals(quiet=_launched_rank())
+    try:
+        code = _main(sys.argv[1:] if argv is None else list(argv))
+    finally:
+        if argv is not None:
+            restore()
+    if argv is None and interrupts.received():
+        interrupts.exit_now(code)       # skip the interpreter's teardown: seconds with torch imported
+    return code
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = parse(build_parser(only=command_in(argv)), argv)
         _log_to_stderr(getattr(args, "verbose", 0))
@@ -185,16 +198,22 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         return _fail(err.problem, err.fix, err.exit_code)
     except KeyboardInterrupt:
-        _say("interrupted")
+        interrupts.say_once(signal.SIGINT)
         return EXIT_INTERRUPTED
+    except interrupts.Terminated:
+        interrupts.say_once(signal.SIGTERM)
+        return interrupts.EXIT_TERMINATED
     except BrokenPipeError:
         _stdout_to_devnull()
         return 0
     except Exception as err:  # noqa: BLE001
+        if interrupts.received():        # a child the same Ctrl-C ended failed first (CBC, a rank)
+            interrupts.say_once(interrupts.received())
+            return interrupts.exit_code(interrupts.received())
         from topologies import TopologyError
 
         if isinstance(err, TopologyError):   # the hardware layer cannot import UserError
-            return _fail(err.problem, err.fix, 2)
+            return _fail(err.problem, err.fix, EXIT_USER)
         raise
 
 
@@ -234,25 +253,27 @@ def _stdout_to_devnull() -> None:
         pass
 
 
-_MAIN_PID = os.getpid()
+def _launched_rank() -> bool:
+    """A rank process ``autoplan run`` (or torchrun) started: its parent reports an interrupt."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def _on_sigint(signum, frame) -> None:
-    if os.getpid() != _MAIN_PID:
-        os._exit(EXIT_INTERRUPTED)      # a forked worker: leave quietly, the parent reports
-    note_sigint()
-    raise KeyboardInterrupt
-
-
-def _own_sigint() -> None:
-    """SIGINT raises KeyboardInterrupt in the main process and ends forked workers silently."""
-    global _MAIN_PID
-    _MAIN_PID = os.getpid()
+def _own_signals(quiet: bool):
+    """SIGINT and SIGTERM handled by ``autoplan.interrupts``; returns what puts back the handlers
+    and the wakeup fd as they were."""
     try:
-        signal.signal(signal.SIGINT, _on_sigint)
-        track_sigint()
-    except ValueError:  # not the main thread (tests calling main() from a thread)
-        pass
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        wakeup = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(wakeup)
+    except ValueError:                  # not the main thread (tests calling main() from a thread)
+        return lambda: None
+    interrupts.install(quiet=quiet)
+
+    def restore() -> None:
+        signal.set_wakeup_fd(wakeup)
+        for signum, handler in old.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    return restore
 
 
 if __name__ == "__main__":

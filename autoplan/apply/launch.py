@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 
 WORKER_ENV = ("RANK", "WORLD_SIZE")
+STOP_S = 0.5          # how long a stopped rank may take to leave before it is killed
 
 
 def in_worker() -> bool:
@@ -111,22 +112,26 @@ def _wait(procs: list, poll: Callable, code: Callable, timeout: float | None) ->
                 break
             time.sleep(0.05)
     finally:
-        for p in procs:
-            if poll(p) is None:
-                p.terminate()
-                _join(p)
+        running = [p for p in procs if poll(p) is None]
+        for p in running:            # all asked at once, then waited for: one STOP_S at most, not one per rank
+            p.terminate()
+        for p in running:
+            _join(p)
     return first_failure
 
 
 def _join(p) -> None:
+    """Wait for a rank ``terminate`` asked to stop; past ``STOP_S`` kill it (Ctrl-C and SIGTERM must
+    end ``autoplan run`` within 2 s: a rank blocked in a collective whose peer is gone never
+    returns to Python to act on SIGTERM)."""
     if isinstance(p, subprocess.Popen):
         try:
-            p.wait(timeout=10)
+            p.wait(timeout=STOP_S)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
     else:
-        p.join(10)
+        p.join(STOP_S)
         if p.is_alive():
             p.kill()
             p.join()

@@ -26,9 +26,12 @@ task runs again.  The batches, thresholds and results are the ones waiting for e
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, Protocol, TypeVar
 
 from autoplan.cost import Estimator
@@ -37,6 +40,8 @@ from costmodels.pipeline.shared import sharing
 
 LOOK_AHEAD = 2        # tasks per worker started ahead (gpt-1t/h100x1024's screen, 2 workers: 2.2 s at 1, 2.1 s
                       # at 2 and 3)
+DEPTH = 1             # tasks a worker holds at once: one, so that it is waiting in recv when one is sent (with two,
+                      # a worker blocked sending a large result while this process blocks sending it a task deadlocks)
 POLL_S = 0.002        # how long a gather waits on its first unfinished run before looking again
 
 T = TypeVar("T")
@@ -133,46 +138,160 @@ class _SerialBatches(Generic[T, R]):
 
 
 class ForkExecutor:
-    """``workers`` processes forked on entry with ``est`` as it is then, in shape sharing; closed
-    and joined on exit (terminated where an error leaves).  ``look_ahead``: tasks per worker
-    started ahead (0: wait for every batch).  A lone task runs here: forking it out would only
-    wait for it."""
+    """``workers`` processes forked on entry with ``est`` as it is then, in shape sharing; killed
+    on exit, whether the search is done or an error (Ctrl-C, SIGTERM, a bug) leaves it: a
+    worker's results are only read while the search runs, so none is waited for.  ``look_ahead``:
+    tasks per worker started ahead (0: wait for every batch).  A lone task runs here: forking it
+    out would only wait for it."""
 
     def __init__(self, est: Estimator, workers: int, look_ahead: int = LOOK_AHEAD) -> None:
         self.workers, self.look_ahead = workers, look_ahead
         self._here = Worker(est)
         self._stack = ExitStack()
-        self._pool: Any = None
+        self._pool: _Pool | None = None
 
     def __enter__(self) -> ForkExecutor:
         with ExitStack() as stack:                 # a failed fork leaves nothing open
             stack.enter_context(sharing())
-            self._pool = mp.get_context("fork").Pool(self.workers, initializer=_install, initargs=(self._here,))
-            stack.callback(self._pool.join)
-            stack.callback(self._pool.close)
+            self._pool = stack.enter_context(_Pool(self.workers, self._here))
             self._stack = stack.pop_all()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        # Leaving on an error (Ctrl-C: the workers got SIGINT too and left, their tasks with them),
-        # terminate: a close-and-join would wait forever for the lost tasks' results.
-        if exc_type is not None and self._pool is not None:
-            self._pool.terminate()
+    def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
     def map(self, fn: Task[T, R], items: Sequence[T]) -> list[R]:
         if len(items) < 2:
             return [fn(self._here, item) for item in items]
-        out: list[R] = self._pool.map(_call, [(fn, item) for item in items], chunksize=1)
-        return out
+        runs = [self.submit(fn, item) for item in items]
+        return [run.get() for run in runs]
 
     def submit(self, fn: Task[T, R], item: T) -> _Run[R]:
-        """``fn(worker, item)`` started in a worker: an ``AsyncResult``."""
-        run: _Run[R] = self._pool.apply_async(_call, ((fn, item),))
-        return run
+        """``fn(worker, item)`` started in a worker (as soon as one is free)."""
+        assert self._pool is not None, "submit outside `with`"
+        return self._pool.submit(fn, item)
 
     def best_first(self, fn: Task[T, R], holds: Holds[R, T]) -> Batches[T, R]:
         return _AheadBatches(self, fn, holds)
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without sending its task's result (killed from outside, out of memory)."""
+
+
+class _Pool:
+    """Worker processes forked from this one, each with a pipe of its own: one task at a time is
+    sent to an idle worker, its result read back here.  No queue or lock is shared between the
+    processes, so a worker killed at any moment cannot leave one held: ``multiprocessing.Pool``'s
+    terminate waits on its task queue's lock, which a worker that died inside ``get`` holds, and
+    its close-and-join on tasks a dead worker will never finish (issue 37: Ctrl-C hung the search).
+    Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole process group: this process
+    answers for them) and are killed on exit."""
+
+    def __init__(self, workers: int, worker: Worker) -> None:
+        self._size, self._worker = workers, worker
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._sent: list[int] = []                      # worker -> tasks sent whose result is not in
+        self._queue: deque[tuple[int, Any, Any]] = deque()
+        self._done: dict[int, tuple[bool, Any]] = {}
+        self._next_id = 0
+
+    def __enter__(self) -> _Pool:
+        ctx = mp.get_context("fork")
+        try:
+            for _ in range(self._size):
+                here, there = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(there, self._worker), daemon=True)
+                proc.start()
+                there.close()
+                self._procs.append(proc)
+                self._conns.append(here)
+                self._sent.append(0)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill every worker and reap it (SIGKILL: it cannot be caught, ignored or delayed)."""
+        for proc in self._procs:
+            if proc.exitcode is None:
+                proc.kill()
+        for proc in self._procs:
+            proc.join()
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+
+    def submit(self, fn: Task[T, R], item: T) -> _Future[R]:
+        task = self._next_id
+        self._next_id += 1
+        self._queue.append((task, fn, item))
+        self._dispatch()
+        return _Future(self, task)
+
+    def _dispatch(self) -> None:
+        """Send queued tasks to the workers with the fewest in hand, up to ``DEPTH`` each."""
+        while self._queue:
+            i = min(range(len(self._sent)), key=self._sent.__getitem__)
+            if self._sent[i] >= DEPTH:
+                return
+            self._conns[i].send(self._queue.popleft())
+            self._sent[i] += 1
+
+    def collect(self, timeout: float) -> None:
+        """Read the results that come in within ``timeout`` seconds (0: those in now) and give
+        the freed workers the next tasks."""
+        busy = {self._conns[i]: i for i, n in enumerate(self._sent) if n}
+        for conn in wait(list(busy), timeout):
+            i = busy[conn]                          # type: ignore[index]
+            try:
+                task, ok, value = self._conns[i].recv()
+            except (EOFError, OSError):
+                self._procs[i].join(1)
+                raise WorkerDied(f"search worker {self._procs[i].pid} ended without a result (exit code "
+                                 f"{self._procs[i].exitcode})") from None
+            self._done[task] = (ok, value)
+            self._sent[i] -= 1
+        self._dispatch()
+
+    def ready(self, task: int) -> bool:
+        if task not in self._done:
+            self.collect(0)
+        return task in self._done
+
+    def result(self, task: int) -> Any:
+        ok, value = self._done[task]
+        if not ok:
+            raise value
+        return value
+
+
+class _Future(Generic[R_co]):
+    """A task's run in a ``_Pool`` worker (``_Run``); its result is kept until the run is dropped."""
+
+    def __init__(self, pool: _Pool, task: int) -> None:
+        self._pool, self._task = pool, task
+
+    def ready(self) -> bool:
+        return self._pool.ready(self._task)
+
+    def wait(self, timeout: float) -> None:
+        if not self._pool.ready(self._task):
+            self._pool.collect(timeout)
+
+    def get(self) -> R_co:
+        while not self.ready():
+            self._pool.collect(1.0)
+        out: R_co = self._pool.result(self._task)
+        return out
+
+    def __del__(self) -> None:
+        self._pool._done.pop(self._task, None)
 
 
 def fork_available() -> bool:
@@ -194,19 +313,29 @@ def open_executor(est: Estimator, workers: int, *, worth_forking: bool,
     return SerialExecutor(est)
 
 
-_WORKER: Worker | None = None      # in a forked worker: its state (``_install``); never set here
-
-
-def _install(worker: Worker) -> None:
-    global _WORKER
-    _WORKER = worker
-
-
-def _call(task: tuple[Task[T, R], T]) -> R:
-    fn, item = task
-    if _WORKER is None:
-        raise RuntimeError("a task sent to a worker ran outside one")
-    return fn(_WORKER, item)
+def _serve(conn: Connection, worker: Worker) -> None:
+    """A worker's loop: run each (task id, fn, item) received, send back (task id, ok, result or
+    exception); leave when the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C: the parent answers, then kills this process
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        signal.set_wakeup_fd(-1)                     # the parent's watchdog pipe (autoplan.interrupts)
+    except ValueError:
+        pass
+    while True:
+        try:
+            task, fn, item = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            out: tuple[int, bool, Any] = (task, True, fn(worker, item))
+        except Exception as e:  # noqa: BLE001 -- re-raised in the parent, as multiprocessing.Pool does
+            out = (task, False, e)
+        try:
+            conn.send(out)
+        except Exception as e:  # noqa: BLE001 -- a result or exception that does not pickle
+            conn.send((task, False, RuntimeError(f"a search task's {'result' if out[1] else 'error'} "
+                                                 f"could not be sent back: {type(e).__name__}: {e}")))
 
 
 class _AheadBatches(Generic[T, R]):
