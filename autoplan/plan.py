@@ -37,7 +37,7 @@ from functools import lru_cache
 from typing import Any
 
 from autoplan.axes import AXES
-from autoplan.errors import UserError
+from autoplan.errors import UserError, short_repr
 from autoplan.plan_notation import DEFAULT_ORDER as NOTATION_ORDER
 from autoplan.plan_notation import (
     NOTATION_GRAMMAR,
@@ -84,7 +84,9 @@ def expand_layers(text: str) -> tuple[int, ...]:
     Raises ValueError on anything else."""
     out: list[int] = []
     for item in text.split("-"):
-        n, _, k = item.partition("x")
+        n, _, k = item.strip().partition("x")
+        if not (n.isascii() and n.isdigit()) or (k and not (k.isascii() and k.isdigit() and int(k) >= 1)):
+            raise ValueError(f"{item!r}: N or NxK with N ≥ 0 layers and K ≥ 1 stages, in ASCII digits")
         out += [int(n)] * (int(k) if k else 1)
     return tuple(out)
 
@@ -241,10 +243,7 @@ class Plan:
         kw: dict[str, Any] = {}
         for key in _INT_KEYS:
             if key in raw:
-                try:
-                    kw[key] = int(raw[key])
-                except (TypeError, ValueError):
-                    raise UserError(f"bad plan string: {key}={raw[key]!r} is not an integer", PLAN_GRAMMAR) from None
+                kw[key] = _integer(key, raw[key])
         if "sp" in raw:
             sp = str(raw["sp"]).lower()
             if sp not in ("on", "off", "true", "false", "1", "0"):
@@ -267,6 +266,9 @@ class Plan:
                                 "layers=10-11-11-10, or NxK for N layers in K stages, e.g. layers=4x16-2x16") from None
         # defaults that depend on other keys
         tp, cp, pp = kw.get("tp", 1), kw.get("cp", 1), kw.get("pp", 1)
+        for key, value in (("tp", tp), ("cp", cp), ("pp", pp)):
+            if value < 1:                       # before dividing by them
+                raise UserError(f"bad plan: {key}={value} must be an integer ≥ 1", PLAN_GRAMMAR)
         if "dp" not in kw:
             if num_gpus is None:
                 kw["dp"] = 1
@@ -298,7 +300,7 @@ class Plan:
         d = json.loads(text) if isinstance(text, str) else text
         if "plan" in d:
             version = d.get("schema_version")
-            if version != SCHEMA_VERSION:
+            if version != SCHEMA_VERSION or type(version) is not int:     # true == 1 in Python; not here
                 raise UserError(f"plan JSON has schema_version {version}, this autoplan reads {SCHEMA_VERSION}",
                                 "re-export the plan with this version of autoplan")
             d = d["plan"]
@@ -422,6 +424,15 @@ def recompute_layers(policy: str) -> int | None:
     if head != "full" or not count.isdigit() or int(count) < 1:
         return None
     return int(count)
+
+
+def _integer(key: str, value: Any) -> int:
+    """A plan degree: an int, or a string of ASCII digits (``int`` also reads ``𝟐``, ``2.9`` and ``True``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isascii() and value.strip().lstrip("+-").isdigit():
+        return int(value.strip())
+    raise UserError(f"bad plan string: {key}={short_repr(value)} is not an integer", PLAN_GRAMMAR)
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
