@@ -269,19 +269,12 @@ class _LayoutRecorder:
 def count_blocks(model: str, timeout_s: float | None = None) -> int:
     """Blocks of ``model`` (zoo name, spec or model.py): from its config, else built on the meta device
     (the import and build within ``timeout_s``, ``time_limit``; None: the tracer's default)."""
-    from autoplan.frontend.source import load_source
+    from autoplan.frontend.source import build_on_meta, load_source
     from autoplan.frontend.tracing import time_limit
 
     with time_limit(model, *(() if timeout_s is None else (timeout_s,))):
         source = load_source(model)
         if source.info is not None:
             return source.info.layers
-        try:
-            with torch.device("meta"):
-                module = source.build()
-        except UserError:
-            raise
-        except Exception as e:  # noqa: BLE001  -- the user's build_model()
-            raise UserError(f"{model}: build_model() failed: {type(e).__name__}: {e}",
-                            "fix the model file so that build_model() returns an nn.Module") from None
+        module = build_on_meta(source)          # a failure or a non-module: UserError
     return len(find_blocks(module)[1])

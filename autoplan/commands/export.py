@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 from autoplan.errors import UserError
 
@@ -54,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--global-batch", global_batch), ("--seq", seq)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UserError(f"{flag} must be a positive integer, got {value!r}", f"pass {flag} N with N ≥ 1")
-    num_layers = model_layers(args.model, args.trace_timeout) if args.model else None
-    check(plan, num_layers, global_batch)
+    shape = model_shape(args.model, args.trace_timeout) if args.model else None
+    check(plan, shape, global_batch, seq)
+    num_layers = shape.layers if shape else None
     nvlink_domain = None
     if args.cluster:
         from autoplan.workload import load_cluster
@@ -86,16 +88,53 @@ def searched_batch(data, plan) -> int | None:
     return batch
 
 
-def model_layers(model: str, timeout_s: float) -> int:
-    """Number of blocks of a model (zoo/spec: from its config; a file: built on the meta device)."""
+@dataclass(frozen=True)
+class ModelShape:
+    """What an export checks a plan against (0: not known for this model)."""
+
+    layers: int
+    heads: int = 0
+    kv_heads: int = 0
+    experts: int = 0
+
+
+def model_shape(model: str, timeout_s: float) -> ModelShape:
+    """The blocks of a model (zoo/spec: from its config; a file: built on the meta device) and,
+    from a config, its heads and experts."""
     from autoplan.apply.layout import count_blocks
+    from autoplan.frontend.source import load_source
 
-    return count_blocks(model, timeout_s)
+    layers = count_blocks(model, timeout_s)
+    info = load_source(model).info          # a file: imported once already, by count_blocks
+    if info is None:
+        return ModelShape(layers)
+    return ModelShape(layers, info.heads, info.kv_heads, info.experts)
 
 
-def check(plan, num_layers: int | None, global_batch: int | None) -> None:
-    """The plan/model/batch conflicts an export would silently carry."""
-    if num_layers is not None:
-        plan.check_layers(num_layers)
+def check(plan, shape: ModelShape | None, global_batch: int | None, seq: int | None) -> None:
+    """The plan/model/batch conflicts an export would silently carry (``Plan.validate``'s, less
+    the cluster's and the pipeline's micro-batch counts)."""
+    plan.check_shape()
+    if shape is not None:
+        plan.check_layers(shape.layers)
+        _check_model(plan, shape)
     if global_batch is not None:
         plan.check_batch(global_batch)
+    if seq is not None and seq % plan.cp:
+        raise UserError(f"bad plan: cp={plan.cp} does not divide the sequence length {seq}",
+                        "pick cp dividing the sequence length")
+
+
+def _check_model(plan, shape: ModelShape) -> None:
+    if shape.heads and shape.heads % plan.tp:
+        raise UserError(f"bad plan: tp={plan.tp} does not divide the model's {shape.heads} attention heads",
+                        "pick tp dividing the head count")
+    kv = shape.kv_heads
+    if kv and (plan.tp % kv if plan.tp > kv else kv % plan.tp):
+        raise UserError(f"bad plan: tp={plan.tp} neither divides nor is a multiple of the model's {kv} KV heads",
+                        "pick tp dividing the KV-head count (or a multiple of it)")
+    if plan.ep > 1 and shape.experts == 0 and shape.heads:
+        raise UserError(f"bad plan: ep={plan.ep} but the model has no experts", "set ep=1")
+    if shape.experts and shape.experts % plan.ep:
+        raise UserError(f"bad plan: ep={plan.ep} does not divide the model's {shape.experts} experts",
+                        "pick ep dividing the expert count")
