@@ -113,7 +113,14 @@ def _file_source(path: str) -> ModelSource:
     if not os.path.isfile(path):
         raise UserError(f"model file {path!r} not found",
                         "give the path to a model.py that defines build_model()")
-    source = Path(path).read_text()
+    try:
+        source = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"model file {path!r} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})",
+                        "give the path to a model.py saved as UTF-8 that defines build_model()") from None
+    except OSError as e:
+        raise UserError(f"cannot read model file {path!r}: {e.strerror or e}",
+                        "give the path to a readable model.py that defines build_model()") from None
     try:
         compile(source, path, "exec")
     except SyntaxError as e:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 import resource
 import signal
+import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import replace
 
 from torch import nn
@@ -107,7 +108,8 @@ class _TraceTimeout(BaseException):
 def time_limit(model: str, limit: float = DEFAULT_TRACE_TIMEOUT_S):
     """Stop the import, build and trace of ``model`` after ``limit`` seconds (the CLI's
     ``--trace-timeout``; 0 or less: no limit; SIGALRM: only in the main thread, and only where no
-    other alarm is set); a model calling ``sys.exit`` is bad input too."""
+    other alarm is set); a model calling ``sys.exit`` is bad input too.  What the model's code
+    prints goes to stderr: stdout carries the command's own output (``trace --json``)."""
     armed = (limit > 0 and threading.current_thread() is threading.main_thread()
              and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
 
@@ -118,7 +120,8 @@ def time_limit(model: str, limit: float = DEFAULT_TRACE_TIMEOUT_S):
     if armed:
         signal.setitimer(signal.ITIMER_REAL, limit)
     try:
-        yield
+        with redirect_stdout(sys.stderr):
+            yield
     except _TraceTimeout:
         raise UserError(f"{model}: importing, building or tracing the model took more than {limit:g} s",
                         "make build_model() and the model file's import finish (no loops waiting on "
@@ -155,8 +158,11 @@ def _run_error(e: Exception, source: ModelSource, what: str) -> UserError:
                          f"value{op_text}, which tracing on fake tensors cannot know",
                          "avoid Python branching on tensor values (e.g. `if x.sum() > 0:`); "
                          "use torch.where or compute the condition from shapes")
-    return UserError(f"{source.name}: {what} failed{at}: {type(e).__name__}: {e}",
-                     "fix the model so that a forward+backward pass runs on these inputs")
+    fix = "fix the model so that a forward+backward pass runs on these inputs"
+    if source.example_inputs is None and source.kind == "file":
+        fix = ("define example_inputs(batch, seq) in the model file, returning what forward takes (a tensor, a "
+               "tuple of them or a dict of keyword arguments; autoplan passed token ids [batch, seq]), or " + fix)
+    return UserError(f"{source.name}: {what} failed{at}: {type(e).__name__}: {e}", fix)
 
 
 def _example_inputs(source: ModelSource, model: nn.Module, info: ModelInfo, sizes: tuple[int, int],
