@@ -31,8 +31,10 @@ import argparse
 
 from autoplan.commands.choices import ALLOCATORS, DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ
 from autoplan.commands.common import add_margin_arg
+from autoplan.errors import UserError
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
+MAX_GPUS = 16_384     # h100x16384 (llama3-405b's run): ~8 s on 2 cores; h100x100000 ran past 100 s with no output
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -71,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.workload import Workload, load_cluster
 
     cluster = load_cluster(args.cluster)
+    if cluster.num_gpus > MAX_GPUS:
+        raise UserError(f"memcheck runs the plan under a fake process group of the whole world size: "
+                        f"{cluster.num_gpus:,} GPUs is more than it measures in reasonable time ({MAX_GPUS:,})",
+                        f"memcheck the plan on a cluster of at most {MAX_GPUS:,} GPUs with the same tp, cp, pp and "
+                        f"ep (a rank's memory depends on dp only through ZeRO's sharding), e.g. --cluster "
+                        f"{cluster.gpu.name}x{MAX_GPUS}")
     margin = memory_margin(args, cluster.gpu.hbm_bytes)
     plan = load_plan(args.plan, num_gpus=cluster.num_gpus)
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch,
