@@ -93,8 +93,38 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
-        post_validation=args.post_validation, params=load_override(args.params) if args.params else NOMINAL,
+        post_validation=args.post_validation, params=load_override(check_yaml_file(args.params, "--params")) if args.params else NOMINAL,
         exact=args.exact)
+
+
+def check_yaml_file(path: str, flag: str) -> str:
+    """``path`` if it is a readable UTF-8 YAML file without a key given twice in one mapping (YAML
+    keeps the last silently), else a UserError naming the flag; for loaders that do not check."""
+    import yaml
+
+    from autoplan.errors import UserError, short_repr
+
+    fix = f"pass {flag} PATH to a YAML file of {{parameter: multiplier}}, e.g. `nic_efficiency: 0.8`"
+
+    class Strict(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+            for i, key in enumerate(keys):
+                if isinstance(key, (str, int, float, bool)) and key in keys[:i]:
+                    raise UserError(f"{path}: key {short_repr(key)} given twice (line {node.start_mark.line + 1})",
+                                    "keep one of them")
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        with open(path, "rb") as f:
+            yaml.load(f.read().decode("utf-8"), Loader=Strict)   # Strict is a SafeLoader
+    except OSError as e:
+        raise UserError(f"cannot read {flag} {path}: {e.strerror or e}", fix) from None
+    except UnicodeDecodeError:
+        raise UserError(f"{flag} {path} is not UTF-8 text", fix) from None
+    except (yaml.YAMLError, RecursionError) as e:
+        raise UserError(f"{flag} {path} is not valid YAML: {short_repr(str(e))}", fix) from None
+    return path
 
 
 def add_margin_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
