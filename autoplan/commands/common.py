@@ -93,7 +93,8 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
-        post_validation=args.post_validation, params=load_override(check_yaml_file(args.params, "--params")) if args.params else NOMINAL,
+        post_validation=args.post_validation,
+        params=load_override(check_yaml_file(args.params, "--params")) if args.params else NOMINAL,
         exact=args.exact)
 
 
