@@ -44,7 +44,7 @@ COMMANDS = {   # name -> the one-line help `autoplan --help` lists (the command'
     "clusters": "list the named clusters, or show one",
     "baseline": "the plan a hand-written 4D recipe gives (megatron, megascale, llama3, fsdp, deepseek, published)",
     "explain": "audit a plan: primitive placement, rule verdicts, a baseline side by side",
-    "export": "write a plan as torchtitan TOML, Megatron-LM arguments or JSON",
+    "export": "write a plan as torchtitan 0.3.0 arguments, Megatron-LM arguments or JSON",
     "run": "train a model for a few steps under a plan on N local processes",
     "bench": "benchmark the automatic plan against hand-written 4D recipes and a Megatron grid",
     "calibrate": "measure GEMM, attention and HBM efficiency on this GPU; write a profile",

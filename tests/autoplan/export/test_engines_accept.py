@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.commands.export import model_layers
+from autoplan.commands.export import model_shape
 from autoplan.export import export
 from autoplan.plan import Plan
+
+
+def _layers(model: str) -> int:
+    return model_shape(model, 60.0).layers
+
 
 # torch.distributed.pipelining schedule names (torchtitan's pipeline_parallel_schedule)
 TORCH_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble",
@@ -95,7 +100,7 @@ def check_megatron(rules, plan: Plan, model: str, num_layers: int, global_batch:
 def _torchtitan_requests(cases):
     requests = []
     for model, plan, batch, seq in cases:
-        out = export(plan, "torchtitan", num_layers=model_layers(model), global_batch=batch, seq=seq, model=model)
+        out = export(plan, "torchtitan", num_layers=_layers(model), global_batch=batch, seq=seq, model=model)
         requests.append((out.argv, plan.tp * plan.cp * plan.pp * plan.dp))
     return requests
 
@@ -107,12 +112,12 @@ def _hand_cases():
 def test_hand_plans_load_in_torchtitan(torchtitan_load):
     cases = _hand_cases()
     for (model, plan, batch, seq), loaded in zip(cases, torchtitan_load(_torchtitan_requests(cases))):
-        check_torchtitan(plan, model_layers(model), batch, seq, loaded)
+        check_torchtitan(plan, _layers(model), batch, seq, loaded)
 
 
 def test_hand_plans_pass_megatron_validate_args(megatron_rules):
     for model, plan, batch, seq in _hand_cases():
-        check_megatron(megatron_rules, plan, model, model_layers(model), batch, seq)
+        check_megatron(megatron_rules, plan, model, _layers(model), batch, seq)
 
 
 def _top_cases(top_plan_cases):
@@ -124,14 +129,14 @@ def test_committed_top_plans_pass_megatron_validate_args(megatron_rules, top_pla
     cases = _top_cases(top_plan_cases)
     assert len(cases) == 30
     for model, plan, batch, seq in cases:
-        check_megatron(megatron_rules, plan, model, model_layers(model), batch, seq, nvlink_domain=8)
+        check_megatron(megatron_rules, plan, model, _layers(model), batch, seq, nvlink_domain=8)
 
 
 @pytest.mark.slow
 def test_committed_top_plans_load_in_torchtitan(torchtitan_load, top_plan_cases):
     cases = _top_cases(top_plan_cases)
     for (model, plan, batch, seq), loaded in zip(cases, torchtitan_load(_torchtitan_requests(cases))):
-        check_torchtitan(plan, model_layers(model), batch, seq, loaded)
+        check_torchtitan(plan, _layers(model), batch, seq, loaded)
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +151,8 @@ def searched_cases(top_plan_cases):
 def test_searched_top_plans_load_in_both_engines(searched_cases, torchtitan_load, megatron_rules):
     assert len(searched_cases) == 30
     for (model, plan, batch, seq), loaded in zip(searched_cases, torchtitan_load(_torchtitan_requests(searched_cases))):
-        check_torchtitan(plan, model_layers(model), batch, seq, loaded)
-        check_megatron(megatron_rules, plan, model, model_layers(model), batch, seq, nvlink_domain=8)
+        check_torchtitan(plan, _layers(model), batch, seq, loaded)
+        check_megatron(megatron_rules, plan, model, _layers(model), batch, seq, nvlink_domain=8)
 
 
 @pytest.mark.parametrize("argv, where", [
