@@ -25,6 +25,10 @@ Canonical string (every key, fixed order)::
 * ``cp_algo``: ring | ulysses | usp (how the cp axis shards attention).
 * ``order``: mesh axes from innermost (fastest-varying rank, closest on the
   hardware) to outermost.
+* ``precision``: the linear layers' GEMM precision: bf16 (default) | fp8 (tensorwise dynamic
+  scaling) | fp8-rowwise | fp8-delayed | mxfp8 (1x32 blocks, Blackwell); attention, norms, the
+  LM head and the embedding stay bf16 (``autoplan.cost.precision``).  Written in the string and
+  the JSON only when not bf16, so a bf16 plan reads as it always did.
 
 Omitted keys take defaults (``dp`` = GPUs / (tp·cp·pp), ``sp=on`` when tp > 1,
 ``zero=1`` when dp > 1, ``schedule=1f1b``/``interleaved`` by ``vpp``).
@@ -41,6 +45,7 @@ from autoplan.errors import UserError, short_repr
 from autoplan.plan_notation import DEFAULT_ORDER as NOTATION_ORDER
 from autoplan.plan_notation import (
     NOTATION_GRAMMAR,
+    PRECISIONS,
     compact_tokens,
     complete_order,
     is_compact,
@@ -55,13 +60,15 @@ SCHEDULES = tuple(SCHEDULE_SPECS)           # the registry's schedules, in the o
 RECOMPUTE = ("none", "selective", "op", "full")   # the searched policies, weakest → strongest memory saving
 RECOMPUTE_SYNTAX = "none, selective, op, full, or full:N (N ≥ 1 layers per virtual stage)"
 CP_ALGOS = ("ring", "ulysses", "usp")
+FP8_PRECISIONS = PRECISIONS[1:4]          # on any GPU with FP8 tensor cores (Hopper, Blackwell)
+BLOCK_PRECISIONS = ("mxfp8",)             # microscaling formats: Blackwell's tensor cores only
 # Schedules an engine runs with fewer micro-batches than stages: GPipe, and 1F1B as Megatron-LM
 # (warm-up min(pp - rank - 1, m)) and DeepSpeed's pipeline engine run it — it degenerates to
 # GPipe's order.  (torch.distributed.pipelining's Schedule1F1B refuses it: ``apply`` says so.)
 FEWER_MICROBATCHES_THAN_STAGES = ("gpipe", "1f1b")
 DEFAULT_ORDER = NOTATION_ORDER
 KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "schedule", "recompute", "layers",
-        "sp", "zero", "cp_algo", "order")
+        "sp", "zero", "cp_algo", "order", "precision")
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero")
 
 PLAN_GRAMMAR = ("a plan is comma-separated key=value pairs, e.g. "
@@ -125,6 +132,7 @@ class Plan:
     zero: int = None                           # type: ignore[assignment]
     cp_algo: str = "ring"
     order: tuple[str, ...] = DEFAULT_ORDER
+    precision: str = "bf16"
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "cp", "ep", "mbs") + (("vpp",) if self.vpp is not None else ()):
@@ -198,6 +206,8 @@ class Plan:
             parts.append("layers=" + (run_length(self.layers) if runs else "-".join(str(n) for n in self.layers)))
         parts += [f"sp={'on' if self.sp else 'off'}", f"zero={self.zero}", f"cp_algo={self.cp_algo}",
                   "order=" + "-".join(self.order)]
+        if self.precision != "bf16":
+            parts.append(f"precision={self.precision}")
         return ",".join(parts)
 
     def to_compact(self) -> str:
@@ -253,6 +263,8 @@ class Plan:
             kw["schedule"] = _choice("schedule", raw["schedule"], SCHEDULES)
         if "cp_algo" in raw:
             kw["cp_algo"] = _choice("cp_algo", raw["cp_algo"], CP_ALGOS)
+        if "precision" in raw:
+            kw["precision"] = _choice("precision", raw["precision"], PRECISIONS)
         if "recompute" in raw:
             rc = raw["recompute"]
             values = tuple(rc) if isinstance(rc, (list, tuple)) else tuple(str(rc).split("-"))
@@ -289,6 +301,8 @@ class Plan:
         d["recompute"] = list(self.recompute)
         d["layers"] = list(self.layers)
         d["order"] = list(self.order)
+        if self.precision == "bf16":
+            del d["precision"]         # the default is left out: a bf16 plan's JSON is what it always was
         return d
 
     def to_json(self) -> str:
@@ -339,6 +353,8 @@ class Plan:
                 raise UserError(f"bad plan: recompute={v!r}", f"recompute is one of: {RECOMPUTE_SYNTAX}")
         if self.cp_algo not in CP_ALGOS:
             raise UserError(f"bad plan: cp_algo={self.cp_algo!r}", f"cp_algo is one of: {', '.join(CP_ALGOS)}")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"bad plan: precision={self.precision!r}", f"precision is one of: {', '.join(PRECISIONS)}")
         if sorted(self.order) != sorted(AXES):
             raise UserError(f"bad plan: order={'-'.join(self.order)} must list each of {', '.join(AXES)} once",
                             "e.g. order=tp-cp-ep-dp-pp (innermost first)")
@@ -364,6 +380,16 @@ class Plan:
         if self.layers and sum(self.layers) != num_layers:
             raise UserError(f"bad plan: layers={'-'.join(map(str, self.layers))} sums to {sum(self.layers)}, "
                             f"the model has {num_layers}", "make the per-stage layer counts add up")
+
+    def check_precision(self, gpu: str, supported: tuple[str, ...]) -> None:
+        """The GPU kind runs the plan's precision (``supported``: ``GPUSpec.precisions``: FP8
+        needs FP8 tensor cores, Hopper on; MXFP8 Blackwell's block-scaled ones); UserError if not."""
+        if self.precision in supported:
+            return
+        need = "block-scaled FP8 tensor cores (Blackwell)" if self.precision in BLOCK_PRECISIONS else \
+            "FP8 tensor cores (Hopper or Blackwell)"
+        raise UserError(f"bad plan: precision={self.precision} needs {need}, which {gpu} lacks",
+                        f"on {gpu} use precision {' or '.join(supported)}")
 
     def validate(self, *, num_gpus: int, num_layers: int, heads: int, kv_heads: int = 0,
                  experts: int = 0, seq: int, global_batch: int) -> None:

@@ -10,6 +10,7 @@ reads it back to the same Plan (the canonical ``key=value,…`` string is in ``-
 * the schedule when pp > 1 (or it is not 1f1b), ``vpp<n>`` when it is not the schedule's own
   (2 for zbv/dualpipev, else 1);
 * ``ulysses`` / ``usp`` when cp_algo is not ring;
+* the precision when not bf16 (``fp8``, ``fp8-rowwise``, ``fp8-delayed``, ``mxfp8``);
 * ``key=value`` for the rest, only when not the default: ``rc=`` (recompute), ``layers=`` (runs
   of equal stages as ``NxK``: ``layers=4x16-2x16``),
   ``sp=off`` (tp > 1), ``order=`` (only the axes of degree > 1 unless the degree-1 axes sit
@@ -27,6 +28,7 @@ MESH_ORDER = ("tp", "cp", "pp", "dp", "ep")
 DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
 SCHEDULE_WORDS = tuple(SCHEDULE_SPECS)
 CP_WORDS = ("ulysses", "usp", "ring")
+PRECISIONS = ("bf16", "fp8", "fp8-rowwise", "fp8-delayed", "mxfp8")   # the plan's ``precision`` values
 _AXIS_TOKEN = re.compile(r"(tp|cp|pp|dp|ep)(\d+)$")
 _MESH = re.compile(r"^(tp|cp|pp|dp|ep)\d+([·.](tp|cp|pp|dp|ep)\d+)*$")
 _KEYED = re.compile(r"(zero|mbs|vpp)(\d+)$")
@@ -35,7 +37,8 @@ _ALIASES = {"rc": "recompute"}
 NOTATION_GRAMMAR = ("compact plan: space-separated tokens, "
                     "e.g. 'tp2·cp2·pp8·dp32 zero2 mbs2 zbv ulysses rc=selective'; "
                     "mesh <axis><degree> joined by '·', then zero<n>, mbs<n>, vpp<n>, a schedule "
-                    f"({', '.join(SCHEDULE_WORDS)}), a cp algorithm ({', '.join(CP_WORDS)}) and key=value pairs")
+                    f"({', '.join(SCHEDULE_WORDS)}), a cp algorithm ({', '.join(CP_WORDS)}), a precision "
+                    f"({', '.join(PRECISIONS)}) and key=value pairs")
 
 
 def is_compact(text: str) -> bool:
@@ -79,6 +82,8 @@ def compact_tokens(plan: Any) -> tuple[str, ...]:
         tokens.append(f"vpp{plan.vpp}")
     if plan.cp_algo != "ring":
         tokens.append(plan.cp_algo)
+    if plan.precision != "bf16":
+        tokens.append(plan.precision)
     if plan.recompute != ("none",):
         tokens.append("rc=" + "-".join(plan.recompute))
     if plan.layers:
@@ -124,6 +129,8 @@ def parse_compact(text: str, error) -> dict[str, str]:
             put("schedule", token, token)
         elif token in CP_WORDS:
             put("cp_algo", token, token)
+        elif token in PRECISIONS:
+            put("precision", token, token)
         elif "=" in token:
             key, value = token.split("=", 1)
             put(_ALIASES.get(key, key), value, token)

@@ -28,6 +28,15 @@ class GPUSpec:
     """HBM bandwidth, bytes/s."""
     nvlink_bw: float
     """NVLink bandwidth per GPU, bytes/s, PER DIRECTION (half the datasheet's bidirectional sum)."""
+    block_fp8: bool = False
+    """Block-scaled FP8 (MXFP8: an E8M0 scale per 32 elements) in the tensor cores (Blackwell)."""
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The plan precisions (``autoplan.plan.PRECISIONS``) this GPU runs: bf16 everywhere, the
+        FP8 recipes where it has FP8 tensor cores, MXFP8 where they take block scales."""
+        fp8 = ("fp8", "fp8-rowwise", "fp8-delayed") if self.fp8_flops else ()
+        return ("bf16",) + fp8 + (("mxfp8",) if self.block_fp8 and self.fp8_flops else ())
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,7 +50,7 @@ def _catalog() -> dict[str, GPUSpec]:
         specs[name] = GPUSpec(name=name, bf16_flops=float(entry["bf16_flops"]),
                               fp8_flops=None if fp8 is None else float(fp8),
                               hbm_bytes=float(entry["hbm_bytes"]), hbm_bw=float(entry["hbm_bw"]),
-                              nvlink_bw=float(entry["nvlink_bw"]))
+                              nvlink_bw=float(entry["nvlink_bw"]), block_fp8=bool(entry.get("block_fp8", False)))
     for alias, target in raw.get("aliases", {}).items():
         specs[alias] = specs[target]
     return specs

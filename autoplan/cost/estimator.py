@@ -143,6 +143,8 @@ class Estimator:
         plan.validate(num_gpus=self.cluster.num_gpus, num_layers=self.model.num_layers, heads=info.heads,
                       kv_heads=info.kv_heads, experts=info.experts, seq=self.model.sample_positions,
                       global_batch=global_batch)
+        gpu = self.cluster.gpu
+        plan.check_precision(gpu.name, gpu.precisions)
 
     def counted_parts(self, plan: Plan, mesh: Mesh) -> list[tuple[Part, int]]:
         """Every graph of the model under ``plan`` (no recompute), with how often it occurs."""

@@ -129,3 +129,33 @@ def test_k_times_p_minus_two_layers_one_per_chunk():
     assert plan.stage_layers(22) == (0,) + (1,) * 22 + (0,)
     assert plan.stages_of_rank(0) == (0, 8, 16) and plan.stages_of_rank(7) == (7, 15, 23)
     _validate("pp=8,vpp=3,dp=8,schedule=interleaved,layers=0-1x22-0", num_layers=22)
+
+
+def test_precision_is_written_only_when_not_bf16():
+    bf16 = Plan.parse("tp=2,pp=2", num_gpus=16)
+    assert bf16.precision == "bf16" and "precision" not in bf16.to_string()
+    assert "precision" not in json.loads(bf16.to_json())["plan"]      # a bf16 plan's JSON as before
+    fp8 = Plan.parse("tp=2,pp=2,precision=fp8-rowwise", num_gpus=16)
+    assert fp8.to_string().endswith(",precision=fp8-rowwise")
+    assert json.loads(fp8.to_json())["plan"]["precision"] == "fp8-rowwise"
+    assert Plan.from_json(fp8.to_json()) == fp8 and Plan.parse(fp8.to_string()) == fp8
+    assert fp8.to_compact() == "tp2·pp2·dp4 zero1 mbs1 1f1b fp8-rowwise"
+    assert Plan.parse(fp8.to_compact()) == fp8
+
+
+def test_precision_names_what_it_takes():
+    with pytest.raises(UserError, match="precision='fp4'") as err:
+        Plan.parse("tp=2,precision=fp4", num_gpus=8)
+    assert "fp8-delayed" in err.value.fix and "mxfp8" in err.value.fix
+
+
+@pytest.mark.parametrize("precision, supported, needle", [
+    ("fp8", ("bf16",), "needs FP8 tensor cores"),
+    ("mxfp8", ("bf16", "fp8", "fp8-rowwise", "fp8-delayed"), "needs block-scaled FP8 tensor cores"),
+])
+def test_precision_the_gpu_lacks_is_refused_with_what_it_runs(precision, supported, needle):
+    plan = Plan.parse(f"tp=2,precision={precision}", num_gpus=8)
+    with pytest.raises(UserError, match=needle) as err:
+        plan.check_precision("a100-80gb", supported)
+    assert err.value.fix == "on a100-80gb use precision " + " or ".join(supported)
+    plan.check_precision("b200", supported + (precision,))

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplan.errors import UserError
-from autoplan.plan import AXES, CP_ALGOS, RECOMPUTE, SCHEDULES, Plan
+from autoplan.plan import AXES, CP_ALGOS, PRECISIONS, RECOMPUTE, SCHEDULES, Plan
 
 _SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                      suppress_health_check=[HealthCheck.too_slow])
@@ -28,7 +28,8 @@ def plans(draw):
                   | st.lists(st.integers(1, 3), min_size=pp * vpp, max_size=pp * vpp).map(tuple))
     return Plan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=draw(st.sampled_from((1, 2, 4))), schedule=schedule,
                 recompute=recompute, layers=layers, sp=draw(st.booleans()), zero=draw(st.integers(0, 3)),
-                cp_algo=draw(st.sampled_from(CP_ALGOS)), order=draw(st.permutations(AXES)))
+                cp_algo=draw(st.sampled_from(CP_ALGOS)), order=draw(st.permutations(AXES)),
+                precision=draw(st.sampled_from(PRECISIONS)))
 
 
 @_SETTINGS

@@ -25,3 +25,12 @@ def test_unknown_gpu_lists_the_kinds():
     with pytest.raises(TopologyError, match="unknown GPU kind 'v100'") as err:
         gpu_spec("v100")
     assert "h100" in err.value.fix and "gb200" in err.value.fix
+
+
+def test_precisions_per_kind():
+    assert gpu_spec("a100").precisions == ("bf16",)
+    assert gpu_spec("a100-40gb").precisions == ("bf16",)
+    for hopper in ("h100", "h800", "h200"):
+        assert gpu_spec(hopper).precisions == ("bf16", "fp8", "fp8-rowwise", "fp8-delayed")
+    for blackwell in ("b200", "gb200"):
+        assert gpu_spec(blackwell).precisions[-1] == "mxfp8"

@@ -165,3 +165,12 @@ def test_kernels_flag_prices_megatron_cores_fused_swiglu(cli):
     # one micro-batch of 4 layers in flight: 4 SiLU(gate) of s·ffn/tp bf16 elements fewer
     assert act[0] - act[1] == pytest.approx(4 * 2048 * 2816 / 2 * 2 / 1024 ** 3, rel=0.02)
     assert fused["step_time_s"] == eager["step_time_s"]
+
+
+def test_fp8_on_a100_exits_2_with_the_precisions_it_runs(cli):
+    out = cli("estimate", MODEL, "--cluster", "a100x16", "--plan", "tp=2,precision=fp8", "--global-batch", "32")
+    assert out.returncode == 2, out.stdout
+    assert "precision=fp8 needs FP8 tensor cores (Hopper or Blackwell), which a100-80gb lacks" in out.stderr
+    assert "use precision bf16" in out.stderr and "Traceback" not in out.stderr
+    mx = cli("estimate", MODEL, "--cluster", "h100x16", "--plan", "tp=2,precision=mxfp8", "--global-batch", "32")
+    assert mx.returncode == 2 and "block-scaled FP8 tensor cores (Blackwell), which h100 lacks" in mx.stderr

@@ -47,6 +47,7 @@ PLAN_VARIANTS = {                  # per Plan field, valid plans differing from 
     "zero": [dict(zero=3)],
     "cp_algo": [dict(cp_algo="ulysses"), dict(cp_algo="usp")],
     "order": [dict(order=("tp", "dp", "cp", "ep", "pp"))],
+    "precision": [dict(precision="fp8"), dict(precision="fp8-rowwise"), dict(precision="fp8-delayed")],
 }
 OPTION_VARIANTS = {                # per EstimateOptions field, another value (profile: a changed copy)
     "overlap_grad_reduce": False,
