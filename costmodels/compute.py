@@ -7,6 +7,11 @@ For an op with ``flops`` FLOPs that moves ``nbytes`` bytes through HBM::
 * GEMMs (M, N, K): ``eff_compute = gemm_peak_fraction · Π_d d / (d + gemm_half_dim)`` over the
   three dims: large GEMMs approach ``gemm_peak_fraction`` of peak, a skinny dim
   (a 128-wide head, a tiny per-expert batch) costs efficiency, smoothly.
+* FP8 GEMMs (``gemm_fp8``: a linear layer's GEMM under an FP8 plan, ``costmodels.precision``):
+  the same curve against the FP8 peak (``GPUSpec.fp8_flops``, which the caller passes), its
+  large-GEMM fraction ``fp8_gemm_peak_fraction`` where the profile sets one.
+* Casts to FP8 (``cast``): memory bound, their bytes as given (no fusion: the scaling kernel
+  is its own launch).
 * Attention kernels (flash/efficient attention): ``attention_fwd_fraction`` /
   ``attention_bwd_fraction`` of peak.
 * Everything else is memory bound; ``fusion`` is the fraction of the unfused ATen
@@ -68,13 +73,14 @@ class ComputeProfile:
     softmax_kernel: str = ""         # "megatron": the stack runs Megatron's fused scale-mask-softmax
                                      # and its fp32 fallback where the kernel lacks the shape
                                      # (autoplan.cost.softmax); "": the traced graph's softmax
+    fp8_gemm_peak_fraction: float = 0.0   # achieved / FP8 peak for large FP8 GEMMs; 0: gemm_peak_fraction
     p2p_host_s: float = 0.0          # host seconds per pipeline send/receive instruction of the stack's
                                      # pipeline engine (DeepSpeed's PipelineEngine; autoplan.cost.pp)
     source: str = ""                 # where the numbers come from
 
-    def gemm_efficiency(self, m: float, n: float, k: float) -> float:
-        """Fraction of peak a (M, N, K) GEMM reaches."""
-        eff = self.gemm_peak_fraction
+    def gemm_efficiency(self, m: float, n: float, k: float, fp8: bool = False) -> float:
+        """Fraction of peak (the FP8 peak when ``fp8``) a (M, N, K) GEMM reaches."""
+        eff = self.fp8_gemm_peak_fraction if fp8 and self.fp8_gemm_peak_fraction else self.gemm_peak_fraction
         for d in (m, n, k):
             eff *= d / (d + self.gemm_half_dim)
         return eff
@@ -109,17 +115,20 @@ def op_time(kind: str, flops: float, nbytes: float, *, peak_flops: float, hbm_bw
             profile: ComputeProfile, gemm: tuple[float, float, float] | None = None) -> float:
     """GPU seconds for one op on one GPU (the host's launch floor is applied per phase, above).
 
-    ``kind``: "gemm" (needs ``gemm`` = local (M, N, K)), "attention_fwd",
-    "attention_bwd", or "memory" (elementwise, norms, reductions, copies).
+    ``kind``: "gemm" or "gemm_fp8" (needs ``gemm`` = local (M, N, K); ``peak_flops`` the
+    precision's peak), "attention_fwd", "attention_bwd", "cast" (a bf16 → FP8 scaling kernel),
+    or "memory" (elementwise, norms, reductions, copies).
     ``flops`` and ``nbytes`` are the op's local (per-GPU) FLOPs and HBM bytes.
     """
-    if kind == "gemm" and gemm is not None:
-        t_compute = flops / (peak_flops * profile.gemm_efficiency(*gemm))
+    if kind in ("gemm", "gemm_fp8") and gemm is not None:
+        t_compute = flops / (peak_flops * profile.gemm_efficiency(*gemm, fp8=kind == "gemm_fp8"))
         t_memory = nbytes / (hbm_bw * profile.memory_fraction)
     elif kind in ("attention_fwd", "attention_bwd"):
         frac = profile.attention_fwd_fraction if kind == "attention_fwd" else profile.attention_bwd_fraction
         t_compute = flops / (peak_flops * frac)
         t_memory = nbytes / (hbm_bw * profile.memory_fraction)
+    elif kind == "cast":
+        t_compute, t_memory = 0.0, nbytes / (hbm_bw * profile.memory_fraction)
     else:
         t_compute = flops / (peak_flops * profile.gemm_peak_fraction)
         t_memory = nbytes * profile.fusion / (hbm_bw * profile.memory_fraction)

@@ -4,7 +4,8 @@
 ``costmodels.memo.Table`` keyed on the question's arguments) because the search asks them many
 thousands of times:
 
-* ``op_seconds(kind, flops, bytes, gemm)``: one local op on one GPU (``costmodels.compute`` roofline);
+* ``op_seconds(kind, flops, bytes, gemm)``: one local op on one GPU (``costmodels.compute`` roofline;
+  ``gemm_fp8`` against the GPU's FP8 peak, every other kind its bf16 peak);
 * ``collective(kind, nbytes, ranks)``: one collective on a rank group (``costmodels.collectives``
   α–β model on the group's span of the hardware, ``topologies.Cluster.span``);
 * ``slowest_hop(nbytes, ranks, closed)``: one step of a chain or ring of P2P sends (every rank
@@ -55,7 +56,8 @@ class Comms:
 
     def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> float:
         gpu = self.cluster.gpu
-        return compute.op_time(kind, flops, nbytes, peak_flops=gpu.bf16_flops, hbm_bw=gpu.hbm_bw,
+        peak = gpu.fp8_flops if kind == "gemm_fp8" and gpu.fp8_flops else gpu.bf16_flops
+        return compute.op_time(kind, flops, nbytes, peak_flops=peak, hbm_bw=gpu.hbm_bw,
                                profile=self.profile, gemm=gemm)
 
     def span(self, ranks: Sequence[int]) -> GroupSpan:

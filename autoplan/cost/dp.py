@@ -32,6 +32,7 @@ from autoplan.cost import fsdp
 from autoplan.cost.comms import Comms
 from autoplan.cost.types import DpComm
 from autoplan.plan import Plan
+from costmodels.precision import gather_bytes_per_param, weight_cast_bytes
 
 # Adam: read fp32 master, m, v, grad (16 B), write master, m, v (12 B), bf16 param (2 B), rounded up
 OPTIMIZER_BYTES_PER_PARAM = 32.0
@@ -50,7 +51,7 @@ def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks: tu
         if numel == 0 or len(ranks) <= 1:
             continue
         grads = numel * grad_bytes
-        params = numel * PARAM_GATHER_BYTES
+        params = numel * gather_bytes_per_param(plan.precision, plan.zero)   # FP8 under FSDP2's float8 gather
         if plan.zero == 0:
             out.append(DpComm("all_reduce", grads, 1, comms.collective("all_reduce", grads, ranks), ranks, "grad"))
         elif plan.zero == 1:
@@ -109,6 +110,10 @@ def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: flo
 
 
 def optimizer_seconds(comms: Comms, numel: float, plan: Plan, dp_size: int) -> float:
-    """The optimizer step on one GPU: its parameter shard's HBM traffic."""
+    """The optimizer step on one GPU: its parameter shard's HBM traffic, then, under an FP8
+    precision, the cast of the weights it holds to FP8 for the next step (``costmodels.precision``:
+    the whole bf16 weights a ZeRO-0/1/2 rank holds; the shard before FSDP2 gathers it at ZeRO-3)."""
     shard = max(dp_size, 1) if plan.zero >= 1 else 1
-    return numel / shard * OPTIMIZER_BYTES_PER_PARAM / (comms.cluster.gpu.hbm_bw * comms.profile.memory_fraction)
+    held = numel / max(dp_size, 1) if plan.zero == 3 else numel
+    nbytes = numel / shard * OPTIMIZER_BYTES_PER_PARAM + weight_cast_bytes(plan.precision, held)
+    return nbytes / (comms.cluster.gpu.hbm_bw * comms.profile.memory_fraction)

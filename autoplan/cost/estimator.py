@@ -35,6 +35,7 @@ from autoplan.plan import Plan
 from autoplan.sharding import BlockAssignment
 from costmodels.memory import GIB
 from costmodels.pipeline.live import peak_live
+from costmodels.precision import gather_bytes_per_param
 from topologies.cluster import Cluster
 
 
@@ -113,7 +114,7 @@ class Estimator:
     def solve_layout(self, kind: str, plan: Plan) -> BlockAssignment:
         """The block ILP of one graph at ``plan`` (a ``BlockAssignment``), not stored: workers solve
         in parallel and the parent keeps them (``store_layouts``)."""
-        return self.layouts.solve(self.graph(kind), plan, Mesh.of(plan))
+        return self.layouts.solve(kind, self.graph(kind), plan, Mesh.of(plan))
 
     def store_layouts(self, solved: Mapping[LayoutKey, BlockAssignment]) -> None:
         """Keep block ILP solutions solved elsewhere (``solve_layout`` in the search's workers),
@@ -222,8 +223,9 @@ class Estimator:
         if key in memo:
             return memo[key]
         shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
+        gather = gather_bytes_per_param(plan.precision, plan.zero)
         chunks = [fsdp.chunk_units(self.comms, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared,
-                                   self.options.grad_reduce_bytes) for c in pipe.rank_chunks[rank]]
+                                   self.options.grad_reduce_bytes, gather) for c in pipe.rank_chunks[rank]]
         out = memo[key] = fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
         return out
 

@@ -94,12 +94,15 @@ def _collective(comms: Comms, kind: str, per_elem: float, dense: float, expert: 
 def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool,
                 dp_ranks: tuple[int, ...], edp_ranks: tuple[int, ...],
 
-                shared_link: bool, grad_bytes: float = GRAD_REDUCE_BYTES) -> list[Unit]:
-    """A chunk's units in forward order.  ``pp.stage_bags`` appends ``@pre`` (embedding) to the
-    first chunk's bag and then ``@post`` (norm, head, loss) to the last chunk's.  The chunk's root
+                shared_link: bool, grad_bytes: float = GRAD_REDUCE_BYTES,
+                gather_bytes: float = PARAM_GATHER_BYTES) -> list[Unit]:
+    """A chunk's units in forward order (``gather_bytes`` per parameter of a block: 1 where
+    FSDP2 gathers FP8 weights, ``costmodels.precision``; the root's stay bf16).
+    ``pp.stage_bags`` appends ``@pre`` (embedding) to the first chunk's bag and then ``@post``
+    (norm, head, loss) to the last chunk's.  The chunk's root
     unit (both) is gathered first, with no compute of its own, and reduce-scattered last; the
     embedding computes before the blocks and the head after them; the last block is kept gathered."""
-    def unit(p: Part | None, dense: float, expert: float, kept: bool) -> Unit:
+    def unit(p: Part | None, dense: float, expert: float, kept: bool, gathered: float = gather_bytes) -> Unit:
         if p is None:
             fwd = bwd = link_f = link_b = 0.0
         else:
@@ -107,7 +110,7 @@ def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_po
             link_f = sum(c.seconds for c in p.comms if c.phase == "forward") if shared_link else 0.0
             link_b = sum(c.seconds for c in p.comms if c.phase == "backward") if shared_link else 0.0
         return Unit(fwd, bwd,
-                    _collective(comms, "all_gather", PARAM_GATHER_BYTES, dense, expert, dp_ranks, edp_ranks),
+                    _collective(comms, "all_gather", gathered, dense, expert, dp_ranks, edp_ranks),
                     _collective(comms, "reduce_scatter", grad_bytes, dense, expert, dp_ranks, edp_ranks),
                     link_f, link_b, kept)
 
@@ -118,7 +121,8 @@ def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_po
         body[-1] = dataclasses.replace(body[-1], kept=True)
     if not roots:
         return body
-    gather = unit(None, sum(p.dense_numel for p in roots), sum(p.expert_numel for p in roots), True)
+    gather = unit(None, sum(p.dense_numel for p in roots), sum(p.expert_numel for p in roots), True,
+                  PARAM_GATHER_BYTES)
     pre = [unit(roots[0], 0.0, 0.0, True)] if has_pre else []
     post = [unit(roots[-1], 0.0, 0.0, True)] if has_post else []
     return [gather] + pre + body + post

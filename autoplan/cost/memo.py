@@ -50,8 +50,9 @@ SEARCH_KEPT = 50_000       # the search's estimates, floors and memories: one pe
 
 class LocalShape(NamedTuple):
     """What pricing one graph reads of a plan and its mesh: the per-GPU shape (tp, sequence
-    parallelism, cp and its algorithm, ep, micro-batch) and rank 0's tp, cp and ep groups, which
-    its collectives run on.  Plans differing elsewhere (pp, dp, ZeRO, schedule, cuts) share it."""
+    parallelism, cp and its algorithm, ep, micro-batch), the GEMMs' precision and rank 0's tp, cp
+    and ep groups, which its collectives run on.  Plans differing elsewhere (pp, dp, ZeRO,
+    schedule, cuts) share it."""
 
     tp: int
     sp: bool
@@ -62,11 +63,12 @@ class LocalShape(NamedTuple):
     tp_ranks: tuple[int, ...]
     cp_ranks: tuple[int, ...]
     ep_ranks: tuple[int, ...]
+    precision: str
 
     @staticmethod
     def of(plan: Plan, mesh: Mesh) -> LocalShape:
         return LocalShape(plan.tp, bool(plan.sp), plan.cp, plan.cp_algo, plan.ep, plan.mbs,
-                          mesh.group(_TP), mesh.group(_CP), mesh.group(_EP))
+                          mesh.group(_TP), mesh.group(_CP), mesh.group(_EP), plan.precision)
 
 
 class PartKey(NamedTuple):

@@ -74,6 +74,7 @@ def perturb_profile(profile: ComputeProfile, p: Params) -> ComputeProfile:
         return profile
     return dataclasses.replace(
         profile, gemm_peak_fraction=min(1.0, profile.gemm_peak_fraction * p.gemm_peak),
+        fp8_gemm_peak_fraction=min(1.0, profile.fp8_gemm_peak_fraction * p.gemm_peak),
         gemm_half_dim=profile.gemm_half_dim * p.gemm_half_dim,
         attention_fwd_fraction=min(1.0, profile.attention_fwd_fraction * p.attention),
         attention_bwd_fraction=min(1.0, profile.attention_bwd_fraction * p.attention),

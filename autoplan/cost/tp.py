@@ -34,8 +34,9 @@ LAYOUTS_KEPT = 100_000       # solved and priced layouts kept (a search meets a 
 
 class LayoutKey(NamedTuple):
     """Everything the block ILP's solution depends on besides the Estimator's options: the graph
-    (block kind, "@pre" or "@post"), the local shape it is solved at and the span of its tp group
-    (what the tp collectives' seconds read of the ranks)."""
+    (block kind, "@pre" or "@post"), the local shape it is solved at, the span of its tp group
+    (what the tp collectives' seconds read of the ranks) and its GEMMs' precision
+    (``gemm_precision``)."""
 
     graph: str
     tp: int
@@ -43,10 +44,17 @@ class LayoutKey(NamedTuple):
     span: GroupSpan
     mbs: int
     cp: int
+    precision: str = "bf16"
 
     @staticmethod
     def of(graph: str, plan: Plan, span: GroupSpan) -> LayoutKey:
-        return LayoutKey(graph, plan.tp, bool(plan.sp), span, plan.mbs, plan.cp)
+        return LayoutKey(graph, plan.tp, bool(plan.sp), span, plan.mbs, plan.cp, gemm_precision(graph, plan))
+
+
+def gemm_precision(graph: str, plan: Plan) -> str:
+    """The precision of a graph's linear GEMMs under ``plan``: the plan's in the blocks, bf16 in
+    "@pre" (the embedding) and "@post" (the LM head: Transformer Engine and torchao keep it bf16)."""
+    return "bf16" if graph in ("@pre", "@post") else plan.precision
 
 
 class ShardingKey(NamedTuple):
@@ -81,17 +89,17 @@ class BlockLayouts:
         for key, assignment in solved:
             self.assignments.put(key, assignment)
 
-    def solve(self, graph: OpGraph, plan: Plan, mesh: Mesh) -> BlockAssignment:
+    def solve(self, graph_key: str, graph: OpGraph, plan: Plan, mesh: Mesh) -> BlockAssignment:
         """Solve the block ILP at ``plan``'s local shape, without recomputation (not memoised)."""
-        return solve_assignment(graph, self._context(plan, "none", mesh, self.comms.span(mesh.group(Axis.TP.value))))
+        return solve_assignment(graph, self._context(plan, "none", mesh, self.assignment_key(graph_key, plan, mesh)))
 
     def sharding(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh) -> BlockSharding:
         """The block's tp layout under ``plan``, priced at the plan's micro-batch, cp and recompute."""
         layout = self.assignment_key(graph_key, plan, mesh)
 
         def priced() -> BlockSharding:
-            assignment = self.assignments.get(layout, lambda: self.solve(graph, plan, mesh))
-            ctx = self._context(plan, recompute, mesh, layout.span)
+            assignment = self.assignments.get(layout, lambda: self.solve(graph_key, graph, plan, mesh))
+            ctx = self._context(plan, recompute, mesh, layout)
             prices = self._prices.get(layout, lambda: (assignment, layout_prices(graph, assignment, ctx)))
             if prices[0] is not assignment:          # solved again since (its table started again)
                 prices = (assignment, layout_prices(graph, assignment, ctx))
@@ -101,10 +109,11 @@ class BlockLayouts:
             return hit
         return self._priced.get(ShardingKey(layout, recompute), priced)
 
-    def _context(self, plan: Plan, recompute: str, mesh: Mesh, span: GroupSpan) -> ShardingContext:
-        forbid = span.level != "nvlink" and not self.options.allow_cross_domain
+    def _context(self, plan: Plan, recompute: str, mesh: Mesh, layout: LayoutKey) -> ShardingContext:
+        forbid = layout.span.level != "nvlink" and not self.options.allow_cross_domain
         return ShardingContext(tp=plan.tp, sp=plan.sp, pricer=AxisPricer(self.comms, mesh), mbs=plan.mbs,
-                               cp=plan.cp, recompute=recompute, forbid_tp_collectives=forbid and self.enforce_rules,
+                               cp=plan.cp, recompute=recompute, precision=layout.precision,
+                               forbid_tp_collectives=forbid and self.enforce_rules,
                                backend=self.options.solver, time_limit_s=self.options.time_limit_s)
 
 

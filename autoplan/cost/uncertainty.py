@@ -147,6 +147,6 @@ class _SampleLayouts(BlockLayouts):
         def symbolic() -> BlockSharding:
             self.point.sharding(graph_key, graph, plan, recompute, mesh)      # solves the ILP if need be
             point_key = self.point.assignment_key(graph_key, plan, mesh)
-            assignment = self.point.assignments.get(point_key, lambda: self.point.solve(graph, plan, mesh))
-            return template(graph, assignment, self._context(plan, recompute, mesh, key.layout.span))
+            assignment = self.point.assignments.get(point_key, lambda: self.point.solve(graph_key, graph, plan, mesh))
+            return template(graph, assignment, self._context(plan, recompute, mesh, key.layout))
         return self._priced.get(key, lambda: evaluate(self.templates.get(key, symbolic), AxisPricer(self.comms, mesh)))

@@ -5,7 +5,9 @@ layout back (``solve.price_assignment``), so the two cannot disagree.
 
 * ``node_cost``: compute seconds of an op on its local shard (FLOPs and bytes ÷ tp when any
   operand is sharded; a GEMM's M, N or K shrinks with the sharded dim; a causal attention
-  kernel's FLOPs × ``opkinds.attention_work_fraction``, the tiles it really computes), how often it runs (2
+  kernel's FLOPs × ``opkinds.attention_work_fraction``, the tiles it really computes; under an
+  FP8 precision a linear GEMM at the FP8 peak plus the cast of its activation input,
+  ``costmodels.precision``), how often it runs (2
   when recomputation reruns it in backward), the activation bytes it keeps for backward, the
   model states of a parameter, and the collectives a strategy runs inside the op
   (vocabulary-parallel softmax).
@@ -27,9 +29,12 @@ from autoplan.sharding.placements import is_shard, redistribution, redistributio
 from autoplan.sharding.strategies import replicated
 from autoplan.sharding.types import Gemm, ShardingContext
 from costmodels.memory import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES
+from costmodels.precision import gemm_cast_bytes, is_low_precision
 
 STATE_BYTES_PER_PARAM = PARAM_BYTES + GRAD_BYTES + OPTIMIZER_BYTES   # 18: bf16 weight, fp32 grad, master, m, v
 SOFTMAX_STAT_BYTES = 4                                               # per-token max/sum statistics, fp32
+
+TOKEN_ROLES = ("batch", "seq", "tokens")                             # dims that count tokens
 
 # Reads of a tensor in one phase share one redistribution; backward redistributes a saved tensor again.
 FORWARD_GROUP, BACKWARD_GROUP = 0, 1
@@ -117,6 +122,11 @@ def node_seconds(n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
             else:
                 m = m / ctx.tp
         gemm = (max(m, 1.0), max(nn, 1.0), max(k, 1.0))
+        if is_low_precision(ctx.precision) and not is_attention_core(n):
+            tokens_out = n.out is not None and any(r in TOKEN_ROLES for r in n.out.dim_roles)
+            cast = gemm_cast_bytes(ctx.precision, gemm[0], gemm[2], tokens_out)
+            return ctx.op_seconds("gemm_fp8", flops, nbytes, gemm) + (
+                ctx.op_seconds("cast", 0.0, cast, None) if cast else 0.0)
     return ctx.op_seconds(op_kind(n), flops, nbytes, gemm)
 
 

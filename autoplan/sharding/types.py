@@ -21,7 +21,8 @@ class Pricer(Protocol):
     """The only prices the block ILP needs."""
 
     def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> float:
-        """Seconds of one local op (kind: gemm | attention_fwd | attention_bwd | memory) on one GPU."""
+        """Seconds of one local op (kind: gemm | gemm_fp8 | attention_fwd | attention_bwd | cast | memory)
+        on one GPU."""
         ...
 
     def collective_seconds(self, kind: str, nbytes: float, axis: Axis) -> float:
@@ -51,6 +52,7 @@ class ShardingContext:
     mbs: int = 1
     cp: int = 1
     recompute: str = "none"                       # none | selective | op | full (plan.RECOMPUTE)
+    precision: str = "bf16"                       # the block's linear GEMMs (plan.PRECISIONS; bf16 in @pre/@post)
     forbid_tp_collectives: bool = False           # the tp group leaves the NVLink domain (search mode)
     memory_weight_s_per_byte: float = MEMORY_TIE_BREAK_S_PER_BYTE
     merge_followers: bool = True

@@ -1,0 +1,77 @@
+"""FP8 plans priced: linear GEMMs at the FP8 peak plus their casts, the rest bf16."""
+import pytest
+
+from autoplan.axes import Axis
+from autoplan.cost.comms import AxisPricer
+from autoplan.cost.tp import gemm_precision
+from autoplan.errors import UserError
+from autoplan.mesh import Mesh
+from autoplan.opkinds import is_attention_core
+from autoplan.plan import Plan
+from autoplan.sharding.price import node_seconds
+from autoplan.sharding.strategies import replicated
+from autoplan.sharding.types import ShardingContext
+from costmodels.precision import gemm_cast_bytes
+
+MODEL = "llama:layers=2,hidden=1024,heads=8,kv_heads=8,ffn=4096,vocab=32000"
+
+
+def _ctx(est, plan, precision):
+    return ShardingContext(tp=1, sp=False, pricer=AxisPricer(est.comms, Mesh.of(plan)), precision=precision)
+
+
+def test_a_linear_gemm_is_priced_at_the_fp8_peak_with_its_casts_and_attention_stays_bf16(setup):
+    model, _, est = setup(MODEL, "h100x8")
+    plan = Plan.parse("dp=8", num_gpus=8)
+    graph = model.blocks[0].graph
+    gemms = [n for n in graph.ops() if n.gemm is not None and not is_attention_core(n)]
+    assert gemms
+    n = gemms[0]
+    bf16, fp8 = (node_seconds(n, replicated(n), _ctx(est, plan, p)) for p in ("bf16", "fp8-delayed"))
+    m, nn, k = n.gemm
+    gemm = (max(m, 1.0), max(nn, 1.0), max(k, 1.0))
+    nbytes = n.bytes_read + n.bytes_written
+    assert bf16 == est.comms.op_seconds("gemm", n.flops, nbytes, gemm)
+    assert n.out is not None and "tokens" in n.out.dim_roles or "seq" in n.out.dim_roles    # a forward GEMM
+    assert fp8 == (est.comms.op_seconds("gemm_fp8", n.flops, nbytes, gemm)
+                   + est.comms.op_seconds("cast", 0.0, gemm_cast_bytes("fp8-delayed", gemm[0], gemm[2], True), None))
+    for other in (x for x in graph.ops() if x.gemm is None or is_attention_core(x)):
+        assert (node_seconds(other, replicated(other), _ctx(est, plan, "bf16"))
+                == node_seconds(other, replicated(other), _ctx(est, plan, "fp8")))
+
+
+def test_the_head_and_embedding_stay_bf16():
+    plan = Plan.parse("dp=8,precision=fp8", num_gpus=8)
+    assert [gemm_precision(g, plan) for g in ("@pre", "block", "@post")] == ["bf16", "fp8", "bf16"]
+
+
+BIG = "llama:layers=2,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=32000"
+
+
+def test_fp8_pays_on_large_gemms_and_not_on_small_ones(setup):
+    """hidden 4096: the GEMMs halve, attention, norms and casts do not: faster, not twice.  hidden
+    1024 at 2,048 tokens: the casts cost more than the GEMMs save, as small FP8 layers do."""
+    _, _, est = setup(BIG, "h100x8")
+    bf16 = est.estimate(Plan.parse("tp=2,dp=4", num_gpus=8), 32)
+    fp8 = est.estimate(Plan.parse("tp=2,dp=4,precision=fp8", num_gpus=8), 32)
+    assert 1.15 < bf16.step_time_s / fp8.step_time_s < 1.6
+    assert fp8.model_flops_per_step == bf16.model_flops_per_step     # the same work, faster
+    _, _, small = setup(MODEL, "h100x8")
+    assert (small.estimate(Plan.parse("tp=2,dp=4,precision=fp8", num_gpus=8), 32).step_time_s
+            > small.estimate(Plan.parse("tp=2,dp=4", num_gpus=8), 32).step_time_s)
+
+
+def test_zero3_fp8_gathers_block_weights_in_one_byte(setup):
+    _, _, est = setup(MODEL, "h100x8")
+    bytes_ = {}
+    for precision in ("bf16", "fp8"):
+        e = est.estimate(Plan.parse(f"dp=8,zero=3,precision={precision}", num_gpus=8), 32)
+        bytes_[precision] = sum(c.bytes_per_call * c.calls_per_step for c in e.primitives
+                                if c.kind == "all_gather" and c.axis == Axis.DP.value)
+    assert bytes_["fp8"] == pytest.approx(bytes_["bf16"] / 2)
+
+
+def test_fp8_on_a100_is_refused(setup):
+    _, _, est = setup(MODEL, "a100x8")
+    with pytest.raises(UserError, match="needs FP8 tensor cores"):
+        est.estimate(Plan.parse("dp=8,precision=fp8", num_gpus=8), 32)
