@@ -3,8 +3,9 @@ where the planner can write them, and the reason where it cannot.
 
 Read by ``experiments/validate_published.py --regimes`` and ``--cv``.  Each row becomes a
 ``published_regimes.RegimeRow`` (its regime, source and the plan string the project parses) or an
-``Unexpressible`` record naming what the grammar or the pricing lacks (FP8 precision, the MoE
-folding keys ``etp``/``edp``, a USP split other than the rule's).
+``Unexpressible`` record naming what the grammar or the pricing lacks (the MoE folding keys
+``etp``/``edp``, a USP split other than the rule's).  FP8 rows carry the recipe their software
+ran (``FP8_RECIPE``) as the plan's ``precision``.
 
 The measured figure becomes seconds per step, in this order: the row's ``derived.iter_s``;
 ``global_batch / samples_per_s``; ``global_batch · seq / (tokens_per_s_per_gpu · GPUs)``; else
@@ -53,6 +54,12 @@ GPT_VOCAB = 50304
 padded to a multiple of 128, Megatron-LM's default tokenizer setting (an assumption)."""
 CAUSAL_FLOPS = {"usp": True, "nemo-longseq": False}
 """Whether the source's TFLOP/s count causal attention work (regimes3_public.md's table)."""
+FP8_RECIPE = {"fp8-lm": "fp8-delayed", "llm-foundry": "fp8-delayed", "nemo-longseq": "fp8-delayed",
+              "megatron-bridge": "fp8"}
+"""The plan precision of a source's ``precision: fp8`` rows, from the software it ran: Transformer
+Engine's ``DelayedScaling`` (its only recipe in 2023: FP8-LM's Megatron-LM, llm-foundry's
+``amp_fp8``; NeMo 24.03's default), Megatron-Bridge 26.04's per-tensor current scaling (the
+rows' note); a row whose note says MXFP8 is ``mxfp8``."""
 
 
 @dataclass(frozen=True)
@@ -145,10 +152,15 @@ def _usp_split_why(r: dict, fields: dict[str, str]) -> str:
     return f"USP split ulysses={want[0]},ring={want[1]} not expressible (the rule gives {got[0]}x{got[1]})"
 
 
+def precision(r: dict) -> str:
+    """The plan precision of a row (``FP8_RECIPE``)."""
+    if r["precision"] == "bf16":
+        return "bf16"
+    return "mxfp8" if "MXFP8" in (r.get("note") or "") else FP8_RECIPE[source_of(r["id"])]
+
+
 def why_not(r: dict) -> str:
     """'' when the row can be priced as written; else what the planner lacks."""
-    if r["precision"] != "bf16":
-        return f"precision {r['precision']} (no FP8 pricing yet: issue 35)"
     fields = _fields(r["plan"])
     if "etp" in fields or "edp" in fields:
         return "MoE parallel folding (etp/edp) not expressible (issue 34)"
@@ -187,11 +199,13 @@ def uneven_layers(r: dict) -> str:
 
 def plan_string(r: dict) -> str:
     """The row's plan without the split keys the rule already fixes, with the uneven layout of a
-    Zero Bubble interleaved row (``uneven_layers``)."""
+    Zero Bubble interleaved row (``uneven_layers``) and the precision (``precision``) when not bf16."""
     fields = {k: v for k, v in _fields(r["plan"]).items() if k not in ("ulysses", "ring")}
     layers = uneven_layers(r)
     if layers:
         fields["layers"] = layers
+    if precision(r) != "bf16":
+        fields["precision"] = precision(r)
     return ",".join(f"{k}={v}" for k, v in fields.items())
 
 

@@ -4,8 +4,8 @@
 
 ``--regimes`` adds the error by regime on the other public rows (``published_regimes.py``):
 FSDP (torchtitan), single-node small-kernel (vTrain), published layouts that must fit, and
-adds the public rows of ``regimes3_public.json`` (schedules, CP, MoE, the BF16 halves of the FP8
-pairs; ``published_regimes3.py``) and lists the ones the planner cannot write yet, with why.
+adds the public rows of ``regimes3_public.json`` (schedules, CP, MoE, FP8 and its BF16 pairs;
+``published_regimes3.py``) and lists the ones the planner cannot write yet, with why.
 ``--cv`` runs leave-one-source-out validation (``cross_validation.py``): every fitted parameter
 refitted without each source in turn, that source priced with the refit; prints the in-sample
 and out-of-sample error per regime and the parameter inventory.  ``--misses`` lists the vTrain
@@ -399,10 +399,14 @@ def regimes3_report() -> tuple[str, dict]:
         s = out[regime] = pr.summary(members)
         s["not_expressible"] = sum(u.regime == regime for u in refused)
         fits = sum(p.fits for p in members)
-        lines.append(f"| {regime}{' (BF16 rows)' if regime == 'fp8' else ''} | {s['rows']} | "
+        lines.append(f"| {regime} | {s['rows']} | "
                      + (f"{s['mean_abs']:.1%} | {s['max_abs']:.1%} | {s['mean_signed']:+.1%} | " if members
                         else "| | | ")
                      + f"{fits}/{len(members)} | {s['not_expressible']} |")
+    low = [p for p in priced if "precision=" in p.row.plan]
+    s = out["fp8-precision"] = pr.summary(low)
+    lines.append(f"| FP8 rows, every regime | {s['rows']} | {s['mean_abs']:.1%} | {s['max_abs']:.1%} | "
+                 f"{s['mean_signed']:+.1%} | {sum(p.fits for p in low)}/{len(low)} | |")
     lines += ["", "| pair | measured ratio | predicted ratio |", "|---|---|---|"]
     lines += [f"| {q.other} / {q.base} | {q.measured:.3f} | {q.predicted:.3f} |" for q in pr3.pairs(priced)]
     lines += ["", "Not expressible yet:", ""] + [f"* {u.ident}: {u.why}" for u in refused]
