@@ -93,8 +93,9 @@ def write_profile(point: dict, errs: list[float], rows: list) -> None:
     header = ("# H100 SXM (also H800/H200: same SM) compute efficiency, fitted to the public H100 runs\n"
               "# (torchtitan Llama 3.1 8B FSDP; Llama 3 405B 8K; Nemotron-4 340B) by\n"
               "# experiments/fit_h100_profile.py --write.  Do not edit by hand: rerun the fit.\n")
-    order = ["name", "source", "gemm_peak_fraction", "gemm_half_dim", "attention_fwd_fraction",
-             "attention_bwd_fraction", "memory_fraction", "fusion", "overhead_s", "host_floor_s"]
+    order = ["name", "source", "gemm_peak_fraction", "gemm_half_dim", "fp8_gemm_peak_fraction",
+             "attention_fwd_fraction", "attention_bwd_fraction", "memory_fraction", "fusion", "overhead_s",
+             "host_floor_s"]
     body = "".join(f"{k}: {yaml.safe_dump(data[k], default_flow_style=True).strip().removesuffix('...').strip()}\n"
                    for k in order if k in data)
     with open(PROFILE, "w") as f:

@@ -1,4 +1,6 @@
 """costmodels/precision.py and the FP8 kinds of costmodels/compute.py: hand-computed bytes and times."""
+import dataclasses
+
 import pytest
 
 from costmodels.compute import load_profile, op_time
@@ -36,17 +38,23 @@ def test_fsdp_gathers_fp8_weights_only_under_dynamic_tensorwise_at_zero3():
     assert gather_bytes_per_param("bf16", 3) == 2.0
 
 
-def test_one_fp8_gemm_on_h100_runs_at_twice_the_bf16_rate():
-    """8192³ GEMM on H100: efficiency 0.7 · (8192/8320)³ = 0.66818; BF16 at 989 TFLOP/s takes
-    2·8192³ / (989e12 · 0.66818) = 1.6638 ms, FP8 at 1979 TFLOP/s 0.8315 ms, + 4 µs overhead each."""
+def test_one_fp8_gemm_on_h100_against_bf16_from_the_peaks():
+    """8192³ GEMM on H100, shape factor (8192/8320)³ = 0.95455: BF16 at 0.7 of 989 TFLOP/s takes
+    2·8192³ / (989e12 · 0.66818) = 1.6638 ms; FP8 at the profile's 0.6 of 1979 TFLOP/s
+    2·8192³ / (1979e12 · 0.57273) = 0.9701 ms; + 4 µs overhead each: 1.71x faster, not 2x."""
     prof = load_profile("h100")
+    assert (prof.gemm_peak_fraction, prof.fp8_gemm_peak_fraction) == (0.7, 0.6)
     flops, gemm = 2.0 * 8192 ** 3, (8192.0, 8192.0, 8192.0)
-    eff = 0.7 * (8192 / 8320) ** 3
+    shape = (8192 / 8320) ** 3
     bf16 = op_time("gemm", flops, 0.0, peak_flops=H100.bf16_flops, hbm_bw=H100.hbm_bw, profile=prof, gemm=gemm)
     fp8 = op_time("gemm_fp8", flops, 0.0, peak_flops=H100.fp8_flops, hbm_bw=H100.hbm_bw, profile=prof, gemm=gemm)
-    assert bf16 == pytest.approx(flops / (989e12 * eff) + 4e-6)
-    assert fp8 == pytest.approx(flops / (1979e12 * eff) + 4e-6)
-    assert bf16 == pytest.approx(1.6678e-3, rel=1e-4) and fp8 == pytest.approx(0.8355e-3, rel=1e-4)
+    assert bf16 == pytest.approx(flops / (989e12 * 0.7 * shape) + 4e-6)
+    assert fp8 == pytest.approx(flops / (1979e12 * 0.6 * shape) + 4e-6)
+    assert bf16 == pytest.approx(1.6678e-3, rel=1e-4) and fp8 == pytest.approx(0.9741e-3, rel=1e-4)
+    # a profile without an FP8 fraction runs FP8 on the BF16 curve: twice the rate
+    same = dataclasses.replace(prof, fp8_gemm_peak_fraction=0.0)
+    assert op_time("gemm_fp8", flops, 0.0, peak_flops=H100.fp8_flops, hbm_bw=H100.hbm_bw, profile=same,
+                   gemm=gemm) == pytest.approx(flops / (1979e12 * 0.7 * shape) + 4e-6)
     # the cast of its activation input (fp8-delayed): 4 bytes per element of A at 0.85 · 3.35 TB/s,
     # 0.0943 ms + 4 µs: a ninth of what FP8 saves on this GEMM
     cast = op_time("cast", 0.0, gemm_cast_bytes("fp8-delayed", 8192, 8192, True), peak_flops=H100.bf16_flops,

@@ -54,7 +54,7 @@ def test_fp8_pays_on_large_gemms_and_not_on_small_ones(setup):
     _, _, est = setup(BIG, "h100x8")
     bf16 = est.estimate(Plan.parse("tp=2,dp=4", num_gpus=8), 32)
     fp8 = est.estimate(Plan.parse("tp=2,dp=4,precision=fp8", num_gpus=8), 32)
-    assert 1.15 < bf16.step_time_s / fp8.step_time_s < 1.6
+    assert 1.1 < bf16.step_time_s / fp8.step_time_s < 1.6
     assert fp8.model_flops_per_step == bf16.model_flops_per_step     # the same work, faster
     _, _, small = setup(MODEL, "h100x8")
     assert (small.estimate(Plan.parse("tp=2,dp=4,precision=fp8", num_gpus=8), 32).step_time_s
