@@ -293,9 +293,9 @@ REGIMES = (("megatron", "Megatron-style TP+PP (SC21, Korthikanti, Llama 3 405B, 
            ("fsdp", "FSDP / ZeRO-3 (torchtitan A100 + H100)"),
            ("single-node", f"single-node small-kernel (vTrain, every {VTRAIN_EVERY}th row)"),
            ("schedule", "pipeline schedules (Zero Bubble paper)"),
-           ("cp", "context parallelism (USP paper, BF16)"),
-           ("moe", "MoE (BF16 rows the grammar can write)"),
-           ("fp8-bf16", "BF16 halves of the FP8 pairs (FP8-LM, llm-foundry)"))
+           ("cp", "context parallelism (USP paper BF16, NeMo long-sequence FP8)"),
+           ("moe", "MoE (the rows the grammar can write, BF16 and FP8)"),
+           ("fp8-bf16", "FP8 pairs, both halves (FP8-LM, llm-foundry, Megatron-Bridge)"))
 
 
 @dataclass(frozen=True)
