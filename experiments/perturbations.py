@@ -197,7 +197,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     pool = bench_cases(args.bench or None) if args.bench is not None else CASES
     cases = [c for c in pool if not args.case or f"{c[0]}@{c[1]}" in args.case]
-    rows = [run_case(*c, perturbations=scenarios() if args.scenarios else None) for c in cases]
+    chosen = scenarios() if args.scenarios else None
+    rows = [run_case(model, cluster, seq, batch, perturbations=chosen) for model, cluster, seq, batch in cases]
     bench = " --bench" + (f" {args.bench}" if args.bench else "") if args.bench is not None else ""
     cmd = (" --scenarios" if args.scenarios else "") + bench \
         + "".join(f" --case {c}" for c in args.case or ())
