@@ -67,15 +67,19 @@ def is_model_flop_op(n: OpNode) -> bool:
 FLASH_TILE = 128          # query/key tile of FlashAttention-2/3 kernels (Dao 2023, §3.3: 128×128 blocks)
 
 
-def attention_work_fraction(n: OpNode, cp: int = 1) -> float:
-    """Share of an attention kernel's counted (full s²) FLOPs it executes on one rank.
+def attention_work_fraction(n: OpNode) -> float:
+    """Share of an attention kernel's counted (full s²) FLOPs it executes, on one rank or on all.
 
-    Causal, without a sliding window (whose FLOPs already count only the band): of the
-    (s_l/T)² tiles of a rank's s_l = s/cp queries (load-balanced chunks: every rank gets an equal
-    share of the triangle), the strictly lower ones and the diagonal, (1 + T/s_l)/2 ≤ 1 with
-    tile T = ``FLASH_TILE``.  Other kernels and ops: 1."""
+    Causal, without a sliding window (whose FLOPs already count only the band): of the (s/T)²
+    tiles of the whole sequence, the strictly lower ones and the diagonal, (1 + T/s)/2 ≤ 1 with
+    tile T = ``FLASH_TILE``.  Context parallelism does not change it: a load-balanced ring (the
+    sequence in 2·cp chunks, each rank a head and a tail chunk) computes its local step as two
+    causal diagonal blocks and one full block and every other step as half a block, so a rank
+    holding M = s/(cp·T) query tiles computes cp·M²/2 + M/2 of its cp·M² counted tiles,
+    (1 + T/s)/2 whatever cp; Ulysses gives a rank whole sequences of fewer heads.  Other kernels
+    and ops: 1."""
     if not (is_attention_kernel(n) and n.attention_causal) or n.attention_window or n.out is None:
         return 1.0
     shape = n.out.shape
-    s_local = (shape[2] if len(shape) == 4 else shape[-2]) / max(cp, 1)
-    return min(1.0, 0.5 * (1.0 + FLASH_TILE / max(s_local, 1.0)))
+    seq = shape[2] if len(shape) == 4 else shape[-2]
+    return min(1.0, 0.5 * (1.0 + FLASH_TILE / max(seq, 1.0)))

@@ -47,7 +47,7 @@ def attention_seconds(comms: Comms, graph: OpGraph, plan: Plan) -> tuple[float, 
                 m, nn, k = n.gemm
                 gemm = (m * plan.mbs / plan.cp, nn, k)
             scale = plan.mbs / plan.cp / plan.tp
-            out[n.phase] += comms.op_seconds(op_kind(n), n.flops * scale * attention_work_fraction(n, plan.cp),
+            out[n.phase] += comms.op_seconds(op_kind(n), n.flops * scale * attention_work_fraction(n),
                                              (n.bytes_read + n.bytes_written) * scale, gemm)
     return out["forward"], out["backward"]
 

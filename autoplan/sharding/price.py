@@ -100,7 +100,7 @@ def node_seconds(n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
     sharded = any(is_shard(p) for p in s.inputs) or any(is_shard(p) for p in s.outputs if p)
     div = ctx.tp if sharded else 1
     scale = ctx.mbs / ctx.cp
-    flops = n.flops * scale / div * attention_work_fraction(n, ctx.cp)
+    flops = n.flops * scale / div * attention_work_fraction(n)
     nbytes = (n.bytes_read + n.bytes_written) * scale / div
     gemm: Gemm | None = None
     if n.gemm is not None:
