@@ -13,8 +13,9 @@ a_kv = KV heads, d = head dim, h = hidden, n = cp):
   (counted in the ring's time with its hops).
 * **Ulysses** (Jacobs et al. 2023): q, k, v and the output are re-sharded heads↔sequence with
   one all-to-all each (4 per pass, ``b·(s/n)·h·2/tp`` bytes per rank), on the critical path.
-* **USP** (Fang & Zhao 2024): Ulysses inside the NVLink domain (as far as the domain allows),
-  ring across it, the ring passing Ulysses-sized chunks.
+* **USP** (Fang & Zhao 2024): Ulysses over u ranks inside the NVLink domain, ring over r = n/u
+  across.  After the all-to-all a rank holds s/r tokens of a_kv/u KV heads, so a ring hop passes
+  ``2·b·(s/r)·(a_kv/u)·d·2/tp`` = the ring's own chunk at cp = n, not u times it.
 
 Attention's time per phase is what its kernels execute (``attention_seconds``): the forward
 kernel's and the backward kernel's FLOPs as traced (flash backward = 2.5× forward: Dao 2023,
@@ -79,7 +80,7 @@ def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpG
         exp_f += t
         exp_b += t
     if ring_n > 1:
-        chunk = kv_bytes * ulysses_n
+        chunk = kv_bytes            # (s/r tokens)·(a_kv/u heads) after the all-to-all = (s/n)·a_kv
         hop, _ = comms.slowest_hop(chunk, cp_ranks[::ulysses_n], closed=True)
         launch_f, launch_b = (comms.profile.overhead_s * _kernels(graph, p) for p in ("forward", "backward"))
         fwd, bwd = (ring_n - 1) * (hop + launch_f), (ring_n - 1) * (2 * hop + launch_b)

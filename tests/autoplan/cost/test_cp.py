@@ -178,8 +178,6 @@ def test_usp_ulysses_inside_the_node_ring_across(model):
                                                rel=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="finding: USP's ring hop is priced at u·kv_bytes (2 MiB here), but after "
-                   "the Ulysses all-to-all a rank holds s/r tokens of a_kv/u KV heads, which is kv_bytes (256 KiB)")
 def test_usp_ring_passes_the_kv_block_left_after_the_all_to_all(model):
     # Fang & Zhao 2024: q, k, v are all-to-all'd over the Ulysses group (sequence s/cp → s/r, heads
     # a → a/u), then ring attention runs over r ranks passing K/V of (s/r)·(a_kv/u)·d: with a_kv = 8
