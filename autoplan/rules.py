@@ -7,8 +7,10 @@ or under USP its Ulysses sub-groups) — may not leave an NVLink domain (ranks
 ranks, for every group of the axis, so a tp=6 plan on 8-GPU domains breaks the rule (its second
 group holds ranks 6–11) in the search, the estimate and the explanation alike.
 
-**The USP split.**  USP runs Ulysses inside the NVLink domain — the largest divisor of cp that
-fits in the domain beside the tp ranks and the axes between — and ring attention across.
+**The USP split.**  USP runs Ulysses inside the NVLink domain and ring attention across; without
+a split in the plan, Ulysses takes the largest divisor u of cp whose sub-groups (u consecutive
+members of a cp group) all lie in one domain, wherever tp and the other axes sit, so the rule's
+own split never breaks the NVLink rule.
 
 Checking every group is fast: the groups of one axis (stride s, size k) are ``{o + i·s}`` over the
 offsets o of the other axes, and a group lies in one domain of D ranks iff ``o mod D + (k−1)·s <
@@ -40,11 +42,16 @@ def ulysses_and_ring(plan: Plan, mesh: Mesh, nvlink_domain: int) -> tuple[int, i
         return plan.cp, 1
     if plan.cp_algo == "ring":
         return 1, plan.cp
-    between = max(1, mesh.stride("cp") // max(mesh.stride("tp") * mesh.size("tp"), 1))
-    inner = max(1, min(plan.cp, nvlink_domain // (plan.tp * between)))
-    while plan.cp % inner:
-        inner -= 1
-    return inner, plan.cp // inner
+    return _rule_split(mesh, plan.cp, nvlink_domain)
+
+
+def _rule_split(mesh: Mesh, cp: int, domain: int) -> tuple[int, int]:
+    """The largest u | cp whose Ulysses sub-groups all lie in one domain, and cp/u."""
+    stride = mesh.stride(Axis.CP.value)
+    for u in sorted((d for d in range(1, cp + 1) if cp % d == 0), reverse=True):
+        if u == 1 or groups_inside(mesh, GroupRule("cp-inside-nvlink", Axis.CP.value, "", u, stride), domain):
+            return u, cp // u
+    return 1, cp
 
 
 def per_layer_groups(plan: Plan, mesh: Mesh, *, experts: int, nvlink_domain: int) -> list[GroupRule]:
@@ -73,15 +80,12 @@ def groups_inside(mesh: Mesh, g: GroupRule, domain: int) -> bool:
 
 
 def first_crossing_group(mesh: Mesh, g: GroupRule, domain: int) -> tuple[int, ...] | None:
-    """The ranks of the first group of kind ``g`` (by smallest rank) that leaves its domain."""
+    """The ranks of the group of kind ``g`` with the smallest ranks that leaves its domain (sub-groups
+    of a whole group are not in rank order across groups: every one is looked at)."""
     if groups_inside(mesh, g, domain):
         return None
-    for full in mesh.groups(g.axis):
-        for i in range(0, len(full), g.size):
-            ranks = full[i:i + g.size]
-            if ranks[0] // domain != ranks[-1] // domain:
-                return ranks
-    return None
+    crossing = (full[i:i + g.size] for full in mesh.groups(g.axis) for i in range(0, len(full), g.size))
+    return min((r for r in crossing if r[0] // domain != r[-1] // domain), default=None)
 
 
 def nvlink_breaks(plan: Plan, mesh: Mesh, *, experts: int,

@@ -58,8 +58,10 @@ def _crossing(mesh: Mesh, axis: str, size: int, domain: int) -> list[tuple[int, 
     (Plan(tp=2, cp=8, cp_algo="usp"), 8, (4, 2)),
     # tp fills the domain: no room for Ulysses, ring only
     (Plan(tp=8, cp=4, cp_algo="usp"), 8, (1, 4)),
-    # 8 fit, 8 does not divide 12: the largest divisor below it, 6
-    (Plan(cp=12, cp_algo="usp"), 8, (6, 2)),
+    # 8 does not divide 12 and 6 would put ranks 6..11 across two domains: 4 (0..3, 4..7, 8..11)
+    (Plan(cp=12, cp_algo="usp"), 8, (4, 3)),
+    # tp outside cp (cp stride 1, tp stride 12): as if tp were not there, 4
+    (Plan(tp=2, cp=12, cp_algo="usp", order=("cp", "tp", "ep", "dp", "pp")), 8, (4, 3)),
     # ep (2) between tp (2) and cp: cp stride 4, 8 // (2·2) = 2 cp ranks fit
     (Plan(tp=2, cp=4, dp=2, ep=2, cp_algo="usp", order=("tp", "ep", "cp", "dp", "pp")), 8, (2, 2)),
     # an NVL72 domain: 72 // 4 = 18 ≥ 16, all of cp is Ulysses
@@ -204,17 +206,18 @@ def test_groups_inside_on_a_16k_rank_mesh_equals_brute_force():
         assert groups_inside(mesh, _rule(mesh, axis, sub), domain) == (not _crossing(mesh, axis, sub, domain))
 
 
-@pytest.mark.xfail(strict=True, reason="finding: first_crossing_group walks whole groups in order and returns "
-                   "the first crossing sub-group of the first such group, not the crossing group with the "
-                   "smallest rank its docstring promises: (10, 13, 16) instead of (2, 5, 8)")
 def test_first_crossing_usp_sub_group_is_the_one_with_the_smallest_rank():
-    # dp 3 inside cp 6 (stride 3), tp outside: USP picks Ulysses 3 (stride 3, 7 ranks wide).
+    # dp 3 inside cp 6 (stride 3), tp outside: Ulysses 3 has stride 3 and is 7 ranks wide.
     # cp groups of tp rank 0: {0,3,…,15}, {1,4,…,16}, {2,5,…,17}; sub-groups {1,4,7} | {10,13,16} and
     # {2,5,8} | {11,14,17}: (10, 13, 16), (2, 5, 8) and (11, 14, 17) cross, the smallest is (2, 5, 8)
     plan = Plan(tp=2, dp=3, cp=6, cp_algo="usp", order=("dp", "cp", "tp", "ep", "pp"))
     mesh = Mesh.of(plan)
-    assert ulysses_and_ring(plan, mesh, 8) == (3, 2)
     assert _crossing(mesh, "cp", 3, 8)[:3] == [(2, 5, 8), (10, 13, 16), (11, 14, 17)]
+    g = GroupRule("cp-inside-nvlink", "cp", "Ulysses all-to-all", 3, mesh.stride("cp"))
+    assert first_crossing_group(mesh, g, 8) == (2, 5, 8)
+    # the rule itself no longer picks that split: no Ulysses group of 2 or 3 (stride 3) fits
+    assert ulysses_and_ring(plan, mesh, 8) == (1, 6)
+    assert not _crossing(mesh, "cp", 1, 8)
     breaks = dict((g.axis, bad) for g, bad in nvlink_breaks(plan, mesh, experts=0, nvlink_domain=8))
     assert breaks["tp"] == (0, 18)                 # tp stride 18: whole groups, found in rank order
-    assert breaks["cp"] == (2, 5, 8)
+    assert "cp" not in breaks
