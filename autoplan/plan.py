@@ -23,6 +23,10 @@ Canonical string (every key, fixed order)::
 * ``zero``: 0 (plain DP), 1 (optimizer state sharded = distributed optimizer),
   2 (+ gradients), 3 (+ parameters = FSDP).
 * ``cp_algo``: ring | ulysses | usp (how the cp axis shards attention).
+* ``ulysses``: optional USP split, the Ulysses degree U of the cp axis (ring = cp/U); ``ring=R``
+  reads as ``ulysses=cp/R``.  Omitted: the rule's split (``rules.ulysses_and_ring``: the largest
+  U whose groups stay in one NVLink domain).  Given without ``cp_algo``, it sets it (ring when
+  U = 1, ulysses when U = cp, else usp); under ring or ulysses it must be 1 or cp.
 * ``order``: mesh axes from innermost (fastest-varying rank, closest on the
   hardware) to outermost.
 * ``precision``: the linear layers' GEMM precision: bf16 (default) | fp8 (tensorwise dynamic
@@ -55,7 +59,8 @@ from autoplan.plan_notation import (
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline import V_SCHEDULES, ScheduleSpec, stage_rank
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)        # 1: no ``ulysses`` field (the rule's split)
 SCHEDULES = tuple(SCHEDULE_SPECS)           # the registry's schedules, in the order plans list them
 RECOMPUTE = ("none", "selective", "op", "full")   # the searched policies, weakest → strongest memory saving
 RECOMPUTE_SYNTAX = "none, selective, op, full, or full:N (N ≥ 1 layers per virtual stage)"
@@ -68,8 +73,8 @@ BLOCK_PRECISIONS = ("mxfp8",)             # microscaling formats: Blackwell's te
 FEWER_MICROBATCHES_THAN_STAGES = ("gpipe", "1f1b")
 DEFAULT_ORDER = NOTATION_ORDER
 KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "schedule", "recompute", "layers",
-        "sp", "zero", "cp_algo", "order", "precision")
-_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero")
+        "sp", "zero", "cp_algo", "ulysses", "order", "precision")
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "ulysses")
 
 PLAN_GRAMMAR = ("a plan is comma-separated key=value pairs, e.g. "
                 "'tp=8,pp=8,dp=16,vpp=3,mbs=1,schedule=interleaved,recompute=selective,sp=on,zero=1'; "
@@ -133,6 +138,7 @@ class Plan:
     cp_algo: str = "ring"
     order: tuple[str, ...] = DEFAULT_ORDER
     precision: str = "bf16"
+    ulysses: int = 0                           # USP's Ulysses degree; 0 = the rule's split
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "cp", "ep", "mbs") + (("vpp",) if self.vpp is not None else ()):
@@ -151,6 +157,8 @@ class Plan:
         self._set("recompute", tuple(self.recompute))
         self._set("layers", tuple(self.layers))
         self._set("order", tuple(self.order))
+        if self.cp_algo in ("ring", "ulysses") and self.ulysses == (1 if self.cp_algo == "ring" else self.cp):
+            self._set("ulysses", 0)           # the algorithm's only split: nothing to record
         self.check_shape()
 
     def _set(self, key: str, value: Any) -> None:
@@ -204,8 +212,10 @@ class Plan:
                  f"recompute={'-'.join(self.recompute)}"]
         if self.layers:
             parts.append("layers=" + (run_length(self.layers) if runs else "-".join(str(n) for n in self.layers)))
-        parts += [f"sp={'on' if self.sp else 'off'}", f"zero={self.zero}", f"cp_algo={self.cp_algo}",
-                  "order=" + "-".join(self.order)]
+        parts += [f"sp={'on' if self.sp else 'off'}", f"zero={self.zero}", f"cp_algo={self.cp_algo}"]
+        if self.ulysses:
+            parts.append(f"ulysses={self.ulysses}")
+        parts.append("order=" + "-".join(self.order))
         if self.precision != "bf16":
             parts.append(f"precision={self.precision}")
         return ",".join(parts)
@@ -241,12 +251,22 @@ class Plan:
             if "=" not in item:
                 raise UserError(f"bad plan string {text!r}: '{item}' is not key=value", PLAN_GRAMMAR)
             key, value = (s.strip() for s in item.split("=", 1))
-            if key not in KEYS:
+            if key not in KEYS and key != "ring":
                 raise UserError(f"bad plan string: unknown key '{key}'", PLAN_GRAMMAR)
             if key in raw:
                 raise UserError(f"bad plan string: key '{key}' given twice", PLAN_GRAMMAR)
             raw[key] = value
         return Plan.from_fields(raw, num_gpus)
+
+    @property
+    def ulysses_ring(self) -> tuple[int, int] | None:
+        """(Ulysses, ring) degrees the plan fixes, None where the rule picks them (usp without
+        ``ulysses``; ``rules.ulysses_and_ring`` answers for every plan)."""
+        if self.cp_algo == "ring":
+            return 1, self.cp
+        if self.cp_algo == "ulysses":
+            return self.cp, 1
+        return (self.ulysses, self.cp // self.ulysses) if self.ulysses else None
 
     @staticmethod
     def from_fields(raw: dict[str, Any], num_gpus: int | None = None) -> Plan:
@@ -265,6 +285,7 @@ class Plan:
             kw["cp_algo"] = _choice("cp_algo", raw["cp_algo"], CP_ALGOS)
         if "precision" in raw:
             kw["precision"] = _choice("precision", raw["precision"], PRECISIONS)
+        _usp_split(raw, kw)
         if "recompute" in raw:
             rc = raw["recompute"]
             values = tuple(rc) if isinstance(rc, (list, tuple)) else tuple(str(rc).split("-"))
@@ -314,7 +335,7 @@ class Plan:
         d = json.loads(text) if isinstance(text, str) else text
         if "plan" in d:
             version = d.get("schema_version")
-            if version != SCHEMA_VERSION or type(version) is not int:     # true == 1 in Python; not here
+            if type(version) is not int or version not in READABLE_SCHEMA_VERSIONS:   # true == 1; not here
                 raise UserError(f"plan JSON has schema_version {version}, this autoplan reads {SCHEMA_VERSION}",
                                 "re-export the plan with this version of autoplan")
             d = d["plan"]
@@ -355,6 +376,7 @@ class Plan:
             raise UserError(f"bad plan: cp_algo={self.cp_algo!r}", f"cp_algo is one of: {', '.join(CP_ALGOS)}")
         if self.precision not in PRECISIONS:
             raise UserError(f"bad plan: precision={self.precision!r}", f"precision is one of: {', '.join(PRECISIONS)}")
+        self._check_split()
         if sorted(self.order) != sorted(AXES):
             raise UserError(f"bad plan: order={'-'.join(self.order)} must list each of {', '.join(AXES)} once",
                             "e.g. order=tp-cp-ep-dp-pp (innermost first)")
@@ -363,6 +385,15 @@ class Plan:
             raise UserError(f"bad plan: layers={'-'.join(map(str, self.layers))} gives a virtual stage no layer",
                             "every virtual stage but the first (embedding) and the last (head and loss) "
                             "needs at least one layer")
+
+    def _check_split(self) -> None:
+        u = self.ulysses
+        if not isinstance(u, int) or isinstance(u, bool) or u < 0 or (u and self.cp % u):
+            raise UserError(f"bad plan: ulysses={u!r} does not divide cp={self.cp}",
+                            "give the Ulysses degree U of USP's split as a divisor of cp (ring = cp/U)")
+        if u and self.cp_algo != "usp":
+            raise UserError(f"bad plan: ulysses={u} with cp_algo={self.cp_algo} (which means ulysses="
+                            f"{1 if self.cp_algo == 'ring' else self.cp})", "set cp_algo=usp, or leave ulysses out")
 
     def check_batch(self, global_batch: int) -> None:
         """The global batch splits into dp · mbs-sequence micro-batches; UserError if not."""
@@ -405,6 +436,11 @@ class Plan:
         if kv_heads and (self.tp % kv_heads if self.tp > kv_heads else kv_heads % self.tp):   # tp=4, 6 KV heads: 1.5
             raise UserError(f"bad plan: tp={self.tp} neither divides nor is a multiple of {kv_heads} KV heads",
                             "pick tp dividing the KV-head count (or a multiple of it)")
+        split = self.ulysses_ring
+        if split and heads and (heads // min(self.tp, heads)) % split[0]:
+            raise UserError(f"bad plan: Ulysses over {split[0]} ranks needs the {heads // min(self.tp, heads)} "
+                            f"attention heads per tp rank to divide by {split[0]}",
+                            "pick a Ulysses degree dividing heads/tp, or more ring (ulysses=U with smaller U)")
         if seq % self.cp:
             raise UserError(f"bad plan: cp={self.cp} does not divide the sequence length {seq}",
                             "pick cp dividing the sequence length")
@@ -444,6 +480,26 @@ def _order(value: Any, degrees: dict[str, Any]) -> tuple[str, ...]:
                         + ", ".join(f"{a} (degree {degrees[a]})" for a in left_out),
                         "list every axis of degree > 1 in order; " + example)
     return complete_order(order, AXES)
+def _usp_split(raw: dict[str, Any], kw: dict[str, Any]) -> None:
+    """``ulysses=U`` and/or ``ring=R`` into ``kw["ulysses"]`` (and ``cp_algo`` when not given)."""
+    if "ring" not in raw:
+        if "ulysses" in kw and "cp_algo" not in kw:
+            u, cp = kw["ulysses"], kw.get("cp", 1)
+            kw["cp_algo"] = "ring" if u == 1 else "ulysses" if u == cp else "usp"
+        return
+    try:
+        ring = int(raw["ring"])
+    except (TypeError, ValueError):
+        raise UserError(f"bad plan string: ring={raw['ring']!r} is not an integer", PLAN_GRAMMAR) from None
+    cp = kw.get("cp", 1)
+    if ring < 1 or cp % ring or ("ulysses" in kw and kw["ulysses"] * ring != cp):
+        raise UserError(f"bad plan string: ring={ring} with cp={cp}" + (f", ulysses={kw['ulysses']}" if "ulysses" in kw
+                        else ""), "ulysses·ring must equal cp")
+    kw.setdefault("ulysses", cp // ring)
+    if "cp_algo" not in kw:
+        kw["cp_algo"] = "ring" if ring == cp else "ulysses" if ring == 1 else "usp"
+
+
 def recompute_layers(policy: str) -> int | None:
     """N of a ``full:N`` policy (layers fully recomputed per virtual stage), None otherwise."""
     head, _, count = policy.partition(":")

@@ -9,7 +9,7 @@ reads it back to the same Plan (the canonical ``key=value,…`` string is in ``-
 * ``zero<n>`` when dp > 1 (or zero ≠ 0), ``mbs<n>`` always;
 * the schedule when pp > 1 (or it is not 1f1b), ``vpp<n>`` when it is not the schedule's own
   (2 for zbv/dualpipev, else 1);
-* ``ulysses`` / ``usp`` when cp_algo is not ring;
+* ``ulysses`` / ``usp`` when cp_algo is not ring, then ``ulysses=U`` when the plan fixes USP's split;
 * the precision when not bf16 (``fp8``, ``fp8-rowwise``, ``fp8-delayed``, ``mxfp8``);
 * ``key=value`` for the rest, only when not the default: ``rc=`` (recompute), ``layers=`` (runs
   of equal stages as ``NxK``: ``layers=4x16-2x16``),
@@ -82,6 +82,8 @@ def compact_tokens(plan: Any) -> tuple[str, ...]:
         tokens.append(f"vpp{plan.vpp}")
     if plan.cp_algo != "ring":
         tokens.append(plan.cp_algo)
+    if plan.ulysses:
+        tokens.append(f"ulysses={plan.ulysses}")
     if plan.precision != "bf16":
         tokens.append(plan.precision)
     if plan.recompute != ("none",):

@@ -37,11 +37,11 @@ class GroupRule:
 
 
 def ulysses_and_ring(plan: Plan, mesh: Mesh, nvlink_domain: int) -> tuple[int, int]:
-    """(Ulysses degree, ring degree) of the cp axis under ``plan.cp_algo``."""
-    if plan.cp_algo == "ulysses":
-        return plan.cp, 1
-    if plan.cp_algo == "ring":
-        return 1, plan.cp
+    """(Ulysses degree, ring degree) of the cp axis: the plan's (``cp_algo``, ``ulysses=``), else
+    the rule's split (module docstring)."""
+    split = plan.ulysses_ring
+    if split is not None:
+        return split
     return _rule_split(mesh, plan.cp, nvlink_domain)
 
 

@@ -4,8 +4,8 @@ where the planner can write them, and the reason where it cannot.
 Read by ``experiments/validate_published.py --regimes`` and ``--cv``.  Each row becomes a
 ``published_regimes.RegimeRow`` (its regime, source and the plan string the project parses) or an
 ``Unexpressible`` record naming what the grammar or the pricing lacks (the MoE folding keys
-``etp``/``edp``, a USP split other than the rule's).  FP8 rows carry the recipe their software
-ran (``FP8_RECIPE``) as the plan's ``precision``.
+``etp``/``edp``).  USP rows keep their ``ulysses=U,ring=R`` split (the plan grammar's).  FP8 rows
+carry the recipe their software ran (``FP8_RECIPE``) as the plan's ``precision``.
 
 The measured figure becomes seconds per step, in this order: the row's ``derived.iter_s``;
 ``global_batch / samples_per_s``; ``global_batch · seq / (tokens_per_s_per_gpu · GPUs)``; else
@@ -40,9 +40,7 @@ from functools import lru_cache
 
 import published_regimes as pr
 from autoplan.errors import UserError
-from autoplan.mesh import Mesh
 from autoplan.plan import Plan
-from autoplan.rules import ulysses_and_ring
 from costmodels.pipeline import SPLIT_BACKWARD
 
 PATH = os.path.join(pr.REFERENCE, "regimes3_public.json")
@@ -140,18 +138,6 @@ def _fields(plan: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in plan.split(","))
 
 
-def _usp_split_why(r: dict, fields: dict[str, str]) -> str:
-    """'' when the row's (ulysses, ring) split is the one autoplan's rule gives its cp_algo."""
-    want = (int(fields.get("ulysses", "1")), int(fields.get("ring", "1")))
-    bare = ",".join(f"{k}={v}" for k, v in fields.items() if k not in ("ulysses", "ring"))
-    plan = Plan.parse(bare, num_gpus=r["num_gpus"])
-    cluster = pr.cluster(cluster_name(r))
-    got = ulysses_and_ring(plan, Mesh.of(plan), cluster.nvlink_domain)
-    if got == want:
-        return ""
-    return f"USP split ulysses={want[0]},ring={want[1]} not expressible (the rule gives {got[0]}x{got[1]})"
-
-
 def precision(r: dict) -> str:
     """The plan precision of a row (``FP8_RECIPE``)."""
     if r["precision"] == "bf16":
@@ -165,8 +151,6 @@ def why_not(r: dict) -> str:
     if "etp" in fields or "edp" in fields:
         return "MoE parallel folding (etp/edp) not expressible (issue 34)"
     try:
-        if "ulysses" in fields or "ring" in fields:
-            return _usp_split_why(r, fields)
         Plan.parse(plan_string(r), num_gpus=r["num_gpus"])
     except UserError as e:
         return f"plan refused: {e.problem}"
@@ -198,9 +182,10 @@ def uneven_layers(r: dict) -> str:
 
 
 def plan_string(r: dict) -> str:
-    """The row's plan without the split keys the rule already fixes, with the uneven layout of a
-    Zero Bubble interleaved row (``uneven_layers``) and the precision (``precision``) when not bf16."""
-    fields = {k: v for k, v in _fields(r["plan"]).items() if k not in ("ulysses", "ring")}
+    """The row's plan as the grammar reads it (USP's ``ulysses=U,ring=R`` included), with the
+    uneven layout of a Zero Bubble interleaved row (``uneven_layers``) and the precision
+    (``precision``) when not bf16."""
+    fields = _fields(r["plan"])
     layers = uneven_layers(r)
     if layers:
         fields["layers"] = layers

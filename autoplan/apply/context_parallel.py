@@ -67,7 +67,7 @@ def local_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
 
 def usp_split(cp: int) -> int:
     """Ulysses degree u of USP: the largest divisor of cp with u² ≤ cp (cp = 4 → 2 × 2, 8 → 2 × 4).
-    The cost model picks u from the NVLink domain instead."""
+    The cost model picks u from the NVLink domain instead; a plan's ``ulysses=`` fixes it for both."""
     return max(u for u in range(1, cp + 1) if cp % u == 0 and u * u <= cp)
 
 
@@ -160,7 +160,7 @@ def build_groups(plan, rank: int) -> CPGroups:
 
     mesh = Mesh.of(plan)
     cp = plan.cp
-    u = {"ring": 1, "ulysses": cp, "usp": usp_split(cp)}[plan.cp_algo]
+    u = {"ring": 1, "ulysses": cp, "usp": plan.ulysses or usp_split(cp)}[plan.cp_algo]
     mine = mesh.group("cp", rank)
     group = None
     for ranks in mesh.groups("cp"):

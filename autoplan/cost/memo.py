@@ -50,14 +50,15 @@ SEARCH_KEPT = 50_000       # the search's estimates, floors and memories: one pe
 
 class LocalShape(NamedTuple):
     """What pricing one graph reads of a plan and its mesh: the per-GPU shape (tp, sequence
-    parallelism, cp and its algorithm, ep, micro-batch), the GEMMs' precision and rank 0's tp, cp
-    and ep groups, which its collectives run on.  Plans differing elsewhere (pp, dp, ZeRO,
+    parallelism, cp, its algorithm and split, ep, micro-batch), the GEMMs' precision and rank 0's
+    tp, cp and ep groups, which its collectives run on.  Plans differing elsewhere (pp, dp, ZeRO,
     schedule, cuts) share it."""
 
     tp: int
     sp: bool
     cp: int
     cp_algo: str
+    ulysses: int                # the plan's USP split (0: the rule's)
     ep: int
     mbs: int
     tp_ranks: tuple[int, ...]
@@ -67,7 +68,7 @@ class LocalShape(NamedTuple):
 
     @staticmethod
     def of(plan: Plan, mesh: Mesh) -> LocalShape:
-        return LocalShape(plan.tp, bool(plan.sp), plan.cp, plan.cp_algo, plan.ep, plan.mbs,
+        return LocalShape(plan.tp, bool(plan.sp), plan.cp, plan.cp_algo, plan.ulysses, plan.ep, plan.mbs,
                           mesh.group(_TP), mesh.group(_CP), mesh.group(_EP), plan.precision)
 
 

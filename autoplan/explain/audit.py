@@ -176,7 +176,10 @@ def attention_note(model: BlockGraph, plan: Plan, est: Estimate) -> Attention:
     trigger = share > rules.CP_ATTENTION_SHARE or seq >= rules.CP_SEQ
     cp_s = sum(p.exposed_s for p in est.primitives if p.axis == "cp")
     if plan.cp > 1:
-        cp = (f"CP = {plan.cp} ({plan.cp_algo}): {seq // plan.cp:,} of {seq:,} tokens per rank, "
+        fixed = plan.ulysses_ring
+        split = ((f", Ulysses {fixed[0]} × ring {fixed[1]}" if fixed else ", the rule's Ulysses × ring split")
+                 if plan.cp_algo == "usp" else "")
+        cp = (f"CP = {plan.cp} ({plan.cp_algo}{split}): {seq // plan.cp:,} of {seq:,} tokens per rank, "
               f"{seconds(cp_s)} of CP communication exposed per step; "
               + ("triggered by " + ("the sequence length" if seq >= rules.CP_SEQ else "attention's share")
                  if trigger else "not required by the triggers (seq ≥ 32K or attention > 50%)") + ".")

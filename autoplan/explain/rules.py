@@ -121,9 +121,10 @@ def per_layer_groups(model: BlockGraph, cluster: Cluster, plan: Plan, est: Estim
                                f"domains over {link}: {cost}, per layer, off NVLink",
                                ev + (("span", link), ("domains", s.domains), ("ranks", ranks_text(bad)))))
     if plan.cp > 1 and plan.cp_algo == "usp" and not any(g.axis == "cp" for g in groups):
-        out.append(Verdict("cp-inside-nvlink", "info",
-                           f"USP with tp = {plan.tp} leaves no room for Ulysses inside the {cluster.nvlink_domain}-GPU "
-                           f"NVLink domain: all CP traffic is the ring's P2P"))
+        why = ("the plan's split ulysses=1 sends" if plan.ulysses else
+               f"USP with tp = {plan.tp} leaves no room for Ulysses inside the {cluster.nvlink_domain}-GPU "
+               f"NVLink domain:")
+        out.append(Verdict("cp-inside-nvlink", "info", f"{why} all CP traffic is the ring's P2P"))
     return out
 
 

@@ -158,7 +158,7 @@ def _screen_tasks(tuples: dict[MeshKey, list[Bounded]]) -> list[_Task]:
 def _representative(variants: list[Bounded]) -> Bounded:
     """The variant a tuple is screened with: ZeRO-1, SP on, ring, first order (else the closest)."""
     first_order = variants[0].mesh.order
-    return min(variants, key=lambda b: (b.mesh.zero != 1, not b.mesh.sp, b.mesh.cp_algo != "ring",
+    return min(variants, key=lambda b: (b.mesh.zero != 1, not b.mesh.sp, b.mesh.cp_algo != "ring", b.mesh.ulysses,
                                         b.mesh.order != first_order, b.sort_key))
 
 
@@ -255,7 +255,8 @@ def _described(out: MeshResult) -> str:
     """One mesh's outcome in a line (``-vv``)."""
     m = out.mesh
     name = (f"tp{m.tp}·cp{m.cp}·ep{m.ep}·pp{m.pp}·dp{m.dp} zero{m.zero}{' sp' * m.sp}"
-            f"{' ' + m.cp_algo if m.cp > 1 else ''} order={'-'.join(m.order)}")
+            f"{' ' + m.cp_algo if m.cp > 1 else ''}{f' ulysses={m.ulysses}' if m.ulysses else ''}"
+            f" order={'-'.join(m.order)}")
     if out.plan is not None:
         return f"{name}: {out.found_estimate.step_time_s:.4g} s, {out.plan.to_compact()} ({out.evaluated} plans priced)"
     if out.pruned:

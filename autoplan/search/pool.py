@@ -66,7 +66,8 @@ def hedge(est: Estimator, plan: Plan, global_batch: int, options: SearchOptions,
     schedules = tuple(s for s in options.schedules if not SCHEDULE_SPECS[s].split_backward)
     if plan.pp == 1 or not schedules:
         return None
-    mesh = MeshChoice(plan.tp, plan.cp, plan.ep, plan.pp, plan.dp, plan.zero, plan.sp, plan.cp_algo, plan.order)
+    mesh = MeshChoice(plan.tp, plan.cp, plan.ep, plan.pp, plan.dp, plan.zero, plan.sp, plan.cp_algo, plan.order,
+                      plan.ulysses)
     tiers = [t for t in (tuple(s for s in schedules if s == "interleaved"),
                          tuple(s for s in schedules if s != "interleaved")) if t]
     found: MeshResult | None = None

@@ -42,6 +42,7 @@ class MeshChoice:
     sp: bool
     cp_algo: str
     order: tuple[str, ...]
+    ulysses: int = 0             # USP's explicit split (Plan.ulysses); 0: the rule's
 
     @property
     def key(self) -> MeshKey:
@@ -50,7 +51,7 @@ class MeshChoice:
 
     def plan(self, **inner: Any) -> Plan:
         fields: dict[str, Any] = dict(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, zero=self.zero,
-                      sp=self.sp, cp_algo=self.cp_algo, order=self.order)
+                      sp=self.sp, cp_algo=self.cp_algo, order=self.order, ulysses=self.ulysses)
         fields.update(inner)
         return Plan(**fields)
 
@@ -98,15 +99,13 @@ def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq:
                 for ep in (divisors(experts) if experts else [1]):
                     if dp % ep:
                         continue
-                    for cp_algo in (("ring", "ulysses", "usp") if cp > 1 else ("ring",)):
-                        if cp_algo != "ring" and (heads // tp) % cp:
-                            continue
+                    for cp_algo, u in cp_splits(cp, heads // tp, spans_domains=tp * cp > domain):
                         enumerated += 1
                         legal = list(orders if pp > 1 and dp > 1 else orders[:1])
                         if not allow_cross_domain:
                             legal = [] if cp_algo == "usp" and tp * cp <= domain else [
                                 o for o in legal if respects_nvlink(Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp,
-                                                                         cp_algo=cp_algo, order=o),
+                                                                         cp_algo=cp_algo, order=o, ulysses=u),
                                                                     experts=experts, nvlink_domain=domain)]
                         if not legal:
                             broke += 1
@@ -116,8 +115,21 @@ def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq:
                                 continue
                             for zero in (_useful_zero(zero_levels) if dp > 1 else (0,)):
                                 for order in legal:
-                                    out.append(MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order))
+                                    out.append(MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order, u))
     return out, SpaceStats(enumerated, broke, len(out))
+
+
+def cp_splits(cp: int, local_heads: int, *, spans_domains: bool) -> list[tuple[str, int]]:
+    """(cp_algo, ulysses) choices of a cp degree: ring; Ulysses and USP by the rule when the heads
+    on a tp rank divide by cp (as before the split was searched); and, when tp·cp spans more than
+    one NVLink domain, USP at every explicit split 1 < U < cp with U dividing those heads
+    (whether its groups stay in a domain is the caller's rule check)."""
+    if cp == 1:
+        return [("ring", 0)]
+    out = [("ring", 0)] + ([("ulysses", 0), ("usp", 0)] if local_heads % cp == 0 else [])
+    if spans_domains:
+        out += [("usp", u) for u in divisors(cp) if 1 < u < cp and local_heads % u == 0]
+    return out
 
 
 def _useful_zero(levels: tuple[int, ...]) -> tuple[int, ...]:

@@ -60,16 +60,18 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
             if last.pruned or not (last.plan is None or last.memory_limited):
                 break
             nxt = next((v for v in variants if v.zero == z and v.sp == last.mesh.sp
-                        and v.cp_algo == last.mesh.cp_algo and v.order == last.mesh.order), None)
+                        and v.cp_algo == last.mesh.cp_algo and v.ulysses == last.mesh.ulysses
+                        and v.order == last.mesh.order), None)
             if nxt is not None:
                 out.append(run(nxt))
         return out
     out = []
     orders = sorted({v.order for v in variants}, key=lambda o: [v.order for v in variants].index(o))
     base_order = orders[0]
-    families = sorted({(v.sp, v.cp_algo) for v in variants}, key=lambda f: (not f[0], f[1]))
-    for sp, algo in families:
-        family = [v for v in variants if v.sp == sp and v.cp_algo == algo and v.order == base_order]
+    families = sorted({(v.sp, v.cp_algo, v.ulysses) for v in variants}, key=lambda f: (not f[0], f[1], f[2]))
+    for sp, algo, split in families:
+        family = [v for v in variants if v.sp == sp and v.cp_algo == algo and v.ulysses == split
+                  and v.order == base_order]
         zeros = sorted({v.zero for v in family})
         first_zero = 1 if 1 in zeros else zeros[0]
         result = run(next(v for v in family if v.zero == first_zero))
@@ -88,6 +90,6 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
             except UserError:
                 continue
             mesh = MeshChoice(best.mesh.tp, best.mesh.cp, best.mesh.ep, best.mesh.pp, best.mesh.dp,
-                              best.mesh.zero, best.mesh.sp, best.mesh.cp_algo, order)
+                              best.mesh.zero, best.mesh.sp, best.mesh.cp_algo, order, best.mesh.ulysses)
             out.append(MeshResult(mesh, plan, e, 0.0, 1) if e.fits else MeshResult(mesh, None, None, 0.0, 1))
     return out

@@ -159,3 +159,59 @@ def test_precision_the_gpu_lacks_is_refused_with_what_it_runs(precision, support
         plan.check_precision("a100-80gb", supported)
     assert err.value.fix == "on a100-80gb use precision " + " or ".join(supported)
     plan.check_precision("b200", supported + (precision,))
+
+
+# ---- USP's split: ulysses=U (ring = cp/U) --------------------------------------------------------
+
+@pytest.mark.parametrize("text, algo, split", [
+    ("cp=16,cp_algo=usp,ulysses=4,ring=4", "usp", (4, 4)),      # both keys (USP paper's u4r4)
+    ("cp=16,ulysses=2", "usp", (2, 8)),                          # ulysses alone sets cp_algo=usp
+    ("cp=16,ring=8", "usp", (2, 8)),                             # ring alone: ulysses = 16/8
+    ("cp=16,cp_algo=ring,ulysses=1,ring=16", "ring", (1, 16)),   # a plain ring, written out
+    ("cp=8,ulysses=8,ring=1", "ulysses", (8, 1)),                # a plain Ulysses, written out
+    ("cp=16,cp_algo=usp", "usp", None),                          # no key: the rule's split
+])
+def test_usp_split_keys_parse_to_the_plans_split(text, algo, split):
+    plan = Plan.parse(text, num_gpus=16)
+    assert (plan.cp_algo, plan.ulysses_ring) == (algo, split)
+    assert Plan.parse(plan.to_string()) == plan == Plan.parse(plan.to_compact(), num_gpus=16)
+    assert Plan.from_json(plan.to_json()) == plan
+    # the canonical string says ulysses= only where the plan fixes a USP split
+    assert ("ulysses=" in plan.to_string()) == (algo == "usp" and split is not None)
+
+
+def test_plan_strings_without_the_split_are_unchanged():
+    plan = Plan.parse("tp=2,cp=2,dp=4,cp_algo=usp")
+    assert plan.to_string() == ("tp=2,pp=1,dp=4,cp=2,ep=1,vpp=1,mbs=1,schedule=1f1b,recompute=none,sp=on,zero=1,"
+                                "cp_algo=usp,order=tp-cp-ep-dp-pp")
+    assert plan.to_compact() == "tp2·cp2·dp4 zero1 mbs1 usp"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("cp=16,ulysses=3", "ulysses=3 does not divide cp=16"),
+    ("cp=16,cp_algo=ring,ulysses=4", "ulysses=4 with cp_algo=ring"),
+    ("cp=16,ulysses=4,ring=2", "ring=2 with cp=16, ulysses=4"),
+    ("cp=16,ring=3", "ring=3 with cp=16"),
+])
+def test_bad_usp_splits_name_the_conflict(text, problem):
+    with pytest.raises(UserError, match=problem):
+        Plan.parse(text, num_gpus=16)
+
+
+def test_the_ulysses_degree_divides_the_heads_on_a_tp_rank():
+    # 32 heads over tp 2: 16 per rank; Ulysses 16 of them fine, Ulysses 32 not (cp=32, 64 GPUs)
+    Plan.parse("tp=2,cp=32,ulysses=16", num_gpus=64).validate(
+        num_gpus=64, num_layers=4, heads=32, kv_heads=8, seq=65536, global_batch=1)
+    with pytest.raises(UserError, match="16 attention heads per tp rank to divide by 32"):
+        Plan.parse("tp=2,cp=32,cp_algo=ulysses", num_gpus=64).validate(
+            num_gpus=64, num_layers=4, heads=32, kv_heads=8, seq=65536, global_batch=1)
+    # fewer KV heads than U is allowed: Megatron and USP replicate the KV heads (cost/cp.py prices it)
+    Plan.parse("cp=16,ulysses=16", num_gpus=16).validate(
+        num_gpus=16, num_layers=4, heads=32, kv_heads=8, seq=65536, global_batch=1)
+
+
+def test_schema_version_1_plans_still_read_with_the_rules_split():
+    d = json.loads(Plan.parse("cp=2,cp_algo=usp,dp=4").to_json())
+    d["schema_version"] = 1
+    del d["plan"]["ulysses"]
+    assert Plan.from_json(json.dumps(d)) == Plan.parse("cp=2,cp_algo=usp,dp=4")

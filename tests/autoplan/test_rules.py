@@ -221,3 +221,16 @@ def test_first_crossing_usp_sub_group_is_the_one_with_the_smallest_rank():
     breaks = dict((g.axis, bad) for g, bad in nvlink_breaks(plan, mesh, experts=0, nvlink_domain=8))
     assert breaks["tp"] == (0, 18)                 # tp stride 18: whole groups, found in rank order
     assert "cp" not in breaks
+
+
+def test_a_plans_own_usp_split_is_checked_and_its_smallest_crossing_group_named():
+    # the same layout with ulysses=3 written in the plan: the rule check finds (2, 5, 8)
+    plan = Plan(tp=2, dp=3, cp=6, cp_algo="usp", ulysses=3, order=("dp", "cp", "tp", "ep", "pp"))
+    mesh = Mesh.of(plan)
+    assert ulysses_and_ring(plan, mesh, 8) == (3, 2)
+    breaks = dict((g.axis, bad) for g, bad in nvlink_breaks(plan, mesh, experts=0, nvlink_domain=8))
+    assert breaks["cp"] == (2, 5, 8)
+    # USP paper's 16 A800 (2 nodes of 8): u4r4 and u2r8 keep Ulysses inside a node, u16 would not
+    for u, inside in ((2, True), (4, True), (8, True), (16, False)):
+        p = Plan(cp=16, cp_algo="usp" if u < 16 else "ulysses", ulysses=u if u < 16 else 0)
+        assert respects_nvlink(p, experts=0, nvlink_domain=8) == inside

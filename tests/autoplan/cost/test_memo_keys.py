@@ -46,6 +46,7 @@ PLAN_VARIANTS = {                  # per Plan field, valid plans differing from 
     "sp": [dict(sp=False)],
     "zero": [dict(zero=3)],
     "cp_algo": [dict(cp_algo="ulysses"), dict(cp_algo="usp")],
+    "ulysses": [dict(cp_algo="usp", ulysses=1), dict(cp_algo="usp", ulysses=2)],     # USP's split: ring 2, Ulysses 2
     "order": [dict(order=("tp", "dp", "cp", "ep", "pp"))],
     "precision": [dict(precision="fp8"), dict(precision="fp8-rowwise"), dict(precision="fp8-delayed")],
 }

@@ -1,0 +1,29 @@
+"""search/space.py: the cp algorithms and USP splits the search enumerates."""
+from __future__ import annotations
+
+import topologies
+from autoplan.ir import ModelInfo
+from autoplan.search.space import cp_splits, enumerate_meshes
+
+
+def test_cp_splits_inside_one_domain_are_ring_ulysses_and_the_rules_usp():
+    assert cp_splits(1, 32, spans_domains=False) == [("ring", 0)]
+    assert cp_splits(8, 32, spans_domains=False) == [("ring", 0), ("ulysses", 0), ("usp", 0)]
+    # 4 heads per rank: Ulysses over 8 cannot split them, ring only
+    assert cp_splits(8, 4, spans_domains=False) == [("ring", 0)]
+
+
+def test_cp_splits_across_domains_add_every_explicit_usp_split_the_heads_allow():
+    assert cp_splits(16, 32, spans_domains=True) == [("ring", 0), ("ulysses", 0), ("usp", 0),
+                                                     ("usp", 2), ("usp", 4), ("usp", 8)]
+    # 8 heads per tp rank: Ulysses over 16 and the rule's usp (checked at cp) drop out, u ≤ 8 stay
+    assert cp_splits(16, 8, spans_domains=True) == [("ring", 0), ("usp", 2), ("usp", 4), ("usp", 8)]
+
+
+def test_enumerated_usp_splits_keep_ulysses_inside_the_nvlink_domain():
+    info = ModelInfo("llama3-8b", heads=32, kv_heads=8, hidden=4096, head_dim=128)
+    cluster = topologies.load("a100x16")
+    meshes, _ = enumerate_meshes(info, 32, cluster, seq=65536, global_batch=1, zero_levels=(1,))
+    usp = sorted({(m.tp, m.ulysses) for m in meshes if m.cp == 16 and m.cp_algo == "usp"})
+    # 16 ranks over 2 nodes of 8: explicit splits 2, 4, 8 (16 would leave the node), the rule's (0)
+    assert usp == [(1, 0), (1, 2), (1, 4), (1, 8)]
