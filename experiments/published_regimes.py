@@ -240,8 +240,8 @@ def cluster(name: str, nics_per_node: int | None = None):
     (``nics_per_node`` replaces its fitted NIC count), ``vtrain:N``, ``a800xN`` (the A100 system
     with A800's NVLink) or any ``topologies.load`` name."""
     if name.startswith("a800x"):
-        base = topologies.load("a100" + name[4:])
-        return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, nvlink_bw=A800_NVLINK_BW))
+        return from_mapping({"gpu": "a100", "num_gpus": int(name[5:]), "gpu_nvlink_bw": A800_NVLINK_BW},
+                            default_name=name, source=f"{name} (A100 80GB system, A800 NVLink cap)")
     if name.endswith(".yaml") and os.path.basename(name).startswith("grandteton"):
         with open(name) as f:
             raw = yaml.safe_load(f)

@@ -8,6 +8,8 @@ Schema (one mapping; only ``gpu`` and ``num_gpus`` are required)::
     gpu_hbm_bytes: 96.0e9       # optional: this cluster's parts differ from the catalog kind
     gpu_hbm_bw: 2.4e12          #   (HBM size, HBM bytes/s, power-limited dense BF16 FLOP/s),
     gpu_bf16_flops: 989.0e12    #   e.g. torchtitan's Grand Teton H100s: 96 GB HBM2e at 500 W
+    gpu_nvlink_bw: 200.0e9      #   NVLink bytes/s per direction per GPU: the export parts' cap
+                                #   (A800: 400 GB/s bidirectional, 8 of A100's 12 links; H800)
     num_gpus: 4480              # multiple of nvlink_domain (and so of gpus_per_node)
 
     # node and NVLink          default: topologies/systems.yaml for the GPU kind
@@ -65,7 +67,8 @@ FLOAT_KEYS: tuple[str, ...] = ("nic_bw", "nic_efficiency", "pod_oversubscription
                                "nvls_efficiency", "launch_latency", "nvlink_latency", "rail_latency",
                                "spine_latency", "pod_latency")
 BOOL_KEYS = ("nvls", "sharp")
-GPU_OVERRIDES = {"gpu_hbm_bytes": "hbm_bytes", "gpu_hbm_bw": "hbm_bw", "gpu_bf16_flops": "bf16_flops"}
+GPU_OVERRIDES = {"gpu_hbm_bytes": "hbm_bytes", "gpu_hbm_bw": "hbm_bw", "gpu_bf16_flops": "bf16_flops",
+                 "gpu_nvlink_bw": "nvlink_bw"}
 """Cluster keys that override a field of the catalog GPUSpec (key -> GPUSpec field)."""
 FLOAT_KEYS = FLOAT_KEYS + tuple(GPU_OVERRIDES)
 CLUSTER_KEYS = tuple(f.name for f in dataclasses.fields(Cluster))
@@ -89,6 +92,7 @@ RANGES = {  # float key -> (lowest, highest, lowest allowed itself?)
     "gpu_hbm_bytes": (0.0, 1e14, False),       # bytes: up to 100 TB
     "gpu_hbm_bw": (0.0, 1e14, False),          # bytes/s
     "gpu_bf16_flops": (0.0, 1e17, False),      # FLOP/s
+    "gpu_nvlink_bw": (0.0, 1e13, False),       # bytes/s per direction
 }
 
 _SHORT = reprlib.Repr()

@@ -90,3 +90,24 @@ def test_gpu_override_must_be_positive():
     from topologies.errors import TopologyError
     with pytest.raises(TopologyError, match="gpu_hbm_bw must be a finite number > 0"):
         from_mapping({"gpu": "h100", "num_gpus": 8, "gpu_hbm_bw": 0}, default_name="x", source="x.yaml")
+
+
+def test_gpu_nvlink_bw_caps_an_a800s_nvlink_and_prices_its_ring():
+    """A800 SXM: A100 silicon with 8 of its 12 NVLink links, 400 GB/s bidirectional = 200 GB/s a
+    direction (A100: 300).  The key sets it; a ring all-reduce inside the node pays 1/bw of it."""
+    import topologies
+    from costmodels.collectives import collective_time
+    from topologies.cluster_yaml import dump_yaml, from_mapping, to_mapping
+    a800 = from_mapping({"gpu": "a100", "num_gpus": 16, "gpu_nvlink_bw": 200e9}, default_name="a800x16",
+                        source="a800.yaml")
+    a100 = topologies.load("a100x16")
+    assert (a100.gpu.nvlink_bw, a800.gpu.nvlink_bw) == (300e9, 200e9)
+    assert a800.gpu.bf16_flops == a100.gpu.bf16_flops and a800.nics_per_node == a100.nics_per_node
+    assert to_mapping(a800)["gpu_nvlink_bw"] == 200e9 and "gpu_nvlink_bw" not in to_mapping(a100)
+    assert "gpu_nvlink_bw: 200000000000.0" in dump_yaml(a800)
+    # bandwidth term of a 1 GB 8-GPU ring all-reduce: 2·7/8·S / (bw·eff); the α terms are the same
+    nbytes, ranks = 1e9, tuple(range(8))
+    t800 = collective_time("all_reduce", nbytes, a800.span(ranks), a800)
+    t100 = collective_time("all_reduce", nbytes, a100.span(ranks), a100)
+    eff = a100.nvlink_efficiency
+    assert t800 - t100 == pytest.approx(2 * 7 / 8 * nbytes * (1 / (200e9 * eff) - 1 / (300e9 * eff)), rel=1e-6)
