@@ -12,7 +12,10 @@ a_kv = KV heads, d = head dim, h = hidden, n = cp):
   exposed = (n−1)·(max(0, h − c/n) + k), k being the launch of the extra kernels per step
   (counted in the ring's time with its hops).
 * **Ulysses** (Jacobs et al. 2023): q, k, v and the output are re-sharded heads↔sequence with
-  one all-to-all each (4 per pass, ``b·(s/n)·h·2/tp`` bytes per rank), on the critical path.
+  one all-to-all each (4 per pass, forward and backward), on the critical path: q and o
+  ``b·(s/n)·(a/tp)·d·2`` bytes per rank, k and v ``b·(s/n)·a'·d·2`` with a' = max(a_kv/tp, u)
+  KV heads: under GQA with fewer KV heads on a tp rank than Ulysses ranks, Megatron and USP
+  replicate them to u so that each rank gets one (its all-to-all and ring hops move the copies).
 * **USP** (Fang & Zhao 2024): Ulysses over u ranks inside the NVLink domain, ring over r = n/u
   across.  After the all-to-all a rank holds s/r tokens of a_kv/u KV heads, so a ring hop passes
   ``2·b·(s/r)·(a_kv/u)·d·2/tp`` = the ring's own chunk at cp = n, not u times it.
@@ -24,6 +27,8 @@ kernel's and the backward kernel's FLOPs as traced (flash backward = 2.5× forwa
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from autoplan.axes import Axis
 from autoplan.cost.comms import Comms
 from autoplan.cost.types import AxisCost, Comm
@@ -34,7 +39,8 @@ from autoplan.plan import Plan
 from autoplan.rules import ulysses_and_ring
 
 ACTIVATION_BYTES = 2                    # bf16
-ULYSSES_ALL_TO_ALLS = 4                 # q, k, v and the output, per pass
+ULYSSES_QO = 2                          # all-to-alls per pass at the heads' width: q and the output
+ULYSSES_KV = 2                          # ... and at the KV heads' width: k and v
 
 
 def attention_seconds(comms: Comms, graph: OpGraph, plan: Plan) -> tuple[float, float]:
@@ -57,30 +63,56 @@ def _kernels(graph: OpGraph, phase: str) -> int:
     return sum(1 for n in graph.ops(phase) if is_attention_kernel(n))
 
 
+class CpShape(NamedTuple):
+    """Bytes one rank moves per micro-batch under a (Ulysses u, ring r) split (module docstring)."""
+
+    qo_bytes: float          # one of q / o (and their gradients): b·(s/n)·(a/tp)·d·2
+    kv_a2a_bytes: float      # one of k / v in Ulysses' all-to-all: b·(s/n)·max(a_kv/tp, u)·d·2
+    ring_bytes: float        # K and V of a ring hop: 2·b·(s/n)·max(a_kv/tp, u)·d·2
+
+    @staticmethod
+    def of(info: ModelInfo, seq_len: int, hidden: int, plan: Plan, ulysses: int) -> CpShape:
+        heads = max(info.heads, 1)
+        head_dim = info.head_dim or hidden // heads
+        tokens = plan.mbs * seq_len / plan.cp
+        # KV heads on a tp rank (Megatron replicates them when tp > a_kv), then on a Ulysses rank
+        # at least one: fewer than u are replicated to u before the all-to-all (Megatron, USP)
+        kv = max((info.kv_heads or heads) / plan.tp, 1.0, float(ulysses))
+        return CpShape(tokens * heads * head_dim * ACTIVATION_BYTES / plan.tp,
+                       tokens * kv * head_dim * ACTIVATION_BYTES, 2 * tokens * kv * head_dim * ACTIVATION_BYTES)
+
+
+def _ulysses(comms: Comms, shape: CpShape, ranks: tuple[int, ...]) -> tuple[float, list[Comm]]:
+    """Seconds per pass of Ulysses' four all-to-alls (q and o at the heads' width, k and v at the
+    KV heads'), the same forward and backward, and their records."""
+    qo = comms.collective("all_to_all", shape.qo_bytes, ranks)
+    kv = comms.collective("all_to_all", shape.kv_a2a_bytes, ranks)
+    t = ULYSSES_QO * qo + ULYSSES_KV * kv
+    out = [Comm(Axis.CP.value, "all_to_all", nbytes, n * one, n * one, phase, calls=n, purpose=purpose, ranks=ranks)
+           for phase in ("forward", "backward")
+           for nbytes, n, one, purpose in ((shape.qo_bytes, ULYSSES_QO, qo, "ulysses"),
+                                           (shape.kv_a2a_bytes, ULYSSES_KV, kv, "ulysses-kv"))]
+    return t, out
+
+
 def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpGraph, plan: Plan, mesh: Mesh,
             attention_s: tuple[float, float]) -> AxisCost:
     """Exposed forward/backward seconds of context parallelism for one graph, and its collectives."""
     if plan.cp == 1 or not has_attention(graph):
         return AxisCost()
     cp_ranks = mesh.group(Axis.CP.value)
-    kv_heads = info.kv_heads or info.heads
-    head_dim = info.head_dim or (hidden // max(info.heads, 1))
-    tokens = plan.mbs * seq_len / plan.cp
-    kv_bytes = 2 * tokens * kv_heads * head_dim * ACTIVATION_BYTES / plan.tp    # K and V chunk
-    qo_bytes = tokens * hidden * ACTIVATION_BYTES / plan.tp                      # one of q/k/v/o, per-rank send
     att_f, att_b = attention_s
     ulysses_n, ring_n = ulysses_and_ring(plan, mesh, comms.cluster.nvlink_domain)
+    shape = CpShape.of(info, seq_len, hidden, plan, ulysses_n)
     out: list[Comm] = []
     exp_f = exp_b = 0.0
     if ulysses_n > 1:
-        t = ULYSSES_ALL_TO_ALLS * comms.collective("all_to_all", qo_bytes, cp_ranks[:ulysses_n])
-        for phase in ("forward", "backward"):
-            out.append(Comm(Axis.CP.value, "all_to_all", qo_bytes, t, t, phase, calls=ULYSSES_ALL_TO_ALLS,
-                            purpose="ulysses", ranks=tuple(cp_ranks[:ulysses_n])))
+        t, records = _ulysses(comms, shape, tuple(cp_ranks[:ulysses_n]))
+        out += records
         exp_f += t
         exp_b += t
     if ring_n > 1:
-        chunk = kv_bytes            # (s/r tokens)·(a_kv/u heads) after the all-to-all = (s/n)·a_kv
+        chunk = shape.ring_bytes
         hop, _ = comms.slowest_hop(chunk, cp_ranks[::ulysses_n], closed=True)
         launch_f, launch_b = (comms.profile.overhead_s * _kernels(graph, p) for p in ("forward", "backward"))
         fwd, bwd = (ring_n - 1) * (hop + launch_f), (ring_n - 1) * (2 * hop + launch_b)

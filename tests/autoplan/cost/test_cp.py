@@ -75,8 +75,13 @@ def kv_bytes(cp, tp=1, mbs=1):
 
 
 def qo_bytes(cp, tp=1, mbs=1):
-    """One of q/k/v/o, what one rank sends in a Ulysses all-to-all: b·(s/cp)·h·2/tp."""
+    """One of q/o, what one rank sends in a Ulysses all-to-all: b·(s/cp)·h·2/tp."""
     return mbs * S / cp * H * BF16 / tp
+
+
+def kv_a2a_bytes(cp, u, tp=1, mbs=1):
+    """One of k/v in a Ulysses all-to-all: b·(s/cp)·max(a_kv/tp, u)·d·2 (KV heads replicated to u)."""
+    return mbs * S / cp * max(A_KV / tp, u) * D * BF16
 
 
 def _one(cost: AxisCost, phase: str, purpose: str):
@@ -145,36 +150,50 @@ def test_ring_outside_tp8_sends_a_tp_shard_across_nodes(model):
 # ---- Ulysses -----------------------------------------------------------------------------------------
 
 def test_ulysses_cp4_four_all_to_alls_per_pass_on_the_critical_path(model):
-    t = 4 * all_to_all(qo_bytes(4), 4)                     # 1 MiB each: 3/4·S/B + 6 µs + 3 µs
+    # q and o at 16 heads (1 MiB each), k and v at the 8 KV heads (512 KiB each)
+    assert kv_a2a_bytes(4, 4) == qo_bytes(4) / 2 == 524288
+    t_qo, t_kv = 2 * all_to_all(qo_bytes(4), 4), 2 * all_to_all(kv_a2a_bytes(4, 4), 4)
     cost = _cp(model, Plan(cp=4, cp_algo="ulysses"), (1.0, 1.0))
     for phase in ("forward", "backward"):
-        c = _one(cost, phase, "ulysses")
-        assert (c.kind, c.nbytes, c.calls, c.ranks) == ("all_to_all", qo_bytes(4), 4, (0, 1, 2, 3))
-        assert c.seconds == c.exposed_s == pytest.approx(t, rel=1e-12)
-    assert cost.exposed_fwd_s == cost.exposed_bwd_s == pytest.approx(t, rel=1e-12)
+        c, kv = _one(cost, phase, "ulysses"), _one(cost, phase, "ulysses-kv")
+        assert (c.kind, c.nbytes, c.calls, c.ranks) == ("all_to_all", qo_bytes(4), 2, (0, 1, 2, 3))
+        assert (kv.kind, kv.nbytes, kv.calls, kv.ranks) == ("all_to_all", kv_a2a_bytes(4, 4), 2, (0, 1, 2, 3))
+        assert c.seconds == c.exposed_s == pytest.approx(t_qo, rel=1e-12)
+        assert kv.seconds == kv.exposed_s == pytest.approx(t_kv, rel=1e-12)
+    assert cost.exposed_fwd_s == cost.exposed_bwd_s == pytest.approx(t_qo + t_kv, rel=1e-12)
+
+
+def test_ulysses_with_fewer_kv_heads_than_ranks_sends_them_replicated(model):
+    # tp 2 leaves 4 KV heads a rank; Ulysses over 8 replicates them to 8: k and v as wide as q, o
+    cost = _cp(model, Plan(tp=2, cp=8, cp_algo="ulysses"), (1.0, 1.0))
+    kv = _one(cost, "forward", "ulysses-kv")
+    assert kv.nbytes == kv_a2a_bytes(8, 8, tp=2) == S / 8 * 8 * D * BF16 == qo_bytes(8, tp=2)
     assert not [c for c in cost.comms if c.purpose == "ring"]
 
 
 def test_ulysses_cp16_across_two_nodes(model):
-    s = qo_bytes(16, mbs=2)
-    # 16 ranks in 2 domains of 8: NVLink moves 7/16 of S, the NICs 8/16 of it
-    t = max(7 / 16 * s / B_RING, 8 / 16 * s / B_NET) + A0 + 7 * A_NVL + A_RAIL
+    def t(s):   # 16 ranks in 2 domains of 8: NVLink moves 7/16 of S, the NICs 8/16 of it
+        return max(7 / 16 * s / B_RING, 8 / 16 * s / B_NET) + A0 + 7 * A_NVL + A_RAIL
     cost = _cp(model, Plan(cp=16, mbs=2, cp_algo="ulysses"), (0.0, 0.0))
-    assert cost.exposed_fwd_s == pytest.approx(4 * t, rel=1e-12)
+    # k and v: 8 KV heads replicated to 16 (as wide as q)
+    assert kv_a2a_bytes(16, 16, mbs=2) == qo_bytes(16, mbs=2)
+    assert cost.exposed_fwd_s == pytest.approx(4 * t(qo_bytes(16, mbs=2)), rel=1e-12)
 
 
 # ---- USP ---------------------------------------------------------------------------------------------
 
 def test_usp_ulysses_inside_the_node_ring_across(model):
     cost = _cp(model, Plan(cp=16, cp_algo="usp"), (0.0, 0.0))          # Ulysses 8 × ring 2
-    uly = _one(cost, "forward", "ulysses")
+    uly, kv = _one(cost, "forward", "ulysses"), _one(cost, "forward", "ulysses-kv")
     assert uly.ranks == tuple(range(8)) and uly.nbytes == qo_bytes(16)
-    assert uly.seconds == pytest.approx(4 * all_to_all(qo_bytes(16), 8), rel=1e-12)
+    assert uly.seconds == pytest.approx(2 * all_to_all(qo_bytes(16), 8), rel=1e-12)
+    assert kv.seconds == pytest.approx(2 * all_to_all(kv_a2a_bytes(16, 8), 8), rel=1e-12)
     ring_f, ring_b = _one(cost, "forward", "ring"), _one(cost, "backward", "ring")
     assert ring_f.ranks == (0, 8) and (ring_f.calls, ring_b.calls) == (1, 2)
-    # the total is the two parts' sum
-    assert cost.exposed_fwd_s == pytest.approx(uly.exposed_s + ring_f.exposed_s, rel=1e-12)
-    assert cost.exposed_bwd_s == pytest.approx(_one(cost, "backward", "ulysses").exposed_s + ring_b.exposed_s,
+    # the total is the parts' sum
+    assert cost.exposed_fwd_s == pytest.approx(uly.exposed_s + kv.exposed_s + ring_f.exposed_s, rel=1e-12)
+    assert cost.exposed_bwd_s == pytest.approx(_one(cost, "backward", "ulysses").exposed_s
+                                               + _one(cost, "backward", "ulysses-kv").exposed_s + ring_b.exposed_s,
                                                rel=1e-12)
 
 
