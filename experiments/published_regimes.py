@@ -135,9 +135,21 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in items.items())
 
 
+# Per row-id prefix, the same for a source's every row.  usp-: the USP paper's runs are Megatron-LM
+# (commit 2196398, Apr 2024, in the nemo:24.03 container: Megatron-Core's GPT model with Transformer
+# Engine; regimes3_public.json's note), so Megatron-Core's kernels (``kernels=megatron-core``: the
+# fused SwiGLU keeps only its input).
+RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "usp-": ({}, {"kernels": "megatron-core"}),
+}
+
+
 def run_settings(ident: str) -> tuple[dict[str, str], dict[str, Any]]:
-    """The row's (plan fields, EstimateOptions fields) from ``RUN_SETTINGS``; empty when none."""
-    return RUN_SETTINGS.get(ident, ({}, {}))
+    """The row's (plan fields, EstimateOptions fields) from ``RUN_SETTINGS`` (else its prefix's in
+    ``RUN_SETTINGS_BY_PREFIX``); empty when none."""
+    if ident in RUN_SETTINGS:
+        return RUN_SETTINGS[ident]
+    return next((v for k, v in RUN_SETTINGS_BY_PREFIX.items() if ident.startswith(k)), ({}, {}))
 
 
 def run_options(ident: str, base: EstimateOptions) -> EstimateOptions:
