@@ -181,14 +181,26 @@ def uneven_layers(r: dict) -> str:
     return f"{c - 1}-{c}x{n - 2}-{c - 1}"
 
 
+USP_MICRO_BATCH = 1
+"""USP rows run micro-batches of one sequence, the global batch by gradient accumulation.  The JSON
+writes the 30K rows (global batch 16 on 8 GPUs, dp = 1) as one micro-batch of 16, an assumption
+it lists (``assumed``: "mbs=global_batch (no GA stated)").  The authors' own Megatron launch
+script (github.com/feifeibear/long-context-attention, patches/Megatron-DeepSpeed.patch) sets
+MICRO_BATCH_SIZE=1 and GLOBAL_BATCH_SIZE = DP · MICRO_BATCH_SIZE · MICRO_BATCH_NUM, i.e.
+accumulation; and 16 sequences of 30K in one micro-batch with no recompute keep ~250 GiB of
+activations per GPU, three times the 80 GB the runs had."""
+
+
 def plan_string(r: dict) -> str:
     """The row's plan as the grammar reads it (USP's ``ulysses=U,ring=R`` included), with the
-    uneven layout of a Zero Bubble interleaved row (``uneven_layers``) and the precision
-    (``precision``) when not bf16."""
+    uneven layout of a Zero Bubble interleaved row (``uneven_layers``), USP rows at
+    ``USP_MICRO_BATCH`` and the precision (``precision``) when not bf16."""
     fields = _fields(r["plan"])
     layers = uneven_layers(r)
     if layers:
         fields["layers"] = layers
+    if source_of(r["id"]) == "usp":
+        fields["mbs"] = str(USP_MICRO_BATCH)
     if precision(r) != "bf16":
         fields["precision"] = precision(r)
     return ",".join(f"{k}={v}" for k, v in fields.items())
