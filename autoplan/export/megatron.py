@@ -154,7 +154,8 @@ def _overlap_blocker(plan: Plan) -> str | None:
 
 
 def usp_split(plan: Plan, nvlink_domain: int) -> tuple[int, int]:
-    """(Ulysses size, ring size) of a USP plan: autoplan's rule, Ulysses inside the NVLink domain."""
+    """(Ulysses size, ring size) of a USP plan: its ``ulysses=`` split, else autoplan's rule, Ulysses
+    inside the NVLink domain."""
     return ulysses_and_ring(plan, Mesh.of(plan), nvlink_domain)
 
 
@@ -165,7 +166,7 @@ def _context_flags(plan: Plan, nvlink_domain: int | None) -> Settings:
     if plan.cp_algo != "usp":
         return flags
     ulysses, ring = usp_split(plan, nvlink_domain or DEFAULT_NVLINK_DOMAIN)
-    warnings = () if nvlink_domain else (
+    warnings = () if nvlink_domain or plan.ulysses else (
         f"cp_algo=usp split {ulysses}×{ring} (Ulysses × ring) for {DEFAULT_NVLINK_DOMAIN}-GPU NVLink domains: "
         "pass --cluster for the cluster's own",)
     return flags + Settings((Setting("--hierarchical-context-parallel-sizes", f"{ulysses} {ring}"),), warnings)

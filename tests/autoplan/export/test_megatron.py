@@ -118,6 +118,12 @@ def test_usp_split_is_autoplans_rule_for_the_clusters_nvlink_domain():
     assert args[args.index("--hierarchical-context-parallel-sizes") + 1:][:2] == ["8", "1"] and warnings == ()
 
 
+def test_usp_split_written_in_the_plan_is_exported_as_written():
+    """USP paper's u2r8 on 16 ranks: the plan's split, not the rule's 8×2, and no domain warning."""
+    args, warnings = _args("cp=16,ulysses=2", num_layers=8)
+    assert args[args.index("--hierarchical-context-parallel-sizes") + 1:][:2] == ["2", "8"] and warnings == ()
+
+
 def test_v_schedule_cut_is_listed_rank_by_rank():
     """A V's rank r holds stages r and 2·pp−1−r; Megatron's layout entry v·pp + r is rank r's chunk v."""
     args, warnings = _args("pp=2,schedule=zbv,layers=1-3-2-4", num_layers=10)
