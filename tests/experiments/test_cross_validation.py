@@ -60,12 +60,13 @@ def test_rows_the_grammar_cannot_write_say_why(experiment):
     p3 = experiment("published_regimes3")
     priced, refused = p3.rows()
     why = {u.ident: u.why for u in refused}
-    assert "USP split ulysses=4,ring=4" in why["usp-llama3-8b-a800x16-64k-tp1-u4r4-bs1"]
+    assert not [i for i in why if i.startswith("usp-")]          # every USP split is written
     assert "etp" in why["mcore-qwen3-235b-h100x256-xnode-ep32"]
     assert "fp8" in why["fp8lm-gpt-7b-h100x32-fp8"]
-    # the 8x2 split is the rule's: priced, without the split keys
-    usp = next(r for r in priced if r.ident == "usp-llama3-8b-a800x16-64k-tp1-u8r2-bs1")
-    assert "ulysses" not in usp.plan and "cp_algo=usp" in usp.plan
+    # the split as the source wrote it, at one sequence per micro-batch (USP_MICRO_BATCH)
+    usp = {r.ident: r.plan for r in priced if r.ident.startswith("usp-")}
+    assert "ulysses=4,ring=4" in usp["usp-llama3-8b-a800x16-64k-tp1-u4r4-bs1"]
+    assert "mbs=1," in usp["usp-llama2-7b-a800x8-30k-tp1-u8r1"]
     assert len(priced) + len(refused) == 59
 
 
