@@ -62,7 +62,10 @@ def test_rows_the_grammar_cannot_write_say_why(experiment):
     why = {u.ident: u.why for u in refused}
     assert not [i for i in why if i.startswith("usp-")]          # every USP split is written
     assert "etp" in why["mcore-qwen3-235b-h100x256-xnode-ep32"]
-    assert "fp8" in why["fp8lm-gpt-7b-h100x32-fp8"]
+    # FP8 rows carry their recipe as the plan's precision (published_regimes3.FP8_RECIPE)
+    fp8 = {r.ident: r.plan for r in priced if r.ident.startswith("fp8lm-")}
+    assert "precision=fp8-delayed" in fp8["fp8lm-gpt-7b-h100x32-fp8"]
+    assert "precision" not in fp8["fp8lm-gpt-7b-h100x32-bf16"]
     # the split as the source wrote it, at one sequence per micro-batch (USP_MICRO_BATCH)
     usp = {r.ident: r.plan for r in priced if r.ident.startswith("usp-")}
     assert "ulysses=4,ring=4" in usp["usp-llama3-8b-a800x16-64k-tp1-u4r4-bs1"]
