@@ -23,9 +23,13 @@ The fits (``FITS``) are the project's fit scripts' objectives, written once here
   single-node runs (every ``VTRAIN_EVERY``-th row): ``fit_host_floor.py``.
 * ``torchtitan-a100-network``: NICs per node of the torchtitan A100 cluster, which its source
   does not state: ``fit_a100_network.py``.
+* ``h100-fp8``: the large-FP8-GEMM fraction of the FP8 peak (``h100.yaml``), on the BF16/FP8
+  pairs of FP8-LM and llm-foundry: its objective is the pairs' ratio error, mean
+  |predicted ratio / measured ratio − 1| (the FP8 mechanism alone, not the BF16 error both
+  halves share).
 
-Objective: mean |predicted / published − 1| over the fit's rows (a row the model cannot price
-or fit is left out of the mean, as the fit scripts do).  Not refitted here: the vTrain node's
+Objective otherwise: mean |predicted / published − 1| over the fit's rows (a row the model
+cannot price or fit is left out of the mean, as the fit scripts do).  Not refitted here: the vTrain node's
 NVLink figures (``fit_nccl_lut.py``), fitted to nccl-tests look-up tables of that node, a
 microbenchmark of the hardware and no training run; they are in the inventory.
 """
@@ -72,6 +76,7 @@ class Fit:
     name: str
     parameters: tuple[Parameter, ...]
     sources: tuple[str, ...]
+    objective: str = "step"          # step: mean |step error|; pairs: mean |pair-ratio error|
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,11 @@ def _fits() -> tuple[Fit, ...]:
                       (1, 2, 4, 8), (1, 8), 8.0,
                       "HDR 200G NICs per 8x A100 node (unstated by the source; prior: a DGX A100's 8)"),),
             ("torchtitan-a100",)),
+        Fit("h100-fp8", (
+            Parameter("h100.fp8_gemm_peak_fraction", _yaml_value(h100, "fp8_gemm_peak_fraction"),
+                      (0.5, 0.55, 0.6, 0.65, 0.7), (0.4, 0.85), 0.7,
+                      "large FP8 GEMM throughput / FP8 dense peak (prior: the BF16 fraction)"),),
+            ("fp8-lm", "llm-foundry"), objective="pairs"),
     )
 
 
@@ -179,7 +189,7 @@ def _profile_file(base: str, fields: dict) -> str:
 
 
 def _gpu_fields(point: dict[str, float], gpu: str) -> dict:
-    fields = {k.split(".", 1)[1]: point[k] for k in point if k.startswith(gpu + ".")}
+    fields = {k.split(".", 1)[1]: point[k] for k in point if k.split(".", 1)[0] == gpu}
     if "gemm_half_dim" in fields:
         fields["gemm_half_dim"] = int(fields["gemm_half_dim"])
     if gpu == "h100":
@@ -221,6 +231,15 @@ def price(selected: list[Case], point: dict[str, float]) -> list[Result]:
     return out
 
 
+def pair_error(results: list[Result]) -> float:
+    """Mean |predicted ratio / measured ratio − 1| over the BF16/FP8 pairs among ``results``."""
+    by_ident = {r.case.ident: r for r in results if r.predicted_s is not None}
+    priced = [pr.Priced(r.case.row, r.predicted_s, 0.0, True) for r in by_ident.values()
+              if isinstance(r.case.row, pr.RegimeRow) and r.predicted_s is not None]
+    errs = [abs(q.predicted / q.measured - 1.0) for q in p3.pairs(priced) if "fp8" in q.other]
+    return sum(errs) / len(errs) if errs else float("nan")
+
+
 def mean_abs(results: list[Result]) -> float:
     errs = [abs(r.error) for r in results if r.error is not None]
     return sum(errs) / len(errs) if errs else float("nan")
@@ -236,7 +255,9 @@ def refit(fit: Fit, rows: list[Case], start: dict[str, float],
     point = dict(start)
     if not rows:
         return point | {p.name: p.prior for p in fit.parameters}
-    objective = objective or (lambda rs, pt: mean_abs(price(rs, pt)))
+    if objective is None:
+        measure = pair_error if fit.objective == "pairs" else mean_abs
+        objective = lambda rs, pt: measure(price(rs, pt))         # noqa: E731
     best = objective(rows, point)
     improved = True
     while improved:
@@ -261,6 +282,8 @@ def depends_on(case: Case, fit: Fit) -> bool:
         return gpu.startswith("h")
     if fit.name == "stack":
         return case.source == "vtrain"
+    if fit.name == "h100-fp8":
+        return gpu.startswith("h") and "precision=" in getattr(case.row, "plan", "")
     return case.source == "torchtitan-a100"
 
 
