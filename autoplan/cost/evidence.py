@@ -1,11 +1,12 @@
 """Evidence flags: where a plan leans on a regime that no timed published run covers.
 
 The coverage is data (``costmodels/evidence.yaml``): the pipeline schedules and ZeRO stages
-with a timed published run, whether context and expert parallelism have one (neither does),
-and the best MFU a published run of its kind reached.  A plan gets one flag per regime it
-leans on outside that: a schedule never validated (every zero-bubble schedule, so also their
-split weight-gradient pass), a ZeRO stage never validated (ZeRO-2's per-micro-batch
-reduce-scatter overlap), context parallelism (ring hops hidden behind attention), MoE
+with a timed published run, whether context and expert parallelism are validated (neither is
+yet: their public rows are priced, but not well enough to trust a ranking), and the best MFU a
+published run of its kind reached.  A plan gets one flag per regime it leans on outside that: a
+schedule never validated (the V schedules zbv and dualpipev; the Zero Bubble paper's runs
+validate zb-h1 and zb-h2 and their split weight-gradient pass), a ZeRO stage never validated
+(ZeRO-2's per-micro-batch reduce-scatter overlap), context parallelism (ring hops hidden behind attention), MoE
 (all-to-all, expert GEMMs), an MFU above the best published run of its kind (or any MFU for a
 kind without one).  Each flag is one short sentence naming the regime and what would cover it.
 """

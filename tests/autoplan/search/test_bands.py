@@ -167,17 +167,18 @@ def test_search_objectives_share_paired_samples(traced):
 
 @pytest.mark.slow        # fast-tier budget (README: under 8 min on 2 cores); CI runs the slow tier too
 def test_evidence_flags_in_estimate_json_and_explain(cli):
-    e = json.loads(cli("estimate", MODEL, "--cluster", "h100x16", "--plan", PLAN, "--global-batch", "32", "--json",
+    zbv = PLAN.replace("schedule=zb-h1", "schedule=zbv")
+    e = json.loads(cli("estimate", MODEL, "--cluster", "h100x16", "--plan", zbv, "--global-batch", "32", "--json",
                        "--samples", "0").stdout)
     regimes = {f["regime"] for f in e["evidence"]}
-    assert "schedule" in regimes and "zero" not in regimes and "cp" not in regimes     # zb-h1: never validated
-    validated = json.loads(cli("estimate", MODEL, "--cluster", "h100x16", "--plan",
-                               "tp=4,pp=2,dp=2,vpp=2,mbs=1,schedule=interleaved,zero=1", "--global-batch", "32",
-                               "--json", "--samples", "0").stdout)
-    assert {f["regime"] for f in validated["evidence"]} <= {"mfu"}
-    md = cli("explain", PLAN, "--model", MODEL, "--cluster", "h100x16", "--global-batch", "32")
+    assert "schedule" in regimes and "zero" not in regimes and "cp" not in regimes     # zbv: never validated
+    for validated_plan in ("tp=4,pp=2,dp=2,vpp=2,mbs=1,schedule=interleaved,zero=1", PLAN):   # zb-h1: ZB paper
+        validated = json.loads(cli("estimate", MODEL, "--cluster", "h100x16", "--plan", validated_plan,
+                                   "--global-batch", "32", "--json", "--samples", "0").stdout)
+        assert {f["regime"] for f in validated["evidence"]} <= {"mfu"}
+    md = cli("explain", zbv, "--model", MODEL, "--cluster", "h100x16", "--global-batch", "32")
     assert md.returncode == 0, md.stderr
-    assert "## Evidence: plan" in md.stdout and "schedule zb-h1: no timed published run" in md.stdout
+    assert "## Evidence: plan" in md.stdout and "schedule zbv: no timed published run" in md.stdout
 
 
 def test_bench_band_of_auto_against_hand_is_paired(setup):
