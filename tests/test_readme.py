@@ -108,6 +108,7 @@ DEFINITIONS = {
     "50 %": "explain's CP rule threshold", "55 %": "healthy dense MFU band", "45 %": "healthy MoE MFU band",
     "4 GiB": "default --memory-margin", "4×": "GB200 NICs per tray", "80 %": "the nic.yaml perturbation",
     "80GB": "A100 80GB model name", "8×": "rails per node",
+    "400 GB": "A800/H800 NVLink datasheet figure (400 GB/s bidirectional)",
 }
 
 
