@@ -11,6 +11,16 @@ the layout axes are tp, cp, ep, dp' and pp with ``dp' = dp / ep``, so
 
 Groups are named by ``autoplan.axes``: one per axis, plus ``DENSE_DP`` (cp, ep, dp: gradients
 of non-expert parameters) and ``EXPERT_DP`` (cp, dp: gradients of expert parameters).
+
+**MoE parallel folding** (a plan with ``etp``), as Megatron-Core builds it
+(megatron/core/parallel_state.py at NVIDIA/Megatron-LM d98e8a64, ``initialize_model_parallel``):
+two layouts of the same ranks in the same ``order``.  The attention mesh (L859-868:
+``RankGenerator(tp, ep=1, dp, pp, cp)``) holds tp, cp, dp and pp; the expert mesh (L886-895:
+``RankGenerator(tp=etp, ep, dp=edp, pp, cp=1)``) holds etp on the tp axis, ep, edp on the dp
+axis and pp, so with pp outermost a stage's tp·cp·dp consecutive ranks are split etp first,
+then ep, then edp.  ``Mesh.expert`` is that second mesh; the groups ``ep``, ``EXPERT_DP`` (edp)
+and ``EXPERT_TP`` (etp) are read from it (L1357 ``get_ranks('ep')``, L1373 ``'tp'``, L1457
+``'dp'`` of the expert generator), every other group from the attention mesh.
 """
 from __future__ import annotations
 
@@ -19,18 +29,27 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
 
-from autoplan.axes import GROUP_AXES
+from autoplan.axes import EXPERT_GROUPS, GROUP_AXES
 from autoplan.plan import Plan
 
 
 @dataclass(frozen=True)
 class Mesh:
     sizes: tuple[tuple[str, int], ...]    # (axis, size) innermost first
+    expert: Mesh | None = None            # folded plans: the expert layout (module docstring)
 
     @staticmethod
     def of(plan: Plan) -> Mesh:
-        size = {"tp": plan.tp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp // plan.ep, "pp": plan.pp}
-        return Mesh(tuple((axis, size[axis]) for axis in plan.order))
+        size = plan.layout_sizes(expert=False)
+        expert = None
+        if plan.folded:
+            sizes = plan.layout_sizes(expert=True)
+            expert = Mesh(tuple((axis, sizes[axis]) for axis in plan.order))
+        return Mesh(tuple((axis, size[axis]) for axis in plan.order), expert)
+
+    def for_group(self, name: str) -> Mesh:
+        """The layout group ``name`` is read from: the expert mesh for expert groups of a folded plan."""
+        return self.expert if self.expert is not None and name in EXPERT_GROUPS else self
 
     @property
     def num_ranks(self) -> int:
@@ -59,7 +78,7 @@ class Mesh:
 
     def group(self, name: str, rank: int = 0) -> tuple[int, ...]:
         """Ranks of group ``name`` (an axis or a composite group of ``autoplan.axes``) holding ``rank``."""
-        return _group(self, name, rank)
+        return _group(self.for_group(name), name, rank)
 
     def _group(self, name: str, rank: int) -> tuple[int, ...]:
         axes = GROUP_AXES[name]

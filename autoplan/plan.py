@@ -8,6 +8,12 @@ Canonical string (every key, fixed order)::
 * ``tp``, ``cp``, ``pp``, ``dp``: mesh axis degrees; ``tp·cp·pp·dp`` = GPUs.
 * ``ep``: expert-parallel degree, carved out of ``dp`` (experts are sharded over
   ``ep`` of the ``dp`` ranks, Megatron-Core style), so ``ep`` divides ``dp``.
+* ``etp``: optional; given, the plan uses Megatron-Core's MoE parallel folding: attention runs
+  on tp·cp·dp GPUs of a stage and the experts on etp·ep·edp of the same GPUs, so
+  ``tp·cp·dp = etp·ep·edp`` (``edp`` derived), ``ep`` need not divide ``dp`` and the expert
+  weights have their own tensor-parallel degree ``etp`` (``autoplan.mesh``: the two rank
+  layouts).  Omitted (the default), ``ep`` is carved out of ``dp`` and experts are split over
+  ``tp`` as before; written in the string and the JSON only when given.
 * ``vpp``: model chunks (virtual stages) per pipeline rank; 2 for V schedules.
 * ``mbs``: micro-batch size in sequences.
 * ``schedule``: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zbv | dualpipev.
@@ -60,7 +66,8 @@ from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline import V_SCHEDULES, ScheduleSpec, stage_rank
 
 SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)        # 1: no ``ulysses`` field (the rule's split)
+FOLDED_SCHEMA_VERSION = 3    # a folded plan's JSON (``etp``): an autoplan that reads only 1-2 refuses it
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)     # 1: no ``ulysses`` field (the rule's split); 3: ``etp``
 SCHEDULES = tuple(SCHEDULE_SPECS)           # the registry's schedules, in the order plans list them
 RECOMPUTE = ("none", "selective", "op", "full")   # the searched policies, weakest → strongest memory saving
 RECOMPUTE_SYNTAX = "none, selective, op, full, or full:N (N ≥ 1 layers per virtual stage)"
@@ -72,9 +79,9 @@ BLOCK_PRECISIONS = ("mxfp8",)             # microscaling formats: Blackwell's te
 # GPipe's order.  (torch.distributed.pipelining's Schedule1F1B refuses it: ``apply`` says so.)
 FEWER_MICROBATCHES_THAN_STAGES = ("gpipe", "1f1b")
 DEFAULT_ORDER = NOTATION_ORDER
-KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "schedule", "recompute", "layers",
+KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "schedule", "recompute", "layers",
         "sp", "zero", "cp_algo", "ulysses", "order", "precision")
-_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "ulysses")
+_INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero", "ulysses")
 
 PLAN_GRAMMAR = ("a plan is comma-separated key=value pairs, e.g. "
                 "'tp=8,pp=8,dp=16,vpp=3,mbs=1,schedule=interleaved,recompute=selective,sp=on,zero=1'; "
@@ -139,9 +146,11 @@ class Plan:
     order: tuple[str, ...] = DEFAULT_ORDER
     precision: str = "bf16"
     ulysses: int = 0                           # USP's Ulysses degree; 0 = the rule's split
+    etp: int | None = None                     # None: not folded (ep carved out of dp, experts split over tp)
 
     def __post_init__(self) -> None:
-        for key in ("tp", "pp", "dp", "cp", "ep", "mbs") + (("vpp",) if self.vpp is not None else ()):
+        for key in ("tp", "pp", "dp", "cp", "ep", "mbs") + (("vpp",) if self.vpp is not None else ()) \
+                + (("etp",) if self.etp is not None else ()):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"bad plan: {key}={value!r} must be an integer ≥ 1", PLAN_GRAMMAR)
@@ -168,6 +177,24 @@ class Plan:
     @property
     def num_gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def folded(self) -> bool:
+        """The plan uses MoE parallel folding (``etp`` given)."""
+        return self.etp is not None
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree of the expert weights: ``etp`` when folded, else ``tp``."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: the replicas of one expert's weights in a stage
+        (``tp·cp·dp / (etp·ep)`` when folded; ``cp·dp / ep`` otherwise)."""
+        if self.etp is None:
+            return self.cp * self.dp // self.ep
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
 
     @property
     def model_parallel(self) -> int:
@@ -207,8 +234,10 @@ class Plan:
     def to_string(self, *, runs: bool = False) -> str:
         """The canonical plan string (JSON, caches); ``runs``: equal stages of ``layers=`` as runs
         (``0-1x126-0``, what a person reads; ``Plan.parse`` reads both)."""
-        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"cp={self.cp}", f"ep={self.ep}",
-                 f"vpp={self.vpp}", f"mbs={self.mbs}", f"schedule={self.schedule}",
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"cp={self.cp}", f"ep={self.ep}"]
+        if self.etp is not None:
+            parts.append(f"etp={self.etp}")
+        parts += [f"vpp={self.vpp}", f"mbs={self.mbs}", f"schedule={self.schedule}",
                  f"recompute={'-'.join(self.recompute)}"]
         if self.layers:
             parts.append("layers=" + (run_length(self.layers) if runs else "-".join(str(n) for n in self.layers)))
@@ -324,10 +353,13 @@ class Plan:
         d["order"] = list(self.order)
         if self.precision == "bf16":
             del d["precision"]         # the default is left out: a bf16 plan's JSON is what it always was
+        if self.etp is None:
+            del d["etp"]               # likewise an unfolded plan's
         return d
 
     def to_json(self) -> str:
-        return json.dumps({"schema_version": SCHEMA_VERSION, "plan": self.to_dict(),
+        version = SCHEMA_VERSION if self.etp is None else FOLDED_SCHEMA_VERSION
+        return json.dumps({"schema_version": version, "plan": self.to_dict(),
                            "plan_string": self.to_string()}, sort_keys=True)
 
     @staticmethod
@@ -349,9 +381,12 @@ class Plan:
         """Checks that need no model or cluster (run on construction)."""
         if self.zero not in (0, 1, 2, 3):
             raise UserError(f"bad plan: zero={self.zero}", "zero must be 0, 1, 2 or 3")
-        if self.dp % self.ep:
+        if self.etp is None and self.dp % self.ep:
             raise UserError(f"bad plan: ep={self.ep} does not divide dp={self.dp}",
-                            "expert parallelism is carved out of data parallelism: pick ep | dp")
+                            "expert parallelism is carved out of data parallelism: pick ep | dp, "
+                            "or fold it over tp·cp·dp with etp= (MoE parallel folding)")
+        if self.etp is not None:
+            self.check_folding()
         if self.pp == 1 and self.vpp > 1:
             raise UserError(f"bad plan: vpp={self.vpp} virtual stages need pipeline parallelism (pp > 1)",
                             "set vpp=1 or pp > 1")
@@ -394,6 +429,39 @@ class Plan:
         if u and self.cp_algo != "usp":
             raise UserError(f"bad plan: ulysses={u} with cp_algo={self.cp_algo} (which means ulysses="
                             f"{1 if self.cp_algo == 'ring' else self.cp})", "set cp_algo=usp, or leave ulysses out")
+
+    def check_folding(self) -> None:
+        """Megatron-Core's rules for MoE parallel folding (megatron/core/parallel_state.py at
+        NVIDIA/Megatron-LM d98e8a64, ``initialize_model_parallel``): L880-884, the world size is a
+        multiple of etp·ep·pp, i.e. etp·ep divides a stage's tp·cp·dp GPUs; L897-901, the rank
+        order puts pp outermost, or pp = 1, or edp = dp (with L903-906, the attention and the
+        expert layouts' pp groups are the same: ``autoplan.mesh``)."""
+        stage = self.tp * self.cp * self.dp
+        if stage % (self.etp * self.ep):          # type: ignore[operator]  # folded: etp is set
+            raise UserError(f"bad plan: etp·ep = {self.etp}·{self.ep} does not divide a stage's "
+                            f"tp·cp·dp = {self.tp}·{self.cp}·{self.dp} = {stage} GPUs",
+                            "MoE parallel folding runs the experts on etp·ep·edp of those GPUs: "
+                            "pick etp·ep dividing tp·cp·dp")
+        if not (self.order[-1] == "pp" or self.pp == 1 or self.edp == self.dp):
+            raise UserError(f"bad plan: order={'-'.join(self.order)} with etp={self.etp}: the expert data-"
+                            f"parallel size edp={self.edp} differs from dp={self.dp}, which Megatron-Core "
+                            "allows only with pp outermost", "put pp last in order (tp-cp-ep-dp-pp)")
+        attention, expert = self.layout_sizes(expert=False), self.layout_sizes(expert=True)
+        if self.pp > 1 and _pp_stride(self.order, attention) != _pp_stride(self.order, expert):
+            raise UserError(f"bad plan: order={'-'.join(self.order)} with etp={self.etp} gives the attention and "
+                            "the expert layouts different pipeline groups, which Megatron-Core refuses",
+                            "put pp last in order (tp-cp-ep-dp-pp)")
+
+    def layout_sizes(self, *, expert: bool) -> dict[str, int]:
+        """Axis sizes of one rank layout (``autoplan.mesh``): unfolded, the one mesh (ep carved out
+        of dp); folded, the attention layout (tp, cp, dp, pp; ep of size 1) or the expert layout
+        (etp on the tp axis, ep, edp on the dp axis, pp; cp of size 1), as Megatron-Core's two
+        RankGenerators (parallel_state.py L859-868 and L886-895) build them."""
+        if self.etp is None:
+            return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp // self.ep, "pp": self.pp}
+        if expert:
+            return {"tp": self.etp, "cp": 1, "ep": self.ep, "dp": self.edp, "pp": self.pp}
+        return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
 
     def check_batch(self, global_batch: int) -> None:
         """The global batch splits into dp · mbs-sequence micro-batches; UserError if not."""
@@ -498,6 +566,14 @@ def _usp_split(raw: dict[str, Any], kw: dict[str, Any]) -> None:
     kw.setdefault("ulysses", cp // ring)
     if "cp_algo" not in kw:
         kw["cp_algo"] = "ring" if ring == cp else "ulysses" if ring == 1 else "usp"
+
+
+def _pp_stride(order: tuple[str, ...], sizes: dict[str, int]) -> int:
+    """The rank stride of pp: the product of the sizes of the axes inside it in ``order``."""
+    out = 1
+    for axis in order[:order.index("pp")]:
+        out *= sizes[axis]
+    return out
 
 
 def recompute_layers(policy: str) -> int | None:

@@ -5,7 +5,8 @@ reads it back to the same Plan (the canonical ``key=value,…`` string is in ``-
 ``--wide``).  Space-separated tokens, in this order:
 
 * the mesh: the degrees > 1 as ``<axis><degree>`` joined by ``·`` (``.`` is read too), in the
-  order tp, cp, pp, dp, ep (``dp1`` when every degree is 1);
+  order tp, cp, pp, dp, ep (``dp1`` when every degree is 1), then ``etp<n>`` when the plan folds
+  its experts (MoE parallel folding: ``tp2·pp8·dp16·ep32·etp1``);
 * ``zero<n>`` when dp > 1 (or zero ≠ 0), ``mbs<n>`` always;
 * the schedule when pp > 1 (or it is not 1f1b), ``vpp<n>`` when it is not the schedule's own
   (2 for zbv/dualpipev, else 1);
@@ -29,8 +30,8 @@ DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
 SCHEDULE_WORDS = tuple(SCHEDULE_SPECS)
 CP_WORDS = ("ulysses", "usp", "ring")
 PRECISIONS = ("bf16", "fp8", "fp8-rowwise", "fp8-delayed", "mxfp8")   # the plan's ``precision`` values
-_AXIS_TOKEN = re.compile(r"(tp|cp|pp|dp|ep)(\d+)$")
-_MESH = re.compile(r"^(tp|cp|pp|dp|ep)\d+([·.](tp|cp|pp|dp|ep)\d+)*$")
+_AXIS_TOKEN = re.compile(r"(etp|tp|cp|pp|dp|ep)(\d+)$")
+_MESH = re.compile(r"^(tp|cp|pp|dp|ep)\d+([·.](etp|tp|cp|pp|dp|ep)\d+)*$")
 _KEYED = re.compile(r"(zero|mbs|vpp)(\d+)$")
 _ALIASES = {"rc": "recompute"}
 
@@ -72,6 +73,8 @@ def compact_tokens(plan: Any) -> tuple[str, ...]:
     """The tokens of ``plan`` in compact notation (see the module docstring)."""
     degrees = {a: getattr(plan, a) for a in MESH_ORDER}
     mesh = "·".join(f"{a}{degrees[a]}" for a in MESH_ORDER if degrees[a] > 1) or "dp1"
+    if getattr(plan, "etp", None) is not None:
+        mesh += f"·etp{plan.etp}"
     tokens = [mesh]
     if plan.dp > 1 or plan.zero:
         tokens.append(f"zero{plan.zero}")

@@ -5,7 +5,10 @@ TP/SP (the tp group), the MoE all-to-all (the ep group) and Ulysses' all-to-all 
 or under USP its Ulysses sub-groups) — may not leave an NVLink domain (ranks
 ``r // nvlink_domain``, see ``topologies.cluster``).  A group's span is computed from its actual
 ranks, for every group of the axis, so a tp=6 plan on 8-GPU domains breaks the rule (its second
-group holds ranks 6–11) in the search, the estimate and the explanation alike.
+group holds ranks 6–11) in the search, the estimate and the explanation alike.  Under MoE
+parallel folding the EP groups (and the expert-tensor-parallel groups when etp > 1) are those of
+the expert mesh (``Mesh.expert``: Megatron-Core's expert RankGenerator), so EP32 drawn from a
+stage of tp2·dp16 ranks spans four 8-GPU domains and breaks the rule.
 
 **The USP split.**  USP runs Ulysses inside the NVLink domain and ring attention across; without
 a split in the plan, Ulysses takes the largest divisor u of cp whose sub-groups (u consecutive
@@ -34,6 +37,7 @@ class GroupRule:
     label: str         # how an engineer names the traffic, e.g. "TP/SP"
     size: int          # ranks per group
     stride: int        # rank distance between neighbours of one group
+    expert: bool = False   # its groups are the expert mesh's (a folded plan's ep and etp groups)
 
 
 def ulysses_and_ring(plan: Plan, mesh: Mesh, nvlink_domain: int) -> tuple[int, int]:
@@ -59,8 +63,14 @@ def per_layer_groups(plan: Plan, mesh: Mesh, *, experts: int, nvlink_domain: int
     out = []
     if plan.tp > 1:
         out.append(GroupRule("tp-inside-nvlink", Axis.TP.value, "TP/SP", plan.tp, mesh.stride("tp")))
+    folded = mesh.expert is not None
+    experts_mesh = mesh.expert or mesh
     if plan.ep > 1 and experts:
-        out.append(GroupRule("ep-inside-nvlink", Axis.EP.value, "EP all-to-all", plan.ep, mesh.stride("ep")))
+        out.append(GroupRule("ep-inside-nvlink", Axis.EP.value, "EP all-to-all", plan.ep, experts_mesh.stride("ep"),
+                             folded))
+    if folded and plan.expert_tp > 1 and experts:
+        out.append(GroupRule("etp-inside-nvlink", Axis.TP.value, "expert TP", plan.expert_tp,
+                             experts_mesh.stride("tp"), True))
     if plan.cp > 1 and plan.cp_algo in ("ulysses", "usp"):
         ulysses, _ = ulysses_and_ring(plan, mesh, nvlink_domain)
         if ulysses > 1:
@@ -68,8 +78,14 @@ def per_layer_groups(plan: Plan, mesh: Mesh, *, experts: int, nvlink_domain: int
     return out
 
 
+def rule_mesh(mesh: Mesh, g: GroupRule) -> Mesh:
+    """The layout whose groups ``g`` constrains: the expert mesh for a folded plan's expert groups."""
+    return mesh.expert if g.expert and mesh.expert is not None else mesh
+
+
 def groups_inside(mesh: Mesh, g: GroupRule, domain: int) -> bool:
     """Every group of kind ``g`` lies in one NVLink domain of ``domain`` ranks."""
+    mesh = rule_mesh(mesh, g)
     residues = {0}
     for axis, size in mesh.sizes:
         n = size if axis != g.axis else size // g.size        # USP: the ring part of cp is an offset
@@ -84,6 +100,7 @@ def first_crossing_group(mesh: Mesh, g: GroupRule, domain: int) -> tuple[int, ..
     of a whole group are not in rank order across groups: every one is looked at)."""
     if groups_inside(mesh, g, domain):
         return None
+    mesh = rule_mesh(mesh, g)
     crossing = (full[i:i + g.size] for full in mesh.groups(g.axis) for i in range(0, len(full), g.size))
     return min((r for r in crossing if r[0] // domain != r[-1] // domain), default=None)
 

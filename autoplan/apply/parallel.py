@@ -88,6 +88,10 @@ def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None
     With ``global_batch``, also the micro-batch counts torch's schedules refuse; with ``seq``,
     a sequence that context parallelism cannot cut into 2·cp chunks.
     """
+    if plan.folded:
+        raise UserError(f"autoplan's runtime does not build MoE parallel folding yet (etp={plan.etp}: the expert "
+                        "mesh beside the attention mesh; issue 34)",
+                        "export the plan to Megatron-LM (--to megatron), or run it unfolded (omit etp, ep | dp)")
     if seq is not None and plan.cp > 1:
         # 2·cp chunks; each rank's S/cp tokens split over tp under sp
         per = math.lcm(2 * plan.cp, plan.cp * (plan.tp if plan.sp else 1))

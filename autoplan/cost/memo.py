@@ -50,9 +50,9 @@ SEARCH_KEPT = 50_000       # the search's estimates, floors and memories: one pe
 
 class LocalShape(NamedTuple):
     """What pricing one graph reads of a plan and its mesh: the per-GPU shape (tp, sequence
-    parallelism, cp, its algorithm and split, ep, micro-batch), the GEMMs' precision and rank 0's
-    tp, cp and ep groups, which its collectives run on.  Plans differing elsewhere (pp, dp, ZeRO,
-    schedule, cuts) share it."""
+    parallelism, cp, its algorithm and split, ep, micro-batch), the GEMMs' precision, rank 0's
+    tp, cp and ep groups, which its collectives run on, and the MoE folding (``etp``, None
+    unfolded).  Plans differing elsewhere (pp, dp, ZeRO, schedule, cuts) share it."""
 
     tp: int
     sp: bool
@@ -65,11 +65,12 @@ class LocalShape(NamedTuple):
     cp_ranks: tuple[int, ...]
     ep_ranks: tuple[int, ...]
     precision: str
+    etp: int | None
 
     @staticmethod
     def of(plan: Plan, mesh: Mesh) -> LocalShape:
         return LocalShape(plan.tp, bool(plan.sp), plan.cp, plan.cp_algo, plan.ulysses, plan.ep, plan.mbs,
-                          mesh.group(_TP), mesh.group(_CP), mesh.group(_EP), plan.precision)
+                          mesh.group(_TP), mesh.group(_CP), mesh.group(_EP), plan.precision, plan.etp)
 
 
 class PartKey(NamedTuple):

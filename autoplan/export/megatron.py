@@ -173,14 +173,15 @@ def _context_flags(plan: Plan, nvlink_domain: int | None) -> Settings:
 
 
 def _expert_flags(plan: Plan) -> Settings:
-    """ep with the experts split over tp (etp = tp) and the all-to-all dispatcher the plan prices."""
+    """ep with the experts split over tp (etp = tp), or over etp when the plan folds them (MoE
+    parallel folding: Megatron-Core's own expert grid), and the all-to-all dispatcher the plan prices."""
     if plan.ep == 1:
         return Settings()
     warnings = (f"ep={plan.ep} with cp={plan.cp}: Megatron-LM's expert groups fold over the cp ranks first "
                 "(expert grid etp-ep-edp-pp), the plan's lie outside them: same group sizes, other ranks",
-                ) if plan.cp > 1 else ()
+                ) if plan.cp > 1 and not plan.folded else ()
     return Settings((Setting("--expert-model-parallel-size", plan.ep),
-                     Setting("--expert-tensor-parallel-size", plan.tp),
+                     Setting("--expert-tensor-parallel-size", plan.expert_tp),
                      Setting("--moe-token-dispatcher-type", "alltoall")), warnings)
 
 

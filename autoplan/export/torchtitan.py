@@ -159,10 +159,11 @@ def _context_parallel(plan: Plan) -> Settings:
 def _expert_parallel(plan: Plan) -> Settings:
     """ep, ×tp when the experts are split over tp (no expert TP in 0.3), and the axis-order warning."""
     warnings = tuple(w for w in (default_order_warning(plan, "torchtitan", DEFAULT_ORDER),) if w)
-    degree = plan.ep
-    if plan.ep > 1 and plan.tp > 1:
-        degree = plan.ep * plan.tp
-        warnings += (f"ep={plan.ep} with tp={plan.tp} (experts split over tp) is not in torchtitan "
+    degree, etp = plan.ep, plan.expert_tp          # a folded plan's experts split over etp, not tp
+    if plan.ep > 1 and etp > 1:
+        degree = plan.ep * etp
+        axis = "etp" if plan.folded else "tp"
+        warnings += (f"ep={plan.ep} with {axis}={etp} (experts split over {axis}) is not in torchtitan "
                      f"{TORCHTITAN_VERSION}, which has no expert tensor parallelism: expert_parallel_degree "
                      f"{degree} (ep·tp, whole experts, as many per GPU as the plan's; the expert all-to-all "
                      "spans the tp ranks too and needs the expert count divisible by it); "

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from autoplan.errors import UserError
-from autoplan.plan import SCHEMA_VERSION, Plan
+from autoplan.plan import FOLDED_SCHEMA_VERSION, SCHEMA_VERSION, Plan
 
 FULL = ("tp=8,pp=8,dp=16,cp=1,ep=1,vpp=3,mbs=1,schedule=interleaved,recompute=selective,"
         "sp=on,zero=1,cp_algo=ring,order=tp-cp-ep-dp-pp")
@@ -215,3 +215,27 @@ def test_schema_version_1_plans_still_read_with_the_rules_split():
     d["schema_version"] = 1
     del d["plan"]["ulysses"]
     assert Plan.from_json(json.dumps(d)) == Plan.parse("cp=2,cp_algo=usp,dp=4")
+
+
+def test_folded_plan_grammar_and_megatron_core_rules():
+    """etp folds ep over a stage's tp·cp·dp GPUs (Megatron-Core's parallel folding): ep need not
+    divide dp; edp = tp·cp·dp / (etp·ep); written only when given, JSON schema 3."""
+    plan = Plan.parse("tp=2,pp=8,vpp=4,dp=16,ep=32,etp=1,mbs=1")
+    assert (plan.folded, plan.edp, plan.expert_tp) == (True, 1, 1)
+    assert "ep=32,etp=1," in plan.to_string() and plan.to_compact().startswith("tp2·pp8·dp16·ep32·etp1 ")
+    assert Plan.parse(plan.to_compact()) == plan == Plan.parse(plan.to_string()) == Plan.from_json(plan.to_json())
+    written = json.loads(plan.to_json())
+    assert written["schema_version"] == FOLDED_SCHEMA_VERSION == 3 and written["plan"]["etp"] == 1
+    plain = Plan.parse("tp=2,dp=16,ep=8")
+    assert (plain.folded, plain.edp, plain.expert_tp) == (False, 2, 2)
+    assert "etp" not in plain.to_string() and "etp" not in plain.to_json()
+    assert json.loads(plain.to_json())["schema_version"] == SCHEMA_VERSION
+    with pytest.raises(UserError, match="does not divide dp"):
+        Plan.parse("tp=2,dp=16,ep=32")
+    with pytest.raises(UserError, match=r"etp·ep = 2·32 does not divide .* 32 GPUs"):
+        Plan.parse("tp=2,dp=16,ep=32,etp=2")
+    with pytest.raises(UserError, match="pp outermost"):          # parallel_state.py L897-901
+        Plan.parse("tp=2,pp=2,dp=4,ep=8,etp=1,order=tp-cp-ep-pp-dp")
+    assert Plan.parse("tp=2,pp=2,dp=4,ep=2,etp=1,order=tp-cp-ep-pp-dp").edp == 4   # edp = dp: allowed
+    with pytest.raises(UserError, match="pipeline groups"):       # L903-906: same edp, other pp stride
+        Plan.parse("tp=2,pp=2,dp=2,ep=2,etp=1,order=tp-pp-cp-ep-dp")

@@ -234,3 +234,20 @@ def test_a_plans_own_usp_split_is_checked_and_its_smallest_crossing_group_named(
     for u, inside in ((2, True), (4, True), (8, True), (16, False)):
         p = Plan(cp=16, cp_algo="usp" if u < 16 else "ulysses", ulysses=u if u < 16 else 0)
         assert respects_nvlink(p, experts=0, nvlink_domain=8) == inside
+
+
+def test_folded_ep_groups_from_their_real_ranks():
+    """Qwen3-235B's cross-node layout tp2·pp8·dp16 ep32·etp1 on 8-GPU domains: a stage is 32
+    consecutive ranks and its one EP group all of them (four domains), so the rule breaks there;
+    intra-node EP8 folded over tp2·dp128 (EP group 0…7) keeps it; etp2 puts the EP group at
+    stride 2 (0, 2, …, 14): two domains."""
+    xnode = Plan.parse("tp=2,pp=8,vpp=4,dp=16,ep=32,etp=1")
+    breaks = nvlink_breaks(xnode, Mesh.of(xnode), experts=128, nvlink_domain=8)
+    assert [(g.rule, g.expert, bad) for g, bad in breaks] == [("ep-inside-nvlink", True, tuple(range(32)))]
+    inode = Plan.parse("tp=2,dp=128,ep=8,etp=1")
+    assert respects_nvlink(inode, experts=128, nvlink_domain=8)
+    etp2 = Plan.parse("tp=2,dp=128,ep=8,etp=2")
+    rules = per_layer_groups(etp2, Mesh.of(etp2), experts=128, nvlink_domain=8)
+    assert [(g.rule, g.size, g.stride) for g in rules] == [("tp-inside-nvlink", 2, 1), ("ep-inside-nvlink", 8, 2),
+                                                         ("etp-inside-nvlink", 2, 1)]
+    assert first_crossing_group(Mesh.of(etp2), rules[1], 8) == tuple(range(0, 16, 2))

@@ -49,6 +49,8 @@ PLAN_VARIANTS = {                  # per Plan field, valid plans differing from 
     "ulysses": [dict(cp_algo="usp", ulysses=1), dict(cp_algo="usp", ulysses=2)],     # USP's split: ring 2, Ulysses 2
     "order": [dict(order=("tp", "dp", "cp", "ep", "pp"))],
     "precision": [dict(precision="fp8"), dict(precision="fp8-rowwise"), dict(precision="fp8-delayed")],
+    # folded: etp=2 keeps BASE's ep groups' size but not their ranks; etp=1 the expert shards and edp
+    "etp": [dict(etp=2), dict(etp=1), dict(etp=1, ep=4)],
 }
 OPTION_VARIANTS = {                # per EstimateOptions field, another value (profile: a changed copy)
     "overlap_grad_reduce": False,
