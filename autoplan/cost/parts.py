@@ -84,13 +84,18 @@ def _recompute_flops(graph: OpGraph, recompute: str) -> float:
 
 def _param_numels(graph: OpGraph, bs: BlockSharding, plan: Plan) -> tuple[int, int, int]:
     """(dense, expert, largest) parameters one GPU holds for this graph: tp-sharded, experts
-    also /ep; largest: the biggest single parameter's local elements."""
+    also /ep; under MoE parallel folding the experts /(etp·ep) whatever the tp layout (Megatron-Core
+    splits each expert's GEMMs over the expert-tensor-parallel group); largest: the biggest single
+    parameter's local elements."""
     dense = expert = largest = 0
     for n in graph.params():
         pl = bs.param_placements.get(n.param or n.name, "R")
         numel = n.out.numel // (plan.tp if pl.startswith("S(") else 1)  # type: ignore[union-attr]  # a param has its tensor
 
-        if is_expert_param(n):
+        if is_expert_param(n) and plan.folded:
+            numel = n.out.numel // (plan.expert_tp * plan.ep)  # type: ignore[union-attr]  # a param has its tensor
+            expert += numel
+        elif is_expert_param(n):
             numel //= plan.ep
             expert += numel
         else:

@@ -91,3 +91,25 @@ def test_ep16_across_two_nodes_is_nic_bound(model):
     t = 8 / 16 * nbytes / B_NET + A0 + 7 * A_NVL + A_RAIL
     assert t == pytest.approx(all_to_all(nbytes, 16, 2))
     _check(_ep(model, Plan(dp=16, ep=16)), nbytes, t)
+
+
+def test_folded_ep_dispatches_over_the_expert_meshs_ranks(model):
+    """MoE parallel folding (etp=1): EP drawn from a stage's tp·dp ranks, consecutive (Megatron-
+    Core's expert grid etp-ep-edp): tp2·dp4 ep8 is ranks 0…7, one node; tp2·dp8 ep16 ranks 0…15,
+    two nodes.  Each rank dispatches its own SP shard, s/tp tokens (the same bytes as unfolded)."""
+    nbytes = S / 2 * TOPK * H * BF16
+    _check(_ep(model, Plan(tp=2, dp=4, ep=8, etp=1)), nbytes, 7 / 8 * nbytes / B_RING + A0 + 7 * A_NVL)
+    _check(_ep(model, Plan(tp=2, dp=8, ep=16, etp=1)), nbytes, all_to_all(nbytes, 16, 2))
+
+
+def test_folded_experts_are_split_over_etp_and_ep(model):
+    """A GPU holds 1/(etp·ep) of every expert weight under folding, whatever the tp layout of the
+    block: E·3·h·f elements (SwiGLU: gate, up, down) and the E·h router (the trace gives it the
+    expert dim, so it is counted with the experts as unfolded plans count it) over etp·ep ranks."""
+    from autoplan.cost import EstimateOptions, Estimator
+
+    est = Estimator(model, topologies.load("h100x16"), EstimateOptions())
+    total = 8 * 3 * H * 256 + 8 * H
+    for plan, shards in ((Plan(tp=2, dp=8, ep=8, etp=1), 8), (Plan(tp=2, dp=8, ep=4, etp=2), 8),
+                         (Plan(tp=2, dp=8, ep=16, etp=1), 16)):
+        assert est.part("moe0", plan, "none", Mesh.of(plan)).expert_numel == total // shards
