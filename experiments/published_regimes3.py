@@ -3,8 +3,8 @@ where the planner can write them, and the reason where it cannot.
 
 Read by ``experiments/validate_published.py --regimes`` and ``--cv``.  Each row becomes a
 ``published_regimes.RegimeRow`` (its regime, source and the plan string the project parses) or an
-``Unexpressible`` record naming what the grammar or the pricing lacks (the MoE folding keys
-``etp``/``edp``).  USP rows keep their ``ulysses=U,ring=R`` split (the plan grammar's).  FP8 rows
+``Unexpressible`` record naming what the grammar or the pricing lacks (an ``edp`` that
+contradicts tp·cp·dp = etp·ep·edp).  USP rows keep their ``ulysses=U,ring=R`` split (the plan grammar's).  FP8 rows
 carry the recipe their software ran (``FP8_RECIPE``) as the plan's ``precision``.
 
 The measured figure becomes seconds per step, in this order: the row's ``derived.iter_s``;
@@ -26,6 +26,24 @@ with optimizer post-validation (the caveat; the ZB-2p notes: "~8% slower with th
 all-reduce sync"): they are priced with ``EstimateOptions(post_validation=True)``; its 1F1B and
 1F1B-I baselines are Megatron-LM's synchronous optimizer step (where rank 0 starts first and
 ends last, as there, the two agree anyway).
+
+MoE parallel folding (Megatron-Core model zoo and Megatron-Bridge rows): a row's ``etp`` is the
+plan's ``etp`` (``autoplan.plan``: attention on tp·cp·dp, experts on etp·ep·edp of a stage's
+GPUs); its ``edp`` is derived by the plan, so the adapter checks the row's against
+tp·cp·dp / (etp·ep) and refuses the row, saying so, where they disagree (none do: xnode-ep32
+tp2·dp16 = ep32·edp1; inode-ep8-fsdp tp2·dp128 = ep8·edp32; pp32 tp2·dp4 = ep8·edp1; tp4-pp8
+tp4·dp8 = ep8·edp4).  A Megatron-stack row without ``etp`` whose ep does not divide dp
+(Megatron-Bridge's Qwen3-235B, tp2·pp8·dp16 ep32) cannot have run with Megatron-Core's default
+etp = tp: etp·ep·pp = 2·32·8 = 512 > 256 GPUs, which ``initialize_model_parallel`` refuses
+(parallel_state.py L880-884); it ran folded with the largest etp dividing tp that fits,
+``folded_etp`` (here 1: tp·cp·dp / ep = 1).
+
+Megatron-Core rows whose layers do not split evenly over pp·vpp (Qwen3-235B: 94 layers on 32 or
+96 virtual stages) ran with the embedding and the loss counted as one layer each
+(``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``, the only
+even split of 94 + 2 over 32 and 96 stages): c = (layers + 2) / (pp·vpp) per stage, the first
+stage the embedding and c − 1 layers, the last c − 1 layers and the loss — ``uneven_layers``'s
+formula, e.g. ``layers=0-1x94-0`` for pp32·vpp3 and ``2-3x30-2`` for pp8·vpp4.
 
 Clusters: ``<gpu>x<N>`` shorthand of the row's GPU kind; A800 rows (``gpu: other``) are the A100
 80GB reference system with NVLink capped at 400 GB/s, 200 GB/s per direction (the export-control
@@ -148,13 +166,35 @@ def precision(r: dict) -> str:
 def why_not(r: dict) -> str:
     """'' when the row can be priced as written; else what the planner lacks."""
     fields = _fields(r["plan"])
-    if "etp" in fields or "edp" in fields:
-        return "MoE parallel folding (etp/edp) not expressible (issue 34)"
     try:
+        if "edp" in fields:
+            return _edp_why(fields)
         Plan.parse(plan_string(r), num_gpus=r["num_gpus"])
     except UserError as e:
         return f"plan refused: {e.problem}"
     return ""
+
+
+def _edp_why(fields: dict[str, str]) -> str:
+    """'' when the row's ``edp`` is tp·cp·dp / (etp·ep), what the folded plan derives."""
+    deg = {k: int(fields.get(k, "1")) for k in ("tp", "cp", "dp", "ep", "etp", "edp")}
+    if deg["tp"] * deg["cp"] * deg["dp"] == deg["etp"] * deg["ep"] * deg["edp"]:
+        return ""
+    return (f"edp={deg['edp']} contradicts tp·cp·dp = etp·ep·edp "
+            f"({deg['tp']}·{deg['cp']}·{deg['dp']} vs {deg['etp']}·{deg['ep']}·{deg['edp']})")
+
+
+def folded_etp(r: dict) -> str:
+    """``etp`` of a Megatron-stack row that writes none but whose ep does not divide dp (module
+    docstring): the largest divisor of tp that divides tp·cp·dp / ep; '' for any other row."""
+    fields = _fields(r["plan"])
+    if "etp" in fields or source_of(r["id"]) not in ("mcore-zoo", "megatron-bridge"):
+        return ""
+    deg = {k: int(fields.get(k, "1")) for k in ("tp", "cp", "dp", "ep")}
+    if deg["dp"] % deg["ep"] == 0 or (deg["tp"] * deg["cp"] * deg["dp"]) % deg["ep"]:
+        return ""
+    room = deg["tp"] * deg["cp"] * deg["dp"] // deg["ep"]
+    return str(max(e for e in range(1, deg["tp"] + 1) if deg["tp"] % e == 0 and room % e == 0))
 
 
 def model_spec(r: dict) -> str:
@@ -168,13 +208,15 @@ def _layer_count(spec: str) -> int:
 
 
 def uneven_layers(r: dict) -> str:
-    """``layers=`` of a Zero Bubble interleaved row (module docstring): with N = pp·vpp virtual
+    """``layers=`` of a Zero Bubble interleaved row, or of a Megatron-Core model-zoo row whose
+    layers do not split evenly over its virtual stages (module docstring): with N = pp·vpp virtual
     stages and layers = c·N − 2, c layers per chunk and one fewer in the first and the last; ''
     for any other row."""
     fields = _fields(r["plan"])
-    if source_of(r["id"]) != "zero-bubble" or fields.get("schedule") != "interleaved":
+    n, layers = int(fields.get("pp", "1")) * int(fields.get("vpp", "1")), _layer_count(r["model"])
+    zoo = source_of(r["id"]) == "mcore-zoo" and n > 1 and layers % n != 0
+    if not zoo and (source_of(r["id"]) != "zero-bubble" or fields.get("schedule") != "interleaved"):
         return ""
-    n, layers = int(fields["pp"]) * int(fields["vpp"]), _layer_count(r["model"])
     c, rest = divmod(layers + 2, n)
     if rest or c < 1:
         raise ValueError(f"row {r['id']}: {layers} layers is not c·pp·vpp − 2 (the interleaved layout)")
@@ -192,10 +234,13 @@ activations per GPU, three times the 80 GB the runs had."""
 
 
 def plan_string(r: dict) -> str:
-    """The row's plan as the grammar reads it (USP's ``ulysses=U,ring=R`` included), with the
-    uneven layout of a Zero Bubble interleaved row (``uneven_layers``), USP rows at
-    ``USP_MICRO_BATCH`` and the precision (``precision``) when not bf16."""
-    fields = _fields(r["plan"])
+    """The row's plan as the grammar reads it (USP's ``ulysses=U,ring=R`` included) less the
+    ``edp`` the plan derives, with the uneven layout (``uneven_layers``), the folding a
+    Megatron-stack row needs (``folded_etp``), USP rows at ``USP_MICRO_BATCH`` and the precision
+    (``precision``) when not bf16."""
+    fields = {k: v for k, v in _fields(r["plan"]).items() if k != "edp"}
+    if folded_etp(r):
+        fields["etp"] = folded_etp(r)
     layers = uneven_layers(r)
     if layers:
         fields["layers"] = layers

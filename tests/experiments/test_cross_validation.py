@@ -61,7 +61,10 @@ def test_rows_the_grammar_cannot_write_say_why(experiment):
     priced, refused = p3.rows()
     why = {u.ident: u.why for u in refused}
     assert not [i for i in why if i.startswith("usp-")]          # every USP split is written
-    assert "etp" in why["mcore-qwen3-235b-h100x256-xnode-ep32"]
+    # MoE parallel folding: the Megatron-Core rows priced folded, edp derived (tp2·dp16 = ep32·edp1)
+    xnode = next(r for r in priced if r.ident == "mcore-qwen3-235b-h100x256-xnode-ep32")
+    assert "ep=32,etp=1," in xnode.plan and "edp" not in xnode.plan and "layers=2-3x30-2" in xnode.plan
+    assert "mcore-qwen3-235b-h100x256-xnode-ep32" not in why
     # FP8 rows carry their recipe as the plan's precision (published_regimes3.FP8_RECIPE)
     fp8 = {r.ident: r.plan for r in priced if r.ident.startswith("fp8lm-")}
     assert "precision=fp8-delayed" in fp8["fp8lm-gpt-7b-h100x32-fp8"]
