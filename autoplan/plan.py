@@ -37,7 +37,7 @@ Canonical string (every key, fixed order)::
   hardware) to outermost.
 * ``precision``: the linear layers' GEMM precision: bf16 (default) | fp8 (tensorwise dynamic
   scaling) | fp8-rowwise | fp8-delayed | mxfp8 (1x32 blocks, Blackwell); attention, norms, the
-  LM head and the embedding stay bf16 (``autoplan.cost.precision``).  Written in the string and
+  LM head and the embedding stay bf16 (``costmodels.precision``).  Written in the string and
   the JSON only when not bf16, so a bf16 plan reads as it always did.
 
 Omitted keys take defaults (``dp`` = GPUs / (tp·cp·pp), ``sp=on`` when tp > 1,
