@@ -4,7 +4,7 @@
     est = Estimator(model, cluster)           # caches block layouts across plans
     e = est.estimate(plan, global_batch=1536)
 
-Modules: ``comms`` (memoised op, collective and simulator prices), ``tp`` (block layouts from
+Modules: ``prices`` (memoised op, collective and simulator prices), ``tp`` (block layouts from
 the ILP), ``cp``, ``ep``, ``pp``, ``dp`` (ZeRO 0–3, optimizer), ``memory``, ``parts`` (one graph
 under a plan), ``report`` (primitives, breakdown, violations), ``bounds`` (what the search
 prunes with), ``memo`` (what an Estimator remembers, and the typed keys), ``estimator`` (the
@@ -25,7 +25,7 @@ Each row: fast path, reference, and below it the test (under ``tests/``) that th
   ↳ autoplan/cost/test_bounds.py::test_plan_memory_is_the_estimates_to_the_bit
 ``simulate_many`` (``paired``: samples at once)  ``simulate`` per sample
   ↳ costmodels/test_paired.py::test_simulate_many_is_simulate_per_sample
-``comms.simulate_paired`` (a band's samples)     each sample's ``step_time_s``
+``prices.simulate_paired`` (a band's samples)    each sample's ``step_time_s``
   ↳ autoplan/search/test_parallel_bands.py::test_a_plans_samples_simulated_at_once_are_each_samples_own_steps
 ``steady.extrapolate`` (period matrix)           ``simulate(..., exact=True)``
   ↳ costmodels/test_pipeline.py::test_extrapolated_step_equals_full_simulation

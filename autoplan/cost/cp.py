@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from autoplan.axes import Axis
-from autoplan.cost.comms import Comms
+from autoplan.cost.prices import Prices
 from autoplan.cost.types import AxisCost, Comm
 from autoplan.ir import ModelInfo, OpGraph
 from autoplan.mesh import Mesh
@@ -43,7 +43,7 @@ ULYSSES_QO = 2                          # all-to-alls per pass at the heads' wid
 ULYSSES_KV = 2                          # ... and at the KV heads' width: k and v
 
 
-def attention_seconds(comms: Comms, graph: OpGraph, plan: Plan) -> tuple[float, float]:
+def attention_seconds(prices: Prices, graph: OpGraph, plan: Plan) -> tuple[float, float]:
     """(forward, backward) compute seconds of the attention core (kernels and s×s score ops),
     per micro-batch, per GPU: the kernels' real work (causal tiles only) on 1/cp of the sequence."""
     out = {"forward": 0.0, "backward": 0.0}
@@ -54,8 +54,8 @@ def attention_seconds(comms: Comms, graph: OpGraph, plan: Plan) -> tuple[float, 
                 m, nn, k = n.gemm
                 gemm = (m * plan.mbs / plan.cp, nn, k)
             scale = plan.mbs / plan.cp / plan.tp
-            out[n.phase] += comms.op_seconds(op_kind(n), n.flops * scale * attention_work_fraction(n),
-                                             (n.bytes_read + n.bytes_written) * scale, gemm)
+            out[n.phase] += prices.op_seconds(op_kind(n), n.flops * scale * attention_work_fraction(n),
+                                              (n.bytes_read + n.bytes_written) * scale, gemm)
     return out["forward"], out["backward"]
 
 
@@ -82,11 +82,11 @@ class CpShape(NamedTuple):
                        tokens * kv * head_dim * ACTIVATION_BYTES, 2 * tokens * kv * head_dim * ACTIVATION_BYTES)
 
 
-def _ulysses(comms: Comms, shape: CpShape, ranks: tuple[int, ...]) -> tuple[float, list[Comm]]:
+def _ulysses(prices: Prices, shape: CpShape, ranks: tuple[int, ...]) -> tuple[float, list[Comm]]:
     """Seconds per pass of Ulysses' four all-to-alls (q and o at the heads' width, k and v at the
     KV heads'), the same forward and backward, and their records."""
-    qo = comms.collective("all_to_all", shape.qo_bytes, ranks)
-    kv = comms.collective("all_to_all", shape.kv_a2a_bytes, ranks)
+    qo = prices.collective("all_to_all", shape.qo_bytes, ranks)
+    kv = prices.collective("all_to_all", shape.kv_a2a_bytes, ranks)
     t = ULYSSES_QO * qo + ULYSSES_KV * kv
     out = [Comm(Axis.CP.value, "all_to_all", nbytes, n * one, n * one, phase, calls=n, purpose=purpose, ranks=ranks)
            for phase in ("forward", "backward")
@@ -95,28 +95,28 @@ def _ulysses(comms: Comms, shape: CpShape, ranks: tuple[int, ...]) -> tuple[floa
     return t, out
 
 
-def cp_cost(comms: Comms, info: ModelInfo, seq_len: int, hidden: int, graph: OpGraph, plan: Plan, mesh: Mesh,
+def cp_cost(prices: Prices, info: ModelInfo, seq_len: int, hidden: int, graph: OpGraph, plan: Plan, mesh: Mesh,
             attention_s: tuple[float, float]) -> AxisCost:
     """Exposed forward/backward seconds of context parallelism for one graph, and its collectives."""
     if plan.cp == 1 or not has_attention(graph):
         return AxisCost()
     cp_ranks = mesh.group(Axis.CP.value)
     att_f, att_b = attention_s
-    ulysses_n, ring_n = ulysses_and_ring(plan, mesh, comms.cluster.nvlink_domain)
+    ulysses_n, ring_n = ulysses_and_ring(plan, mesh, prices.cluster.nvlink_domain)
     shape = CpShape.of(info, seq_len, hidden, plan, ulysses_n)
     out: list[Comm] = []
     exp_f = exp_b = 0.0
     if ulysses_n > 1:
-        t, records = _ulysses(comms, shape, tuple(cp_ranks[:ulysses_n]))
+        t, records = _ulysses(prices, shape, tuple(cp_ranks[:ulysses_n]))
         out += records
         exp_f += t
         exp_b += t
     if ring_n > 1:
         chunk = shape.ring_bytes
-        hop, _ = comms.slowest_hop(chunk, cp_ranks[::ulysses_n], closed=True)
-        launch_f, launch_b = (comms.profile.overhead_s * _kernels(graph, p) for p in ("forward", "backward"))
+        hop, _ = prices.slowest_hop(chunk, cp_ranks[::ulysses_n], closed=True)
+        launch_f, launch_b = (prices.profile.overhead_s * _kernels(graph, p) for p in ("forward", "backward"))
         fwd, bwd = (ring_n - 1) * (hop + launch_f), (ring_n - 1) * (2 * hop + launch_b)
-        hide = comms.params.cp_overlap            # share of attention the hops hide behind (1 at the point)
+        hide = prices.params.cp_overlap            # share of attention the hops hide behind (1 at the point)
         e_f = (ring_n - 1) * (max(0.0, hop - hide * att_f / ring_n) + launch_f)
         e_b = (ring_n - 1) * (max(0.0, 2 * hop - hide * att_b / ring_n) + launch_b)
         ring = tuple(cp_ranks[::ulysses_n])

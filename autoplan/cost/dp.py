@@ -29,7 +29,7 @@ bound: ``OPTIMIZER_BYTES_PER_PARAM`` bytes of HBM traffic per parameter of the r
 from __future__ import annotations
 
 from autoplan.cost import fsdp
-from autoplan.cost.comms import Comms
+from autoplan.cost.prices import Prices
 from autoplan.cost.types import DpComm
 from autoplan.plan import Plan
 from costmodels.precision import gather_bytes_per_param, weight_cast_bytes
@@ -41,7 +41,7 @@ PARAM_GATHER_BYTES = fsdp.PARAM_GATHER_BYTES  # bf16
 PER_MICROBATCH = ("zero3",)                    # "zero3_step": ZeRO-2/3 traffic of some passes only
 
 
-def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks: tuple[int, ...],
+def dp_comms(prices: Prices, plan: Plan, dense: float, expert: float, dp_ranks: tuple[int, ...],
              edp_ranks: tuple[int, ...], m: int,
              pol: fsdp.Policy | None = None, grad_bytes: float = GRAD_REDUCE_BYTES) -> list[DpComm]:
     """Data-parallel collectives of one pipeline rank holding ``dense`` + ``expert`` parameters
@@ -53,17 +53,17 @@ def dp_comms(comms: Comms, plan: Plan, dense: float, expert: float, dp_ranks: tu
         grads = numel * grad_bytes
         params = numel * gather_bytes_per_param(plan.precision, plan.zero)   # FP8 under FSDP2's float8 gather
         if plan.zero == 0:
-            out.append(DpComm("all_reduce", grads, 1, comms.collective("all_reduce", grads, ranks), ranks, "grad"))
+            out.append(DpComm("all_reduce", grads, 1, prices.collective("all_reduce", grads, ranks), ranks, "grad"))
         elif plan.zero == 1:
-            out.append(DpComm("reduce_scatter", grads, 1, comms.collective("reduce_scatter", grads, ranks), ranks,
+            out.append(DpComm("reduce_scatter", grads, 1, prices.collective("reduce_scatter", grads, ranks), ranks,
                               "grad"))
-            out.append(DpComm("all_gather", params, 1, comms.collective("all_gather", params, ranks), ranks, "param"))
+            out.append(DpComm("all_gather", params, 1, prices.collective("all_gather", params, ranks), ranks, "param"))
         else:                     # ZeRO-2 is ZeRO-3 that never reshards (fsdp.policy)
-            out += _zero3_comms(comms, plan, params, grads, ranks, m, pol)
+            out += _zero3_comms(prices, plan, params, grads, ranks, m, pol)
     return out
 
 
-def _zero3_comms(comms: Comms, plan: Plan, params: float, grads: float, ranks: tuple[int, ...], m: int,
+def _zero3_comms(prices: Prices, plan: Plan, params: float, grads: float, ranks: tuple[int, ...], m: int,
 
                  pol: fsdp.Policy | None) -> list[DpComm]:
     """FSDP2's gathers (forward passes, and backward ones under reshard) and reduce-scatters per
@@ -71,8 +71,8 @@ def _zero3_comms(comms: Comms, plan: Plan, params: float, grads: float, ranks: t
     micro-batch, ``zero3_step`` when only some passes carry them."""
     pol = pol or fsdp.Policy(fsdp.DEFAULT_PREFETCH, plan.pp == 1 and plan.zero == 3, plan.pp == 1)
     gathers, reduces, gather_only = fsdp.passes(pol, m)
-    t_ag = comms.collective("all_gather", params, ranks)
-    t_rs = comms.collective("reduce_scatter", grads, ranks)
+    t_ag = prices.collective("all_gather", params, ranks)
+    t_rs = prices.collective("reduce_scatter", grads, ranks)
     out = [DpComm("all_gather", params, gathers, gathers * t_ag, ranks, "zero3" if pol.reshard else "zero3_step"),
            DpComm("reduce_scatter", grads, reduces, reduces * t_rs, ranks,
                   "zero3" if pol.reduce_every_microbatch else "zero3_step")]
@@ -109,11 +109,11 @@ def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: flo
     return exposed + max(0.0, once_grad - last_backward) + max(0.0, once_param - first_forward)
 
 
-def optimizer_seconds(comms: Comms, numel: float, plan: Plan, dp_size: int) -> float:
+def optimizer_seconds(prices: Prices, numel: float, plan: Plan, dp_size: int) -> float:
     """The optimizer step on one GPU: its parameter shard's HBM traffic, then, under an FP8
     precision, the cast of the weights it holds to FP8 for the next step (``costmodels.precision``:
     the whole bf16 weights a ZeRO-0/1/2 rank holds; the shard before FSDP2 gathers it at ZeRO-3)."""
     shard = max(dp_size, 1) if plan.zero >= 1 else 1
     held = numel / max(dp_size, 1) if plan.zero == 3 else numel
     nbytes = numel / shard * OPTIMIZER_BYTES_PER_PARAM + weight_cast_bytes(plan.precision, held)
-    return nbytes / (comms.cluster.gpu.hbm_bw * comms.profile.memory_fraction)
+    return nbytes / (prices.cluster.gpu.hbm_bw * prices.profile.memory_fraction)

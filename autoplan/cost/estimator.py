@@ -2,7 +2,7 @@
 
 ``Estimator`` composes the per-parallelism pricers, one module each: ``tp`` (the block ILP's
 layout), ``cp``, ``ep``, ``pp`` (stage bags → the pipeline simulator), ``dp`` (ZeRO 0–3 and the
-optimizer step) and ``memory``; ``comms`` memoises the prices they share, ``memo`` holds what
+optimizer step) and ``memory``; ``prices`` memoises the prices they share, ``memo`` holds what
 the Estimator remembers across plans and ``report`` builds the primitive table.  How a step is
 priced (seconds, per GPU):
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
 from autoplan.cost import dp, fsdp, memory, pp, report
-from autoplan.cost.comms import Comms
 from autoplan.cost.memo import BagKey, EstimatorMemo, LocalShape, PartKey, PlanAt
 from autoplan.cost.parts import price_part
+from autoplan.cost.prices import Prices
 from autoplan.cost.tp import BlockLayouts, LayoutKey
 from autoplan.cost.types import DpComm, Estimate, EstimateOptions, LayerWork, Part, Primitive, SimulationArgs
 from autoplan.ir import BlockGraph, OpGraph, OpNode
@@ -48,8 +48,8 @@ class Estimator:
         self.model = model
         self.cluster = cluster
         self.options = options
-        self.comms = Comms(cluster, options.profile, options.params, options.exact)
-        self.layouts = BlockLayouts(self.comms, options, enforce_rules=enforce_rules)
+        self.prices = Prices(cluster, options.profile, options.params, options.exact)
+        self.layouts = BlockLayouts(self.prices, options, enforce_rules=enforce_rules)
         self.info = model.model
         self.hidden = self.info.hidden or _hidden_of(model)
         self.memo = EstimatorMemo()
@@ -71,7 +71,7 @@ class Estimator:
     def _part(self, key: PartKey, plan: Plan, mesh: Mesh) -> Part:
         """``part`` of ``key``, projected from ``plan`` and ``mesh``."""
         return self.memo.parts.get(key, lambda: price_part(
-            self.comms, self.layouts, self.info, self.model.sample_positions, self.hidden, key.graph,
+            self.prices, self.layouts, self.info, self.model.sample_positions, self.hidden, key.graph,
             self.graph(key.graph), plan, key.recompute, mesh, self.options.kernels))
 
     def stage_bags(self, plan: Plan, mesh: Mesh) -> list[pp.Bag]:
@@ -86,7 +86,7 @@ class Estimator:
         """``pp.simulation_args`` of ``plan`` at ``m`` micro-batches, remembered (a band's
         sample asks for it to simulate its plans at once, then prices each plan with it)."""
         return self.memo.pipelines.get(PlanAt(plan, m), lambda: pp.simulation_args(
-            self.comms, plan, mesh, self.stage_bags(plan, mesh), m, self.model.sample_positions, self.hidden))
+            self.prices, plan, mesh, self.stage_bags(plan, mesh), m, self.model.sample_positions, self.hidden))
 
     def graph_kinds(self) -> list[tuple[str, int]]:
         """Every graph of the model — block kinds, then "@pre" and "@post" — with how often it occurs."""
@@ -160,7 +160,7 @@ class Estimator:
         mems = self.rank_memories(plan, mesh, pipe, m, pol)
         step = self._step(plan, mesh, m, pipe, pol, [(x.dense_numel, x.expert_numel) for x in mems])
         busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
-        prims = report.primitives(self.comms, plan, mesh, m, pipe, busy, step.dp_colls[busy], step.dp_exposed[busy],
+        prims = report.primitives(self.prices, plan, mesh, m, pipe, busy, step.dp_colls[busy], step.dp_exposed[busy],
                                   step.embed_bytes, step.embed_s) if detail else []
         return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step.step_s,
                               max(step.dp_exposed), step.embed_s, step.optimizer_s)
@@ -179,7 +179,7 @@ class Estimator:
         slowest rank's exposed DP traffic + tied-embedding sync + optimizer,
         from each pipeline rank's (dense, expert) parameter count."""
         dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
-        by_numels = {n: dp.dp_comms(self.comms, plan, n[0], n[1], dp_ranks, edp_ranks, m, pol,
+        by_numels = {n: dp.dp_comms(self.prices, plan, n[0], n[1], dp_ranks, edp_ranks, m, pol,
                                     self.options.grad_reduce_bytes) for n in dict.fromkeys(numels)}
         dp_colls = [by_numels[n] for n in numels]
         zero3: dict[_ChunksKey, float | None] = {}
@@ -200,7 +200,7 @@ class Estimator:
         self.check(plan, global_batch)
         mesh = Mesh.of(plan)
         m = plan.microbatches(global_batch)
-        return mesh, m, pp.price_pipeline(self.comms, plan, self.stage_bags(plan, mesh),
+        return mesh, m, pp.price_pipeline(self.prices, plan, self.stage_bags(plan, mesh),
                                           self.simulation_args(plan, mesh, m), detail=detail,
                                           post_validation=self.options.post_validation)
 
@@ -222,9 +222,9 @@ class Estimator:
         key = tuple((tuple(pipe.bags[c]), c == 0, c == last) for c in pipe.rank_chunks[rank])
         if key in memo:
             return memo[key]
-        shared = len(dp_ranks) > 1 and self.comms.span(dp_ranks).level == "nvlink"
+        shared = len(dp_ranks) > 1 and self.prices.span(dp_ranks).level == "nvlink"
         gather = gather_bytes_per_param(plan.precision, plan.zero)
-        chunks = [fsdp.chunk_units(self.comms, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared,
+        chunks = [fsdp.chunk_units(self.prices, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared,
                                    self.options.grad_reduce_bytes, gather) for c in pipe.rank_chunks[rank]]
         out = memo[key] = fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
         return out
@@ -256,7 +256,7 @@ class Estimator:
     def optimizer_seconds(self, plan: Plan, mesh: Mesh, numels: list[tuple[float, float]]) -> float:
         """The optimizer step of the rank holding the most parameters (``numels``: each pipeline
         rank's (dense, expert) count)."""
-        return dp.optimizer_seconds(self.comms, max(d + e for d, e in numels), plan, len(mesh.group(DENSE_DP)))
+        return dp.optimizer_seconds(self.prices, max(d + e for d, e in numels), plan, len(mesh.group(DENSE_DP)))
 
     def embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
         """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""
@@ -264,7 +264,7 @@ class Estimator:
             return 0.0, 0.0
         pp_ranks = mesh.group(Axis.PP.value)
         nbytes = self.info.vocab * self.hidden / plan.tp * dp.GRAD_REDUCE_BYTES
-        return nbytes, self.comms.collective("all_reduce", nbytes, (pp_ranks[0], pp_ranks[-1]))
+        return nbytes, self.prices.collective("all_reduce", nbytes, (pp_ranks[0], pp_ranks[-1]))
 
     def _assemble(self, plan: Plan, mesh: Mesh, global_batch: int, m: int, pipe: pp.Pipeline,
                   mems: list[memory.RankMemory], prims: list[Primitive], busy: int, step: float, dp_exposed: float,
@@ -293,7 +293,7 @@ class Estimator:
             memory_breakdown_gib={k: v / GIB for k, v in mems[worst].breakdown().items()},
             fits=totals[worst] <= self.usable_bytes, bubble_fraction=pp.bubble_fraction(pipe),
             comm_exposed_s=sum(p.exposed_s for p in prims),
-            violations=tuple(report.violations(self.comms, plan, mesh, self.info.experts, totals[worst],
+            violations=tuple(report.violations(self.prices, plan, mesh, self.info.experts, totals[worst],
                                                self.options.memory_margin_gib)),
             primitives=tuple(prims), comm_time_s=sum(p.time_s for p in prims),
             time_breakdown_s=report.breakdown(prims, compute=m * block_compute, pipe=pipe, rank=busy,

@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, replace
 
-from autoplan.cost.comms import Comms
+from autoplan.cost.prices import Prices
 from autoplan.cost.types import GRAD_SYNCS, EstimateOptions, Part
 from autoplan.errors import UserError
 from autoplan.plan import Plan
@@ -85,13 +85,13 @@ class Unit:
     kept: bool = False             # not resharded after forward (root, last block)
 
 
-def _collective(comms: Comms, kind: str, per_elem: float, dense: float, expert: float, dp_ranks: tuple[int, ...],
+def _collective(prices: Prices, kind: str, per_elem: float, dense: float, expert: float, dp_ranks: tuple[int, ...],
                 edp_ranks: tuple[int, ...]) -> float:
-    return (comms.collective(kind, dense * per_elem, dp_ranks)
-            + comms.collective(kind, expert * per_elem, edp_ranks))
+    return (prices.collective(kind, dense * per_elem, dp_ranks)
+            + prices.collective(kind, expert * per_elem, edp_ranks))
 
 
-def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool,
+def chunk_units(prices: Prices, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool,
                 dp_ranks: tuple[int, ...], edp_ranks: tuple[int, ...],
 
                 shared_link: bool, grad_bytes: float = GRAD_REDUCE_BYTES,
@@ -110,8 +110,8 @@ def chunk_units(comms: Comms, bag: list[tuple[Part, int]], has_pre: bool, has_po
             link_f = sum(c.seconds for c in p.comms if c.phase == "forward") if shared_link else 0.0
             link_b = sum(c.seconds for c in p.comms if c.phase == "backward") if shared_link else 0.0
         return Unit(fwd, bwd,
-                    _collective(comms, "all_gather", gathered, dense, expert, dp_ranks, edp_ranks),
-                    _collective(comms, "reduce_scatter", grad_bytes, dense, expert, dp_ranks, edp_ranks),
+                    _collective(prices, "all_gather", gathered, dense, expert, dp_ranks, edp_ranks),
+                    _collective(prices, "reduce_scatter", grad_bytes, dense, expert, dp_ranks, edp_ranks),
                     link_f, link_b, kept)
 
     split = len(bag) - has_pre - has_post

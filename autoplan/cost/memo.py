@@ -25,7 +25,7 @@ memories, floors    PlanAt      ``bounds.plan_memory``, ``plan_floor``        ``
 ==================  ==========  ============================================  =====================
 
 (``PlanAt`` keys the last four on the global batch, ``pipelines`` on the micro-batches.)  The
-prices every pricer shares live on ``Comms`` (collective seconds by (kind, bytes, ranks), spans,
+prices every pricer shares live on ``Prices`` (collective seconds by (kind, bytes, ranks), spans,
 simulations by their arguments) and the block ILP's solutions on ``tp.BlockLayouts``
 (``LayoutKey``), each a ``costmodels.memo.Table`` too.
 """

@@ -14,10 +14,10 @@ under the policy.
 """
 from __future__ import annotations
 
-from autoplan.cost.comms import Comms
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.kernels import kernel_saving_bytes
+from autoplan.cost.prices import Prices
 from autoplan.cost.softmax import with_fallback
 from autoplan.cost.tp import BlockLayouts, tp_cost
 from autoplan.cost.types import AxisCost, Part
@@ -29,23 +29,23 @@ from autoplan.sharding import BlockSharding
 from autoplan.sharding.price import recomputed
 
 
-def price_part(comms: Comms, layouts: BlockLayouts, info: ModelInfo, seq_len: int, hidden: int,
+def price_part(prices: Prices, layouts: BlockLayouts, info: ModelInfo, seq_len: int, hidden: int,
                graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh,
                kernels: str = "eager") -> Part:
     bs = with_fallback(layouts.sharding(graph_key, graph, plan, recompute, mesh), graph, plan, recompute,
-                       comms.profile, comms.cluster.gpu.hbm_bw)
+                       prices.profile, prices.cluster.gpu.hbm_bw)
     tp = tp_cost(bs, plan)
-    attention = attention_seconds(comms, graph, plan)
-    cp = cp_cost(comms, info, seq_len, hidden, graph, plan, mesh, attention)
-    ep = ep_cost(comms, info, seq_len, hidden, graph, plan, mesh)
+    attention = attention_seconds(prices, graph, plan)
+    cp = cp_cost(prices, info, seq_len, hidden, graph, plan, mesh, attention)
+    ep = ep_cost(prices, info, seq_len, hidden, graph, plan, mesh)
     dense, expert, largest = _param_numels(graph, bs, plan)
     saved = bs.saved_bytes - kernel_saving_bytes(kernels, graph, bs, plan, recompute)
     unsaved = saved
     if recompute != "none":
         kept = layouts.sharding(graph_key, graph, plan, "none", mesh)
         unsaved = kept.saved_bytes - kernel_saving_bytes(kernels, graph, kept, plan, "none")
-    backward_s = bs.backward_s + (comms.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
-    forward_s, backward_s, wgrad_s = host_bound(comms.profile.host_floor_s, bs, tp, backward_s)
+    backward_s = bs.backward_s + (prices.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
+    forward_s, backward_s, wgrad_s = host_bound(prices.profile.host_floor_s, bs, tp, backward_s)
     return Part(
         forward_s=forward_s, backward_s=backward_s, wgrad_s=wgrad_s,
         exposed_fwd_s=tp.exposed_fwd_s + cp.exposed_fwd_s + ep.exposed_fwd_s,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autoplan.axes import Axis
-from autoplan.cost.comms import Comms
+from autoplan.cost.prices import Prices
 from autoplan.cost.types import Boundary, Part, SimulationArgs
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan, recompute_layers
@@ -155,9 +155,9 @@ def engine_instructions(f: list[float], b: list[float], host_s: float) -> tuple[
     return [x + kc * host_s for x, kc in zip(f, k)], [x + kc * host_s for x, kc in zip(b, k)]
 
 
-def wpass_factor(comms: Comms, schedule: str) -> float:
+def wpass_factor(prices: Prices, schedule: str) -> float:
     """The uncertain cost multiplier of a split W pass (zero-bubble schedules; 1 at the point)."""
-    return comms.params.wpass if SCHEDULE_SPECS[schedule].split_backward else 1.0
+    return prices.params.wpass if SCHEDULE_SPECS[schedule].split_backward else 1.0
 
 
 def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
@@ -165,27 +165,27 @@ def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
     return tuple(plan.stages_of_rank(r) for r in range(plan.pp))
 
 
-def simulation_args(comms: Comms, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int,
+def simulation_args(prices: Prices, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int,
                     hidden: int) -> SimulationArgs:
     """What ``price_pipeline`` simulates for ``plan`` (a band asks for every sample's before
     simulating them at once)."""
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
-    f, b, w = stage_times(bags, wpass_factor(comms, schedule))
-    f, b = engine_instructions(f, b, comms.profile.p2p_host_s)
+    f, b, w = stage_times(bags, wpass_factor(prices, schedule))
+    f, b = engine_instructions(f, b, prices.profile.p2p_host_s)
     f_comm, b_comm = pair_comms(schedule, bags)
     return SimulationArgs(schedule, plan.pp, m, plan.vpp, f, b, w, f_comm, b_comm,
-                          boundary(comms, plan, mesh, seq_len, hidden, schedule))
+                          boundary(prices, plan, mesh, seq_len, hidden, schedule))
 
 
-def price_pipeline(comms: Comms, plan: Plan, bags: list[Bag], args: SimulationArgs, *, detail: bool,
+def price_pipeline(prices: Prices, plan: Plan, bags: list[Bag], args: SimulationArgs, *, detail: bool,
                    post_validation: bool = False) -> Pipeline:
     """The priced pipeline of ``plan`` from its ``simulation_args`` ``args``; with ``detail``,
     also the exposed share of stage-to-stage P2P (a second simulation, without it);
     ``post_validation``: ``Pipeline.step_s`` is the steady step."""
-    sim = comms.simulate(args)
+    sim = prices.simulate(args)
     p2p_exposed = 0.0
     if plan.pp > 1 and detail:
-        no_p2p = comms.simulate(args, p2p=0.0)
+        no_p2p = prices.simulate(args, p2p=0.0)
         if post_validation:
             p2p_exposed = max(0.0, sim.steady_step_time - no_p2p.steady_step_time)
         else:
@@ -203,7 +203,7 @@ def pair_comms(schedule: str, bags: Sequence[Bag]) -> tuple[list[float] | None, 
     return [sum(p.ep_fwd_s * n for p, n in bag) for bag in bags], [sum(p.ep_bwd_s * n for p, n in bag) for bag in bags]
 
 
-def boundary(comms: Comms, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,
+def boundary(prices: Prices, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,
                    schedule: str) -> Boundary:
     """One boundary activation, ``b·(s/cp)·h·2`` bytes: what each tp rank sends, the seconds of
     one stage-to-stage send on the slowest hop, that hop, and the all-gather part of those seconds.
@@ -216,6 +216,6 @@ def boundary(comms: Comms, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,
         return NO_BOUNDARY
     full = plan.mbs * seq_len / plan.cp * hidden * ACTIVATION_BYTES
     per_rank = full / plan.tp
-    hop_s, hop = comms.slowest_hop(per_rank, mesh.group(Axis.PP.value), closed=schedule == "interleaved")
-    gather = 0.0 if plan.sp else comms.collective("all_gather", full, mesh.group(Axis.TP.value))
+    hop_s, hop = prices.slowest_hop(per_rank, mesh.group(Axis.PP.value), closed=schedule == "interleaved")
+    gather = 0.0 if plan.sp else prices.collective("all_gather", full, mesh.group(Axis.TP.value))
     return Boundary(per_rank, hop_s + gather, hop, gather)

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autoplan.axes import Axis
-from autoplan.cost.comms import Comms
 from autoplan.cost.pp import Pipeline
+from autoplan.cost.prices import Prices
 from autoplan.cost.types import DpComm, Primitive, Violation
 from autoplan.mesh import Mesh, ranks_text
 from autoplan.plan import Plan
@@ -34,19 +34,19 @@ class _Row:
 class _Table:
     """Accumulates collectives into primitives keyed by (kind, axis, purpose, group size, level)."""
 
-    def __init__(self, comms: Comms):
-        self.comms = comms
+    def __init__(self, prices: Prices):
+        self.prices = prices
         self.acc: dict[_Key, _Row] = {}
 
     def add(self, kind: str, axis: str, purpose: str, ranks: Sequence[int], calls: int, nbytes: float,
             seconds: float, exposed: float) -> None:
         if len(ranks) <= 1:
             return
-        span = self.comms.span(ranks)
+        span = self.prices.span(ranks)
         key = (kind, axis, purpose, len(ranks), span.level)
         a = self.acc.get(key)
         if a is None:
-            a = self.acc[key] = _Row(self.comms.cluster.describe_span(span))
+            a = self.acc[key] = _Row(self.prices.cluster.describe_span(span))
         a.calls += calls
         a.total += nbytes * calls
         a.seconds += seconds
@@ -59,9 +59,9 @@ class _Table:
         return sorted(rows, key=lambda p: (p.kind, p.traffic, p.group_size, p.level, p.purpose))
 
 
-def primitives(comms: Comms, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, rank: int,
+def primitives(prices: Prices, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, rank: int,
                dp: list[DpComm], dp_exposed: float, embed_bytes: float, embed_s: float) -> list[Primitive]:
-    table = _Table(comms)
+    table = _Table(prices)
     ep_keep = _ep_share_exposed(plan, pipe, m, rank)
     for c in pipe.rank_chunks[rank]:
         for p, n in pipe.bags[c]:
@@ -131,13 +131,13 @@ def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: i
     }
 
 
-def violations(comms: Comms, plan: Plan, mesh: Mesh, experts: int, memory_bytes: float,
+def violations(prices: Prices, plan: Plan, mesh: Mesh, experts: int, memory_bytes: float,
                margin_gib: float = 0.0) -> list[Violation]:
     """The hard rules a priced plan breaks (``autoplan.rules``), and memory beyond HBM less the margin."""
-    cluster = comms.cluster
+    cluster = prices.cluster
     out = []
     for g, ranks in nvlink_breaks(plan, mesh, experts=experts, nvlink_domain=cluster.nvlink_domain):
-        span = comms.span(ranks)
+        span = prices.span(ranks)
         out.append(Violation(g.rule, f"{g.label} group of {len(ranks)} ranks ({ranks_text(ranks)}) spans "
                                      f"{span.domains} NVLink domains over {cluster.describe_span(span)}: "
                                      f"per-layer collectives leave NVLink"))

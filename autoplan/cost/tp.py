@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from autoplan.axes import Axis
-from autoplan.cost.comms import AxisPricer, Comms
+from autoplan.cost.prices import AxisPricer, Prices
 from autoplan.cost.types import AxisCost, Comm, EstimateOptions
 from autoplan.ir import OpGraph
 from autoplan.mesh import Mesh
@@ -67,10 +67,10 @@ class ShardingKey(NamedTuple):
 class BlockLayouts:
     """The block ILP's solutions and their prices under plans, memoised."""
 
-    def __init__(self, comms: Comms, options: EstimateOptions, *, enforce_rules: bool):
+    def __init__(self, prices: Prices, options: EstimateOptions, *, enforce_rules: bool):
         """``enforce_rules``: the search's mode, where the ILP may not place a per-layer collective
         outside the NVLink domain; hand plans are priced as written (and flagged)."""
-        self.comms = comms
+        self.prices = prices
         self.options = options
         self.enforce_rules = enforce_rules
         self.assignments: Table[BlockAssignment] = Table("layouts.assignments", LAYOUTS_KEPT, volatile=SOLVE_SECONDS)
@@ -82,7 +82,7 @@ class BlockLayouts:
 
     def assignment_key(self, graph_key: str, plan: Plan, mesh: Mesh) -> LayoutKey:
         """The ``LayoutKey`` of one graph under ``plan``."""
-        return LayoutKey.of(graph_key, plan, self.comms.span(mesh.group(Axis.TP.value)))
+        return LayoutKey.of(graph_key, plan, self.prices.span(mesh.group(Axis.TP.value)))
 
     def store(self, solved: list[tuple[LayoutKey, BlockAssignment]]) -> None:
         """Remember ILP solutions solved elsewhere (the search's worker processes) under their keys."""
@@ -111,7 +111,7 @@ class BlockLayouts:
 
     def _context(self, plan: Plan, recompute: str, mesh: Mesh, layout: LayoutKey) -> ShardingContext:
         forbid = layout.span.level != "nvlink" and not self.options.allow_cross_domain
-        return ShardingContext(tp=plan.tp, sp=plan.sp, pricer=AxisPricer(self.comms, mesh), mbs=plan.mbs,
+        return ShardingContext(tp=plan.tp, sp=plan.sp, pricer=AxisPricer(self.prices, mesh), mbs=plan.mbs,
                                cp=plan.cp, recompute=recompute, precision=layout.precision,
                                forbid_tp_collectives=forbid and self.enforce_rules,
                                backend=self.options.solver, time_limit_s=self.options.time_limit_s)

@@ -271,14 +271,14 @@ class Boundary:
     gather_s: float             # part of ``seconds``: the receiver's all-gather over tp (no SP)
 
 
-# the simulator's arguments hashed whole (lists as tuples): ``Comms``' memo key
+# the simulator's arguments hashed whole (lists as tuples): ``Prices``' memo key
 SimulationKey = tuple[str, int, int, int, tuple[float, ...], tuple[float, ...], tuple[float, ...], float,
                       "tuple[float, ...] | None", "tuple[float, ...] | None"]
 
 
 @dataclass(frozen=True)
 class SimulationArgs:
-    """What ``Comms.simulate`` simulates for one plan at m micro-batches (``pp.simulation_args``):
+    """What ``Prices.simulate`` simulates for one plan at m micro-batches (``pp.simulation_args``):
     the schedule's shape, per virtual stage F, B, W (and the EP seconds an overlapped DualPipeV
     pair can hide), and the boundary whose seconds are the stage-to-stage P2P time."""
 

@@ -23,9 +23,9 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autoplan.cost.comms import AxisPricer, Comms, simulate_paired
 from autoplan.cost.estimator import Estimator
 from autoplan.cost.params import Params, Range, ranges
+from autoplan.cost.prices import AxisPricer, Prices, simulate_paired
 from autoplan.cost.reprice import evaluate, template
 from autoplan.cost.tp import LAYOUTS_KEPT, BlockLayouts, ShardingKey
 from autoplan.cost.types import Estimate, EstimateOptions, SimulationArgs
@@ -106,7 +106,7 @@ class Sampler:
             for p in self.params:
                 e = Estimator(b.model, b.cluster, dataclasses.replace(b.options, params=p),
                               enforce_rules=b.layouts.enforce_rules)
-                e.layouts = _SampleLayouts(e.comms, e.options, b.layouts, self._templates)
+                e.layouts = _SampleLayouts(e.prices, e.options, b.layouts, self._templates)
                 self._estimators.append(e)
         return self._estimators
 
@@ -118,7 +118,7 @@ class Sampler:
     def steps(self, plans: list[Plan], global_batch: int, samples: Iterable[int]) -> list[list[float]]:
         """Per sample index of ``samples``: the step time of every plan on it.  Each plan's
         pipelines on these samples (one shape, other stage times) are simulated at once first
-        (``comms.simulate_paired``); each sample's ``step_time_s`` then finds its own."""
+        (``prices.simulate_paired``); each sample's ``step_time_s`` then finds its own."""
         estimators = [self.estimators()[i] for i in samples]
         if len(estimators) > 1:
             for plan in plans:
@@ -126,18 +126,18 @@ class Sampler:
         return [[e.step_time_s(p, global_batch) for p in plans] for e in estimators]
 
 
-def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple[Comms, SimulationArgs]:
-    """(comms, arguments) of the one simulation ``est.step_time_s(plan, global_batch)`` runs."""
+def _simulation_request(est: Estimator, plan: Plan, global_batch: int) -> tuple[Prices, SimulationArgs]:
+    """(prices, arguments) of the one simulation ``est.step_time_s(plan, global_batch)`` runs."""
     est.check(plan, global_batch)
     args = est.simulation_args(plan, Mesh.of(plan), plan.microbatches(global_batch))
-    return est.comms, args
+    return est.prices, args
 
 
 class _SampleLayouts(BlockLayouts):
     """A sample's block layouts: the point estimator's ILP solutions, priced from shared templates."""
 
-    def __init__(self, comms: Comms, options: EstimateOptions, point: BlockLayouts, templates: Table[BlockSharding]):
-        super().__init__(comms, options, enforce_rules=point.enforce_rules)
+    def __init__(self, prices: Prices, options: EstimateOptions, point: BlockLayouts, templates: Table[BlockSharding]):
+        super().__init__(prices, options, enforce_rules=point.enforce_rules)
         self.point = point
         self.templates = templates
 
@@ -149,4 +149,4 @@ class _SampleLayouts(BlockLayouts):
             point_key = self.point.assignment_key(graph_key, plan, mesh)
             assignment = self.point.assignments.get(point_key, lambda: self.point.solve(graph_key, graph, plan, mesh))
             return template(graph, assignment, self._context(plan, recompute, mesh, key.layout))
-        return self._priced.get(key, lambda: evaluate(self.templates.get(key, symbolic), AxisPricer(self.comms, mesh)))
+        return self._priced.get(key, lambda: evaluate(self.templates.get(key, symbolic), AxisPricer(self.prices, mesh)))

@@ -1,6 +1,6 @@
 """What the block ILP takes and gives: its context, the pricing interface, and its results.
 
-The ILP prices nothing itself: a ``Pricer`` (implemented by ``autoplan.cost.comms``) answers
+The ILP prices nothing itself: a ``Pricer`` (implemented by ``autoplan.cost.prices``) answers
 "seconds of this op on one GPU" and "seconds of this collective on the plan's group of a
 named mesh axis".  Everything the ILP returns is a frozen record.
 """

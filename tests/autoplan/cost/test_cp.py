@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 import topologies
-from autoplan.cost.comms import Comms
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.params import NOMINAL, Params
+from autoplan.cost.prices import Prices
 from autoplan.cost.types import AxisCost
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
@@ -38,12 +38,12 @@ def model(traced):
 
 def _cp(model, plan: Plan, attention: tuple[float, float], graph=None, params: Params = NOMINAL) -> AxisCost:
     graph = model.blocks[0].graph if graph is None else graph
-    return cp_cost(Comms(CLUSTER, params=params), model.model, model.seq_len, model.model.hidden, graph, plan,
+    return cp_cost(Prices(CLUSTER, params=params), model.model, model.seq_len, model.model.hidden, graph, plan,
                    Mesh.of(plan), attention)
 
 
 def _attention(model, plan: Plan) -> tuple[float, float]:
-    return attention_seconds(Comms(CLUSTER), model.blocks[0].graph, plan)
+    return attention_seconds(Prices(CLUSTER), model.blocks[0].graph, plan)
 
 
 # ---- α–β by hand (costmodels/collectives.py) -----------------------------------------------------

@@ -14,8 +14,8 @@ import yaml
 
 import topologies
 from autoplan.cost import dp
-from autoplan.cost.comms import Comms
 from autoplan.cost.fsdp import Policy
+from autoplan.cost.prices import Prices
 from autoplan.cost.types import DpComm
 from autoplan.plan import Plan
 from costmodels.compute import PROFILE_DIR
@@ -27,7 +27,7 @@ GRAD, PARAM = 4.0, 2.0                   # bytes per reduced gradient (fp32) and
 # ---- the calls under test, one place each (their signatures are being reshaped) -----------------
 
 def _dp_comms(plan, dense, expert, dp_ranks, edp_ranks, m, pol=None, grad_bytes=GRAD) -> list[DpComm]:
-    return dp.dp_comms(Comms(CLUSTER), plan, dense, expert, tuple(dp_ranks), tuple(edp_ranks), m, pol, grad_bytes)
+    return dp.dp_comms(Prices(CLUSTER), plan, dense, expert, tuple(dp_ranks), tuple(edp_ranks), m, pol, grad_bytes)
 
 
 def _dp_exposed(colls, m, **kw) -> float:
@@ -35,7 +35,7 @@ def _dp_exposed(colls, m, **kw) -> float:
 
 
 def _optimizer(numel, plan, dp_size) -> float:
-    return dp.optimizer_seconds(Comms(CLUSTER), numel, plan, dp_size)
+    return dp.optimizer_seconds(Prices(CLUSTER), numel, plan, dp_size)
 
 
 # ---- α–β by hand (costmodels/collectives.py, module docstring) ------------------------------------

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 import topologies
-from autoplan.cost.comms import Comms
 from autoplan.cost.ep import ep_cost
+from autoplan.cost.prices import Prices
 from autoplan.cost.types import AxisCost
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
@@ -31,7 +31,7 @@ def model(traced):
 
 def _ep(model, plan: Plan, kind: str = "moe0") -> AxisCost:
     graph = model.block(kind).graph
-    return ep_cost(Comms(CLUSTER), model.model, model.seq_len, model.model.hidden, graph, plan, Mesh.of(plan))
+    return ep_cost(Prices(CLUSTER), model.model, model.seq_len, model.model.hidden, graph, plan, Mesh.of(plan))
 
 
 # ---- α–β by hand (costmodels/collectives.py: all_to_all, PXN) -------------------------------------

@@ -38,7 +38,7 @@ def test_block_layout_is_solved_at_the_plans_own_cp_whatever_was_priced_before(s
     reduce-scattered) wins.  A plan is priced with the layout of its own local shape, and its
     price does not depend on which plans the estimator priced first."""
     from autoplan.cost import Estimator
-    from autoplan.cost.comms import AxisPricer
+    from autoplan.cost.prices import AxisPricer
     from autoplan.mesh import Mesh
     from autoplan.sharding import ShardingContext, price_assignment, solve_assignment
 
@@ -55,7 +55,7 @@ def test_block_layout_is_solved_at_the_plans_own_cp_whatever_was_priced_before(s
     graph, mesh = model.blocks[0].graph, Mesh.of(long)
 
     def ctx(plan):
-        return ShardingContext(tp=8, sp=True, pricer=AxisPricer(est.comms, mesh), cp=plan.cp)
+        return ShardingContext(tp=8, sp=True, pricer=AxisPricer(est.prices, mesh), cp=plan.cp)
     stale = price_assignment(graph, solve_assignment(graph, ctx(short)), ctx(long))
     fresh = price_assignment(graph, solve_assignment(graph, ctx(long)), ctx(long))
     assert fresh.comm_seconds() < stale.comm_seconds() / 2
@@ -75,18 +75,18 @@ def test_ring_cp_and_pipeline_sends_are_priced_on_their_slowest_hop(setup):
     them.  pp=8 outermost (ranks 0, 2, …, 14): stage 3 → 4 (rank 6 → 8) crosses nodes, and every
 send is priced there."""
     _, _, estimator = setup(MODEL, "h100x16")
-    comms = estimator.comms
+    prices = estimator.prices
     ring = estimator.estimate(Plan.parse("tp=2,cp=8,dp=1,cp_algo=ring,sp=on", num_gpus=16), 8)
     prim, per_call = _per_call(ring, "cp")
     assert prim.level != "nvlink"
-    crossing = comms.collective("p2p", prim.bytes_per_call, (6, 8))
+    crossing = prices.collective("p2p", prim.bytes_per_call, (6, 8))
     # each ring step also launches one more attention kernel per pass: + 2/3 launch per hop
-    assert per_call == pytest.approx(crossing + 2 / 3 * comms.profile.overhead_s, rel=1e-9)
-    assert per_call > 2 * comms.collective("p2p", prim.bytes_per_call, (0, 2))
+    assert per_call == pytest.approx(crossing + 2 / 3 * prices.profile.overhead_s, rel=1e-9)
+    assert per_call > 2 * prices.collective("p2p", prim.bytes_per_call, (0, 2))
     pipe = estimator.estimate(Plan.parse("tp=1,pp=8,dp=2,order=tp-cp-ep-dp-pp", num_gpus=16), 16)
     prim, per_call = _per_call(pipe, "pp")
     assert prim.level != "nvlink"
-    assert per_call == pytest.approx(comms.collective("p2p", prim.bytes_per_call, (6, 8)), rel=1e-9)
+    assert per_call == pytest.approx(prices.collective("p2p", prim.bytes_per_call, (6, 8)), rel=1e-9)
 
 
 @pytest.mark.parametrize("sp", ["on", "off"])
@@ -102,13 +102,13 @@ def test_pipeline_sends_split_the_activation_over_tp(setup, sp):
     gathers = [p for p in est.primitives if p.traffic == "pp" and p.kind == "all_gather"]
     if sp == "on":
         assert not gathers
-        assert per_send == pytest.approx(estimator.comms.collective("p2p", full / 4, (4, 8)))   # 4 -> 8 leaves the node
+        assert per_send == pytest.approx(estimator.prices.collective("p2p", full / 4, (4, 8)))  # 4 -> 8 leaves the node
     else:
         (gather,) = gathers
         assert gather.level == "nvlink" and gather.calls_per_step == send.calls_per_step
         assert gather.bytes_per_call == full
         assert gather.time_s / gather.calls_per_step == pytest.approx(
-            estimator.comms.collective("all_gather", full, (0, 1, 2, 3)))
+            estimator.prices.collective("all_gather", full, (0, 1, 2, 3)))
 
 
 CAUSAL = "llama:layers=2,hidden=2048,heads=16,kv_heads=4,ffn=5632,vocab=32000"
@@ -130,10 +130,10 @@ def test_causal_flash_attention_is_priced_at_the_tiles_it_computes_and_counted_a
     assert attention_work_fraction(fwd) == pytest.approx(0.5 + 64 / 8192)
     assert attention_work_fraction(bwd) == pytest.approx(0.5 + 64 / 8192)       # whatever cp
     plan = Plan.parse("tp=1,dp=16", num_gpus=16)
-    f, b = attention_seconds(est.comms, graph, plan)
-    prof = est.comms.profile
+    f, b = attention_seconds(est.prices, graph, plan)
+    prof = est.prices.profile
     assert b / f == pytest.approx(2.5 * prof.attention_fwd_fraction / prof.attention_bwd_fraction, rel=0.01)
-    full = est.comms.op_seconds("attention_fwd", fwd.flops, fwd.bytes_read + fwd.bytes_written, None)
+    full = est.prices.op_seconds("attention_fwd", fwd.flops, fwd.bytes_read + fwd.bytes_written, None)
     assert f == pytest.approx(full * attention_work_fraction(fwd), rel=0.01)
     e = est.estimate(plan, 16)
     per_sample = sum(n.flops for n in graph.ops() if n.gemm or is_attention_kernel(n)) * model.blocks[0].count
@@ -151,9 +151,9 @@ def test_ring_attention_exposes_each_steps_hop_beyond_its_compute(setup):
     kind, graph = model.blocks[0].kind, model.blocks[0].graph
     part = est.part(kind, plan, "none", Mesh.of(plan))
     (ring_f,) = [c for c in part.comms if c.purpose == "ring" and c.phase == "forward"]
-    hop, _ = est.comms.slowest_hop(ring_f.nbytes, Mesh.of(plan).group("cp"), closed=True)
-    att_f, _ = attention_seconds(est.comms, graph, plan)
-    launch = est.comms.profile.overhead_s
+    hop, _ = est.prices.slowest_hop(ring_f.nbytes, Mesh.of(plan).group("cp"), closed=True)
+    att_f, _ = attention_seconds(est.prices, graph, plan)
+    launch = est.prices.profile.overhead_s
     assert hop > att_f / 16                                # across nodes the hop outlasts a step
     assert ring_f.exposed_s == pytest.approx(15 * (hop - att_f / 16 + launch))
     assert ring_f.seconds == pytest.approx(15 * (hop + launch))

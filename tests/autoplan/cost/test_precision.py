@@ -2,7 +2,7 @@
 import pytest
 
 from autoplan.axes import Axis
-from autoplan.cost.comms import AxisPricer
+from autoplan.cost.prices import AxisPricer
 from autoplan.cost.tp import gemm_precision
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
@@ -17,7 +17,7 @@ MODEL = "llama:layers=2,hidden=1024,heads=8,kv_heads=8,ffn=4096,vocab=32000"
 
 
 def _ctx(est, plan, precision):
-    return ShardingContext(tp=1, sp=False, pricer=AxisPricer(est.comms, Mesh.of(plan)), precision=precision)
+    return ShardingContext(tp=1, sp=False, pricer=AxisPricer(est.prices, Mesh.of(plan)), precision=precision)
 
 
 def test_a_linear_gemm_is_priced_at_the_fp8_peak_with_its_casts_and_attention_stays_bf16(setup):
@@ -31,10 +31,10 @@ def test_a_linear_gemm_is_priced_at_the_fp8_peak_with_its_casts_and_attention_st
     m, nn, k = n.gemm
     gemm = (max(m, 1.0), max(nn, 1.0), max(k, 1.0))
     nbytes = n.bytes_read + n.bytes_written
-    assert bf16 == est.comms.op_seconds("gemm", n.flops, nbytes, gemm)
+    assert bf16 == est.prices.op_seconds("gemm", n.flops, nbytes, gemm)
     assert n.out is not None and "tokens" in n.out.dim_roles or "seq" in n.out.dim_roles    # a forward GEMM
-    assert fp8 == (est.comms.op_seconds("gemm_fp8", n.flops, nbytes, gemm)
-                   + est.comms.op_seconds("cast", 0.0, gemm_cast_bytes("fp8-delayed", gemm[0], gemm[2], True), None))
+    assert fp8 == (est.prices.op_seconds("gemm_fp8", n.flops, nbytes, gemm)
+                   + est.prices.op_seconds("cast", 0.0, gemm_cast_bytes("fp8-delayed", gemm[0], gemm[2], True), None))
     for other in (x for x in graph.ops() if x.gemm is None or is_attention_core(x)):
         assert (node_seconds(other, replicated(other), _ctx(est, plan, "bf16"))
                 == node_seconds(other, replicated(other), _ctx(est, plan, "fp8")))

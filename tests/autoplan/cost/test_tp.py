@@ -15,7 +15,7 @@ import math
 import pytest
 
 import topologies
-from autoplan.cost.comms import Comms
+from autoplan.cost.prices import Prices
 from autoplan.cost.tp import BlockLayouts, tp_cost
 from autoplan.cost.types import AxisCost, EstimateOptions
 from autoplan.mesh import Mesh
@@ -42,7 +42,7 @@ def _tp(bs: BlockSharding, plan: Plan) -> AxisCost:
 
 def _layout(model, plan: Plan) -> BlockSharding:
     """The block ILP's layout of the dense block under ``plan``, priced without recomputation."""
-    layouts = BlockLayouts(Comms(CLUSTER), EstimateOptions(), enforce_rules=False)
+    layouts = BlockLayouts(Prices(CLUSTER), EstimateOptions(), enforce_rules=False)
     return layouts.sharding("dense0", model.block("dense0").graph, plan, "none", Mesh.of(plan))
 
 

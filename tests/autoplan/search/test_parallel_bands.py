@@ -37,7 +37,7 @@ def test_bands_split_samples_across_workers_and_put_them_back_in_order():
 
 def test_a_plans_samples_simulated_at_once_are_each_samples_own_steps(monkeypatch):
     """``Sampler.steps`` simulates a plan's pipeline on all its samples at once
-    (``comms.simulate_paired``); every step is the one each sample's estimator prices alone, and
+    (``prices.simulate_paired``); every step is the one each sample's estimator prices alone, and
     the paired extrapolation did run (1F1B, ZB-V and interleaved, 128 micro-batches on 4 ranks)."""
     from autoplan.plan import Plan
     from costmodels.pipeline import paired

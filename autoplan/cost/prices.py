@@ -1,6 +1,6 @@
 """The memoised prices every per-parallelism pricer shares: op seconds, collective seconds, the pipeline simulator.
 
-``Comms`` answers these questions for one cluster and compute profile, each memoised (a
+``Prices`` answers these questions for one cluster and compute profile, each memoised (a
 ``costmodels.memo.Table`` keyed on the question's arguments) because the search asks them many
 thousands of times:
 
@@ -14,7 +14,7 @@ thousands of times:
 * ``simulate(args)``: the pipeline event simulator (``costmodels.pipeline``), extrapolating long
   steps unless ``exact`` (``EstimateOptions.exact``: every step event by event).
 
-``AxisPricer`` binds a ``Comms`` to one plan's mesh: it is the ``sharding.Pricer`` the block
+``AxisPricer`` binds a ``Prices`` to one plan's mesh: it is the ``sharding.Pricer`` the block
 ILP prices with ("collective seconds on the tp axis").
 """
 from __future__ import annotations
@@ -37,7 +37,10 @@ SIMULATION_CACHE_LIMIT = 20_000   # simulator results kept (a few MB); the table
 PRICES_KEPT = 200_000             # spans and collective seconds kept
 
 
-class Comms:
+class Prices:
+    """The prices one cluster and compute profile give (module docstring): op and collective
+    seconds, group spans and pipeline simulations, each memoised."""
+
     def __init__(self, cluster: Cluster, profile_path: str | None = None, params: Params = NOMINAL,
                  exact: bool = False) -> None:
         """``params``: the uncertain parameters' multipliers, applied to the cluster and profile here
@@ -50,9 +53,9 @@ class Comms:
             self.profile = perturb_profile(compute.load_profile(cluster.gpu.name, profile_path), params)
         except (ValueError, OSError) as e:
             raise UserError(str(e), "pass --profile PATH to a compute profile YAML") from None
-        self._spans: Table[GroupSpan] = Table("comms.spans", PRICES_KEPT)
-        self._colls: Table[float] = Table("comms.collectives", PRICES_KEPT)
-        self._sims: Table[PipelineResult] = Table("comms.simulations", SIMULATION_CACHE_LIMIT)
+        self._spans: Table[GroupSpan] = Table("prices.spans", PRICES_KEPT)
+        self._colls: Table[float] = Table("prices.collectives", PRICES_KEPT)
+        self._sims: Table[PipelineResult] = Table("prices.simulations", SIMULATION_CACHE_LIMIT)
 
     def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> float:
         gpu = self.cluster.gpu
@@ -91,32 +94,32 @@ class Comms:
             p2p=key[7], f_comm=args.f_comm, b_comm=args.b_comm, exact=self.exact))
 
 
-def simulate_paired(requests: list[tuple[Comms, SimulationArgs]]) -> None:
-    """Put into each ``Comms``' memo what its ``simulate(args)`` returns, for every (comms, args)
+def simulate_paired(requests: list[tuple[Prices, SimulationArgs]]) -> None:
+    """Put into each ``Prices``' memo what its ``simulate(args)`` returns, for every (prices, args)
     of ``requests``: the requests of one shape (schedule, pp, m, vpp) — a band's samples of one
     plan — are simulated at once (``costmodels.pipeline.simulate_many``, equal to the bit), so
     a later ``simulate`` with those arguments finds its result."""
-    shapes: dict[tuple[str, int, int, int, bool], list[tuple[Comms, SimulationKey, SimulationArgs]]] = {}
-    for comms, args in requests:
+    shapes: dict[tuple[str, int, int, int, bool], list[tuple[Prices, SimulationKey, SimulationArgs]]] = {}
+    for prices, args in requests:
         key = args.key()
-        if key not in comms._sims:
-            shapes.setdefault((args.schedule, args.pp, args.m, args.vpp, comms.exact), []).append((comms, key, args))
+        if key not in prices._sims:
+            shapes.setdefault((args.schedule, args.pp, args.m, args.vpp, prices.exact), []).append((prices, key, args))
     for (schedule, pp, m, vpp, exact), todo in shapes.items():
         runs = [dict(f=a.f, b=a.b, w=a.w, p2p=a.p2p, f_comm=a.f_comm, b_comm=a.b_comm) for _, _, a in todo]
-        for (comms, key, _), result in zip(todo, simulate_many(schedule, stages=pp, microbatches=m, chunks=vpp,
-                                                               runs=runs, exact=exact)):
-            comms._sims.put(key, result)
+        for (prices, key, _), result in zip(todo, simulate_many(schedule, stages=pp, microbatches=m, chunks=vpp,
+                                                                runs=runs, exact=exact)):
+            prices._sims.put(key, result)
 
 
 class AxisPricer:
     """``sharding.Pricer`` on one mesh: collectives on the group of a named axis holding rank 0."""
 
-    def __init__(self, comms: Comms, mesh: Mesh) -> None:
-        self._comms = comms
+    def __init__(self, prices: Prices, mesh: Mesh) -> None:
+        self._prices = prices
         self._mesh = mesh
 
     def op_seconds(self, kind: str, flops: float, nbytes: float, gemm: Gemm | None) -> float:
-        return self._comms.op_seconds(kind, flops, nbytes, gemm)
+        return self._prices.op_seconds(kind, flops, nbytes, gemm)
 
     def collective_seconds(self, kind: str, nbytes: float, axis: Axis) -> float:
-        return self._comms.collective(kind, nbytes, self._mesh.group(Axis(axis).value))
+        return self._prices.collective(kind, nbytes, self._mesh.group(Axis(axis).value))
