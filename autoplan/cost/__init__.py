@@ -4,11 +4,11 @@
     est = Estimator(model, cluster)           # caches block layouts across plans
     e = est.estimate(plan, global_batch=1536)
 
-Modules: ``prices`` (memoised op, collective and simulator prices), ``tp`` (block layouts from
-the ILP), ``cp``, ``ep``, ``pp``, ``dp`` (ZeRO 0–3, optimizer), ``memory``, ``parts`` (one graph
-under a plan), ``report`` (primitives, breakdown, violations), ``bounds`` (what the search
-prunes with), ``memo`` (what an Estimator remembers, and the typed keys), ``estimator`` (the
-composer) and ``types`` (the records).
+Modules: ``prices`` (memoised op, collective and simulator prices), ``context`` (``PlanContext``:
+what every pricer reads besides its graph), ``tp`` (block layouts from the ILP), ``cp``, ``ep``,
+``pp``, ``dp`` (ZeRO 0–3, optimizer), ``memory``, ``parts`` (one graph under a plan), ``report``
+(primitives, breakdown, violations), ``bounds`` (what the search prunes with), ``memo`` (what an
+Estimator remembers, and the typed keys), ``estimator`` (the composer) and ``types`` (the records).
 
 **Twin paths.**  Where a quantity has a fast path beside its reference, both are kept only
 because the fast one pays (measured on GPT-3 175B at h100x1024: ``step_time_s`` 155 µs against

@@ -52,11 +52,11 @@ def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
         work -= hideable
     per_rank_mb = work / plan.pp
     bound = m * per_rank_mb
+    ctx = est.context(plan, mesh)
     if plan.zero >= 2 and est.options.overlap_grad_reduce:
-        colls = dp.dp_comms(est.prices, plan, dense / plan.pp, expert / plan.pp, mesh.group(DENSE_DP),
-                            mesh.group(EXPERT_DP), m, grad_bytes=est.options.grad_reduce_bytes)
+        colls = dp.dp_comms(ctx, dense / plan.pp, expert / plan.pp, m)
         bound += m * max(0.0, dp.per_microbatch_seconds(colls, m) - per_rank_mb)
-    return bound + dp.optimizer_seconds(est.prices, (dense + expert) / plan.pp, plan, len(mesh.group(DENSE_DP)))
+    return bound + dp.optimizer_seconds(ctx, (dense + expert) / plan.pp)
 
 
 def states_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
@@ -153,7 +153,7 @@ def _makespan_floor(est: Estimator, plan: Plan, shape: _Shape) -> tuple[float, f
     embedding's sync seconds): what the floor reads that the ZeRO stage does not change."""
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = pp.stage_times(shape.bags, pp.wpass_factor(est.prices, schedule))
-    p2p = pp.boundary(est.prices, plan, shape.mesh, est.model.sample_positions, est.hidden, schedule).seconds
+    p2p = pp.boundary(est.context(plan, shape.mesh)).seconds
     f_comm, b_comm = pp.pair_comms(schedule, list(shape.bags))
     if est.options.post_validation:     # the pipeline costs its steady step, not its makespan
         floor = steady_lower_bound(schedule, plan.pp, shape.m, plan.vpp, f, b, w, f_comm, b_comm)

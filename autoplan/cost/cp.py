@@ -30,12 +30,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from autoplan.axes import Axis
+from autoplan.cost.context import PlanContext
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import AxisCost, Comm
-from autoplan.ir import ModelInfo, OpGraph
-from autoplan.mesh import Mesh
+from autoplan.ir import OpGraph
 from autoplan.opkinds import attention_work_fraction, has_attention, is_attention_core, is_attention_kernel, op_kind
-from autoplan.plan import Plan
 from autoplan.rules import ulysses_and_ring
 
 ACTIVATION_BYTES = 2                    # bf16
@@ -43,9 +42,10 @@ ULYSSES_QO = 2                          # all-to-alls per pass at the heads' wid
 ULYSSES_KV = 2                          # ... and at the KV heads' width: k and v
 
 
-def attention_seconds(prices: Prices, graph: OpGraph, plan: Plan) -> tuple[float, float]:
+def attention_seconds(ctx: PlanContext, graph: OpGraph) -> tuple[float, float]:
     """(forward, backward) compute seconds of the attention core (kernels and s×s score ops),
     per micro-batch, per GPU: the kernels' real work (causal tiles only) on 1/cp of the sequence."""
+    plan, prices = ctx.plan, ctx.prices
     out = {"forward": 0.0, "backward": 0.0}
     for n in graph.ops():
         if is_attention_core(n):
@@ -71,10 +71,12 @@ class CpShape(NamedTuple):
     ring_bytes: float        # K and V of a ring hop: 2·b·(s/n)·max(a_kv/tp, u)·d·2
 
     @staticmethod
-    def of(info: ModelInfo, seq_len: int, hidden: int, plan: Plan, ulysses: int) -> CpShape:
+    def of(ctx: PlanContext, ulysses: int) -> CpShape:
+        """The shape of ``ctx.plan``'s sends with ``ulysses`` ranks in each Ulysses group."""
+        info, plan = ctx.model, ctx.plan
         heads = max(info.heads, 1)
-        head_dim = info.head_dim or hidden // heads
-        tokens = plan.mbs * seq_len / plan.cp
+        head_dim = info.head_dim or ctx.hidden // heads
+        tokens = plan.mbs * ctx.seq_len / plan.cp
         # KV heads on a tp rank (Megatron replicates them when tp > a_kv), then on a Ulysses rank
         # at least one: fewer than u are replicated to u before the all-to-all (Megatron, USP)
         kv = max((info.kv_heads or heads) / plan.tp, 1.0, float(ulysses))
@@ -95,15 +97,15 @@ def _ulysses(prices: Prices, shape: CpShape, ranks: tuple[int, ...]) -> tuple[fl
     return t, out
 
 
-def cp_cost(prices: Prices, info: ModelInfo, seq_len: int, hidden: int, graph: OpGraph, plan: Plan, mesh: Mesh,
-            attention_s: tuple[float, float]) -> AxisCost:
+def cp_cost(ctx: PlanContext, graph: OpGraph, attention_s: tuple[float, float]) -> AxisCost:
     """Exposed forward/backward seconds of context parallelism for one graph, and its collectives."""
+    plan, mesh, prices = ctx.plan, ctx.mesh, ctx.prices
     if plan.cp == 1 or not has_attention(graph):
         return AxisCost()
     cp_ranks = mesh.group(Axis.CP.value)
     att_f, att_b = attention_s
     ulysses_n, ring_n = ulysses_and_ring(plan, mesh, prices.cluster.nvlink_domain)
-    shape = CpShape.of(info, seq_len, hidden, plan, ulysses_n)
+    shape = CpShape.of(ctx, ulysses_n)
     out: list[Comm] = []
     exp_f = exp_b = 0.0
     if ulysses_n > 1:

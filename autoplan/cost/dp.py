@@ -28,10 +28,10 @@ bound: ``OPTIMIZER_BYTES_PER_PARAM`` bytes of HBM traffic per parameter of the r
 """
 from __future__ import annotations
 
+from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.cost import fsdp
-from autoplan.cost.prices import Prices
+from autoplan.cost.context import PlanContext
 from autoplan.cost.types import DpComm
-from autoplan.plan import Plan
 from costmodels.precision import gather_bytes_per_param, weight_cast_bytes
 
 # Adam: read fp32 master, m, v, grad (16 B), write master, m, v (12 B), bf16 param (2 B), rounded up
@@ -41,13 +41,13 @@ PARAM_GATHER_BYTES = fsdp.PARAM_GATHER_BYTES  # bf16
 PER_MICROBATCH = ("zero3",)                    # "zero3_step": ZeRO-2/3 traffic of some passes only
 
 
-def dp_comms(prices: Prices, plan: Plan, dense: float, expert: float, dp_ranks: tuple[int, ...],
-             edp_ranks: tuple[int, ...], m: int,
-             pol: fsdp.Policy | None = None, grad_bytes: float = GRAD_REDUCE_BYTES) -> list[DpComm]:
-    """Data-parallel collectives of one pipeline rank holding ``dense`` + ``expert`` parameters
-    (ZeRO-3 counted by ``pol``, FSDP2's defaults when None; ``grad_bytes`` per reduced gradient)."""
+def dp_comms(ctx: PlanContext, dense: float, expert: float, m: int, pol: fsdp.Policy | None = None) -> list[DpComm]:
+    """Data-parallel collectives of one pipeline rank holding ``dense`` + ``expert`` parameters,
+    on the dense and expert dp groups of rank 0 (ZeRO-3 counted by ``pol``, FSDP2's defaults when
+    None; ``EstimateOptions.grad_reduce_bytes`` per reduced gradient)."""
+    plan, prices, grad_bytes = ctx.plan, ctx.prices, ctx.options.grad_reduce_bytes
     out: list[DpComm] = []
-    for numel, ranks in ((dense, dp_ranks), (expert, edp_ranks)):
+    for numel, ranks in ((dense, ctx.mesh.group(DENSE_DP)), (expert, ctx.mesh.group(EXPERT_DP))):
         if numel == 0 or len(ranks) <= 1:
             continue
         grads = numel * grad_bytes
@@ -59,20 +59,20 @@ def dp_comms(prices: Prices, plan: Plan, dense: float, expert: float, dp_ranks: 
                               "grad"))
             out.append(DpComm("all_gather", params, 1, prices.collective("all_gather", params, ranks), ranks, "param"))
         else:                     # ZeRO-2 is ZeRO-3 that never reshards (fsdp.policy)
-            out += _zero3_comms(prices, plan, params, grads, ranks, m, pol)
+            out += _zero3_comms(ctx, params, grads, ranks, m, pol)
     return out
 
 
-def _zero3_comms(prices: Prices, plan: Plan, params: float, grads: float, ranks: tuple[int, ...], m: int,
-
+def _zero3_comms(ctx: PlanContext, params: float, grads: float, ranks: tuple[int, ...], m: int,
                  pol: fsdp.Policy | None) -> list[DpComm]:
     """FSDP2's gathers (forward passes, and backward ones under reshard) and reduce-scatters per
     step; ZeRO-2 is the policy that never reshards.  Labelled ``zero3`` when they recur every
     micro-batch, ``zero3_step`` when only some passes carry them."""
+    plan = ctx.plan
     pol = pol or fsdp.Policy(fsdp.DEFAULT_PREFETCH, plan.pp == 1 and plan.zero == 3, plan.pp == 1)
     gathers, reduces, gather_only = fsdp.passes(pol, m)
-    t_ag = prices.collective("all_gather", params, ranks)
-    t_rs = prices.collective("reduce_scatter", grads, ranks)
+    t_ag = ctx.prices.collective("all_gather", params, ranks)
+    t_rs = ctx.prices.collective("reduce_scatter", grads, ranks)
     out = [DpComm("all_gather", params, gathers, gathers * t_ag, ranks, "zero3" if pol.reshard else "zero3_step"),
            DpComm("reduce_scatter", grads, reduces, reduces * t_rs, ranks,
                   "zero3" if pol.reduce_every_microbatch else "zero3_step")]
@@ -109,10 +109,13 @@ def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: flo
     return exposed + max(0.0, once_grad - last_backward) + max(0.0, once_param - first_forward)
 
 
-def optimizer_seconds(prices: Prices, numel: float, plan: Plan, dp_size: int) -> float:
-    """The optimizer step on one GPU: its parameter shard's HBM traffic, then, under an FP8
-    precision, the cast of the weights it holds to FP8 for the next step (``costmodels.precision``:
-    the whole bf16 weights a ZeRO-0/1/2 rank holds; the shard before FSDP2 gathers it at ZeRO-3)."""
+def optimizer_seconds(ctx: PlanContext, numel: float) -> float:
+    """The optimizer step on one GPU holding ``numel`` parameters: its shard's HBM traffic
+    (sharded over the dense dp group under ZeRO ≥ 1), then, under an FP8 precision, the cast of
+    the weights it holds to FP8 for the next step (``costmodels.precision``: the whole bf16 weights
+    a ZeRO-0/1/2 rank holds; the shard before FSDP2 gathers it at ZeRO-3)."""
+    plan, prices = ctx.plan, ctx.prices
+    dp_size = len(ctx.mesh.group(DENSE_DP))
     shard = max(dp_size, 1) if plan.zero >= 1 else 1
     held = numel / max(dp_size, 1) if plan.zero == 3 else numel
     nbytes = numel / shard * OPTIMIZER_BYTES_PER_PARAM + weight_cast_bytes(plan.precision, held)

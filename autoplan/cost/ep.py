@@ -9,25 +9,24 @@ DualPipeV hides one micro-batch's all-to-alls under the other's compute (``pp``)
 from __future__ import annotations
 
 from autoplan.axes import Axis
-from autoplan.cost.prices import Prices
+from autoplan.cost.context import PlanContext
 from autoplan.cost.types import AxisCost, Comm
-from autoplan.ir import ModelInfo, OpGraph
-from autoplan.mesh import Mesh
+from autoplan.ir import OpGraph
 from autoplan.opkinds import is_moe
-from autoplan.plan import Plan
 
 ACTIVATION_BYTES = 2                    # bf16
 ALL_TO_ALLS_PER_PASS = 2                # dispatch and combine
 
 
-def ep_cost(prices: Prices, info: ModelInfo, seq_len: int, hidden: int, graph: OpGraph, plan: Plan,
-            mesh: Mesh) -> AxisCost:
+def ep_cost(ctx: PlanContext, graph: OpGraph) -> AxisCost:
+    """Exposed forward/backward seconds of expert parallelism for one graph, and its all-to-alls."""
+    plan = ctx.plan
     if plan.ep == 1 or not is_moe(graph):
         return AxisCost()
-    topk = info.topk or 1
-    tokens = plan.mbs * seq_len / plan.cp / (plan.tp if plan.sp else 1)
-    nbytes = tokens * topk * hidden * ACTIVATION_BYTES
-    t = ALL_TO_ALLS_PER_PASS * prices.collective("all_to_all", nbytes, mesh.group(Axis.EP.value))
-    comms_ = tuple(Comm(Axis.EP.value, "all_to_all", nbytes, t, t, phase, calls=ALL_TO_ALLS_PER_PASS, purpose="moe")
-                   for phase in ("forward", "backward"))
-    return AxisCost(t, t, comms_)
+    topk = ctx.model.topk or 1
+    tokens = plan.mbs * ctx.seq_len / plan.cp / (plan.tp if plan.sp else 1)
+    nbytes = tokens * topk * ctx.hidden * ACTIVATION_BYTES
+    t = ALL_TO_ALLS_PER_PASS * ctx.prices.collective("all_to_all", nbytes, ctx.mesh.group(Axis.EP.value))
+    comms = tuple(Comm(Axis.EP.value, "all_to_all", nbytes, t, t, phase, calls=ALL_TO_ALLS_PER_PASS, purpose="moe")
+                  for phase in ("forward", "backward"))
+    return AxisCost(t, t, comms)

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
 from autoplan.cost import dp, fsdp, memory, pp, report
+from autoplan.cost.context import PlanContext, block_input, hidden_of
 from autoplan.cost.memo import BagKey, EstimatorMemo, LocalShape, PartKey, PlanAt
 from autoplan.cost.parts import price_part
 from autoplan.cost.prices import Prices
 from autoplan.cost.tp import BlockLayouts, LayoutKey
 from autoplan.cost.types import DpComm, Estimate, EstimateOptions, LayerWork, Part, Primitive, SimulationArgs
-from autoplan.ir import BlockGraph, OpGraph, OpNode
+from autoplan.ir import BlockGraph, OpGraph
 from autoplan.layout import BlockLayout, Layout
 from autoplan.mesh import Mesh
 from autoplan.opkinds import attention_flops
@@ -35,7 +36,6 @@ from autoplan.plan import Plan
 from autoplan.sharding import BlockAssignment
 from costmodels.memory import GIB
 from costmodels.pipeline.live import peak_live
-from costmodels.precision import gather_bytes_per_param
 from topologies.cluster import Cluster
 
 
@@ -51,9 +51,13 @@ class Estimator:
         self.prices = Prices(cluster, options.profile, options.params, options.exact)
         self.layouts = BlockLayouts(self.prices, options, enforce_rules=enforce_rules)
         self.info = model.model
-        self.hidden = self.info.hidden or _hidden_of(model)
+        self.hidden = self.info.hidden or hidden_of(model)
         self.memo = EstimatorMemo()
         self._attention_flops_per_sample = sum(attention_flops(b.graph) * b.count for b in model.blocks)
+
+    def context(self, plan: Plan, mesh: Mesh) -> PlanContext:
+        """``plan`` (its mesh ``mesh``) as the pricers read it, with this Estimator's facts."""
+        return PlanContext(plan, mesh, self.prices, self.options, self.info, self.model.sample_positions, self.hidden)
 
     def graph(self, kind: str) -> OpGraph:
         """The graph of a block kind, or of the part before ("@pre") / after ("@post") the blocks."""
@@ -71,8 +75,7 @@ class Estimator:
     def _part(self, key: PartKey, plan: Plan, mesh: Mesh) -> Part:
         """``part`` of ``key``, projected from ``plan`` and ``mesh``."""
         return self.memo.parts.get(key, lambda: price_part(
-            self.prices, self.layouts, self.info, self.model.sample_positions, self.hidden, key.graph,
-            self.graph(key.graph), plan, key.recompute, mesh, self.options.kernels))
+            self.context(plan, mesh), key.graph, self.graph(key.graph), key.recompute, self.layouts))
 
     def stage_bags(self, plan: Plan, mesh: Mesh) -> list[pp.Bag]:
         """``pp.stage_bags`` of ``plan`` (read-only), remembered on its ``BagKey`` — a mesh's
@@ -86,7 +89,7 @@ class Estimator:
         """``pp.simulation_args`` of ``plan`` at ``m`` micro-batches, remembered (a band's
         sample asks for it to simulate its plans at once, then prices each plan with it)."""
         return self.memo.pipelines.get(PlanAt(plan, m), lambda: pp.simulation_args(
-            self.prices, plan, mesh, self.stage_bags(plan, mesh), m, self.model.sample_positions, self.hidden))
+            self.context(plan, mesh), self.stage_bags(plan, mesh), m))
 
     def graph_kinds(self) -> list[tuple[str, int]]:
         """Every graph of the model — block kinds, then "@pre" and "@post" — with how often it occurs."""
@@ -134,7 +137,7 @@ class Estimator:
         for kind, _ in self.graph_kinds():
             graph = self.graph(kind)
             bs = self.layouts.sharding(kind, graph, plan, plan.recompute_of_stage(0), mesh)
-            entry = _block_input(graph)
+            entry = block_input(graph)
             stream = bs.placements.get(entry.name, "R") if entry is not None else "R"
             blocks.append(BlockLayout(kind, tuple(sorted(bs.param_placements.items())), stream))
         return Layout(plan.tp, plan.sp, tuple(blocks))
@@ -155,77 +158,70 @@ class Estimator:
     def estimate(self, plan: Plan, global_batch: int, *, detail: bool = True) -> Estimate:
         """Price ``plan``.  ``detail=False`` (the search's inner loop) skips what only the report
         needs: the exposed share of stage-to-stage P2P (a second simulation) and the primitives."""
-        mesh, m, pipe = self._pipeline(plan, global_batch, detail)
+        ctx, m, pipe = self._pipeline(plan, global_batch, detail)
         pol = fsdp.policy(self.options, plan)
-        mems = self.rank_memories(plan, mesh, pipe, m, pol)
-        step = self._step(plan, mesh, m, pipe, pol, [(x.dense_numel, x.expert_numel) for x in mems])
+        mems = self.rank_memories(plan, ctx.mesh, pipe, m, pol)
+        step = self._step(ctx, m, pipe, pol, [(x.dense_numel, x.expert_numel) for x in mems])
         busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
-        prims = report.primitives(self.prices, plan, mesh, m, pipe, busy, step.dp_colls[busy], step.dp_exposed[busy],
+        prims = report.primitives(ctx, m, pipe, busy, step.dp_colls[busy], step.dp_exposed[busy],
                                   step.embed_bytes, step.embed_s) if detail else []
-        return self._assemble(plan, mesh, global_batch, m, pipe, mems, prims, busy, step.step_s,
-                              max(step.dp_exposed), step.embed_s, step.optimizer_s)
+        return self._assemble(ctx, global_batch, m, pipe, mems, prims, busy, step)
 
     def step_time_s(self, plan: Plan, global_batch: int) -> float:
         """``estimate(plan, global_batch, detail=False).step_time_s`` without what the step does not
         read (the activation peaks, MFU, the report): what a band prices once per sample.  Equal to
         the estimate's step to the bit (the same ``_step`` on the same per-rank parameter counts)."""
-        mesh, m, pipe = self._pipeline(plan, global_batch, detail=False)
+        ctx, m, pipe = self._pipeline(plan, global_batch, detail=False)
         pol = fsdp.policy(self.options, plan)
-        return self._step(plan, mesh, m, pipe, pol, [memory.rank_numels(pipe, r) for r in range(plan.pp)]).step_s
+        return self._step(ctx, m, pipe, pol, [memory.rank_numels(pipe, r) for r in range(plan.pp)]).step_s
 
-    def _step(self, plan: Plan, mesh: Mesh, m: int, pipe: pp.Pipeline, pol: fsdp.Policy,
+    def _step(self, ctx: PlanContext, m: int, pipe: pp.Pipeline, pol: fsdp.Policy,
               numels: list[tuple[float, float]]) -> _Step:
         """Step = the pipeline's ``step_s`` (makespan, or steady step under post-validation) + the
         slowest rank's exposed DP traffic + tied-embedding sync + optimizer,
         from each pipeline rank's (dense, expert) parameter count."""
-        dp_ranks, edp_ranks = mesh.group(DENSE_DP), mesh.group(EXPERT_DP)
-        by_numels = {n: dp.dp_comms(self.prices, plan, n[0], n[1], dp_ranks, edp_ranks, m, pol,
-                                    self.options.grad_reduce_bytes) for n in dict.fromkeys(numels)}
+        by_numels = {n: dp.dp_comms(ctx, n[0], n[1], m, pol) for n in dict.fromkeys(numels)}
         dp_colls = [by_numels[n] for n in numels]
         zero3: dict[_ChunksKey, float | None] = {}
         dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
                                     last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
                                     first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
-                                    zero3_exposed=self._zero3_exposed(plan, pipe, r, pol, m, dp_ranks, edp_ranks,
-                                                                      zero3),
+                                    zero3_exposed=self._zero3_exposed(ctx, pipe, r, pol, m, zero3),
                                     hide=self.options.params.dp_overlap)
                       for r, c in enumerate(dp_colls)]
-        embed_bytes, embed_s = self.embedding_sync(plan, mesh)
-        optimizer_s = self.optimizer_seconds(plan, mesh, numels)
+        embed_bytes, embed_s = self.embedding_sync(ctx.plan, ctx.mesh)
+        optimizer_s = dp.optimizer_seconds(ctx, max(d + e for d, e in numels))
         step = pipe.step_s + max(dp_exposed) + embed_s + optimizer_s
         return _Step(step, dp_colls, dp_exposed, embed_bytes, embed_s, optimizer_s)
 
-    def _pipeline(self, plan: Plan, global_batch: int, detail: bool) -> tuple[Mesh, int, pp.Pipeline]:
-        """(mesh, micro-batches, priced pipeline) of a checked ``plan``."""
+    def _pipeline(self, plan: Plan, global_batch: int, detail: bool) -> tuple[PlanContext, int, pp.Pipeline]:
+        """(context, micro-batches, priced pipeline) of a checked ``plan``."""
         self.check(plan, global_batch)
-        mesh = Mesh.of(plan)
+        ctx = self.context(plan, Mesh.of(plan))
         m = plan.microbatches(global_batch)
-        return mesh, m, pp.price_pipeline(self.prices, plan, self.stage_bags(plan, mesh),
-                                          self.simulation_args(plan, mesh, m), detail=detail,
-                                          post_validation=self.options.post_validation)
+        return ctx, m, pp.price_pipeline(ctx, self.stage_bags(plan, ctx.mesh), self.simulation_args(plan, ctx.mesh, m),
+                                         detail=detail)
 
     def memory_by_rank(self, plan: Plan, global_batch: int) -> list[memory.RankMemory]:
         """The memory of every pipeline rank as ``estimate`` prices it (``autoplan memcheck``
         compares each rank's ``breakdown()`` and ``alive`` with torch's)."""
-        mesh, m, pipe = self._pipeline(plan, global_batch, detail=False)
-        return self.rank_memories(plan, mesh, pipe, m)
+        ctx, m, pipe = self._pipeline(plan, global_batch, detail=False)
+        return self.rank_memories(plan, ctx.mesh, pipe, m)
 
-    def _zero3_exposed(self, plan: Plan, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
-                       dp_ranks: tuple[int, ...], edp_ranks: tuple[int, ...],
+    def _zero3_exposed(self, ctx: PlanContext, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
                        memo: dict[_ChunksKey, float | None]) -> float | None:
         """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-2/3 (``fsdp``), None otherwise.
         Per-layer collectives share the links when the dense dp group lies inside one NVLink domain.
         ``memo`` (one dict per plan): ranks whose chunks hold the same parts at the same ends share it."""
-        if plan.zero < 2:
+        if ctx.plan.zero < 2:
             return None
         last = len(pipe.bags) - 1
         key = tuple((tuple(pipe.bags[c]), c == 0, c == last) for c in pipe.rank_chunks[rank])
         if key in memo:
             return memo[key]
+        dp_ranks = ctx.mesh.group(DENSE_DP)
         shared = len(dp_ranks) > 1 and self.prices.span(dp_ranks).level == "nvlink"
-        gather = gather_bytes_per_param(plan.precision, plan.zero)
-        chunks = [fsdp.chunk_units(self.prices, pipe.bags[c], c == 0, c == last, dp_ranks, edp_ranks, shared,
-                                   self.options.grad_reduce_bytes, gather) for c in pipe.rank_chunks[rank]]
+        chunks = [fsdp.chunk_units(ctx, pipe.bags[c], c == 0, c == last, shared) for c in pipe.rank_chunks[rank]]
         out = memo[key] = fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
         return out
 
@@ -256,7 +252,7 @@ class Estimator:
     def optimizer_seconds(self, plan: Plan, mesh: Mesh, numels: list[tuple[float, float]]) -> float:
         """The optimizer step of the rank holding the most parameters (``numels``: each pipeline
         rank's (dense, expert) count)."""
-        return dp.optimizer_seconds(self.prices, max(d + e for d, e in numels), plan, len(mesh.group(DENSE_DP)))
+        return dp.optimizer_seconds(self.context(plan, mesh), max(d + e for d, e in numels))
 
     def embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
         """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""
@@ -266,13 +262,12 @@ class Estimator:
         nbytes = self.info.vocab * self.hidden / plan.tp * dp.GRAD_REDUCE_BYTES
         return nbytes, self.prices.collective("all_reduce", nbytes, (pp_ranks[0], pp_ranks[-1]))
 
-    def _assemble(self, plan: Plan, mesh: Mesh, global_batch: int, m: int, pipe: pp.Pipeline,
-                  mems: list[memory.RankMemory], prims: list[Primitive], busy: int, step: float, dp_exposed: float,
-                  embed_s: float, optimizer_s: float) -> Estimate:
+    def _assemble(self, ctx: PlanContext, global_batch: int, m: int, pipe: pp.Pipeline,
+                  mems: list[memory.RankMemory], prims: list[Primitive], busy: int, steps: _Step) -> Estimate:
         """MFU, memory and the breakdown on the busiest rank, into one Estimate."""
-        gpu = self.cluster.gpu
+        plan, gpu, step = ctx.plan, self.cluster.gpu, steps.step_s
         counts = {b.kind: b.count for b in self.model.blocks}
-        part = self._parts_of(plan, mesh)
+        part = self._parts_of(plan, ctx.mesh)
         all_flops = sum(part(k).model_flops * n for k, n in counts.items())
         per_sample = all_flops / plan.mbs + (part("@pre").model_flops + part("@post").model_flops) / plan.mbs
         model_flops = per_sample * global_batch
@@ -293,11 +288,11 @@ class Estimator:
             memory_breakdown_gib={k: v / GIB for k, v in mems[worst].breakdown().items()},
             fits=totals[worst] <= self.usable_bytes, bubble_fraction=pp.bubble_fraction(pipe),
             comm_exposed_s=sum(p.exposed_s for p in prims),
-            violations=tuple(report.violations(self.prices, plan, mesh, self.info.experts, totals[worst],
-                                               self.options.memory_margin_gib)),
+            violations=tuple(report.violations(ctx, totals[worst])),
             primitives=tuple(prims), comm_time_s=sum(p.time_s for p in prims),
             time_breakdown_s=report.breakdown(prims, compute=m * block_compute, pipe=pipe, rank=busy,
-                                              dp_exposed=dp_exposed, embed_s=embed_s, optimizer_s=optimizer_s),
+                                              dp_exposed=max(steps.dp_exposed), embed_s=steps.embed_s,
+                                              optimizer_s=steps.optimizer_s),
             memory_per_stage_gib=tuple(t / GIB for t in totals), hbm_gib=gpu.hbm_bytes / GIB,
             memory_margin_gib=self.options.memory_margin_gib, activations_alive=mems[worst].alive,
             attention_time_share=attention / block_compute if block_compute else 0.0,
@@ -327,13 +322,4 @@ def estimate(model: BlockGraph, cluster: Cluster, plan: Plan, *, global_batch: i
     return Estimator(model, cluster, options).estimate(plan, global_batch)
 
 
-def _block_input(graph: OpGraph) -> OpNode | None:
-    """The placeholder of the residual stream entering ``graph``, or None."""
-    return next((n for n in graph.nodes if n.op == "placeholder" and n.role == "input" and n.out is not None), None)
-
-
-def _hidden_of(model: BlockGraph) -> int:
-    """The residual width: the last dim of the first block's input."""
-    entry = _block_input(model.blocks[0].graph)
-    return entry.out.shape[-1] if entry is not None else 0  # type: ignore[union-attr]  # _block_input: out is set
 

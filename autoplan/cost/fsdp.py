@@ -40,10 +40,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, replace
 
+from autoplan.axes import DENSE_DP, EXPERT_DP
+from autoplan.cost.context import PlanContext
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import GRAD_SYNCS, EstimateOptions, Part
 from autoplan.errors import UserError
 from autoplan.plan import Plan
+from costmodels.precision import gather_bytes_per_param
 
 PARAM_GATHER_BYTES = 2.0           # parameters gathered in bf16
 GRAD_REDUCE_BYTES = 4.0            # gradients reduce-scattered in fp32 (FSDP2 reduce_dtype, torchtitan's default)
@@ -91,17 +94,20 @@ def _collective(prices: Prices, kind: str, per_elem: float, dense: float, expert
             + prices.collective(kind, expert * per_elem, edp_ranks))
 
 
-def chunk_units(prices: Prices, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool,
-                dp_ranks: tuple[int, ...], edp_ranks: tuple[int, ...],
-
-                shared_link: bool, grad_bytes: float = GRAD_REDUCE_BYTES,
-                gather_bytes: float = PARAM_GATHER_BYTES) -> list[Unit]:
-    """A chunk's units in forward order (``gather_bytes`` per parameter of a block: 1 where
-    FSDP2 gathers FP8 weights, ``costmodels.precision``; the root's stay bf16).
-    ``pp.stage_bags`` appends ``@pre`` (embedding) to the first chunk's bag and then ``@post``
-    (norm, head, loss) to the last chunk's.  The chunk's root
+def chunk_units(ctx: PlanContext, bag: list[tuple[Part, int]], has_pre: bool, has_post: bool,
+                shared_link: bool) -> list[Unit]:
+    """A chunk's units in forward order.  ``pp.stage_bags`` appends ``@pre`` (embedding) to the
+    first chunk's bag and then ``@post`` (norm, head, loss) to the last chunk's.  The chunk's root
     unit (both) is gathered first, with no compute of its own, and reduce-scattered last; the
-    embedding computes before the blocks and the head after them; the last block is kept gathered."""
+    embedding computes before the blocks and the head after them; the last block is kept gathered.
+    A block's parameters are gathered at ``costmodels.precision.gather_bytes_per_param`` of the
+    plan's precision (1 where FSDP2 gathers FP8 weights), the root's in bf16.  Gathers and
+    reduce-scatters run on rank 0's dense and expert dp groups; ``shared_link``: the per-layer
+    collectives share their links (``Estimator._zero3_exposed``)."""
+    prices, grad_bytes = ctx.prices, ctx.options.grad_reduce_bytes
+    dp_ranks, edp_ranks = ctx.mesh.group(DENSE_DP), ctx.mesh.group(EXPERT_DP)
+    gather_bytes = gather_bytes_per_param(ctx.plan.precision, ctx.plan.zero)
+
     def unit(p: Part | None, dense: float, expert: float, kept: bool, gathered: float = gather_bytes) -> Unit:
         if p is None:
             fwd = bwd = link_f = link_b = 0.0

@@ -1,7 +1,8 @@
 """Every cache an ``Estimator`` keeps across plans, and the typed keys they are keyed on.
 
 A table's key holds every input its value reads that the Estimator does not fix (the model, the
-cluster and ``EstimateOptions`` are fixed per Estimator).  Where a value reads part of a plan,
+cluster and ``EstimateOptions`` are fixed per Estimator: so is every field of the pricers'
+``context.PlanContext`` but the plan and its mesh).  Where a value reads part of a plan,
 that part is a record of its own, projected from the plan by one function (``LocalShape.of``,
 ``BagKey.of``, ``ShapeKey.of``) and hashed whole: no key lists plan fields in a bare tuple, none
 is built from ``id()``.  The keys are named tuples, hashed and compared in C as fast as the

@@ -14,30 +14,30 @@ under the policy.
 """
 from __future__ import annotations
 
+from autoplan.cost.context import PlanContext
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.kernels import kernel_saving_bytes
-from autoplan.cost.prices import Prices
 from autoplan.cost.softmax import with_fallback
 from autoplan.cost.tp import BlockLayouts, tp_cost
 from autoplan.cost.types import AxisCost, Part
-from autoplan.ir import ModelInfo, OpGraph
-from autoplan.mesh import Mesh
+from autoplan.ir import OpGraph
 from autoplan.opkinds import is_attention_core, is_expert_param, is_model_flop_op
 from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
 from autoplan.sharding.price import recomputed
 
 
-def price_part(prices: Prices, layouts: BlockLayouts, info: ModelInfo, seq_len: int, hidden: int,
-               graph_key: str, graph: OpGraph, plan: Plan, recompute: str, mesh: Mesh,
-               kernels: str = "eager") -> Part:
+def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str, layouts: BlockLayouts) -> Part:
+    """The graph ``graph_key`` under ``ctx.plan`` and the recompute policy ``recompute``, per
+    micro-batch; its tp layout from ``layouts``."""
+    plan, mesh, prices, kernels = ctx.plan, ctx.mesh, ctx.prices, ctx.options.kernels
     bs = with_fallback(layouts.sharding(graph_key, graph, plan, recompute, mesh), graph, plan, recompute,
                        prices.profile, prices.cluster.gpu.hbm_bw)
     tp = tp_cost(bs, plan)
-    attention = attention_seconds(prices, graph, plan)
-    cp = cp_cost(prices, info, seq_len, hidden, graph, plan, mesh, attention)
-    ep = ep_cost(prices, info, seq_len, hidden, graph, plan, mesh)
+    attention = attention_seconds(ctx, graph)
+    cp = cp_cost(ctx, graph, attention)
+    ep = ep_cost(ctx, graph)
     dense, expert, largest = _param_numels(graph, bs, plan)
     saved = bs.saved_bytes - kernel_saving_bytes(kernels, graph, bs, plan, recompute)
     unsaved = saved

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autoplan.axes import Axis
+from autoplan.cost.context import PlanContext
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import Boundary, Part, SimulationArgs
-from autoplan.mesh import Mesh
 from autoplan.plan import Plan, recompute_layers
 from costmodels.memo import memo
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
@@ -165,27 +165,26 @@ def rank_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
     return tuple(plan.stages_of_rank(r) for r in range(plan.pp))
 
 
-def simulation_args(prices: Prices, plan: Plan, mesh: Mesh, bags: list[Bag], m: int, seq_len: int,
-                    hidden: int) -> SimulationArgs:
-    """What ``price_pipeline`` simulates for ``plan`` (a band asks for every sample's before
-    simulating them at once)."""
+def simulation_args(ctx: PlanContext, bags: list[Bag], m: int) -> SimulationArgs:
+    """What ``price_pipeline`` simulates for ``ctx.plan``, its virtual stages ``bags``, at ``m``
+    micro-batches (a band asks for every sample's before simulating them at once)."""
+    plan, prices = ctx.plan, ctx.prices
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
     f, b, w = stage_times(bags, wpass_factor(prices, schedule))
     f, b = engine_instructions(f, b, prices.profile.p2p_host_s)
     f_comm, b_comm = pair_comms(schedule, bags)
-    return SimulationArgs(schedule, plan.pp, m, plan.vpp, f, b, w, f_comm, b_comm,
-                          boundary(prices, plan, mesh, seq_len, hidden, schedule))
+    return SimulationArgs(schedule, plan.pp, m, plan.vpp, f, b, w, f_comm, b_comm, boundary(ctx))
 
 
-def price_pipeline(prices: Prices, plan: Plan, bags: list[Bag], args: SimulationArgs, *, detail: bool,
-                   post_validation: bool = False) -> Pipeline:
-    """The priced pipeline of ``plan`` from its ``simulation_args`` ``args``; with ``detail``,
-    also the exposed share of stage-to-stage P2P (a second simulation, without it);
-    ``post_validation``: ``Pipeline.step_s`` is the steady step."""
-    sim = prices.simulate(args)
+def price_pipeline(ctx: PlanContext, bags: list[Bag], args: SimulationArgs, *, detail: bool) -> Pipeline:
+    """The priced pipeline of ``ctx.plan`` from its ``simulation_args`` ``args``; with ``detail``,
+    also the exposed share of stage-to-stage P2P (a second simulation, without it); under
+    ``EstimateOptions.post_validation``, ``Pipeline.step_s`` is the steady step."""
+    plan, post_validation = ctx.plan, ctx.options.post_validation
+    sim = ctx.prices.simulate(args)
     p2p_exposed = 0.0
     if plan.pp > 1 and detail:
-        no_p2p = prices.simulate(args, p2p=0.0)
+        no_p2p = ctx.prices.simulate(args, p2p=0.0)
         if post_validation:
             p2p_exposed = max(0.0, sim.steady_step_time - no_p2p.steady_step_time)
         else:
@@ -203,19 +202,20 @@ def pair_comms(schedule: str, bags: Sequence[Bag]) -> tuple[list[float] | None, 
     return [sum(p.ep_fwd_s * n for p, n in bag) for bag in bags], [sum(p.ep_bwd_s * n for p, n in bag) for bag in bags]
 
 
-def boundary(prices: Prices, plan: Plan, mesh: Mesh, seq_len: int, hidden: int,
-                   schedule: str) -> Boundary:
+def boundary(ctx: PlanContext) -> Boundary:
     """One boundary activation, ``b·(s/cp)·h·2`` bytes: what each tp rank sends, the seconds of
-    one stage-to-stage send on the slowest hop, that hop, and the all-gather part of those seconds.
+    one stage-to-stage send on the slowest hop (the last rank back to the first too under the
+    interleaved schedule), that hop, and the all-gather part of those seconds.
 
     Every tp rank sends 1/tp of it: under SP the activation is sequence-sharded already; without
     SP Megatron's scatter/gather (``scatter_gather_tensors_in_pipeline``) and DeepSpeed split the
     replicated activation over the tp group, send the slices, and all-gather them on the
     receiving stage over its tp group (NVLink), which lies on the receiver's critical path."""
+    plan, mesh, prices = ctx.plan, ctx.mesh, ctx.prices
     if plan.pp == 1:
         return NO_BOUNDARY
-    full = plan.mbs * seq_len / plan.cp * hidden * ACTIVATION_BYTES
+    full = plan.mbs * ctx.seq_len / plan.cp * ctx.hidden * ACTIVATION_BYTES
     per_rank = full / plan.tp
-    hop_s, hop = prices.slowest_hop(per_rank, mesh.group(Axis.PP.value), closed=schedule == "interleaved")
+    hop_s, hop = prices.slowest_hop(per_rank, mesh.group(Axis.PP.value), closed=plan.schedule == "interleaved")
     gather = 0.0 if plan.sp else prices.collective("all_gather", full, mesh.group(Axis.TP.value))
     return Boundary(per_rank, hop_s + gather, hop, gather)

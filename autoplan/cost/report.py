@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autoplan.axes import Axis
+from autoplan.cost.context import PlanContext
 from autoplan.cost.pp import Pipeline
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import DpComm, Primitive, Violation
-from autoplan.mesh import Mesh, ranks_text
+from autoplan.mesh import ranks_text
 from autoplan.plan import Plan
 from autoplan.rules import nvlink_breaks
 from costmodels.memory import GIB
@@ -59,9 +60,13 @@ class _Table:
         return sorted(rows, key=lambda p: (p.kind, p.traffic, p.group_size, p.level, p.purpose))
 
 
-def primitives(prices: Prices, plan: Plan, mesh: Mesh, m: int, pipe: Pipeline, rank: int,
-               dp: list[DpComm], dp_exposed: float, embed_bytes: float, embed_s: float) -> list[Primitive]:
-    table = _Table(prices)
+def primitives(ctx: PlanContext, m: int, pipe: Pipeline, rank: int, dp: list[DpComm], dp_exposed: float,
+               embed_bytes: float, embed_s: float) -> list[Primitive]:
+    """The collectives of pipeline rank ``rank`` over a step of ``m`` micro-batches, as primitives:
+    its parts', its stage-to-stage sends, its data-parallel ones ``dp`` (``dp_exposed`` seconds of
+    them exposed) and the tied embedding's sync."""
+    plan, mesh = ctx.plan, ctx.mesh
+    table = _Table(ctx.prices)
     ep_keep = _ep_share_exposed(plan, pipe, m, rank)
     for c in pipe.rank_chunks[rank]:
         for p, n in pipe.bags[c]:
@@ -131,12 +136,12 @@ def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: i
     }
 
 
-def violations(prices: Prices, plan: Plan, mesh: Mesh, experts: int, memory_bytes: float,
-               margin_gib: float = 0.0) -> list[Violation]:
-    """The hard rules a priced plan breaks (``autoplan.rules``), and memory beyond HBM less the margin."""
-    cluster = prices.cluster
+def violations(ctx: PlanContext, memory_bytes: float) -> list[Violation]:
+    """The hard rules a priced plan breaks (``autoplan.rules``), and memory beyond HBM less the
+    margin (``EstimateOptions.memory_margin_gib``)."""
+    prices, cluster, margin_gib = ctx.prices, ctx.prices.cluster, ctx.options.memory_margin_gib
     out = []
-    for g, ranks in nvlink_breaks(plan, mesh, experts=experts, nvlink_domain=cluster.nvlink_domain):
+    for g, ranks in nvlink_breaks(ctx.plan, ctx.mesh, experts=ctx.model.experts, nvlink_domain=cluster.nvlink_domain):
         span = prices.span(ranks)
         out.append(Violation(g.rule, f"{g.label} group of {len(ranks)} ranks ({ranks_text(ranks)}) spans "
                                      f"{span.domains} NVLink domains over {cluster.describe_span(span)}: "

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 import topologies
+from autoplan.cost.context import PlanContext
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.params import NOMINAL, Params
 from autoplan.cost.prices import Prices
-from autoplan.cost.types import AxisCost
+from autoplan.cost.types import AxisCost, EstimateOptions
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from costmodels.compute import PROFILE_DIR
@@ -36,14 +37,18 @@ def model(traced):
 
 # ---- the calls under test, one place each (their signatures are being reshaped) -----------------
 
+def _ctx(model, plan: Plan, params: Params = NOMINAL) -> PlanContext:
+    return PlanContext(plan, Mesh.of(plan), Prices(CLUSTER, params=params), EstimateOptions(), model.model,
+                       model.seq_len, model.model.hidden)
+
+
 def _cp(model, plan: Plan, attention: tuple[float, float], graph=None, params: Params = NOMINAL) -> AxisCost:
     graph = model.blocks[0].graph if graph is None else graph
-    return cp_cost(Prices(CLUSTER, params=params), model.model, model.seq_len, model.model.hidden, graph, plan,
-                   Mesh.of(plan), attention)
+    return cp_cost(_ctx(model, plan, params), graph, attention)
 
 
 def _attention(model, plan: Plan) -> tuple[float, float]:
-    return attention_seconds(Prices(CLUSTER), model.blocks[0].graph, plan)
+    return attention_seconds(_ctx(model, plan), model.blocks[0].graph)
 
 
 # ---- α–β by hand (costmodels/collectives.py) -----------------------------------------------------

@@ -13,10 +13,14 @@ import pytest
 import yaml
 
 import topologies
+from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.cost import dp
+from autoplan.cost.context import PlanContext
 from autoplan.cost.fsdp import Policy
 from autoplan.cost.prices import Prices
-from autoplan.cost.types import DpComm
+from autoplan.cost.types import DpComm, EstimateOptions
+from autoplan.ir import ModelInfo
+from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from costmodels.compute import PROFILE_DIR
 
@@ -26,8 +30,17 @@ GRAD, PARAM = 4.0, 2.0                   # bytes per reduced gradient (fp32) and
 
 # ---- the calls under test, one place each (their signatures are being reshaped) -----------------
 
+def _ctx(plan: Plan, grad_bytes: float = GRAD) -> PlanContext:
+    return PlanContext(plan, Mesh.of(plan), Prices(CLUSTER), EstimateOptions(grad_reduce_bytes=grad_bytes),
+                       ModelInfo("none"), 0, 0)
+
+
 def _dp_comms(plan, dense, expert, dp_ranks, edp_ranks, m, pol=None, grad_bytes=GRAD) -> list[DpComm]:
-    return dp.dp_comms(Prices(CLUSTER), plan, dense, expert, tuple(dp_ranks), tuple(edp_ranks), m, pol, grad_bytes)
+    """``dp_comms`` on ``plan``'s dense and expert dp groups, which the test spells out: ``dp_ranks``
+    and ``edp_ranks``."""
+    ctx = _ctx(plan, grad_bytes)
+    assert (ctx.mesh.group(DENSE_DP), ctx.mesh.group(EXPERT_DP)) == (tuple(dp_ranks), tuple(edp_ranks))
+    return dp.dp_comms(ctx, dense, expert, m, pol)
 
 
 def _dp_exposed(colls, m, **kw) -> float:
@@ -35,7 +48,9 @@ def _dp_exposed(colls, m, **kw) -> float:
 
 
 def _optimizer(numel, plan, dp_size) -> float:
-    return dp.optimizer_seconds(Prices(CLUSTER), numel, plan, dp_size)
+    ctx = _ctx(plan)
+    assert len(ctx.mesh.group(DENSE_DP)) == dp_size
+    return dp.optimizer_seconds(ctx, numel)
 
 
 # ---- α–β by hand (costmodels/collectives.py, module docstring) ------------------------------------
@@ -148,7 +163,7 @@ def test_expert_parameters_reduce_over_the_expert_dp_group():
     assert expert[1].seconds == pytest.approx(1 / 2 * 8e6 / B_RING + A0 + A_NVL, rel=1e-12)
     # nothing to reduce: no parameters, or a group of one
     assert _dp_comms(plan, 1_000_000, 0, (0, 1, 2, 3), (0, 2), m=2) == dense
-    assert _dp_comms(plan, 1_000_000, 4_000_000, (0, 1, 2, 3), (0,), m=2) == dense
+    assert _dp_comms(Plan(dp=4, ep=4, zero=1), 1_000_000, 4_000_000, (0, 1, 2, 3), (0,), m=2) == dense  # ep = dp
     assert _dp_comms(Plan(dp=1), 1_000_000, 0, (0,), (0,), m=2) == []
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 import topologies
+from autoplan.cost.context import PlanContext
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.prices import Prices
-from autoplan.cost.types import AxisCost
+from autoplan.cost.types import AxisCost, EstimateOptions
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 
@@ -31,7 +32,9 @@ def model(traced):
 
 def _ep(model, plan: Plan, kind: str = "moe0") -> AxisCost:
     graph = model.block(kind).graph
-    return ep_cost(Prices(CLUSTER), model.model, model.seq_len, model.model.hidden, graph, plan, Mesh.of(plan))
+    ctx = PlanContext(plan, Mesh.of(plan), Prices(CLUSTER), EstimateOptions(), model.model, model.seq_len,
+                      model.model.hidden)
+    return ep_cost(ctx, graph)
 
 
 # ---- α–β by hand (costmodels/collectives.py: all_to_all, PXN) -------------------------------------

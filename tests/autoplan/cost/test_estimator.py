@@ -120,6 +120,7 @@ def test_causal_flash_attention_is_priced_at_the_tiles_it_computes_and_counted_a
     s² (Megatron's convention).  Backward over forward is the kernels' own ratio: 2.5× the FLOPs
     at the backward's efficiency (was a fixed 2×)."""
     from autoplan.cost.cp import attention_seconds
+    from autoplan.mesh import Mesh
     from autoplan.opkinds import attention_work_fraction, is_attention_kernel
 
     model, _, est = setup(CAUSAL, "h100x16", seq=8192)
@@ -130,7 +131,7 @@ def test_causal_flash_attention_is_priced_at_the_tiles_it_computes_and_counted_a
     assert attention_work_fraction(fwd) == pytest.approx(0.5 + 64 / 8192)
     assert attention_work_fraction(bwd) == pytest.approx(0.5 + 64 / 8192)       # whatever cp
     plan = Plan.parse("tp=1,dp=16", num_gpus=16)
-    f, b = attention_seconds(est.prices, graph, plan)
+    f, b = attention_seconds(est.context(plan, Mesh.of(plan)), graph)
     prof = est.prices.profile
     assert b / f == pytest.approx(2.5 * prof.attention_fwd_fraction / prof.attention_bwd_fraction, rel=0.01)
     full = est.prices.op_seconds("attention_fwd", fwd.flops, fwd.bytes_read + fwd.bytes_written, None)
@@ -152,7 +153,7 @@ def test_ring_attention_exposes_each_steps_hop_beyond_its_compute(setup):
     part = est.part(kind, plan, "none", Mesh.of(plan))
     (ring_f,) = [c for c in part.comms if c.purpose == "ring" and c.phase == "forward"]
     hop, _ = est.prices.slowest_hop(ring_f.nbytes, Mesh.of(plan).group("cp"), closed=True)
-    att_f, _ = attention_seconds(est.prices, graph, plan)
+    att_f, _ = attention_seconds(est.context(plan, Mesh.of(plan)), graph)
     launch = est.prices.profile.overhead_s
     assert hop > att_f / 16                                # across nodes the hop outlasts a step
     assert ring_f.exposed_s == pytest.approx(15 * (hop - att_f / 16 + launch))

@@ -17,12 +17,16 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 import topologies
 from autoplan.cost import EstimateOptions, Estimator, bounds
+from autoplan.cost.context import PlanContext
 from autoplan.cost.evidence import flags
 from autoplan.cost.params import Params
 from autoplan.cost.uncertainty import Sampler
 from autoplan.frontend import trace
+from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.search import stages
 from costmodels import memo
@@ -140,3 +144,13 @@ def test_every_input_reaches_every_memo_that_reads_it(profile_with):
              if n.startswith(("table:", "costmodels.", "autoplan.cost", "autoplan.search", "autoplan.sharding"))
              and not n.startswith("table:test.")}
     assert names - set(seen) - set(UNREACHED) == set()
+
+
+def test_a_plan_context_is_never_a_memo_key():
+    """The pricers' ``PlanContext`` holds the whole plan and the Estimator's objects: a memo keyed
+    on it would bypass the plan's projections (``cost.memo``), so it cannot be hashed."""
+    est = Estimator(trace(MODEL, seq=SEQ), topologies.load(CLUSTER))
+    ctx = est.context(BASE, Mesh.of(BASE))
+    assert isinstance(ctx, PlanContext) and ctx.plan is BASE
+    with pytest.raises(TypeError):
+        hash(ctx)
