@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
 from autoplan.cost import dp, fsdp, memory, pp, report
-from autoplan.cost.context import PlanContext, block_input, hidden_of
+from autoplan.cost.context import PlanContext, activation_bytes, block_input, hidden_of
 from autoplan.cost.memo import BagKey, EstimatorMemo, LocalShape, PartKey, PlanAt
 from autoplan.cost.parts import price_part
 from autoplan.cost.prices import Prices
@@ -52,12 +52,14 @@ class Estimator:
         self.layouts = BlockLayouts(self.prices, options, enforce_rules=enforce_rules)
         self.info = model.model
         self.hidden = self.info.hidden or hidden_of(model)
+        self.activation_bytes = activation_bytes(model.blocks[0].graph)   # of the residual stream, as traced
         self.memo = EstimatorMemo()
         self._attention_flops_per_sample = sum(attention_flops(b.graph) * b.count for b in model.blocks)
 
     def context(self, plan: Plan, mesh: Mesh) -> PlanContext:
         """``plan`` (its mesh ``mesh``) as the pricers read it, with this Estimator's facts."""
-        return PlanContext(plan, mesh, self.prices, self.options, self.info, self.model.sample_positions, self.hidden)
+        return PlanContext(plan, mesh, self.prices, self.options, self.info, self.model.sample_positions, self.hidden,
+                           self.activation_bytes)
 
     def graph(self, kind: str) -> OpGraph:
         """The graph of a block kind, or of the part before ("@pre") / after ("@post") the blocks."""

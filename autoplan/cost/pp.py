@@ -6,7 +6,8 @@ layers by block kind, plus the embedding (``@pre``) on the first chunk and the h
 B = Σ (input-gradient + exposed backward communication), W = Σ weight-gradient.  These go to
 the event simulator of ``costmodels.pipeline`` with the P2P time of one boundary activation on
 the slowest stage-to-stage hop (the last rank back to the first too, under interleaving),
-``b·(s/cp)·h·2 / tp`` bytes per tp rank (bf16; sequence-sharded under SP, split over tp and
+``b·(s/cp)·h·e / tp`` bytes per tp rank (e: the residual stream's element size as traced, 2 in
+bf16: ``PlanContext.activation_bytes``; sequence-sharded under SP, split over tp and
 all-gathered on the receiver without it, as Megatron and DeepSpeed send it).  DualPipeV overlaps one
 micro-batch's EP all-to-all with the other's compute (DeepSeek-V3 §3.2.1), so the EP part of
 each stage's time is passed to the simulator separately; TP/CP collectives stay on each
@@ -27,7 +28,6 @@ from costmodels.memo import memo
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline import PipelineResult
 
-ACTIVATION_BYTES = 2                    # bf16
 Bag = list[tuple[Part, int]]
 NO_BOUNDARY = Boundary(0.0, 0.0, (), 0.0)     # a single stage sends nothing
 
@@ -203,9 +203,9 @@ def pair_comms(schedule: str, bags: Sequence[Bag]) -> tuple[list[float] | None, 
 
 
 def boundary(ctx: PlanContext) -> Boundary:
-    """One boundary activation, ``b·(s/cp)·h·2`` bytes: what each tp rank sends, the seconds of
-    one stage-to-stage send on the slowest hop (the last rank back to the first too under the
-    interleaved schedule), that hop, and the all-gather part of those seconds.
+    """One boundary activation, ``b·(s/cp)·h·e`` bytes (e: ``ctx.activation_bytes``): what each tp
+    rank sends, the seconds of one stage-to-stage send on the slowest hop (the last rank back to the
+    first too under the interleaved schedule), that hop, and the all-gather part of those seconds.
 
     Every tp rank sends 1/tp of it: under SP the activation is sequence-sharded already; without
     SP Megatron's scatter/gather (``scatter_gather_tensors_in_pipeline``) and DeepSpeed split the
@@ -214,7 +214,7 @@ def boundary(ctx: PlanContext) -> Boundary:
     plan, mesh, prices = ctx.plan, ctx.mesh, ctx.prices
     if plan.pp == 1:
         return NO_BOUNDARY
-    full = plan.mbs * ctx.seq_len / plan.cp * ctx.hidden * ACTIVATION_BYTES
+    full = plan.mbs * ctx.seq_len / plan.cp * ctx.hidden * ctx.activation_bytes
     per_rank = full / plan.tp
     hop_s, hop = prices.slowest_hop(per_rank, mesh.group(Axis.PP.value), closed=plan.schedule == "interleaved")
     gather = 0.0 if plan.sp else prices.collective("all_gather", full, mesh.group(Axis.TP.value))

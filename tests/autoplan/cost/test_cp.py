@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 import topologies
-from autoplan.cost.context import PlanContext
-from autoplan.cost.cp import attention_seconds, cp_cost
+from autoplan.cost.context import PlanContext, activation_bytes
+from autoplan.cost.cp import attention_bytes, attention_seconds, cp_cost
 from autoplan.cost.params import NOMINAL, Params
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import AxisCost, EstimateOptions
@@ -39,7 +39,7 @@ def model(traced):
 
 def _ctx(model, plan: Plan, params: Params = NOMINAL) -> PlanContext:
     return PlanContext(plan, Mesh.of(plan), Prices(CLUSTER, params=params), EstimateOptions(), model.model,
-                       model.seq_len, model.model.hidden)
+                       model.seq_len, model.model.hidden, activation_bytes(model.blocks[0].graph))
 
 
 def _cp(model, plan: Plan, attention: tuple[float, float], graph=None, params: Params = NOMINAL) -> AxisCost:
@@ -150,6 +150,18 @@ def test_ring_outside_tp8_sends_a_tp_shard_across_nodes(model):
     assert _one(cost, "forward", "ring").ranks == (0, 8)
     assert _one(cost, "forward", "ring").nbytes == kv_bytes(2, tp=8) == 262144
     assert cost.exposed_fwd_s == pytest.approx(hop + LAUNCH, rel=1e-12)
+
+
+def test_ring_and_ulysses_send_the_element_size_the_trace_records(model, traced):
+    """An fp32 trace's q, k and v are 4 bytes an element (``ir.TensorInfo.dtype``): every send
+    doubles; the bf16 trace above is priced at 2 bytes."""
+    fp32 = traced(SPEC, seq=S, dtype="fp32")
+    assert attention_bytes(model.blocks[0].graph) == (BF16, BF16)
+    assert attention_bytes(fp32.blocks[0].graph) == (4, 4)
+    ring = _cp(fp32, Plan(cp=4), (0.0, 0.0))
+    assert _one(ring, "forward", "ring").nbytes == 2 * kv_bytes(4)
+    uly = _cp(fp32, Plan(cp=4, cp_algo="ulysses"), (0.0, 0.0))
+    assert _one(uly, "forward", "ulysses").nbytes == 2 * qo_bytes(4)
 
 
 # ---- Ulysses -----------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ GRAD, PARAM = 4.0, 2.0                   # bytes per reduced gradient (fp32) and
 
 def _ctx(plan: Plan, grad_bytes: float = GRAD) -> PlanContext:
     return PlanContext(plan, Mesh.of(plan), Prices(CLUSTER), EstimateOptions(grad_reduce_bytes=grad_bytes),
-                       ModelInfo("none"), 0, 0)
+                       ModelInfo("none"), seq_len=0, hidden=0, activation_bytes=0.0)   # dp reads none of them
 
 
 def _dp_comms(plan, dense, expert, dp_ranks, edp_ranks, m, pol=None, grad_bytes=GRAD) -> list[DpComm]:

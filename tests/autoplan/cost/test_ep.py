@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import topologies
-from autoplan.cost.context import PlanContext
+from autoplan.cost.context import PlanContext, activation_bytes
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import AxisCost, EstimateOptions
@@ -33,7 +33,7 @@ def model(traced):
 def _ep(model, plan: Plan, kind: str = "moe0") -> AxisCost:
     graph = model.block(kind).graph
     ctx = PlanContext(plan, Mesh.of(plan), Prices(CLUSTER), EstimateOptions(), model.model, model.seq_len,
-                      model.model.hidden)
+                      model.model.hidden, activation_bytes(model.blocks[0].graph))
     return ep_cost(ctx, graph)
 
 
@@ -86,6 +86,16 @@ def test_context_parallel_ranks_dispatch_s_over_cp_tokens_and_mbs_scales(model):
     # cp 2 inside ep: group {0, 2, 4, 6}, one node
     nbytes = 2 * S / 2 * TOPK * H * BF16
     _check(_ep(model, Plan(cp=2, dp=4, ep=4, mbs=2)), nbytes, 3 / 4 * nbytes / B_RING + A0 + 3 * A_NVL)
+
+
+def test_dispatch_sends_the_element_size_the_trace_records(model, traced):
+    """An fp32 trace's hidden states are 4 bytes an element (``ir.TensorInfo.dtype``): each
+    all-to-all moves twice the bf16 trace's bytes."""
+    fp32 = traced(SPEC, seq=S, dtype="fp32")
+    assert activation_bytes(model.block("moe0").graph) == BF16
+    assert activation_bytes(fp32.block("moe0").graph) == 4
+    nbytes = S * TOPK * H * 4
+    _check(_ep(fp32, Plan(dp=8, ep=8)), nbytes, 7 / 8 * nbytes / B_RING + A0 + 7 * A_NVL)
 
 
 def test_ep16_across_two_nodes_is_nic_bound(model):

@@ -111,6 +111,21 @@ def test_pipeline_sends_split_the_activation_over_tp(setup, sp):
             estimator.prices.collective("all_gather", full, (0, 1, 2, 3)))
 
 
+def test_pipeline_sends_the_element_size_the_trace_records(setup, traced):
+    """The boundary activation is the residual stream at its traced element size
+    (``PlanContext.activation_bytes``): 2 bytes in bf16, 4 in an fp32 trace."""
+    from autoplan.cost import Estimator
+    from autoplan.cost.pp import boundary
+    from autoplan.mesh import Mesh
+
+    _, cluster, bf16 = setup(MODEL, "h100x16")
+    fp32 = Estimator(traced(MODEL, seq=2048, dtype="fp32"), cluster)
+    plan = Plan.parse("tp=4,pp=4,dp=1", num_gpus=16)
+    assert (bf16.activation_bytes, fp32.activation_bytes) == (2, 4)
+    sends = [boundary(est.context(plan, Mesh.of(plan))).bytes_per_rank for est in (bf16, fp32)]
+    assert sends == [2048 * 1024 * 2 / 4, 2048 * 1024 * 4 / 4]
+
+
 CAUSAL = "llama:layers=2,hidden=2048,heads=16,kv_heads=4,ffn=5632,vocab=32000"
 
 

@@ -75,3 +75,18 @@ def test_fp8_on_a100_is_refused(setup):
     _, _, est = setup(MODEL, "a100x8")
     with pytest.raises(UserError, match="needs FP8 tensor cores"):
         est.estimate(Plan.parse("dp=8,precision=fp8", num_gpus=8), 32)
+
+
+def test_fp8_plans_send_the_bf16_activations_the_trace_records(setup):
+    """FP8 is the linear GEMMs' precision: the activations between them stay bf16 as traced, so a
+    stage boundary and the cp sends move the bf16 plan's bytes (``PlanContext.activation_bytes``,
+    ``cp.attention_bytes``: 2 bytes an element)."""
+    _, _, est = setup(MODEL, "h100x8")
+    sends = {}
+    for precision in ("bf16", "fp8"):
+        e = est.estimate(Plan.parse(f"tp=1,cp=2,pp=2,dp=2,precision={precision}", num_gpus=8), 32)
+        sends[precision] = sorted((p.traffic, p.kind, p.bytes_per_call) for p in e.primitives
+                                  if p.traffic in ("pp", "cp"))
+    assert est.activation_bytes == 2
+    assert {t for t, _, _ in sends["bf16"]} == {"pp", "cp"}
+    assert sends["fp8"] == sends["bf16"]
