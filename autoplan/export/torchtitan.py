@@ -139,6 +139,13 @@ def _pipeline(plan: Plan, num_layers: int | None) -> Settings:
                      Setting("--parallelism.pipeline_parallel_microbatch_size", plan.mbs)))
     if plan.pp == 1:
         return keys
+    return keys + stage_cuts(plan, num_layers, "--parallelism.module_fqns_per_model_part")
+
+
+def stage_cuts(plan: Plan, num_layers: int | None, key: str) -> Settings:
+    """A pipeline plan's stage cuts as module FQNs under ``key`` when the layer count is known (both
+    torchtitan targets), and the zb-h2 warning (torch pipelining runs it as ZB1P)."""
+    keys = Settings()
     if plan.schedule == "zb-h2":
         keys += Settings(warnings=("schedule=zb-h2 is not in torch pipelining: InterleavedZeroBubble "
                                    "(ZB1P, one model chunk per rank)",))
@@ -146,7 +153,7 @@ def _pipeline(plan: Plan, num_layers: int | None) -> Settings:
     if layers is None:
         return keys + Settings(warnings=("stage cuts left to torchtitan (its default split) because the layer "
                                          "count is unknown: pass --model to pin them",))
-    return keys + Settings((Setting("--parallelism.module_fqns_per_model_part", model_parts(layers)),))
+    return keys + Settings((Setting(key, model_parts(layers)),))
 
 
 def _context_parallel(plan: Plan) -> Settings:
@@ -171,15 +178,22 @@ def _expert_parallel(plan: Plan) -> Settings:
     return Settings((Setting("--parallelism.expert_parallel_degree", degree),), warnings)
 
 
+def batch_keys(plan: Plan, global_batch: int | None, seq: int | None, prefix: str) -> tuple[Setting, ...]:
+    """local/global batch sizes (a rank's local batch is its share of the global one under pp, else
+    one micro-batch) and the sequence length, where given, each key under ``prefix``."""
+    keys: tuple[Setting, ...] = ()
+    if global_batch is not None:
+        keys += (Setting(f"{prefix}local_batch_size", global_batch // plan.dp if plan.pp > 1 else plan.mbs),
+                 Setting(f"{prefix}global_batch_size", global_batch))
+    if seq is not None:
+        keys += (Setting(f"{prefix}seq_len", seq),)
+    return keys
+
+
 def _training(plan: Plan, global_batch: int | None, seq: int | None) -> Settings:
     """Batch sizes (a rank's local batch is its share of the global one under pp, else one micro-batch),
     the sequence length where given, and CUDA graphs off where torchtitan refuses them."""
-    keys: tuple[Setting, ...] = ()
-    if global_batch is not None:
-        keys += (Setting("--training.local_batch_size", global_batch // plan.dp if plan.pp > 1 else plan.mbs),
-                 Setting("--training.global_batch_size", global_batch))
-    if seq is not None:
-        keys += (Setting("--training.seq_len", seq),)
+    keys = batch_keys(plan, global_batch, seq, "--training.")
     if plan.pp > 1 or plan.ep > 1:
         keys += (Setting("--training.disable_cuda_graphs"),)
     return Settings(keys)

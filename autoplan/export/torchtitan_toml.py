@@ -27,8 +27,8 @@ Mapping (plan → key):
 """
 from __future__ import annotations
 
-from autoplan.export.base import Export, Setting, Settings, default_order_warning, stage_layers, uniform_recompute
-from autoplan.export.torchtitan import SCHEDULES, SELECTIVE_WARNING, model_parts
+from autoplan.export.base import Export, Setting, Settings, default_order_warning, uniform_recompute
+from autoplan.export.torchtitan import SCHEDULES, SELECTIVE_WARNING, batch_keys, stage_cuts
 from autoplan.plan import DEFAULT_ORDER, Plan, recompute_layers
 
 TORCHTITAN_VERSION = "0.2.2"
@@ -95,14 +95,7 @@ def _pipeline_keys(plan: Plan, num_layers: int | None) -> Settings:
         return degree
     keys = degree + Settings((Setting("pipeline_parallel_schedule", SCHEDULES[plan.schedule]),
                               Setting("pipeline_parallel_microbatch_size", plan.mbs)))
-    if plan.schedule == "zb-h2":
-        keys += Settings(warnings=("schedule=zb-h2 is not in torch pipelining: InterleavedZeroBubble "
-                                   "(ZB1P, one model chunk per rank)",))
-    layers = stage_layers(plan, num_layers)
-    if layers is None:
-        return keys + Settings(warnings=("stage cuts left to torchtitan (its default split) because the layer "
-                                         "count is unknown: pass --model to pin them",))
-    return keys + Settings((Setting("module_fqns_per_model_part", model_parts(layers)),))
+    return keys + stage_cuts(plan, num_layers, "module_fqns_per_model_part")
 
 
 def _context_parallel_keys(plan: Plan) -> Settings:
@@ -144,10 +137,4 @@ def _activation_checkpoint_keys(plan: Plan) -> Settings:
 def _training_keys(plan: Plan, global_batch: int | None, seq: int | None) -> Settings:
     """Batch sizes (a rank's local batch is its share of the global one under pp, else one micro-batch)
     and the sequence length, where given."""
-    keys: tuple[Setting, ...] = ()
-    if global_batch is not None:
-        keys += (Setting("local_batch_size", global_batch // plan.dp if plan.pp > 1 else plan.mbs),
-                 Setting("global_batch_size", global_batch))
-    if seq is not None:
-        keys += (Setting("seq_len", seq),)
-    return Settings(keys)
+    return Settings(batch_keys(plan, global_batch, seq, ""))
