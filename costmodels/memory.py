@@ -25,7 +25,10 @@ zero  engine                                    params      grads  optimizer  to
   copy and Adam moments in ``dtype``, sharded over dp) with ``dtype: bf16, grad_sync_dtype: bf16``,
   as NVIDIA's DGXC Nemotron-4 340B benchmark runs it (``NVIDIA/dgxc-benchmarking``
   ``nemotron/nemotron4-340b-synth.yaml`` @8f5cbb37, NeMo 24.09 container): 2 / 2 / 2 / 4,
-  ``4 + 6/d`` bytes per parameter.
+  ``4 + 6/d`` bytes per parameter.  ``megatron-bf16-grads`` is Megatron-Core with
+  ``grad_reduce_in_fp32`` off (a bf16 main-gradient buffer, reduced in bf16), as Megatron-Bridge's
+  performance recipes set it (``scripts/performance/configs/llama/llama3_llm_pretrain.py``,
+  ``set_llama3_common_configs``): 2 / 2 / 4 / 8, ``4 + 12/d``.
 * FSDP2 with torchtitan's mixed precision (``param_dtype`` bf16, ``reduce_dtype`` fp32): the
   sharded fp32 parameter is the master copy (4/d), its fp32 gradient shard (4/d), Adam m, v
   (8/d); the bf16 unsharded parameters (2) stay alive from forward to backward when
@@ -63,11 +66,12 @@ class StatePrecision:
         return self.master + self.moments
 
 
-StatePrecisionName = Literal["megatron", "apex-dfa-bf16"]     # the keys of STATE_PRECISIONS, in its order
+StatePrecisionName = Literal["megatron", "apex-dfa-bf16", "megatron-bf16-grads"]   # STATE_PRECISIONS' keys, in order
 STATE_PRECISION_NAMES: tuple[StatePrecisionName, ...] = get_args(StatePrecisionName)
 STATE_PRECISIONS: dict[str, StatePrecision] = {
     "megatron": StatePrecision(),
     "apex-dfa-bf16": StatePrecision(param=2.0, grad=2.0, master=2.0, moments=4.0),
+    "megatron-bf16-grads": StatePrecision(param=2.0, grad=2.0),
 }
 
 

@@ -139,8 +139,19 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
 # (commit 2196398, Apr 2024, in the nemo:24.03 container: Megatron-Core's GPT model with Transformer
 # Engine; regimes3_public.json's note), so Megatron-Core's kernels (``kernels=megatron-core``: the
 # fused SwiGLU keeps only its input).
+#
+# nemo-: NeMo 24.03 trains on Megatron-Core with Transformer Engine (its long-sequence Llama 2 rows):
+# Megatron-Core's kernels.  mb-2604-h100-llama: Megatron-Bridge 26.04's Llama 3 performance recipes
+# (scripts/performance/configs/llama/llama3_llm_pretrain.py and utils/precision.py): Megatron-Core
+# kernels, ``grad_reduce_in_fp32 = False`` (``set_llama3_common_configs``: a bf16 main-gradient buffer,
+# reduced in bf16, ``state_precision=megatron-bf16-grads``, ``grad_reduce_bytes=2``) and the FP8
+# current-scaling recipe ``bf16_with_fp8_current_scaling_mixed`` with ``fp8_param_gather = True``
+# (FP8 parameters, ``fp8_params``).
 RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "usp-": ({}, {"kernels": "megatron-core"}),
+    "nemo-": ({}, {"kernels": "megatron-core"}),
+    "mb-2604-h100-llama": ({}, {"kernels": "megatron-core", "state_precision": "megatron-bf16-grads",
+                                "grad_reduce_bytes": 2.0, "fp8_params": True}),
 }
 
 

@@ -38,12 +38,15 @@ etp = tp: etp·ep·pp = 2·32·8 = 512 > 256 GPUs, which ``initialize_model_para
 (parallel_state.py L880-884); it ran folded with the largest etp dividing tp that fits,
 ``folded_etp`` (here 1: tp·cp·dp / ep = 1).
 
-Megatron-Core rows whose layers do not split evenly over pp·vpp (Qwen3-235B: 94 layers on 32 or
-96 virtual stages) ran with the embedding and the loss counted as one layer each
+Megatron-Core rows (the model zoo's and Megatron-Bridge's) whose layers do not split evenly over
+pp·vpp (Qwen3-235B: 94 layers on 32 or 96 virtual stages; Llama 3.1 405B: 126 on 64) ran with the
+embedding and the loss counted as one layer each
 (``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``, the only
-even split of 94 + 2 over 32 and 96 stages): c = (layers + 2) / (pp·vpp) per stage, the first
+even split of 94 + 2 over 32 and 96 stages and of 126 + 2 over 64, and what Megatron-Bridge's
+``llama31_405b_pretrain_config`` sets): c = (layers + 2) / (pp·vpp) per stage, the first
 stage the embedding and c − 1 layers, the last c − 1 layers and the loss — ``uneven_layers``'s
-formula, e.g. ``layers=0-1x94-0`` for pp32·vpp3 and ``2-3x30-2`` for pp8·vpp4.
+formula, e.g. ``layers=0-1x94-0`` for pp32·vpp3, ``2-3x30-2`` for pp8·vpp4 and ``1-2x62-1`` for
+pp8·vpp8.
 
 Clusters: ``<gpu>x<N>`` shorthand of the row's GPU kind; A800 rows (``gpu: other``) are the A100
 80GB reference system with NVLink capped at 400 GB/s, 200 GB/s per direction (the export-control
@@ -203,6 +206,11 @@ def model_spec(r: dict) -> str:
     return spec + f",vocab={GPT_VOCAB}" if spec.startswith("gpt:") and "vocab=" not in spec else spec
 
 
+MEGATRON_CORE_SOURCES = ("mcore-zoo", "megatron-bridge")
+"""Sources that ran Megatron-Core, whose uneven layer splits count the embedding and the loss as a
+layer each (module docstring)."""
+
+
 def _layer_count(spec: str) -> int:
     return int(spec.split("layers=", 1)[1].split(",", 1)[0])
 
@@ -214,7 +222,7 @@ def uneven_layers(r: dict) -> str:
     for any other row."""
     fields = _fields(r["plan"])
     n, layers = int(fields.get("pp", "1")) * int(fields.get("vpp", "1")), _layer_count(r["model"])
-    zoo = source_of(r["id"]) == "mcore-zoo" and n > 1 and layers % n != 0
+    zoo = source_of(r["id"]) in MEGATRON_CORE_SOURCES and n > 1 and layers % n != 0 and (layers + 2) % n == 0
     if not zoo and (source_of(r["id"]) != "zero-bubble" or fields.get("schedule") != "interleaved"):
         return ""
     c, rest = divmod(layers + 2, n)

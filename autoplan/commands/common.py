@@ -13,6 +13,7 @@ from autoplan.commands.choices import (
     DEFAULT_SAMPLES,
     DEFAULT_SEQ,
     ESTIMATE_DEFAULTS,
+    FP8_ENGINES,
     GRAD_SYNCS,
     KERNELS,
     STATE_PRECISION_NAMES,
@@ -67,6 +68,13 @@ def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> Non
     g.add_argument("--kernels", choices=KERNELS, default=default.kernels,
                    help="the engine's kernels where they keep other activations than the traced eager ops: "
                         f"megatron-core's fused SwiGLU keeps only its input (default: {default.kernels})")
+    g.add_argument("--fp8-engine", choices=FP8_ENGINES, default=default.fp8_engine,
+                   help="what runs an FP8 plan's GEMMs: transformer-engine keeps FP8 linear inputs and cached "
+                        "FP8 weight copies; torchao (torchtitan's float8) keeps bf16 inputs and no copies "
+                        f"(default {default.fp8_engine})")
+    g.add_argument("--fp8-params", action="store_true",
+                   help="FP8 parameters (Megatron --fp8-param-gather): no bf16 weight beside the FP8 copies, "
+                        "1-byte parameter all-gather")
     g.add_argument("--post-validation", action="store_true",
                    help="Zero Bubble's optimizer post-validation: each pipeline rank steps its optimizer when its "
                         "own backward ends, checks validated after (the sail-sg Megatron fork); the pipeline "
@@ -93,7 +101,7 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
-        post_validation=args.post_validation,
+        fp8_engine=args.fp8_engine, fp8_params=args.fp8_params, post_validation=args.post_validation,
         params=load_override(check_yaml_file(args.params, "--params")) if args.params else NOMINAL,
         exact=args.exact)
 

@@ -51,7 +51,8 @@ def dp_comms(ctx: PlanContext, dense: float, expert: float, m: int, pol: fsdp.Po
         if numel == 0 or len(ranks) <= 1:
             continue
         grads = numel * grad_bytes
-        params = numel * gather_bytes_per_param(plan.precision, plan.zero)   # FP8 under FSDP2's float8 gather
+        # FP8 under FSDP2's float8 gather, and under Megatron's --fp8-param-gather (``fp8_params``)
+        params = numel * gather_bytes_per_param(plan.precision, plan.zero, ctx.options.fp8_params)
         if plan.zero == 0:
             out.append(DpComm("all_reduce", grads, 1, prices.collective("all_reduce", grads, ranks), ranks, "grad"))
         elif plan.zero == 1:

@@ -244,7 +244,8 @@ class Estimator:
         return memory.MemoryInputs(dense_dp=len(mesh.group(DENSE_DP)), expert_dp=len(mesh.group(EXPERT_DP)),
                     loss=memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0),
                     ends=frozenset(map(self._parts_of(plan, mesh), ("@pre", "@post"))),
-                    microbatches=m, precision=memory.state_precision(self.options.state_precision))
+                    microbatches=m, precision=memory.state_precision(self.options.state_precision),
+                    fp8_engine=self.options.fp8_engine, fp8_params=self.options.fp8_params)
 
     @property
     def usable_bytes(self) -> float:

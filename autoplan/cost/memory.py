@@ -5,7 +5,9 @@ category       bytes (peak allocated by the framework, per GPU)
 =============  ==========================================================================
 params, grads, ``costmodels.memory.model_state_bytes`` of the rank's dense parameters over
 optimizer      the dense dp group and its expert parameters over the expert dp group, by ZeRO
-               stage and engine (Megatron's distributed optimizer for zero 0/1, FSDP2 for 2/3)
+               stage and engine (Megatron's distributed optimizer for zero 0/1, FSDP2 for 2/3);
+               under an FP8 precision ``params`` adds the engine's FP8 weight copies and
+               delayed-scaling amax histories (``fp8_state_bytes``)
 activations    the peak over the rank's own schedule order of the saved bytes of the
                (micro-batch, virtual stage) forwards alive (``costmodels.pipeline.live``: each
                chunk weighed by its own layers, not a mean), plus on the last stage the loss
@@ -74,6 +76,7 @@ from costmodels.memory import (
     model_state_bytes,
 )
 from costmodels.pipeline.live import LivePeak
+from costmodels.precision import amax_history_bytes, weight_copy_bytes
 
 # The loss backward's extra buffers per logit element beyond the saved fp32 log-softmax output:
 # the NLL gradient and the log-softmax gradient, both fp32 (F.cross_entropy on fp32 logits).
@@ -210,12 +213,25 @@ class MemoryInputs(TypedDict):
     ends: frozenset[Part]
     microbatches: int
     precision: StatePrecision
+    fp8_engine: str             # EstimateOptions.fp8_engine (fp8_state_bytes)
+    fp8_params: bool            # EstimateOptions.fp8_params
+
+
+def fp8_state_bytes(plan: Plan, bag: Bag, engine: str, fp8_params: bool) -> float:
+    """What an FP8 plan's engine keeps of a rank's weights beyond the model states (``params``):
+    ``costmodels.precision.weight_copy_bytes`` per weight element its FP8 GEMMs read
+    (``Part.fp8_weight_numel``) and the delayed-scaling amax histories of those GEMMs; 0 under bf16."""
+    copies = weight_copy_bytes(plan.precision, engine, plan.zero, fp8_params)
+    amax = amax_history_bytes(plan.precision, engine)
+    if not copies and not amax:
+        return 0.0
+    return sum((p.fp8_weight_numel * copies + p.fp8_gemms * amax) * n for p, n in bag)
 
 
 def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_dp: int, expert_dp: int,
                 loss: float, ends: frozenset[Part], microbatches: int, pol: Policy,
-                precision: StatePrecision = StatePrecision(),
-                memo: dict[RankKey, BagStates] | None = None) -> RankMemory:
+                precision: StatePrecision = StatePrecision(), fp8_engine: str = "transformer-engine",
+                fp8_params: bool = False, memo: dict[RankKey, BagStates] | None = None) -> RankMemory:
     """Memory of pipeline rank ``rank``; ``live``: its activation peak; ``ends``: the pre/post
     parts (the root FSDP unit); ``loss``: ``loss_bytes`` of the plan.  ``memo``: one
     dict shared by the ranks of one plan (same other arguments), where ranks holding the same
@@ -224,7 +240,8 @@ def rank_memory(plan: Plan, pipe: Pipeline, rank: int, live: LivePeak, *, dense_
     held = memo.get(key) if memo is not None else None
     if held is None:
         held = bag_states(plan, bag, key[1], dense_dp=dense_dp, expert_dp=expert_dp, loss=loss, ends=ends,
-                          microbatches=microbatches, pol=pol, precision=precision)
+                          microbatches=microbatches, pol=pol, precision=precision, fp8_engine=fp8_engine,
+                          fp8_params=fp8_params)
         if memo is not None:
             memo[key] = held
     return RankMemory(held.params, held.grads, held.optimizer, live.bytes + held.loss,
@@ -285,11 +302,14 @@ def bag_numels(bag: Bag) -> tuple[float, float]:
 
 def bag_states(plan: Plan, bag: Bag, holds_last: bool, *, dense_dp: int, expert_dp: int, loss: float,
                ends: frozenset[Part], microbatches: int, pol: Policy,
-               precision: StatePrecision = StatePrecision()) -> BagStates:
-    """The ``BagStates`` of a rank holding ``bag``."""
+               precision: StatePrecision = StatePrecision(), fp8_engine: str = "transformer-engine",
+               fp8_params: bool = False) -> BagStates:
+    """The ``BagStates`` of a rank holding ``bag``; an FP8 plan's weight copies count as ``params``
+    (``fp8_state_bytes``)."""
     dense, expert = bag_numels(bag)
     params, grads, optimizer = model_states(plan, dense, expert, dense_dp=dense_dp, expert_dp=expert_dp,
                                             microbatches=microbatches, pol=pol, precision=precision)
+    params += fp8_state_bytes(plan, bag, fp8_engine, fp8_params)
     last = loss if holds_last and not splits_backward(plan) else 0.0
     roots = [p in ends for p, _ in bag]
     blocks = [p for (p, _), is_root in zip(bag, roots) if not is_root]

@@ -8,18 +8,20 @@ times and saved bytes read too): all under ``full``, the attention core under ``
 all but every other matmul and the attention kernel under ``op``.
 
 Memory: ``saved_bytes`` (kept from forward to backward; less what the engine's fused kernels do
-not keep, ``cost.kernels``) and ``recompute_transient_bytes``, what recomputing the layer
+not keep, ``cost.kernels``, and what an FP8 engine keeps otherwise, ``cost.fp8``) and
+``recompute_transient_bytes``, what recomputing the layer
 re-materialises during its backward: the saved bytes without recomputation less those kept
 under the policy.
 """
 from __future__ import annotations
 
+from autoplan.cost import fp8
 from autoplan.cost.context import PlanContext
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.kernels import kernel_saving_bytes
 from autoplan.cost.softmax import with_fallback
-from autoplan.cost.tp import BlockLayouts, tp_cost
+from autoplan.cost.tp import BlockLayouts, gemm_precision, tp_cost
 from autoplan.cost.types import AxisCost, Part
 from autoplan.ir import OpGraph
 from autoplan.opkinds import is_attention_core, is_expert_param, is_model_flop_op
@@ -39,11 +41,15 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
     cp = cp_cost(ctx, graph, attention)
     ep = ep_cost(ctx, graph)
     dense, expert, largest = _param_numels(graph, bs, plan)
-    saved = bs.saved_bytes - kernel_saving_bytes(kernels, graph, bs, plan, recompute)
+    engine, precision = ctx.options.fp8_engine, gemm_precision(graph_key, plan)
+    saved = bs.saved_bytes - kernel_saving_bytes(kernels, graph, bs, plan, recompute) + \
+        fp8.saved_delta_bytes(graph, bs, plan, precision, recompute, engine)
     unsaved = saved
     if recompute != "none":
         kept = layouts.sharding(graph_key, graph, plan, "none", mesh)
-        unsaved = kept.saved_bytes - kernel_saving_bytes(kernels, graph, kept, plan, "none")
+        unsaved = kept.saved_bytes - kernel_saving_bytes(kernels, graph, kept, plan, "none") + \
+            fp8.saved_delta_bytes(graph, kept, plan, precision, "none", engine)
+    fp8_numel, fp8_gemms = fp8.weight_numel(graph, bs, plan, precision)
     backward_s = bs.backward_s + (prices.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
     forward_s, backward_s, wgrad_s = host_bound(prices.profile.host_floor_s, bs, tp, backward_s)
     return Part(
@@ -57,7 +63,7 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
         attention_s=sum(attention), compute_s=forward_s + backward_s + wgrad_s,
-        comms=tp.comms + cp.comms + ep.comms)
+        comms=tp.comms + cp.comms + ep.comms, fp8_weight_numel=fp8_numel, fp8_gemms=fp8_gemms)
 
 
 def host_bound(host_floor_s: float, bs: BlockSharding, tp: AxisCost, backward_s: float) -> tuple[float, float, float]:

@@ -16,8 +16,10 @@ DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces
 
 GradSync = Literal["microbatch", "step"]     # when ZeRO-2/3 reduce-scatters gradients (cost.fsdp)
 Kernels = Literal["eager", "megatron-core"]  # the engine's kernels where they save other activations (cost.kernels)
+Fp8Engine = Literal["transformer-engine", "torchao"]   # what runs an FP8 plan's GEMMs (costmodels.precision)
 GRAD_SYNCS: tuple[GradSync, ...] = get_args(GradSync)
 KERNELS: tuple[Kernels, ...] = get_args(Kernels)
+FP8_ENGINES: tuple[Fp8Engine, ...] = get_args(Fp8Engine)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ class EstimateOptions:
 
     state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
     kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
+    # an FP8 plan's engine: what it keeps of a linear layer's input and weight (costmodels.precision,
+    # cost.fp8): Transformer Engine (Megatron, NeMo, Composer amp_fp8) or torchao (torchtitan's float8)
+    fp8_engine: Fp8Engine = "transformer-engine"
+    # the parameters themselves are FP8 (Megatron --fp8-param-gather, TE fp8_model_init): no bf16 weight
+    # beside the FP8 copies, and the distributed optimizer gathers 1 byte per parameter
+    fp8_params: bool = False
     # Zero Bubble's optimizer post-validation (Qi et al. §4, the sail-sg fork's
     # --enable-optimizer-post-validation): each pipeline rank steps its optimizer as soon as its own
     # last backward ends and the global checks (grad norm, inf/nan) are validated afterwards, so
@@ -71,6 +79,7 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field ->
     "fsdp_grad_sync": ("FSDP gradient sync", GRAD_SYNCS),
     "state_precision": ("state precision", STATE_PRECISION_NAMES),
     "kernels": ("kernels", KERNELS),
+    "fp8_engine": ("FP8 engine", FP8_ENGINES),
 }
 
 
@@ -133,6 +142,8 @@ class Part:
     attention_s: float
     compute_s: float
     comms: tuple[Comm, ...]
+    fp8_weight_numel: float = 0.0   # local weight elements its FP8 GEMMs read (cost.fp8; 0 under bf16)
+    fp8_gemms: int = 0              # linear layers it runs in FP8 (their amax histories under delayed scaling)
 
     @property
     def work_s(self) -> float:

@@ -61,3 +61,14 @@ def test_one_fp8_gemm_on_h100_against_bf16_from_the_peaks():
                    hbm_bw=H100.hbm_bw, profile=prof)
     assert cast == pytest.approx(4 * 8192 ** 2 / (0.85 * 3.35e12) + 4e-6)
     assert cast == pytest.approx(0.0983e-3, rel=1e-3)
+
+
+def test_weight_copies_by_engine_zero_and_parameter_dtype():
+    from costmodels.precision import weight_copy_bytes
+
+    assert weight_copy_bytes("fp8", "transformer-engine", 1, False) == 2.0       # FP8 weight + transpose, cached
+    assert weight_copy_bytes("fp8", "transformer-engine", 1, True) == 0.0        # they replace the bf16 weight
+    assert weight_copy_bytes("fp8", "transformer-engine", 3, False) == 1.0       # the transpose saved per layer
+    assert weight_copy_bytes("mxfp8", "transformer-engine", 0, False) == 2 * (1 + 1 / 32)
+    assert weight_copy_bytes("fp8", "torchao", 1, False) == 0.0
+    assert weight_copy_bytes("bf16", "transformer-engine", 1, False) == 0.0

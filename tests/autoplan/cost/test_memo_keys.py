@@ -69,10 +69,13 @@ OPTION_VARIANTS = {                # per EstimateOptions field, another value (p
     "grad_reduce_bytes": 2.0,
     "state_precision": "apex-dfa-bf16",
     "kernels": "megatron-core",
+    "fp8_engine": "torchao",
+    "fp8_params": True,
     "post_validation": True,
     "params": Params(gemm_peak=0.9, nic_efficiency=0.8, wpass=1.2, recompute=1.1, cp_overlap=0.7),
     "exact": True,
 }
+FP8_OPTIONS = ("fp8_engine", "fp8_params")   # read by FP8 plans only: priced at BASE in FP8 too
 # memos the scenario below cannot reach, and why
 UNREACHED = {
     "ilp.skeletons": "the LP relaxation certifies every block ILP this small: CP-SAT builds no model "
@@ -139,7 +142,10 @@ def test_every_input_reaches_every_memo_that_reads_it(profile_with):
         _price_all(Estimator(model, topologies.load("a100x32")), BASE, BATCH)
     for name, opts in options.items():
         with _variant(f"option {name}", seen):
-            _price_all(Estimator(model, cluster, opts), BASE, BATCH)
+            priced = Estimator(model, cluster, opts)
+            _price_all(priced, BASE, BATCH)
+            if name in FP8_OPTIONS:
+                _price_all(priced, BASE.replace(precision="fp8"), BATCH)
     names = {n.removeprefix("table:") for n in memo.REGISTRY
              if n.startswith(("table:", "costmodels.", "autoplan.cost", "autoplan.search", "autoplan.sharding"))
              and not n.startswith("table:test.")}
