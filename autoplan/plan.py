@@ -74,6 +74,7 @@ RECOMPUTE_SYNTAX = "none, selective, op, full, or full:N (N ≥ 1 layers per vir
 CP_ALGOS = ("ring", "ulysses", "usp")
 FP8_PRECISIONS = PRECISIONS[1:4]          # on any GPU with FP8 tensor cores (Hopper, Blackwell)
 BLOCK_PRECISIONS = ("mxfp8",)             # microscaling formats: Blackwell's tensor cores only
+PRECISION_CHOICES = "auto, or a comma-separated list of: " + ", ".join(PRECISIONS)
 # Schedules an engine runs with fewer micro-batches than stages: GPipe, and 1F1B as Megatron-LM
 # (warm-up min(pp - rank - 1, m)) and DeepSpeed's pipeline engine run it — it degenerates to
 # GPipe's order.  (torch.distributed.pipelining's Schedule1F1B refuses it: ``apply`` says so.)
@@ -598,3 +599,25 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
     if v not in allowed:
         raise UserError(f"bad plan string: {key}={value!r}", f"{key} is one of: {', '.join(allowed)}")
     return v
+
+
+def search_precisions(spec: str, gpu: str, supported: tuple[str, ...]) -> tuple[str, ...]:
+    """The precisions a search tries (``SearchOptions.precisions``, the first screened first) from
+    ``--precision``: a comma-separated list, each run by the GPU kind (``supported``:
+    ``GPUSpec.precisions``), or ``auto``: the GPU's default low-precision recipe, then bf16 —
+    MXFP8 where the tensor cores scale 1x32 blocks (Blackwell), else tensorwise FP8 (Hopper:
+    Transformer Engine's and torchao's default recipe), bf16 alone without FP8 tensor cores.
+    The other FP8 recipes trade cast traffic for numerics, not speed: name them to search them."""
+    if spec == "auto":
+        low = next((p for p in ("mxfp8", "fp8") if p in supported), None)
+        return (low, "bf16") if low else ("bf16",)
+    names = tuple(dict.fromkeys(p.strip() for p in spec.split(",") if p.strip()))
+    unknown = [p for p in names if p not in PRECISIONS]
+    if unknown or not names:
+        raise UserError(f"--precision {short_repr(spec)}: unknown precision", f"use {PRECISION_CHOICES}")
+    lacking = [p for p in names if p not in supported]
+    if lacking:
+        raise UserError(f"--precision {lacking[0]}: {gpu} has no tensor cores for it",
+                        f"on {gpu} use --precision auto or one of: {', '.join(supported)}")
+    return names
+

@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.baselines import baseline
     from autoplan.commands.common import estimate_options_from
     from autoplan.explain import Side, audit, render_markdown, render_report
+    from autoplan.explain.precision import precision_saving
     from autoplan.export.load import load_plan
     from autoplan.workload import Workload, load_cluster
 
@@ -99,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
                              baseline=(base.plan, base.estimate) if base else None,
                              baseline_name=base.label if base else "baseline")
     else:
-        a = audit(graph, cluster, Side("plan", plan, est), base)
+        a = audit(graph, cluster, Side("plan", plan, est), base,
+                  precision=precision_saving(estimator, plan, est, global_batch))
         text = a.to_json() if args.format == "json" else render_markdown(a)
     if args.output:
         from autoplan.atomic import write_text

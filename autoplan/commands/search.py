@@ -3,6 +3,7 @@
     autoplan search gpt3-175b --cluster h100x1024
     autoplan search llama3-8b --cluster h100x256 --seq 131072 --global-batch 64 --top 3 --json
     autoplan search model.py --cluster my_cluster.yaml --report plans.html
+    autoplan search llama3-70b --cluster h100x1024 --seq 8192 --precision auto
 
 Prints a ranked table of plans in the compact notation (``tp2·cp2·pp8·dp32 zero2 mbs2 zbv``;
 ``--wide``: the full string), bold where the plans differ, ``1=`` for plans that tie within
@@ -34,6 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         f"against the best plan of each sample (default {DEFAULT_OBJECTIVE}; README 'Bands')")
     add_band_args(p)
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report")
+    p.add_argument("--precision", default="bf16", metavar="P",
+                   help="the linear GEMMs' precision, a plan dimension: auto (the GPU's FP8 recipe and bf16: "
+                        "fp8 on Hopper, mxfp8 on Blackwell), or a comma-separated list of bf16, fp8, "
+                        "fp8-rowwise, fp8-delayed, mxfp8 (default bf16)")
     add_estimate_args(p, rules=True)
     p.add_argument("--json", action="store_true", help="print a JSON list of {plan, estimate}")
     p.add_argument("--wide", action="store_true",
@@ -47,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.atomic import write_text
     from autoplan.commands.common import estimate_options_from, wide_console
     from autoplan.cost import rounded
+    from autoplan.plan import search_precisions
     from autoplan.search import SearchOptions, search
     from autoplan.workload import Workload, load_cluster
 
@@ -56,12 +62,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("-o/--output writes the --json list", "add --json, or drop -o")
     cluster = load_cluster(args.cluster)                      # bad input fails before the trace
     estimate = estimate_options_from(args, cluster.gpu.hbm_bytes)
+    precisions = search_precisions(args.precision, cluster.gpu.name, cluster.gpu.precisions)
     w = Workload.load(args.model, cluster, seq=args.seq, global_batch=args.global_batch,
                       trace_timeout_s=args.trace_timeout)
     graph = w.model
     options = SearchOptions(estimate=estimate, top_k=args.top, workers=args.workers,
                             progress=sys.stderr.isatty(),   # stderr: stdout stays the same bytes
-                            objective=args.objective, samples=args.samples, seed=args.seed)
+                            objective=args.objective, samples=args.samples, seed=args.seed, precisions=precisions)
     result = search(graph, cluster, global_batch=args.global_batch, options=options)
     if args.report:
         _write_report(args, graph, cluster, result, options)
@@ -93,6 +100,7 @@ def _print(console, graph, cluster, args, result) -> None:
     note = tie_note(result.candidates)
     if note:
         console.print(note)
+    _precision_notes(console, graph, cluster, args, result)
     for i, c in enumerate(result.candidates, 1):
         if c.robust is not None and c.robust.folded:
             console.print(f"[dim]#{i} alike (within {FOLD_TOLERANCE:.1%} on every sample): "
@@ -112,6 +120,22 @@ def _print(console, graph, cluster, args, result) -> None:
     if result.max_ilp_gap > 0:
         console.print(f"[yellow]a block ILP hit its time limit: the plans use its best solution, "
                       f"optimality gap {result.max_ilp_gap:.2%}[/yellow] (raise --time-limit)")
+
+
+def _precision_notes(console, graph, cluster, args, result) -> None:
+    """Under the table, per listed plan in a low precision: its step against itself in bf16."""
+    from autoplan.commands.common import estimate_options_from
+    from autoplan.cost import Estimator
+    from autoplan.explain.precision import precision_saving
+
+    low = [(i, c) for i, c in enumerate(result.candidates, 1) if c.plan.precision != "bf16"]
+    if not low:
+        return
+    est = Estimator(graph, cluster, estimate_options_from(args, cluster.gpu.hbm_bytes))
+    for i, c in low:
+        saving = precision_saving(est, c.plan, c.estimate, args.global_batch)
+        if saving is not None:
+            console.print(f"[dim]#{i} {saving.text()}[/dim]")
 
 
 def _write_report(args, graph, cluster, result, options) -> None:

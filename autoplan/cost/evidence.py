@@ -7,8 +7,9 @@ published run of its kind reached.  A plan gets one flag per regime it leans on 
 schedule never validated (the V schedules zbv and dualpipev; the Zero Bubble paper's runs
 validate zb-h1 and zb-h2 and their split weight-gradient pass), a ZeRO stage never validated
 (ZeRO-2's per-micro-batch reduce-scatter overlap), context parallelism (ring hops hidden behind attention), MoE
-(all-to-all, expert GEMMs), an MFU above the best published run of its kind (or any MFU for a
-kind without one).  Each flag is one short sentence naming the regime and what would cover it.
+(all-to-all, expert GEMMs), a linear-GEMM precision whose published runs the cost model does not yet
+reproduce, an MFU above the best published run of its kind — FP8 runs are their own kind — (or any
+MFU for a kind without one).  Each flag is one short sentence naming the regime and what would cover it.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ EVIDENCE_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "evidence.yaml")
 class Flag:
     """One regime a plan leans on without published evidence."""
 
-    regime: str       # schedule | zero | cp | moe | mfu
+    regime: str       # schedule | zero | cp | moe | precision | mfu
     text: str
 
     def to_dict(self) -> dict[str, str]:
@@ -59,7 +60,10 @@ def flags(plan: Plan, estimate: Estimate, *, moe: bool) -> tuple[Flag, ...]:
                               "its overlap is a prior"))
     if moe and not cov["expert_parallel"]:
         out.append(Flag("moe", "MoE: no timed published run; all-to-all and expert GEMM efficiency are priors"))
-    kind = "moe" if moe else "dense"
+    if plan.precision not in cov["precision"]:
+        out.append(Flag("precision", f"precision {plan.precision}: no timed published run the cost model reproduces "
+                                     f"(validated: {', '.join(cov['precision'])})"))
+    kind = ("moe" if moe else "dense") + ("" if plan.precision == "bf16" else "-fp8")
     best = cov["max_mfu"].get(kind)
     if best is None:
         out.append(Flag("mfu", f"MFU {estimate.mfu:.1%}: no published {kind} run to compare with"))

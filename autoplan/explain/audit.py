@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from autoplan.cost import Estimate, Primitive, rounded
 from autoplan.cost.evidence import Flag, flags
 from autoplan.explain import rules
+from autoplan.explain.precision import PrecisionSaving
 from autoplan.explain.rules import Verdict
 from autoplan.explain.units import percent, seconds
 from autoplan.ir import BlockGraph
@@ -94,6 +95,7 @@ class Audit:
     attention: Attention
     evidence: tuple[Flag, ...] = ()             # regimes the plan leans on without a published run
     baseline_evidence: tuple[Flag, ...] = ()
+    precision: PrecisionSaving | None = None    # an FP8 plan's step against itself in bf16
 
     def to_dict(self) -> dict:
         def side(s: Side | None, vs, flags) -> dict | None:
@@ -113,7 +115,7 @@ class Audit:
                                  "plan_exposed_s": c.plan_exposed_s, "baseline_time_s": c.base_time_s,
                                  "baseline_exposed_s": c.base_exposed_s, "delta_time_s": c.delta_time_s,
                                  "delta_exposed_s": c.delta_exposed_s} for c in self.classes]}
-        return rounded({
+        out = {
             "model": self.model, "cluster": self.cluster, "cluster_text": self.cluster_text, "seq": self.seq,
             "global_batch": self.global_batch,
             "plan": side(self.plan, self.verdicts, self.evidence),
@@ -121,14 +123,19 @@ class Audit:
             "difference": diff,
             "attention": {"time_share": self.attention.time_share, "flops_share": self.attention.flops_share,
                           "seq": self.attention.seq, "sp": self.attention.sp, "cp": self.attention.cp},
-        })
+        }
+        if self.precision is not None:           # a bf16 plan's audit stays what it was
+            out["precision"] = self.precision.to_dict()
+        return rounded(out)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def audit(model: BlockGraph, cluster: Cluster, plan: Side, baseline: Side | None = None) -> Audit:
-    """Audit ``plan`` (and ``baseline``, priced on the same model, cluster and batch)."""
+def audit(model: BlockGraph, cluster: Cluster, plan: Side, baseline: Side | None = None,
+          precision: PrecisionSaving | None = None) -> Audit:
+    """Audit ``plan`` (and ``baseline``, priced on the same model, cluster and batch; ``precision``:
+    an FP8 plan's ``explain.precision.precision_saving``)."""
     base_verdicts = () if baseline is None else tuple(rules.verdicts(model, cluster, baseline.plan, baseline.estimate))
     return Audit(
         model=model.model.name, cluster=cluster.name, cluster_text=cluster.describe(), seq=model.seq_len,
@@ -139,7 +146,8 @@ def audit(model: BlockGraph, cluster: Cluster, plan: Side, baseline: Side | None
         attention=attention_note(model, plan.plan, plan.estimate),
         evidence=flags(plan.plan, plan.estimate, moe=bool(model.model.experts)),
         baseline_evidence=() if baseline is None else flags(baseline.plan, baseline.estimate,
-                                                            moe=bool(model.model.experts)))
+                                                            moe=bool(model.model.experts)),
+        precision=precision)
 
 
 def shown(primitives: tuple[Primitive, ...]) -> list[Primitive]:

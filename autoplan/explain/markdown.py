@@ -81,6 +81,8 @@ def render_markdown(a: Audit) -> str:
                     ["memory per GPU", f"{p.memory_gib:.1f} GiB", f"{b.memory_gib:.1f} GiB",
                      f"{p.memory_gib - b.memory_gib:+.1f} GiB"],
                     ["MFU", percent(p.mfu), percent(b.mfu), f"{(p.mfu - b.mfu) * 100:+.1f} pt"]], "lrrr"), ""]
+    if a.precision is not None:
+        out += ["## Precision", "", a.precision.text() + ".", ""]
     out += ["## Rule verdicts: plan", "", table(["verdict", "rule", "evidence"], verdict_rows(a.verdicts)), ""]
     if a.baseline:
         out += [f"## Rule verdicts: {a.baseline.label}", "",

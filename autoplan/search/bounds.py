@@ -15,7 +15,7 @@ from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
 
 # a mesh's tie-break: (tp, cp, ep, pp, dp, zero, not sp, cp algorithm, axis order)
-SortKey = tuple[int, int, int, int, int, int, bool, str, int, tuple[str, ...]]
+SortKey = tuple[int, int, int, int, int, int, bool, str, int, tuple[str, ...], str]
 
 
 @dataclass(frozen=True)
@@ -73,4 +73,5 @@ def _mbs_plans(mesh: MeshChoice, global_batch: int, mbs_choices: tuple[int, ...]
 
 
 def _mesh_sort_key(mesh: MeshChoice) -> SortKey:
-    return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.ulysses, mesh.order)
+    return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.ulysses, mesh.order,
+            mesh.precision)

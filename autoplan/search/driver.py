@@ -57,7 +57,8 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: S
         est = Estimator(model, cluster, options.estimate, enforce_rules=True)
         meshes, space = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.sample_positions,
                                          global_batch=global_batch, zero_levels=options.zero,
-                                         allow_cross_domain=options.estimate.allow_cross_domain)
+                                         allow_cross_domain=options.estimate.allow_cross_domain,
+                                         precisions=options.precisions)
         if not meshes:
             raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
                             f"(heads {model.model.heads}, global batch {global_batch})",
@@ -156,10 +157,12 @@ def _screen_tasks(tuples: dict[MeshKey, list[Bounded]]) -> list[_Task]:
 
 
 def _representative(variants: list[Bounded]) -> Bounded:
-    """The variant a tuple is screened with: ZeRO-1, SP on, ring, first order (else the closest)."""
-    first_order = variants[0].mesh.order
+    """The variant a tuple is screened with: ZeRO-1, SP on, ring, first order, the search's first
+    precision (else the closest)."""
+    first_order, first_precision = variants[0].mesh.order, variants[0].mesh.precision
     return min(variants, key=lambda b: (b.mesh.zero != 1, not b.mesh.sp, b.mesh.cp_algo != "ring", b.mesh.ulysses,
-                                        b.mesh.order != first_order, b.sort_key))
+                                        b.mesh.order != first_order, b.mesh.precision != first_precision,
+                                        b.sort_key))
 
 
 def _sort_key(b: Bounded) -> SortKey:
@@ -256,7 +259,7 @@ def _described(out: MeshResult) -> str:
     m = out.mesh
     name = (f"tp{m.tp}·cp{m.cp}·ep{m.ep}·pp{m.pp}·dp{m.dp} zero{m.zero}{' sp' * m.sp}"
             f"{' ' + m.cp_algo if m.cp > 1 else ''}{f' ulysses={m.ulysses}' if m.ulysses else ''}"
-            f" order={'-'.join(m.order)}")
+            f" order={'-'.join(m.order)}{f' {m.precision}' if m.precision != 'bf16' else ''}")
     if out.plan is not None:
         return f"{name}: {out.found_estimate.step_time_s:.4g} s, {out.plan.to_compact()} ({out.evaluated} plans priced)"
     if out.pruned:

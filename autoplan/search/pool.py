@@ -67,7 +67,7 @@ def hedge(est: Estimator, plan: Plan, global_batch: int, options: SearchOptions,
     if plan.pp == 1 or not schedules:
         return None
     mesh = MeshChoice(plan.tp, plan.cp, plan.ep, plan.pp, plan.dp, plan.zero, plan.sp, plan.cp_algo, plan.order,
-                      plan.ulysses)
+                      plan.ulysses, plan.precision)
     tiers = [t for t in (tuple(s for s in schedules if s == "interleaved"),
                          tuple(s for s in schedules if s != "interleaved")) if t]
     found: MeshResult | None = None

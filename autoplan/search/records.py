@@ -12,7 +12,7 @@ from autoplan.cost.evidence import Flag
 from autoplan.cost.uncertainty import DEFAULT_SAMPLES, DEFAULT_SEED, Band
 from autoplan.errors import UserError
 from autoplan.layout import Layout
-from autoplan.plan import SCHEDULES, Plan
+from autoplan.plan import PRECISIONS, SCHEDULES, Plan
 from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, Robust
 from autoplan.search.space import MeshKey, SpaceStats
 from autoplan.search.stages import MeshResult
@@ -31,6 +31,9 @@ class SearchOptions:
     schedules: tuple[str, ...] = SCHEDULES
     max_vpp: int = 4
     zero: tuple[int, ...] = (0, 1, 2, 3)
+    # the linear GEMMs' precisions searched (Plan.precision; a plan dimension, the first screened
+    # first): bf16 alone by default, so a search without --precision returns what it always did
+    precisions: tuple[str, ...] = ("bf16",)
     progress: bool = False
     # degree tuples the second pass refines fully (at least 2·top_k): the screen keeps every
     # tuple whose representative plan ranks in the first ``refine``; experiments/check_screen.py
@@ -46,6 +49,9 @@ class SearchOptions:
         unknown = [s for s in self.schedules if s not in SCHEDULES]
         if unknown:
             raise UserError(f"unknown schedule '{unknown[0]}'", f"use schedules of: {', '.join(SCHEDULES)}")
+        bad = [p for p in self.precisions if p not in PRECISIONS] or ([] if self.precisions else ["(none)"])
+        if bad:
+            raise UserError(f"unknown precision '{bad[0]}'", f"use precisions of: {', '.join(PRECISIONS)}")
         if self.samples < 0 or (self.samples == 0 and self.objective != "point"):
             raise UserError(f"objective {self.objective} needs parameter samples, got {self.samples}",
                             "pass --samples N with N ≥ 2, or --objective point")

@@ -43,6 +43,7 @@ class MeshChoice:
     cp_algo: str
     order: tuple[str, ...]
     ulysses: int = 0             # USP's explicit split (Plan.ulysses); 0: the rule's
+    precision: str = "bf16"      # the linear GEMMs' precision (Plan.precision)
 
     @property
     def key(self) -> MeshKey:
@@ -51,7 +52,8 @@ class MeshChoice:
 
     def plan(self, **inner: Any) -> Plan:
         fields: dict[str, Any] = dict(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, zero=self.zero,
-                      sp=self.sp, cp_algo=self.cp_algo, order=self.order, ulysses=self.ulysses)
+                      sp=self.sp, cp_algo=self.cp_algo, order=self.order, ulysses=self.ulysses,
+                      precision=self.precision)
         fields.update(inner)
         return Plan(**fields)
 
@@ -77,7 +79,11 @@ def _powers_of_two(limit: int) -> list[int]:
 
 def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq: int, global_batch: int,
                      allow_cross_domain: bool = False, zero_levels: tuple[int, ...] = (0, 1, 2, 3),
-                     orders: tuple[tuple[str, ...], ...] = ORDERS) -> tuple[list[MeshChoice], SpaceStats]:
+                     orders: tuple[tuple[str, ...], ...] = ORDERS,
+                     precisions: tuple[str, ...] = ("bf16",)) -> tuple[list[MeshChoice], SpaceStats]:
+    """Every mesh choice of ``cluster`` for the model (module docstring), at each of ``precisions``
+    (a plan dimension: the same degrees, the linear GEMMs at another precision), and what the
+    rules dropped."""
     n = cluster.num_gpus
     domain = cluster.nvlink_domain
     heads, kv = info.heads or 1, info.kv_heads or info.heads or 1
@@ -114,8 +120,8 @@ def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq:
                             if sp and (seq // cp) % tp:
                                 continue
                             for zero in (_useful_zero(zero_levels) if dp > 1 else (0,)):
-                                for order in legal:
-                                    out.append(MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order, u))
+                                out += [MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order, u, precision)
+                                        for order in legal for precision in precisions]
     return out, SpaceStats(enumerated, broke, len(out))
 
 

@@ -3,8 +3,8 @@
     search_tuple(worker, TupleSearch(meshes, global_batch, options, threshold, screen))
     refine_tuple(est, variants, global_batch, options, threshold, screen) -> [MeshResult, ...]
 
-A tuple's variants differ in ZeRO stage, SP, CP algorithm and axis order; each is a mesh whose
-best plan ``stages.best_plan`` finds under the pruning threshold.
+A tuple's variants differ in ZeRO stage, SP, CP algorithm, axis order and precision; each is a
+mesh whose best plan ``stages.best_plan`` finds under the pruning threshold.
 """
 from __future__ import annotations
 
@@ -61,17 +61,19 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
                 break
             nxt = next((v for v in variants if v.zero == z and v.sp == last.mesh.sp
                         and v.cp_algo == last.mesh.cp_algo and v.ulysses == last.mesh.ulysses
-                        and v.order == last.mesh.order), None)
+                        and v.order == last.mesh.order and v.precision == last.mesh.precision), None)
             if nxt is not None:
                 out.append(run(nxt))
         return out
     out = []
     orders = sorted({v.order for v in variants}, key=lambda o: [v.order for v in variants].index(o))
     base_order = orders[0]
-    families = sorted({(v.sp, v.cp_algo, v.ulysses) for v in variants}, key=lambda f: (not f[0], f[1], f[2]))
-    for sp, algo, split in families:
+    precisions = list(dict.fromkeys(v.precision for v in variants))        # the search's order
+    families = sorted({(v.sp, v.cp_algo, v.ulysses, v.precision) for v in variants},
+                      key=lambda f: (not f[0], f[1], f[2], precisions.index(f[3])))
+    for sp, algo, split, precision in families:
         family = [v for v in variants if v.sp == sp and v.cp_algo == algo and v.ulysses == split
-                  and v.order == base_order]
+                  and v.precision == precision and v.order == base_order]
         zeros = sorted({v.zero for v in family})
         first_zero = 1 if 1 in zeros else zeros[0]
         result = run(next(v for v in family if v.zero == first_zero))
@@ -90,6 +92,7 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
             except UserError:
                 continue
             mesh = MeshChoice(best.mesh.tp, best.mesh.cp, best.mesh.ep, best.mesh.pp, best.mesh.dp,
-                              best.mesh.zero, best.mesh.sp, best.mesh.cp_algo, order, best.mesh.ulysses)
+                              best.mesh.zero, best.mesh.sp, best.mesh.cp_algo, order, best.mesh.ulysses,
+                              best.mesh.precision)
             out.append(MeshResult(mesh, plan, e, 0.0, 1) if e.fits else MeshResult(mesh, None, None, 0.0, 1))
     return out
