@@ -69,6 +69,12 @@ Context parallelism runs on the rank's two sequence chunks (s/cp tokens; ring an
 exchanges move fake tensors like any collective), except under FSDP (zero 2/3 at dp > 1): apply
 shards FSDP over the dp axis alone, where the estimate prices torchtitan's cp·dp sharding.
 
+FP8 plans are not measured (``unsupported``, with ``apply.parallel.precision_refusal``'s reason):
+torch 2.13's fake mode does hold ``float8_e4m3fn`` tensors and runs ``torch._scaled_mm`` on them
+(and torchao's tensorwise float8 linears train on CPU), but ``apply`` builds bf16 linears only, so
+the tracker would measure the bf16 twin, not Transformer Engine's FP8 inputs and weight copies
+(``cost.fp8``).
+
 Expert parallelism runs for the zoo's MoE, whose experts take a capacity buffer [E, C, h] and
 exchange it with equal-split all-to-alls (``apply.expert_parallel``): no shape depends on token
 values.  What it does not run: expert parallelism on a ``model.py`` whose experts route dropless
@@ -107,6 +113,10 @@ PIPELINE_SCHEDULES = tuple(n for n, spec in SCHEDULE_SPECS.items() if not spec.o
 
 def unsupported(plan: Plan, model: str | None = None) -> str | None:
     """Why memcheck cannot measure ``plan`` of ``model`` (see the module docstring), or None."""
+    if plan.precision != "bf16":
+        from autoplan.apply.parallel import precision_refusal
+
+        return precision_refusal(plan)[0]
     if plan.cp > 1 and plan.dp > 1 and plan.zero >= 2:
         return (f"cp={plan.cp} with zero={plan.zero}: apply's FSDP shards over the dp axis alone, the estimate "
                 "(torchtitan's dp_shard_cp mesh) over cp·dp")

@@ -82,12 +82,28 @@ def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
     raise UserError(f"unknown optimizer {kind!r}", f"use one of: {', '.join(OPTIMIZERS)}")
 
 
+FP8_CPU_NOTE = ("and a CPU (--backend gloo) has no FP8 tensor cores: an FP8 GEMM there is emulated, and "
+                "MXFP8's block-scaled GEMMs need Blackwell's")
+
+
+def precision_refusal(plan: Plan) -> tuple[str, str]:
+    """(problem, fix) of running a low-precision plan with autoplan's runtime: apply builds bf16
+    (or fp32) linears only — no Transformer Engine or torchao float8 modules — so an FP8 plan
+    would train in another precision than it names; and a CPU has no FP8 tensor cores."""
+    return (f"autoplan's runtime runs bf16 plans only: precision={plan.precision} needs FP8 linear layers "
+            f"(Transformer Engine or torchao float8), which apply does not build, {FP8_CPU_NOTE}",
+            "run or memcheck the plan's bf16 twin (drop precision=" + plan.precision + ") to check its layout, "
+            "and export the plan (autoplan export) to train it in FP8 on Hopper or Blackwell GPUs")
+
+
 def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None = None) -> None:
     """Raise UserError for the parts of a plan this torch cannot run.
 
     With ``global_batch``, also the micro-batch counts torch's schedules refuse; with ``seq``,
     a sequence that context parallelism cannot cut into 2·cp chunks.
     """
+    if plan.precision != "bf16":
+        raise UserError(*precision_refusal(plan))
     if plan.folded:
         raise UserError(f"autoplan's runtime does not build MoE parallel folding yet (etp={plan.etp}: the expert "
                         "mesh beside the attention mesh; issue 34)",

@@ -41,6 +41,23 @@ def test_a_plan_apply_cannot_run_on_fake_tensors_is_reported_not_measured(cli):
     assert "refuses the second pass" in d["skipped"]
 
 
+def test_fp8_plans_are_priced_not_measured_and_not_run(cli):
+    """apply builds bf16 linears only: memcheck shows the FP8 estimate (with its FP8 weight copies)
+    and says why it measured nothing; run refuses the plan with one message, exit 2."""
+    d = json.loads(memcheck(cli, "dp=8,precision=fp8", "--json").stdout)
+    assert "precision=fp8 needs FP8 linear layers" in d["skipped"]
+    bf16 = json.loads(memcheck(cli, "dp=8", "--json").stdout)
+    linear = 4 * (2 * 1024 * 1024 + 2 * 1024 * 512 + 3 * 1024 * 2816)     # q, o, k, v, gate, up, down per layer
+    copies = d["rank_kinds"][0]["predicted_gib"]["params"] - bf16["rank_kinds"][0]["predicted_gib"]["params"]
+    assert d["rank_kinds"][0]["measured_gib"] is None
+    assert copies == pytest.approx(2 * linear / 2**30, rel=1e-3)     # TE's FP8 weight and its transpose
+    out = cli("run", MODEL, "--plan", "dp=2,precision=fp8", "--nproc", "2", "--seq", "64", "--global-batch", "4",
+              "--steps", "1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "error: autoplan's runtime runs bf16 plans only" in out.stderr and "no FP8 tensor cores" in out.stderr
+    assert "fix: run or memcheck the plan's bf16 twin" in out.stderr
+
+
 def test_run_refuses_selective_op_checkpoint_under_a_split_backward(cli):
     """torch's selective activation checkpoint cannot take W's second pass: one message, exit 2."""
     out = cli("run", MODEL, "--plan", "tp=1,pp=2,dp=1,schedule=zb-h2,recompute=op", "--seq", "64",
