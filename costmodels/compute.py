@@ -54,7 +54,7 @@ PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles
 
 # GPU kinds that share a profile (same silicon, same software efficiency).
 _PROFILE_ALIASES = {"a100-40gb": "a100", "a100-80gb": "a100", "h800": "h100", "h200": "h100",
-                    "gb200": "b200"}
+                    "gb200": "b200", "b300": "b200", "gb300": "b200"}
 
 
 @dataclass(frozen=True)

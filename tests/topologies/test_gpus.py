@@ -32,5 +32,14 @@ def test_precisions_per_kind():
     assert gpu_spec("a100-40gb").precisions == ("bf16",)
     for hopper in ("h100", "h800", "h200"):
         assert gpu_spec(hopper).precisions == ("bf16", "fp8", "fp8-rowwise", "fp8-delayed")
-    for blackwell in ("b200", "gb200"):
+    for blackwell in ("b200", "gb200", "b300", "gb300"):
         assert gpu_spec(blackwell).precisions[-1] == "mxfp8"
+
+
+def test_blackwell_ultra_kinds_from_nvidias_datasheets():
+    """HGX B300 (per 8 GPUs: FP8 72, BF16 36 PFLOPS with sparsity) and GB300 NVL72 (per 72: FP8 720,
+    BF16 360 PFLOPS with sparsity): dense per GPU is half the sparse share."""
+    for kind, gpus, fp8_sparse, bf16_sparse in (("b300", 8, 72e15, 36e15), ("gb300", 72, 720e15, 360e15)):
+        spec = gpu_spec(kind)
+        assert spec.fp8_flops == fp8_sparse / gpus / 2 and spec.bf16_flops == bf16_sparse / gpus / 2
+        assert spec.hbm_bw == 8e12 and spec.nvlink_bw == 900e9 and 250e9 < spec.hbm_bytes <= 288e9

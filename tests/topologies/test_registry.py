@@ -28,8 +28,19 @@ def test_shorthand_gb200_racks():
     assert topologies.load("b200x64").gpu.name == "b200"
 
 
+@pytest.mark.parametrize("name, racks, share", [("gb200x256", 4, 64), ("gb300x256", 4, 64), ("gb200x100", 5, 20),
+                                                ("gb200x144", 2, 72)])
+def test_nvl72_jobs_use_an_equal_share_of_whole_trays_of_the_fewest_racks(name, racks, share):
+    """Published GB200 runs use 256 GPUs as 64 per rack over 4 racks (16 of 18 trays each): the
+    job's NVLink domain is its share of a rack; 100 GPUs do not split into 2, 3 or 4 racks of
+    whole 4-GPU trays, so 5 racks of 20."""
+    c = topologies.load(name)
+    assert (c.nvlink_domain, c.num_domains, c.gpus_per_node) == (share, racks, 4)
+    assert c.num_gpus == racks * share
+
+
 @pytest.mark.parametrize("name, message", [("h100x12", "multiple of 8"),
-                                           ("gb200x100", "multiple of 72"),
+                                           ("gb200x250", "multiple of 72"),   # no equal share of trays
                                            ("h100x0", "multiple of 8"),
                                            ("v100x8", "unknown GPU kind")])
 def test_shorthand_errors(name, message):
