@@ -146,12 +146,14 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
 # kernels, ``grad_reduce_in_fp32 = False`` (``set_llama3_common_configs``: a bf16 main-gradient buffer,
 # reduced in bf16, ``state_precision=megatron-bf16-grads``, ``grad_reduce_bytes=2``) and the FP8
 # current-scaling recipe ``bf16_with_fp8_current_scaling_mixed`` with ``fp8_param_gather = True``
-# (FP8 parameters, ``fp8_params``).
+# (FP8 parameters, ``fp8_params``); and the base recipes' ``CommOverlapConfig(tp_comm_overlap=True)``
+# (``llama3_70b_pretrain_config``, ``llama31_405b_pretrain_config``: userbuffers overlap of the
+# sequence-parallel collectives, ``tp_comm_overlap``).
 RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "usp-": ({}, {"kernels": "megatron-core"}),
     "nemo-": ({}, {"kernels": "megatron-core"}),
     "mb-2604-h100-llama": ({}, {"kernels": "megatron-core", "state_precision": "megatron-bf16-grads",
-                                "grad_reduce_bytes": 2.0, "fp8_params": True}),
+                                "grad_reduce_bytes": 2.0, "fp8_params": True, "tp_comm_overlap": True}),
 }
 
 

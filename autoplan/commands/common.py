@@ -75,6 +75,9 @@ def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> Non
     g.add_argument("--fp8-params", action="store_true",
                    help="FP8 parameters (Megatron --fp8-param-gather): no bf16 weight beside the FP8 copies, "
                         "1-byte parameter all-gather")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="the engine overlaps sequence-parallel all-gathers and reduce-scatters with the GEMMs "
+                        "beside them (Megatron-Core + Transformer Engine userbuffers, --tp-comm-overlap)")
     g.add_argument("--post-validation", action="store_true",
                    help="Zero Bubble's optimizer post-validation: each pipeline rank steps its optimizer when its "
                         "own backward ends, checks validated after (the sail-sg Megatron fork); the pipeline "
@@ -101,7 +104,8 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
-        fp8_engine=args.fp8_engine, fp8_params=args.fp8_params, post_validation=args.post_validation,
+        fp8_engine=args.fp8_engine, fp8_params=args.fp8_params, tp_comm_overlap=args.tp_comm_overlap,
+        post_validation=args.post_validation,
         params=load_override(check_yaml_file(args.params, "--params")) if args.params else NOMINAL,
         exact=args.exact)
 

@@ -21,7 +21,7 @@ from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.kernels import kernel_saving_bytes
 from autoplan.cost.softmax import with_fallback
-from autoplan.cost.tp import BlockLayouts, gemm_precision, tp_cost
+from autoplan.cost.tp import BlockLayouts, gemm_precision, overlapped, tp_cost
 from autoplan.cost.types import AxisCost, Part
 from autoplan.ir import OpGraph
 from autoplan.opkinds import is_attention_core, is_expert_param, is_model_flop_op
@@ -38,6 +38,8 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
                        prices.profile, prices.cluster.gpu.hbm_bw)
     tp = tp_cost(bs, plan)
     attention = attention_seconds(ctx, graph)
+    if ctx.options.tp_comm_overlap and plan.sp:
+        tp = overlapped(tp, (bs.forward_s - attention[0], bs.backward_s + bs.wgrad_s - attention[1]))
     cp = cp_cost(ctx, graph, attention)
     ep = ep_cost(ctx, graph)
     dense, expert, largest = _param_numels(graph, bs, plan)

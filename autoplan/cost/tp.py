@@ -11,10 +11,16 @@ stage's policy.  A plan's price never depends on which plans were priced before 
 input the solution depends on is in its key (``LayoutKey``; a priced layout's, ``ShardingKey``).
 
 Every tp collective sits on its layer's critical path (exposed = its time): Megatron's TP/SP
-collectives are not overlapped with the GEMMs that consume them.
+collectives are not overlapped with the GEMMs that consume them — unless the engine overlaps
+them (``EstimateOptions.tp_comm_overlap``: Megatron-Core with Transformer Engine's userbuffers,
+``--tp-comm-overlap``, on in Megatron-Bridge's Llama recipes), which splits each sequence-parallel
+all-gather into chunks pipelined with the GEMM reading it and each reduce-scatter with the GEMM
+producing it (``overlapped``): per phase the SP collectives are exposed only by what exceeds the
+phase's non-attention compute; all-reduces and all-to-alls stay exposed.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from autoplan.axes import Axis
@@ -115,6 +121,20 @@ class BlockLayouts:
                                cp=plan.cp, recompute=recompute, precision=layout.precision,
                                forbid_tp_collectives=forbid and self.enforce_rules,
                                backend=self.options.solver, time_limit_s=self.options.time_limit_s)
+
+
+def overlapped(tp: AxisCost, windows: tuple[float, float]) -> AxisCost:
+    """``tp`` with its sequence-parallel collectives overlapped (module docstring): per phase
+    (forward, backward) they are exposed by max(0, their seconds − the phase's ``windows``
+    seconds: its GEMM and element-wise compute, attention left out), each by its share."""
+    comms, exposed = [], {"forward": 0.0, "backward": 0.0}
+    sp = {ph: sum(c.seconds for c in tp.comms if c.phase == ph and c.purpose == "sp") for ph in exposed}
+    left = {ph: max(0.0, sp[ph] - w) / sp[ph] if sp[ph] else 0.0 for ph, w in zip(("forward", "backward"), windows)}
+    for c in tp.comms:
+        e = c.seconds * left[c.phase] if c.purpose == "sp" else c.exposed_s
+        comms.append(replace(c, exposed_s=e))
+        exposed[c.phase] += e
+    return AxisCost(exposed["forward"], exposed["backward"], tuple(comms))
 
 
 def tp_cost(bs: BlockSharding, plan: Plan) -> AxisCost:

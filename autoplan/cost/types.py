@@ -54,6 +54,9 @@ class EstimateOptions:
     # the parameters themselves are FP8 (Megatron --fp8-param-gather, TE fp8_model_init): no bf16 weight
     # beside the FP8 copies, and the distributed optimizer gathers 1 byte per parameter
     fp8_params: bool = False
+    # the engine overlaps the sequence-parallel all-gathers and reduce-scatters with the GEMMs beside
+    # them (Megatron-Core + Transformer Engine userbuffers, --tp-comm-overlap; cost.tp.overlapped)
+    tp_comm_overlap: bool = False
     # Zero Bubble's optimizer post-validation (Qi et al. §4, the sail-sg fork's
     # --enable-optimizer-post-validation): each pipeline rank steps its optimizer as soon as its own
     # last backward ends and the global checks (grad norm, inf/nan) are validated afterwards, so

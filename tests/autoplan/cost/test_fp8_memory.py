@@ -1,6 +1,8 @@
 """FP8 memory as the engines hold it (``cost.fp8``, ``costmodels.precision``): Transformer Engine's
 FP8 linear inputs and cached FP8 weight copies, FP8 parameters, delayed scaling's amax histories,
 torchao's bf16 inputs; and the published FP8 layouts that ran fit."""
+import dataclasses
+
 import pytest
 
 from autoplan.cost import EstimateOptions, Estimator
@@ -95,3 +97,19 @@ def test_megatron_bridge_llama3_70b_fp8_layout_fits(setup):
     assert fp8.fits and fp8.memory_gib < bf16.memory_gib - 5
     default = Estimator(model, cluster).estimate(Plan.parse(plan, num_gpus=64), 256, detail=False)
     assert not default.fits
+
+
+def test_tp_comm_overlap_hides_the_sequence_parallel_collectives_behind_their_gemms(setup):
+    """Userbuffers overlap (Megatron-Core + TE --tp-comm-overlap): at hidden 8192 and tp 4 the SP
+    all-gathers and reduce-scatters of a layer take less than its GEMMs, so none stays exposed;
+    the collectives themselves are unchanged."""
+    model, cluster, _ = setup(LLAMA3_70B, "h100x64", seq=8192)
+    plan = Plan.parse("tp=4,pp=8,vpp=5,dp=2,mbs=1,schedule=interleaved,precision=fp8", num_gpus=64)
+    off = Estimator(model, cluster, BRIDGE).estimate(plan, 256)
+    on = Estimator(model, cluster, dataclasses.replace(BRIDGE, tp_comm_overlap=True)).estimate(plan, 256)
+    sp_off, sp_on = ([(p.kind, p.time_s, p.exposed_s) for p in e.primitives if p.axis == "tp" and p.traffic == "sp"]
+                     for e in (off, on))
+    assert [k for k, _, _ in sp_off] == [k for k, _, _ in sp_on] and sp_off
+    assert all(t_on == t_off for (_, t_off, _), (_, t_on, _) in zip(sp_off, sp_on))
+    assert all(x == 0 for _, _, x in sp_on) and sum(x for _, _, x in sp_off) > 2.0
+    assert on.step_time_s < off.step_time_s - 2.0
