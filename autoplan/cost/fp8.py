@@ -24,6 +24,8 @@ The pre/post graphs (embedding, LM head) stay bf16 (``cost.tp.gemm_precision``).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from autoplan.ir import OpGraph, OpNode, TensorRef
 from autoplan.opkinds import is_attention_core, is_attention_kernel, is_expert_param
 from autoplan.plan import Plan
@@ -36,6 +38,21 @@ from costmodels.precision import is_low_precision, saved_input_bytes
 SAVING_POLICIES = ("none", "selective")     # recompute policies under which the FP8 inputs are kept
 
 
+class LinearGemm(NamedTuple):
+    """A forward linear-layer GEMM: its node, its activation input and its weight (bases of views)."""
+
+    node: OpNode
+    input: TensorRef
+    weight: TensorRef
+
+
+class Fp8Weights(NamedTuple):
+    """What a graph's FP8 GEMMs read of its weights: local elements, and how many GEMMs."""
+
+    numel: float
+    gemms: int
+
+
 def _base(graph: OpGraph, ref: TensorRef) -> TensorRef:
     """The value ``ref`` views (itself when its producer is not a view)."""
     node = graph.node(ref.node)
@@ -45,7 +62,7 @@ def _base(graph: OpGraph, ref: TensorRef) -> TensorRef:
     return ref
 
 
-def linear_gemms(graph: OpGraph) -> list[tuple[OpNode, TensorRef, TensorRef]]:
+def linear_gemms(graph: OpGraph) -> list[LinearGemm]:
     """(node, activation input, weight) of each forward linear-layer GEMM: a forward GEMM that
     reads a parameter (through views; ``addmm`` its bias too) and is not the attention core."""
     out = []
@@ -56,7 +73,7 @@ def linear_gemms(graph: OpGraph) -> list[tuple[OpNode, TensorRef, TensorRef]]:
         weights = [b for b in bases if graph.node(b.node).role == "param"]
         acts = [b for b in bases if graph.node(b.node).role != "param"]
         if weights and acts:            # addmm reads a bias too: the weight is the largest parameter
-            out.append((n, acts[0], max(weights, key=lambda b: _numel(graph, b))))
+            out.append(LinearGemm(n, acts[0], max(weights, key=lambda b: _numel(graph, b))))
     return out
 
 
@@ -99,7 +116,7 @@ def saved_delta_bytes(graph: OpGraph, bs: BlockSharding, plan: Plan, precision: 
     if fp8 is None or recompute not in SAVING_POLICIES:
         return 0.0
     delta = 0.0
-    for ref in dict.fromkeys(x for _, x, _ in linear_gemms(graph)):
+    for ref in dict.fromkeys(g.input for g in linear_gemms(graph)):
         t = graph.tensor(ref)
         if t is None or not _kept(graph, ref, recompute):
             continue
@@ -111,14 +128,14 @@ def saved_delta_bytes(graph: OpGraph, bs: BlockSharding, plan: Plan, precision: 
     return delta
 
 
-def weight_numel(graph: OpGraph, bs: BlockSharding, plan: Plan, precision: str) -> tuple[float, int]:
+def weight_numel(graph: OpGraph, bs: BlockSharding, plan: Plan, precision: str) -> Fp8Weights:
     """(local elements of the weights the graph's FP8 GEMMs read, FP8 GEMMs) when they run at
     ``precision``: 0 under bf16."""
     if not is_low_precision(precision):
-        return 0.0, 0
+        return Fp8Weights(0.0, 0)
     gemms = linear_gemms(graph)
     numel = 0.0
-    for ref in dict.fromkeys(w for _, _, w in gemms):
+    for ref in dict.fromkeys(g.weight for g in gemms):
         node = graph.node(ref.node)
         t = node.out
         if t is None:
@@ -128,4 +145,4 @@ def weight_numel(graph: OpGraph, bs: BlockSharding, plan: Plan, precision: str) 
             continue
         sharded = is_shard(bs.param_placements.get(node.param or node.name, "R"))
         numel += t.numel / (plan.tp if sharded else 1) / (plan.ep if is_expert_param(node) else 1)
-    return numel, len(gemms)
+    return Fp8Weights(numel, len(gemms))

@@ -51,7 +51,7 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
         kept = layouts.sharding(graph_key, graph, plan, "none", mesh)
         unsaved = kept.saved_bytes - kernel_saving_bytes(kernels, graph, kept, plan, "none") + \
             fp8.saved_delta_bytes(graph, kept, plan, precision, "none", engine)
-    fp8_numel, fp8_gemms = fp8.weight_numel(graph, bs, plan, precision)
+    fp8_weights = fp8.weight_numel(graph, bs, plan, precision)
     backward_s = bs.backward_s + (prices.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
     forward_s, backward_s, wgrad_s = host_bound(prices.profile.host_floor_s, bs, tp, backward_s)
     return Part(
@@ -65,7 +65,8 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
         attention_s=sum(attention), compute_s=forward_s + backward_s + wgrad_s,
-        comms=tp.comms + cp.comms + ep.comms, fp8_weight_numel=fp8_numel, fp8_gemms=fp8_gemms)
+        comms=tp.comms + cp.comms + ep.comms, fp8_weight_numel=fp8_weights.numel,
+        fp8_gemms=fp8_weights.gemms)
 
 
 def host_bound(host_floor_s: float, bs: BlockSharding, tp: AxisCost, backward_s: float) -> tuple[float, float, float]:
