@@ -18,11 +18,9 @@ The fits (``FITS``) are the project's fit scripts' objectives, written once here
 * ``h100``: GEMM peak fraction, flash-attention forward fraction (backward tied at the published
   0.45/0.55 ratio) and fusion of ``h100.yaml`` on the public H100 rows of regime_runs.json:
   ``fit_h100_profile.py``.
-* ``stack``: the Megatron-DeepSpeed stack's GPU time per kernel, host floor per launch and
-  pipeline-engine host time per send/receive (``a100-megatron-deepspeed.yaml``) on vTrain's
-  single-node runs (every ``VTRAIN_EVERY``-th row): ``fit_host_floor.py``.
-* ``torchtitan-a100-network``: NICs per node of the torchtitan A100 cluster, which its source
-  does not state: ``fit_a100_network.py``.
+* ``stack``: the Megatron-DeepSpeed stack's GPU time per kernel and host floor per launch
+  (``a100-megatron-deepspeed.yaml``) on vTrain's single-node runs (every ``VTRAIN_EVERY``-th
+  row): ``fit_host_floor.py``.
 * ``h100-fp8``: the large-FP8-GEMM fraction of the FP8 peak (``h100.yaml``), on the BF16/FP8
   pairs of FP8-LM and llm-foundry: its objective is the pairs' ratio error, mean
   |predicted ratio / measured ratio − 1| (the FP8 mechanism alone, not the BF16 error both
@@ -31,7 +29,10 @@ The fits (``FITS``) are the project's fit scripts' objectives, written once here
 Objective otherwise: mean |predicted / published − 1| over the fit's rows (a row the model
 cannot price or fit is left out of the mean, as the fit scripts do).  Not refitted here: the vTrain node's
 NVLink figures (``fit_nccl_lut.py``), fitted to nccl-tests look-up tables of that node, a
-microbenchmark of the hardware and no training run; they are in the inventory.
+microbenchmark of the hardware and no training run; they are in the inventory.  Not fitted any
+more: the torchtitan A100 cluster's NICs per node (the AWS instance it ran on,
+``published_regimes.TORCHTITAN_A100_NETWORK``) and the pipeline engine's host time per
+send/receive (worth 0.1 point on vTrain's rows once the per-kernel GPU time is refitted).
 """
 from __future__ import annotations
 
@@ -128,18 +129,11 @@ def _fits() -> tuple[Fit, ...]:
                       "share of elementwise HBM traffic left after kernel fusion")),
             ("torchtitan-h100", "llama3-paper", "ngc-nemotron")),
         Fit("stack", (
-            Parameter("stack.overhead_s", _yaml_value(stack, "overhead_s"), (20e-6, 26e-6, 34e-6), (2e-6, 50e-6),
+            Parameter("stack.overhead_s", _yaml_value(stack, "overhead_s"), (20e-6, 26e-6, 30e-6, 34e-6), (2e-6, 50e-6),
                       _yaml_value(a100, "overhead_s"), "GPU time per eager kernel beyond its HBM traffic (s)"),
             Parameter("stack.host_floor_s", _yaml_value(stack, "host_floor_s"), (52e-6, 55e-6, 58e-6),
-                      (5e-6, 100e-6), 0.0, "host time per launched op of the eager stack (s)"),
-            Parameter("stack.p2p_host_s", _yaml_value(stack, "p2p_host_s"), (300e-6, 450e-6, 600e-6),
-                      (0.0, 1e-3), 0.0, "pipeline-engine host time per send/receive instruction (s)")),
+                      (5e-6, 100e-6), 0.0, "host time per launched op of the eager stack (s)")),
             ("vtrain",)),
-        Fit("torchtitan-a100-network", (
-            Parameter("torchtitan-a100-network.nics_per_node", float(pr.TORCHTITAN_A100_NETWORK["nics_per_node"]),
-                      (1, 2, 4, 8), (1, 8), 8.0,
-                      "HDR 200G NICs per 8x A100 node (unstated by the source; prior: a DGX A100's 8)"),),
-            ("torchtitan-a100",)),
         Fit("h100-fp8", (
             Parameter("h100.fp8_gemm_peak_fraction", _yaml_value(h100, "fp8_gemm_peak_fraction"),
                       (0.5, 0.55, 0.6, 0.65, 0.7), (0.4, 0.85), 0.7,
@@ -215,7 +209,6 @@ def _regime_options(row: pr.RegimeRow, profiles: dict[str, str]) -> EstimateOpti
 def price(selected: list[Case], point: dict[str, float]) -> list[Result]:
     """Every case priced with the parameters of ``point`` (a full name -> value mapping)."""
     profiles = _profiles(point)
-    network = {"nics_per_node": int(point["torchtitan-a100-network.nics_per_node"])}
     pr._ESTIMATORS.clear()
     models: dict = {}
     out = []
@@ -225,7 +218,7 @@ def price(selected: list[Case], point: dict[str, float]) -> list[Result]:
             e = vp.price(row, models, EstimateOptions(overlap_grad_reduce=False, profile=profiles["a100"]))
             out.append(Result(case, None if e is None else e.step_time_s))
             continue
-        priced = pr.price_or_why(row, _regime_options(row, profiles), network=network)
+        priced = pr.price_or_why(row, _regime_options(row, profiles))
         out.append(Result(case, priced.predicted_s if isinstance(priced, pr.Priced) else None))
     pr._ESTIMATORS.clear()
     return out
@@ -282,9 +275,7 @@ def depends_on(case: Case, fit: Fit) -> bool:
         return gpu.startswith("h")
     if fit.name == "stack":
         return case.source == "vtrain"
-    if fit.name == "h100-fp8":
-        return gpu.startswith("h") and "precision=" in getattr(case.row, "plan", "")
-    return case.source == "torchtitan-a100"
+    return fit.name == "h100-fp8" and gpu.startswith("h") and "precision=" in getattr(case.row, "plan", "")
 
 
 @dataclass(frozen=True)
@@ -410,6 +401,10 @@ def inventory(report: Report) -> str:
             if len(fit.sources) == 1:
                 warnings.append(f"warning: {p.name} is decided by one source alone ({fit.sources[0]}); "
                                 f"without it the prior {p.prior:g} prices that source")
+    nics = pr.TORCHTITAN_A100_NETWORK["nics_per_node"]
+    lines.append(f"| torchtitan A100 network ({nics}x HDR 200G-equivalent per node) | fixed | | not refitted | "
+                 "cited: AWS p4de, 4x 100G EFA = 400 Gb/s per node (published_regimes.py) | "
+                 "the cluster of torchtitan's A100 rows |")
     lines.append("| vtrain-node NVLink (efficiency 0.72, 1.5 µs/step, 48 µs/call) | fixed | | not refitted | "
                  "vTrain's nccl-tests LUTs (448 points) | a microbenchmark of that node (fit_nccl_lut.py) |")
     return "\n".join(lines) + "\n\n" + "\n".join(warnings) + "\n"

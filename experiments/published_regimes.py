@@ -5,7 +5,8 @@ Read by ``experiments/validate_published.py --regimes``.  Two sources in ``../sh
 * ``regime_runs.json`` (torchtitan FSDP on A100 and H100; published layouts that must fit):
   each row carries its model spec, cluster, sequence, global batch and plan string; it is
   priced exactly as written (gradient reduction overlapped, as FSDP does).  The torchtitan
-  A100 rows' network is not published: ``TORCHTITAN_A100_NETWORK`` is fitted to them.
+  A100 rows' network is not in that file: ``TORCHTITAN_A100_NETWORK`` is the AWS instance they
+  ran on (cited there).
 * ``vtrain/ground_truth_single.csv``: 1,440 Megatron-DeepSpeed GPT runs on one 8x A100-SXM4
   node (fp16, iteration ms).  Mapping, the same for every row: GPT-2 vocabulary padded to
   50,304; unfused attention (2023 Megatron-DeepSpeed: fused softmax, no flash attention);
@@ -53,10 +54,13 @@ VTRAIN_LINKS = {"nvlink_efficiency": 0.72, "nvlink_latency": 1.5e-6, "launch_lat
 """The vTrain node's NVLink as its own nccl-tests LUTs measure it (experiments/fit_nccl_lut.py)."""
 TORCHTITAN_A100 = "torchtitan-a100x64"
 TORCHTITAN_A100_NETWORK: dict[str, Any] = {"nics_per_node": 2}      # Cluster fields
-"""The torchtitan A100 rows' network, which their source does not state: 8x A100 80GB nodes with
-2x HDR 200G per node (400 Gb/s), fitted to the 8 rows by experiments/fit_a100_network.py (1, 2, 4
-or 8 NICs; 2 wins).  400 Gb/s per node is what AWS p4de (8x A100 80GB, 4x 100G EFA) has; a DGX
-A100's 8 NICs price the two comm-heavy rows 11-19 % fast."""
+"""The torchtitan A100 rows' network: AWS p4d/p4de, 8x A100 80GB with 4x 100 Gb/s EFA = 400 Gb/s
+per node (AWS's instance table; e.g. skypilot-org/skypilot PR 5318 lists p4de.24xlarge as A100:8
+with 4 EFA), i.e. the bandwidth of 2x HDR 200G.  That the torchtitan A100 numbers came from an
+AWS cluster with 400 Gb/s EFA is stated in pytorch/torchtitan issue 394 (comment of 2024-11-22;
+a user's reading, not a maintainer's).  Not fitted: experiments/fit_a100_network.py, which
+prices the 8 rows at 1, 2, 4 and 8 NICs, picks the same 2; a DGX A100's 8 NICs price the two
+comm-heavy rows 11-19 % fast."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +266,7 @@ A800_NVLINK_BW = 200.0e9
 @lru_cache(maxsize=None)
 def cluster(name: str, nics_per_node: int | None = None):
     """A row's cluster: Grand Teton YAMLs with their GPU facts, the torchtitan A100 network
-    (``nics_per_node`` replaces its fitted NIC count), ``vtrain:N``, ``a800xN`` (the A100 system
+    (``nics_per_node`` replaces its cited NIC count), ``vtrain:N``, ``a800xN`` (the A100 system
     with A800's NVLink) or any ``topologies.load`` name."""
     if name.startswith("a800x"):
         return from_mapping({"gpu": "a100", "num_gpus": int(name[5:]), "gpu_nvlink_bw": A800_NVLINK_BW},

@@ -22,7 +22,7 @@ def test_a_fold_never_fits_on_the_source_it_prices(experiment, monkeypatch):
     monkeypatch.setattr(cv, "refit", lambda fit, rows, start, objective=None: seen.append((fit.name, rows)) or start)
     monkeypatch.setattr(cv, "price", lambda cases, point: [cv.Result(c, c.published_s) for c in cases])
     everything = cv.cases()
-    for source in ("sc21", "korthikanti", "torchtitan-h100", "vtrain", "torchtitan-a100"):
+    for source in ("sc21", "korthikanti", "torchtitan-h100", "vtrain"):
         seen.clear()
         f = cv.fold(source, everything)
         assert seen, f"{source}: no fit refitted"

@@ -35,12 +35,12 @@ def test_fsdp_rows_error_stays_at_todays_level(pr):
     s = pr.summary(priced)
     assert s["rows"] == 10
     # issue 18's target (mean ≤ 8 %, max ≤ 15 %), guarded at today's level (5.2 % / 10.3 %, worst
-    # Llama 2 13B selective op); the A100 rows on their fitted 400 Gb/s network (fit_a100_network.py)
+    # Llama 2 13B selective op); the A100 rows on their cited 400 Gb/s network (AWS p4de)
     assert s["mean_abs"] <= 0.06
     assert s["max_abs"] <= 0.11
 
 
-def test_torchtitan_a100_rows_run_on_the_fitted_network(pr):
+def test_torchtitan_a100_rows_run_on_the_cited_network(pr):
     rows = [r for r in pr.regime_json_rows() if r.cluster == pr.TORCHTITAN_A100]
     assert len(rows) == 8
     cluster = pr.cluster(pr.TORCHTITAN_A100)
