@@ -415,3 +415,83 @@ def markdown(report: Report) -> str:
             "the row's own source (out of sample):\n\n" + regime_table(report)
             + "\nPer source left out:\n\n" + source_table(report)
             + "\nFitted parameters:\n\n" + inventory(report))
+
+
+# --- the sampled ranges the out-of-sample spread widens ---------------------------------------
+
+RANGES_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "uncertainty_cv.yaml")
+
+
+@dataclass(frozen=True)
+class Widening:
+    """One uncertain parameter (``autoplan.cost.params.Params``) whose sampled range the
+    out-of-sample residuals of some regimes widen, for one compute profile (``any``: every one).
+
+    ``kind`` says how a residual e (predicted / published − 1) reads as a multiplier: ``rate`` (a
+    throughput: a row priced e too slow is matched by a rate (1 + e)×), ``cost`` (a time: 1/(1 + e)),
+    ``share`` (a hidden fraction: only rows priced too fast count, 1 + e, never above 1)."""
+
+    parameter: str
+    profile: str
+    regimes: tuple[str, ...]
+    kind: str
+    rows: str                              # which rows, in words
+    plan_has: str = ""                     # only rows whose plan string contains this
+
+
+WIDENINGS = (
+    Widening("gemm_peak", "a100", ("megatron", "fsdp"), "rate", "Megatron-style and FSDP rows on A100"),
+    Widening("gemm_peak", "h100", ("megatron", "fsdp"), "rate", "Megatron-style and FSDP rows on H100"),
+    Widening("wpass", "any", ("schedule",), "cost", "zero-bubble rows (W apart from B)", "schedule=zb"),
+    Widening("cp_overlap", "any", ("cp",), "share", "context-parallel rows"),
+    Widening("dp_overlap", "any", ("fsdp",), "share", "FSDP rows"),
+)
+
+
+def _profile_of(case: Case) -> str:
+    if isinstance(case.row, vp.Row):
+        return "a100"
+    gpu = pr.cluster(case.row.cluster).gpu.name
+    return "a100" if gpu.startswith("a100") else "h100" if gpu.startswith("h") else gpu
+
+
+def _multipliers(w: Widening, errors: list[float]) -> tuple[float, float]:
+    if w.kind == "rate":
+        return 1.0 + min(0.0, *errors), 1.0 + max(0.0, *errors)
+    if w.kind == "cost":
+        return 1.0 / (1.0 + max(0.0, *errors)), 1.0 / (1.0 + min(0.0, *errors))
+    return 1.0 + min(0.0, *errors), 1.0
+
+
+def oos_ranges(report: Report) -> dict[str, dict[str, dict[str, object]]]:
+    """``{profile: {parameter: {low, high, source}}}``: each ``WIDENINGS`` entry's multiplier range
+    over the out-of-sample residuals of its rows (the file ``autoplan.cost.params`` widens by)."""
+    out: dict[str, dict[str, dict[str, object]]] = {}
+    results = report.out_of_sample()
+    for w in WIDENINGS:
+        errors = [r.error for r in results if r.error is not None and r.case.regime in w.regimes
+                  and (w.profile == "any" or _profile_of(r.case) == w.profile)
+                  and w.plan_has in getattr(r.case.row, "plan", "")]
+        if not errors:
+            continue
+        low, high = _multipliers(w, errors)
+        out.setdefault(w.profile, {})[w.parameter] = {
+            "low": round(low, 3), "high": round(high, 3),
+            "source": f"out-of-sample residuals of the {len(errors)} {w.rows} (validate_published.py --cv): "
+                      f"{min(errors):+.1%} .. {max(errors):+.1%}"}
+    return out
+
+
+def ranges_yaml(report: Report) -> str:
+    """The text of ``costmodels/uncertainty_cv.yaml``: ``ranges`` (``oos_ranges``) and ``regimes``
+    (each regime's out-of-sample rows, mean and max |error|, as ``summary``)."""
+    regimes = {k: {"rows": v["rows"], "mean_abs": round(v["mean_abs"], 4), "max_abs": round(v["max_abs"], 4)}
+               for k, v in summary(report)["out_of_sample"].items() if v["rows"]}
+    return ("# Out-of-sample error of the cost model, WRITTEN by `python experiments/validate_published.py\n"
+            "# --cv --write` (cross_validation.ranges_yaml): each fitted parameter refitted without a row's\n"
+            "# own source, that row priced.  `ranges`: the residuals read as multipliers on the parameter\n"
+            "# their regime leans on, keyed by compute profile (`any`: every profile); autoplan/cost/params.py\n"
+            "# widens (never narrows) the ranges of uncertainty.yaml / network.yaml / the profile by them, so\n"
+            "# the bands sample what validation does not trust.  `regimes`: each regime's out-of-sample mean\n"
+            "# and max |error| (the bench quotes them beside each margin).\n"
+            + yaml.safe_dump({"ranges": oos_ranges(report), "regimes": regimes}, sort_keys=True, width=200))

@@ -427,6 +427,8 @@ def cross_validation_main(args: argparse.Namespace) -> int:
     if args.write:
         write_section("cross_validation", "Leave-one-source-out validation "
                       "(`python experiments/validate_published.py --cv --write`)", text)
+        with open(cv.RANGES_PATH, "w") as f:
+            f.write(cv.ranges_yaml(report))
     return 0
 
 

@@ -12,7 +12,15 @@ that split it from B (``pp.price_pipeline``), ``recompute`` the recomputed forwa
 
 Their ranges (``Range``: low, high, source) are data: the priors of
 ``costmodels/uncertainty.yaml``, narrowed where runs of a regime measured them by the
-``uncertainty:`` key of ``topologies/network.yaml`` and then of the GPU's compute profile.
+``uncertainty:`` key of ``topologies/network.yaml`` and then of the GPU's compute profile, then
+widened (never narrowed) to the out-of-sample spread of ``costmodels/uncertainty_cv.yaml``
+(written by ``experiments/validate_published.py --cv --write``: leave-one-source-out residuals of
+the public rows, keyed by compute profile), so a band samples what the validation does not trust.
+Last, each range is centred on the point value (``_centred``: [1 − d, 1 + d], d its larger
+side): the point is the model's best estimate, so an error is as likely either way; a one-sided
+range (W passes only ever slower) would make the robust ranking hedge against one direction
+only and lose where the error runs the other way (issue 38's scenarios: a split W pass 20 %
+cheaper than priced).
 A perturbation file (YAML ``{name: multiplier}``, ``load_override``) fixes some of them.
 """
 from __future__ import annotations
@@ -31,6 +39,7 @@ from topologies._data import read_yaml
 from topologies.cluster import Cluster
 
 PRIORS_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "uncertainty.yaml")
+OUT_OF_SAMPLE_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "uncertainty_cv.yaml")
 
 
 @dataclass(frozen=True)
@@ -105,10 +114,57 @@ def _ranges(profile_path: str) -> tuple[Range, ...]:
     if profile_path and os.path.exists(profile_path):
         with open(profile_path) as f:
             merged.update(_read(profile_path, yaml_data=(yaml.safe_load(f) or {}).get("uncertainty", {})))
+    profile = os.path.basename(profile_path)[:-len(".yaml")] if profile_path else ""
+    for name, wide in _out_of_sample(profile).items():
+        if name in merged:
+            merged[name] = _widen(merged[name], wide)
     missing = [n for n in PARAM_NAMES if n not in merged]
     if missing:
         raise ValueError(f"{PRIORS_PATH}: no range for {missing}")
-    return tuple(merged[n] for n in PARAM_NAMES)
+    return tuple(_centred(merged[n]) for n in PARAM_NAMES)
+
+
+def _out_of_sample(profile: str) -> dict[str, Range]:
+    """The out-of-sample ranges for ``profile`` (its own entries over the ``any`` ones)."""
+    if not os.path.exists(OUT_OF_SAMPLE_PATH):
+        return {}
+    with open(OUT_OF_SAMPLE_PATH) as f:
+        data = (yaml.safe_load(f) or {}).get("ranges", {})
+    out = _read(OUT_OF_SAMPLE_PATH, yaml_data=data.get("any", {}))
+    out.update(_read(OUT_OF_SAMPLE_PATH, yaml_data=data.get(profile, {})) if profile else {})
+    return out
+
+
+@memo(1)
+def out_of_sample_errors() -> dict[str, float]:
+    """Each validated regime's out-of-sample mean |error| (``uncertainty_cv.yaml``'s ``regimes``:
+    megatron, fsdp, single-node, schedule, cp, moe, fp8-bf16); empty without the file."""
+    if not os.path.exists(OUT_OF_SAMPLE_PATH):
+        return {}
+    with open(OUT_OF_SAMPLE_PATH) as f:
+        regimes = (yaml.safe_load(f) or {}).get("regimes", {})
+    return {name: float(v["mean_abs"]) for name, v in regimes.items()}
+
+
+def _widen(r: Range, wide: Range) -> Range:
+    """``r`` stretched to cover ``wide`` (unchanged where it already does)."""
+    if wide.low >= r.low and wide.high <= r.high:
+        return r
+    return Range(r.name, min(r.low, wide.low), max(r.high, wide.high), f"{r.source}; widened by the {wide.source}")
+
+
+SHARES = ("dp_overlap", "cp_overlap")
+"""Parameters that are shares of a window (1 = all of it): centred, they stay ≤ 1."""
+
+
+def _centred(r: Range) -> Range:
+    """``r`` made symmetric about the point value 1: [1 − d, 1 + d], d = its larger side (a
+    share's top stays at 1)."""
+    d = round(max(1.0 - r.low, r.high - 1.0), 6)
+    high = 1.0 if r.name in SHARES else 1.0 + d
+    if r.low == 1.0 - d and r.high == high:
+        return r
+    return Range(r.name, 1.0 - d, high, f"{r.source}; centred on the point value (±{d:.1%})")
 
 
 def _read(where: str, yaml_data: dict[str, Any] | None) -> dict[str, Range]:

@@ -33,6 +33,25 @@ def test_a_fold_never_fits_on_the_source_it_prices(experiment, monkeypatch):
     assert [(name, len(rows)) for name, rows in seen[-1:]] == [("a100", 10)]
 
 
+def test_out_of_sample_residuals_read_as_parameter_ranges(experiment):
+    cv = experiment("cross_validation")
+    everything = cv.cases()
+    h100 = [c for c in everything if c.source == "torchtitan-h100"]          # FSDP on H100
+    zb = [c for c in everything if c.source == "zero-bubble" and "schedule=zb" in c.row.plan][:2]
+    results = [cv.Result(h100[0], h100[0].published_s * 0.9), cv.Result(h100[1], h100[1].published_s * 1.05),
+               cv.Result(zb[0], zb[0].published_s * 0.8), cv.Result(zb[1], zb[1].published_s * 1.1)]
+    report = cv.Report(tuple(results), (cv.Fold("x", dict(cv.SHIPPED), tuple(results)),))
+    got = cv.oos_ranges(report)
+    # a rate: priced 10 % fast .. 5 % slow is matched by a GEMM rate 0.9x .. 1.05x
+    assert (got["h100"]["gemm_peak"]["low"], got["h100"]["gemm_peak"]["high"]) == (0.9, 1.05)
+    # a cost: the W pass 1/1.1 .. 1/0.8 of its priced time; a share: only the fast side, top 1
+    assert (got["any"]["wpass"]["low"], got["any"]["wpass"]["high"]) == (round(1 / 1.1, 3), 1.25)
+    assert (got["any"]["dp_overlap"]["low"], got["any"]["dp_overlap"]["high"]) == (0.9, 1.0)
+    assert "a100" not in got and "cp_overlap" not in got["any"]
+    text = cv.ranges_yaml(report)
+    assert "ranges:" in text and "regimes:" in text and "fsdp:" in text
+
+
 def test_model_flops_agree_with_korthikanti_for_a_gpt(experiment):
     p3 = experiment("published_regimes3")
     layers, hidden, seq, vocab = 96, 12288, 2048, 50304

@@ -27,6 +27,24 @@ def test_every_parameter_has_a_range_around_the_point_with_a_source():
     assert "nccl-tests" in by["nic_efficiency"].source and by["nic_efficiency"].low == 0.8   # network.yaml's
 
 
+def test_ranges_cover_the_out_of_sample_spread_and_are_centred_on_the_point():
+    import yaml
+
+    from autoplan.cost.params import OUT_OF_SAMPLE_PATH, SHARES
+    with open(OUT_OF_SAMPLE_PATH) as f:
+        written = yaml.safe_load(f)["ranges"]
+    for gpu, profile in (("h100", "h100"), ("a100", "a100"), ("h200", "h100")):
+        by = {r.name: r for r in ranges(gpu)}
+        for name, wide in {**written["any"], **written.get(profile, {})}.items():
+            assert by[name].low <= wide["low"] and by[name].high >= wide["high"], (gpu, name)
+        for r in by.values():
+            d = 1.0 - r.low
+            assert r.high == pytest.approx(1.0 if r.name in SHARES else 1.0 + d), r.name
+    assert "out-of-sample" in {r.name: r for r in ranges("h100")}["gemm_peak"].source    # it widened
+    # a split W pass is sampled cheaper as well as dearer than priced (the prior says 1.0-1.2)
+    assert {r.name: (r.low, r.high) for r in ranges("h100")}["wpass"] == pytest.approx((0.8, 1.2))
+
+
 def test_samples_are_seeded_latin_hypercube_inside_the_ranges():
     rs = ranges("h100")
     a, b, c = draw(rs, 16, 0), draw(rs, 16, 0), draw(rs, 16, 1)
