@@ -29,8 +29,10 @@ where the model has a published layout).  The bands: auto and the best credible 
 on the same paired parameter samples (``cost.uncertainty.Sampler``), the ratio
 hand step / auto step per sample, its p10/p50/p90 (``auto_vs_hand_p10`` ...) and the share
 of samples where auto is faster (``p_auto_beats_hand``).  Beside them: the regimes the auto plan
-leans on without a timed published run (``auto_evidence``, ``cost.evidence``) and the GPU
-profile's residuals on the public rows (``profile_residuals``), the noise a margin must clear.
+leans on without a timed published run (``auto_evidence``, ``cost.evidence``), the GPU
+profile's residuals on the public rows (``profile_residuals``) and the out-of-sample mean error
+of the validated regimes it is priced like (``auto_out_of_sample``, ``cost.evidence.leaning_errors``):
+the noise a margin must clear.
 
 The case fails (``status = "error"``, the message in ``error``) when tracing or the search
 fails or the search runs past ``search_timeout_s`` (it runs in a child process that is
@@ -48,6 +50,7 @@ from autoplan.bench.child import SearchFailed, SearchTimeout, search_with_limit
 from autoplan.bench.grid import respects_nvlink, search_grid
 from autoplan.bench.suite import Case
 from autoplan.cost import Estimate, Estimator
+from autoplan.cost.evidence import leaning_errors
 from autoplan.cost.params import ranges
 from autoplan.cost.uncertainty import Sampler, quantile
 from autoplan.errors import UserError
@@ -114,6 +117,7 @@ def _auto_row(case: Case, graph: BlockGraph, cluster: Cluster, estimator: Estima
                                  "mfu": c.estimate.mfu} for c in result.candidates]
         best = result.candidates[0]
         record["auto_evidence"] = [f.regime for f in best.evidence]
+        record["auto_out_of_sample"] = leaning_errors(best.plan, moe=bool(estimator.info.experts))
         row = _priced("auto", "auto", estimator, best.plan, case.global_batch)
         repriced = row.get("step_time_s")
         if repriced is not None and abs(repriced - best.estimate.step_time_s) > \

@@ -266,10 +266,13 @@ def _noise(regime: list[dict]) -> str:
         ev = r.get("auto_evidence")
         against = ("" if _band_hand(r) == r.get("best_hand")
                    else f" (against {_band_hand(r)}, which breaks the NVLink rule)")
+        oos = r.get("auto_out_of_sample")
+        leans = "" if oos is None else "out-of-sample error of the regimes it is priced like: " + (
+            ", ".join(f"{k} {v:.1%}" for k, v in oos.items()) or "none recorded") + "; "
         lines.append(f"\n- {r['case']['name']}: auto/hand{against} {_margin(r):.2f}× "
                      f"(p10–p90 {r['auto_vs_hand_p10']:.2f}–"
                      f"{r['auto_vs_hand_p90']:.2f}×, auto faster in {r['p_auto_beats_hand']:.0%} of the samples); "
-                     f"profile residuals on public rows {spread}; unvalidated regimes of the auto plan: "
+                     f"profile residuals on public rows {spread}; {leans}unvalidated regimes of the auto plan: "
                      f"{'not recorded' if ev is None else ', '.join(ev) or 'none'} — "
                      f"{verdicts[r['case']['name']][1]}.")
     return "".join(lines) + "\n\n"
@@ -292,15 +295,21 @@ def _unfit_published(regime: list[dict]) -> str:
 def margin_verdict(record: dict) -> tuple[bool, str]:
     """(inside the noise?, why) for one case: inside when the band's p10 of auto/hand is at most 1
     (the hand plan is as fast under some plausible parameters) or the margin auto/hand − 1 is no
-    more than the profile's largest residual on the public rows; outside, it still says when the
-    margin rests on regimes no timed published run covers (the band there is only a prior's)."""
+    more than the larger of the profile's largest residual on the public rows and the largest
+    out-of-sample mean error of the regimes the auto plan is priced like; outside, it still says
+    when the margin rests on regimes no timed published run covers (the band there is only a prior's)."""
     margin, p10 = _margin(record) - 1.0, record["auto_vs_hand_p10"]
     res = record.get("profile_residuals")
     error = max(-res["low"], res["high"]) if res else 0.0
+    oos = record.get("auto_out_of_sample") or {}
+    worst = max(oos, key=lambda k: (oos[k], k)) if oos else None
     if p10 <= 1.0:
         return True, "inside the noise: the band reaches parity (p10 ≤ 1)"
     if margin <= error:
         return True, f"inside the noise: the margin ({margin:.1%}) is within the profile's residual ({error:.1%})"
+    if worst is not None and margin <= oos[worst]:
+        return True, (f"inside the noise: the margin ({margin:.1%}) is within the out-of-sample error of "
+                      f"{worst} ({oos[worst]:.1%})")
     leaning = [e for e in record.get("auto_evidence") or [] if e != "mfu"]
     if leaning:
         return False, (f"outside the band and the residual ({error:.1%}), but it rests on {', '.join(leaning)}, "

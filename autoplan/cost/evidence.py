@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from autoplan.cost.params import out_of_sample_errors
 from autoplan.cost.types import Estimate
 from autoplan.plan import Plan
 from costmodels.compute import PROFILE_DIR
@@ -70,3 +71,29 @@ def flags(plan: Plan, estimate: Estimate, *, moe: bool) -> tuple[Flag, ...]:
     elif estimate.mfu > best[0]:
         out.append(Flag("mfu", f"MFU {estimate.mfu:.1%} above the best published {kind} run ({best[1]})"))
     return tuple(out)
+
+
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zbv", "dualpipev")
+
+
+def validated_regimes(plan: Plan, *, moe: bool) -> tuple[str, ...]:
+    """The regimes of ``experiments/validate_published.py --cv`` whose rows ``plan`` is priced
+    like: ``fsdp`` (ZeRO-3) or ``megatron`` (any other dense layout), plus ``schedule`` (a split
+    W pass: the zero-bubble family), ``cp`` (cp > 1), ``moe`` and ``fp8-bf16`` (FP8 GEMMs)."""
+    out = ["fsdp" if plan.zero == 3 and plan.dp * plan.cp > 1 else "megatron"]
+    if plan.pp > 1 and plan.schedule in ZERO_BUBBLE:
+        out.append("schedule")
+    if plan.cp > 1:
+        out.append("cp")
+    if moe:
+        out.append("moe")
+    if plan.precision != "bf16":
+        out.append("fp8-bf16")
+    return tuple(out)
+
+
+def leaning_errors(plan: Plan, *, moe: bool) -> dict[str, float]:
+    """``{regime: out-of-sample mean |error|}`` of the regimes ``plan`` leans on
+    (``validated_regimes``; ``costmodels/uncertainty_cv.yaml``), those the file has."""
+    errors = out_of_sample_errors()
+    return {r: errors[r] for r in validated_regimes(plan, moe=moe) if r in errors}

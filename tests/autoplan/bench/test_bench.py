@@ -163,6 +163,16 @@ def test_answer_says_which_margins_are_inside_the_noise():
     assert "unvalidated regimes of the auto plan: schedule, cp, mfu — outside the band" in text
 
 
+def test_a_margin_within_the_out_of_sample_error_of_its_regimes_is_noise():
+    r = _banded("cp-leaning", 1.10, 1.05, ["cp"])
+    r["auto_out_of_sample"] = {"megatron": 0.066, "cp": 0.139}
+    assert margin_verdict(r) == (True, "inside the noise: the margin (10.0%) is within the out-of-sample error "
+                                       "of cp (13.9%)")
+    assert "out-of-sample error of the regimes it is priced like: megatron 6.6%, cp 13.9%; " in answer([r])
+    r["auto_out_of_sample"] = {"megatron": 0.066}
+    assert not margin_verdict(r)[0]
+
+
 def test_band_against_the_fastest_credible_recipe_when_none_respects_nvlink():
     from autoplan.bench.report import summary_table
     r = _banded("moe", 1.2, 1.1, ["moe"])
