@@ -23,7 +23,11 @@ instead of the issue's two.
 physical parameter of ``autoplan.cost.params.Params`` alone at ×0.8 and ×1.2 (``host_floor``
 left out: the H100/B200 profiles have none), and two combinations — everything compute-bound
 20 % slower (GEMM peak, attention, HBM) and everything on the wire 20 % slower with 20 % less
-overlap (NIC, NVLink, DP and CP overlap).
+overlap (NIC, NVLink, DP and CP overlap).  ``--scenarios own`` is this project's own set
+(``OWN``): the combinations that move the compute / communication balance hardest, in
+opposite directions at once (compute 20 % slower on a 20 % faster wire and the reverse), a
+cheap split W pass on a congested network (what favours zero-bubble schedules most), and
+dearer recomputation on slower, skinnier GEMMs; ``--scenarios all`` runs both sets.
 """
 from __future__ import annotations
 
@@ -45,6 +49,12 @@ SCENARIO_PARAMETERS = ("gemm_peak", "gemm_half_dim", "attention", "memory_bw", "
                        "nvlink_efficiency", "dp_overlap", "cp_overlap", "wpass", "recompute")
 COMBINED = {"slow-compute": {"gemm_peak": 0.8, "attention": 0.8, "memory_bw": 0.8},
             "slow-network": {"nic_efficiency": 0.8, "nvlink_efficiency": 0.8, "dp_overlap": 0.8, "cp_overlap": 0.8}}
+OWN = {"compute-bound": {"gemm_peak": 0.8, "attention": 0.8, "memory_bw": 0.8, "nic_efficiency": 1.2,
+                         "nvlink_efficiency": 1.2},
+       "comm-bound": {"gemm_peak": 1.2, "attention": 1.2, "memory_bw": 1.2, "nic_efficiency": 0.8,
+                      "nvlink_efficiency": 0.8, "dp_overlap": 0.8, "cp_overlap": 0.8},
+       "zb-favoured": {"wpass": 0.8, "nic_efficiency": 0.8, "dp_overlap": 0.8},
+       "recompute-dear": {"recompute": 1.2, "gemm_peak": 0.8, "gemm_half_dim": 1.2}}
 CASES = [("gpt3-175b", "h100x1024", 2048, 1536), ("llama3-70b", "h100x1024", 8192, 1024)]
 MAX_REGRET = 0.05          # issue 13: worst-case regret of the default objective's choice
 MAX_P50_LOSS = 0.03        # issue 13: its p50 at most 3 % above the point-optimal plan's p50
@@ -68,12 +78,14 @@ def perturbation_files() -> dict:
     return {name: load_override(os.path.join(HERE, "perturbations", f"{name}.yaml")) for name in PERTURBATIONS}
 
 
-def scenarios() -> dict:
-    """Issue 38's scenario set (module docstring): ``{name: Params}``."""
+def scenarios(which: str = "issue38") -> dict:
+    """``{name: Params}``: issue 38's scenario set, ``own`` (``OWN``) or ``all`` (module docstring)."""
     from autoplan.cost.params import Params
 
-    out = {f"{name}×{m:g}": Params(**{name: m}) for name in SCENARIO_PARAMETERS for m in (0.8, 1.2)}
-    return out | {name: Params(**fields) for name, fields in COMBINED.items()}
+    single = {f"{name}×{m:g}": Params(**{name: m}) for name in SCENARIO_PARAMETERS for m in (0.8, 1.2)}
+    issue = single | {name: Params(**fields) for name, fields in COMBINED.items()}
+    own = {name: Params(**fields) for name, fields in OWN.items()}
+    return {"issue38": issue, "own": own, "all": issue | own}[which]
 
 
 def outside_ranges(params, gpu: str) -> list[str]:
@@ -156,15 +168,18 @@ def markdown(rows: list[dict], cmd: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def scenario_markdown(rows: list[dict], cmd: str) -> str:
+def scenario_markdown(rows: list[dict], cmd: str, which: str = "issue38") -> str:
     """``--scenarios``: per case, the default objective's worst regret, the scenario that gives it,
     and every scenario over the bound."""
     from autoplan.search.robust import DEFAULT_OBJECTIVE
 
+    issue = f"every physical parameter alone at ×0.8 and ×1.2; {', '.join(COMBINED)}"
+    own = "this project's set: " + "; ".join(f"{k} ({', '.join(f'{p}×{m:g}' for p, m in v.items())})"
+                                            for k, v in OWN.items())
+    described = {"issue38": issue, "own": own, "all": f"{issue}; and {own}"}[which]
     lines = [f"`python experiments/perturbations.py{cmd}`: the default objective's ({DEFAULT_OBJECTIVE}) choice "
-             "on the nominal model, priced under each scenario (every physical parameter alone at ×0.8 and ×1.2; "
-             f"{', '.join(COMBINED)}), against what the scenario's own search picks.  Bound (issue 38): worst "
-             f"regret ≤ {MAX_REGRET:.0%}.", "",
+             f"on the nominal model, priced under each scenario ({described}), against what the scenario's own "
+             f"search picks.  Bound (issue 38): worst regret ≤ {MAX_REGRET:.0%}.", "",
              "| case | default plan | worst regret | worst scenario | scenarios over the bound |",
              "|---|---|---|---|---|"]
     for r in rows:
@@ -191,18 +206,19 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", nargs="?", const="", metavar="NAME,...",
                     help="the bench's default suite cases (or the named ones) instead of the issue's two")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
-    ap.add_argument("--scenarios", action="store_true",
-                    help="issue 38's scenario set (each parameter ×0.8 and ×1.2, two combinations) instead of "
-                         "issue 13's five perturbations")
+    ap.add_argument("--scenarios", nargs="?", const="issue38", choices=("issue38", "own", "all"),
+                    help="issue 38's scenario set (each parameter ×0.8 and ×1.2, two combinations), this "
+                         "project's own (`own`) or both (`all`) instead of issue 13's five perturbations")
     args = ap.parse_args(argv)
     pool = bench_cases(args.bench or None) if args.bench is not None else CASES
     cases = [c for c in pool if not args.case or f"{c[0]}@{c[1]}" in args.case]
-    chosen = scenarios() if args.scenarios else None
+    chosen = scenarios(args.scenarios) if args.scenarios else None
     rows = [run_case(model, cluster, seq, batch, perturbations=chosen) for model, cluster, seq, batch in cases]
     bench = " --bench" + (f" {args.bench}" if args.bench else "") if args.bench is not None else ""
-    cmd = (" --scenarios" if args.scenarios else "") + bench \
+    cmd = (" --scenarios" + ("" if args.scenarios == "issue38" else f" {args.scenarios}") if args.scenarios else "") \
+        + bench \
         + "".join(f" --case {c}" for c in args.case or ())
-    text = scenario_markdown(rows, cmd) if args.scenarios else markdown(rows, cmd)
+    text = scenario_markdown(rows, cmd, args.scenarios) if args.scenarios else markdown(rows, cmd)
     print(json.dumps(rows, indent=2, sort_keys=True) if args.json else text)
     if args.write:
         if args.scenarios:

@@ -73,3 +73,14 @@ def test_the_scenario_set_moves_each_parameter_alone_and_then_together(experimen
     slow = asdict(scenarios["slow-network"])
     wire = {"nic_efficiency", "nvlink_efficiency", "dp_overlap", "cp_overlap"}
     assert {k for k, v in slow.items() if v != 1.0} == wire
+
+
+def test_the_own_scenario_set_moves_compute_and_wire_in_opposite_directions(experiment):
+    from dataclasses import asdict
+
+    p = experiment("perturbations")
+    own = p.scenarios("own")
+    assert set(own) == set(p.OWN) and set(p.scenarios("all")) == set(p.scenarios()) | set(own)
+    bound, comm = asdict(own["compute-bound"]), asdict(own["comm-bound"])
+    assert bound["gemm_peak"] < 1.0 < bound["nic_efficiency"] and comm["nic_efficiency"] < 1.0 < comm["gemm_peak"]
+    assert all(0.8 <= v <= 1.2 for s in own.values() for v in asdict(s).values())
