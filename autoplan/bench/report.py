@@ -272,7 +272,8 @@ def _noise(regime: list[dict]) -> str:
         lines.append(f"\n- {r['case']['name']}: auto/hand{against} {_margin(r):.2f}× "
                      f"(p10–p90 {r['auto_vs_hand_p10']:.2f}–"
                      f"{r['auto_vs_hand_p90']:.2f}×, auto faster in {r['p_auto_beats_hand']:.0%} of the samples); "
-                     f"profile residuals on public rows {spread}; {leans}unvalidated regimes of the auto plan: "
+                     f"GEMM-rate range sampled (public-row residuals, out of sample) {spread}; {leans}"
+                     "unvalidated regimes of the auto plan: "
                      f"{'not recorded' if ev is None else ', '.join(ev) or 'none'} — "
                      f"{verdicts[r['case']['name']][1]}.")
     return "".join(lines) + "\n\n"

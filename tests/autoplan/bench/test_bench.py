@@ -158,8 +158,9 @@ def test_answer_says_which_margins_are_inside_the_noise():
     assert "In 2 of 4 cases the whole p10–p90 band" in text
     assert ("the other 2 are inside the noise; but in 1 of the 2 the margin rests on regimes no timed published "
             "run covers") in text
-    assert ("- small: auto/hand 1.05× (p10–p90 1.02–1.10×, auto faster in 75% of the samples); profile residuals "
-            "on public rows -6.3% … +1.7%; unvalidated regimes of the auto plan: none — inside the noise") in text
+    assert ("- small: auto/hand 1.05× (p10–p90 1.02–1.10×, auto faster in 75% of the samples); GEMM-rate range "
+            "sampled (public-row residuals, out of sample) -6.3% … +1.7%; unvalidated regimes of the auto plan: none "
+            "— inside the noise") in text
     assert "unvalidated regimes of the auto plan: schedule, cp, mfu — outside the band" in text
 
 
