@@ -97,10 +97,13 @@ def outside_ranges(params, gpu: str) -> list[str]:
             if not r.low <= getattr(params, r.name) <= r.high]
 
 
-def run_case(model_name: str, cluster_name: str, seq: int, batch: int, perturbations: dict | None = None) -> dict:
-    """One case under every perturbation (``{name: Params}``; issue 13's files by default)."""
+def run_case(model_name: str, cluster_name: str, seq: int, batch: int, perturbations: dict | None = None,
+             reuse: dict | None = None) -> dict:
+    """One case under every perturbation (``{name: Params}``; issue 13's files by default).
+    ``reuse``: ``{(model, cluster, perturbation): best plan}`` of an earlier run (``--reuse``)."""
     from autoplan.cost import EstimateOptions, Estimator
     from autoplan.frontend import trace
+    from autoplan.plan import Plan
     from autoplan.search import SearchOptions, search
     from autoplan.workload import load_cluster
 
@@ -111,18 +114,33 @@ def run_case(model_name: str, cluster_name: str, seq: int, batch: int, perturbat
                       for o, c in chosen.items()}, "perturbed": {}}
     for name, params in (perturbations or perturbation_files()).items():
         options = EstimateOptions(params=params)
-        best = search(model, cluster, global_batch=batch,
-                      options=SearchOptions(estimate=options, objective="point", samples=0)).candidates[0]
         est = Estimator(model, cluster, options)
-        regrets = {o: est.estimate(c.plan, batch, detail=False).step_time_s / best.estimate.step_time_s - 1.0
+        earlier = (reuse or {}).get((model_name, cluster_name, name))
+        if earlier is not None:          # that run's perturbed best, re-priced by today's model
+            best_plan = Plan.parse(earlier, num_gpus=cluster.num_gpus)
+            best_s = est.estimate(best_plan, batch, detail=False).step_time_s
+        else:
+            best = search(model, cluster, global_batch=batch,
+                          options=SearchOptions(estimate=options, objective="point", samples=0)).candidates[0]
+            best_plan, best_s = best.plan, best.estimate.step_time_s
+        regrets = {o: est.estimate(c.plan, batch, detail=False).step_time_s / best_s - 1.0
                    for o, c in chosen.items()}
-        row["perturbed"][name] = {"best_plan": best.plan.to_string(), "best_s": best.estimate.step_time_s,
-                                  "regret": regrets, "best_in_pool": best.plan.to_string() in pool,
+        row["perturbed"][name] = {"best_plan": best_plan.to_string(), "best_s": best_s,
+                                  "regret": regrets, "best_in_pool": best_plan.to_string() in pool,
                                   "outside_ranges": outside_ranges(params, cluster.gpu.name)}
         print(f"{model_name}@{cluster_name} {name}: " + ", ".join(f"{o} {r:+.1%}" for o, r in regrets.items()),
               flush=True, file=sys.stderr)
     row["acceptance"] = acceptance(row)
     return row
+
+
+def earlier_bests(path: str | None) -> dict:
+    """``--reuse``: ``{(model, cluster, perturbation): best plan}`` of an earlier ``--json`` run."""
+    if not path:
+        return {}
+    with open(path) as f:
+        rows = json.load(f)
+    return {(r["model"], r["cluster"], name): p["best_plan"] for r in rows for name, p in r["perturbed"].items()}
 
 
 def acceptance(row: dict) -> dict:
@@ -206,6 +224,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", nargs="?", const="", metavar="NAME,...",
                     help="the bench's default suite cases (or the named ones) instead of the issue's two")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    ap.add_argument("--reuse", metavar="JSON",
+                    help="an earlier --json output: its perturbed models' best plans, re-priced, instead of "
+                         "searching again (the perturbed searches are point searches without bands: valid while "
+                         "the point model is unchanged)")
     ap.add_argument("--scenarios", nargs="?", const="issue38", choices=("issue38", "own", "all"),
                     help="issue 38's scenario set (each parameter ×0.8 and ×1.2, two combinations), this "
                          "project's own (`own`) or both (`all`) instead of issue 13's five perturbations")
@@ -213,10 +235,11 @@ def main(argv=None) -> int:
     pool = bench_cases(args.bench or None) if args.bench is not None else CASES
     cases = [c for c in pool if not args.case or f"{c[0]}@{c[1]}" in args.case]
     chosen = scenarios(args.scenarios) if args.scenarios else None
-    rows = [run_case(model, cluster, seq, batch, perturbations=chosen) for model, cluster, seq, batch in cases]
+    rows = [run_case(model, cluster, seq, batch, perturbations=chosen, reuse=earlier_bests(args.reuse))
+            for model, cluster, seq, batch in cases]
     bench = " --bench" + (f" {args.bench}" if args.bench else "") if args.bench is not None else ""
     cmd = (" --scenarios" + ("" if args.scenarios == "issue38" else f" {args.scenarios}") if args.scenarios else "") \
-        + bench \
+        + bench + (f" --reuse {os.path.relpath(args.reuse, REPO)}" if args.reuse else "") \
         + "".join(f" --case {c}" for c in args.case or ())
     text = scenario_markdown(rows, cmd, args.scenarios) if args.scenarios else markdown(rows, cmd)
     print(json.dumps(rows, indent=2, sort_keys=True) if args.json else text)
