@@ -135,7 +135,6 @@ def _out_of_sample(profile: str) -> dict[str, Range]:
     return out
 
 
-@memo(1)
 def out_of_sample_errors() -> dict[str, float]:
     """Each validated regime's out-of-sample mean |error| (``uncertainty_cv.yaml``'s ``regimes``:
     megatron, fsdp, single-node, schedule, cp, moe, fp8-bf16); empty without the file."""
