@@ -22,6 +22,10 @@ reduces it over the expert-dp group (``EXPERT_DP``: cp·dp) and divides by cp·e
 average).  Tensor parallelism composes: a tp DTensor activation is replicated over tp and
 unwrapped before the exchange (every tp rank sends the same tokens), the local experts keep
 their tp placements, and the output is rewrapped as replicated.
+
+Under MoE parallel folding with etp = 1 (``plain=True``) the experts are not split over tp: the ep
+group is the expert layout's (``Mesh.expert``), which holds attention tp ranks too, so every rank
+of it runs its E/ep experts whole, on plain tensors, over the tokens of every sender.
 """
 from __future__ import annotations
 
@@ -88,6 +92,11 @@ class _Local:
             return x.redistribute(x.device_mesh, (Replicate(),)).to_local()
         return x
 
+    def run(self, inner, plain: bool, *xs):
+        """``inner`` on local tensors ``xs``: as they are (``plain``: experts not on tp), else wrapped
+        as replicated tp DTensors and the result unwrapped."""
+        return inner(*xs) if plain else self.unwrap(inner(*(self.wrap(x) for x in xs)))
+
     def wrap(self, x: torch.Tensor):
         return x if self.mesh is None else DTensor.from_local(x, self.mesh, (Replicate(),), run_check=False)
 
@@ -95,8 +104,9 @@ class _Local:
         return x.redistribute(x.device_mesh, (Replicate(),)).to_local() if isinstance(x, DTensor) else x
 
 
-def shard_experts(module: nn.Module, ep: int, ep_rank: int, group) -> None:
-    """Keep this ep rank's E/ep experts of ``module`` and route its forward through the exchange."""
+def shard_experts(module: nn.Module, ep: int, ep_rank: int, group, plain: bool = False) -> None:
+    """Keep this ep rank's E/ep experts of ``module`` and route its forward through the exchange
+    (``plain``: the experts run on plain tensors, module docstring)."""
     experts = expert_count(module)
     if experts % ep:
         raise UserError(f"ep={ep} does not divide the {experts} experts of {type(module).__name__}",
@@ -111,9 +121,9 @@ def shard_experts(module: nn.Module, ep: int, ep_rank: int, group) -> None:
 
     def forward(*args):
         if len(args) == 1:
-            return _buffer_forward(inner, args[0], ep, per, group)
+            return _buffer_forward(inner, args[0], ep, per, group, plain)
         if len(args) == 3:
-            return _routed_forward(inner, *args, ep=ep, per=per, group=group)
+            return _routed_forward(inner, *args, ep=ep, per=per, group=group, plain=plain)
         raise UserError(f"{type(module).__name__}.forward takes {len(args)} inputs; expert parallelism runs "
                         "experts called with a capacity buffer [E, C, h] or with (hidden, top_k_index, "
                         "top_k_weights)", "run with ep=1")
@@ -121,7 +131,7 @@ def shard_experts(module: nn.Module, ep: int, ep_rank: int, group) -> None:
     module.forward = forward
 
 
-def _buffer_forward(inner, x, ep: int, per: int, group):
+def _buffer_forward(inner, x, ep: int, per: int, group, plain: bool):
     """Capacity buffer x [E, C, h] → [E, C, h], experts E/ep per ep rank."""
     local = _Local()
     buf = local(x)
@@ -129,12 +139,12 @@ def _buffer_forward(inner, x, ep: int, per: int, group):
     rows = per * cap
     recv = _AllToAll.apply(buf.reshape(ep * rows, h), group, [rows] * ep, [rows] * ep)
     mine = recv.view(ep, per, cap, h).transpose(0, 1).reshape(per, ep * cap, h)
-    out = local.unwrap(inner(local.wrap(mine)))
+    out = local.run(inner, plain, mine)
     back = out.view(per, ep, cap, h).transpose(0, 1).reshape(ep * rows, h)
     return local.wrap(_AllToAll.apply(back, group, [rows] * ep, [rows] * ep).view(ep * per, cap, h))
 
 
-def _routed_forward(inner, hidden, top_k_index, top_k_weights, *, ep: int, per: int, group):
+def _routed_forward(inner, hidden, top_k_index, top_k_weights, *, ep: int, per: int, group, plain: bool):
     """Dropless dispatch: x [T, h], top-k expert ids and gate weights [T, k] → Σ_k gate · expert(x) [T, h]."""
     local = _Local()
     x, ids, gates = local(hidden), local(top_k_index), local(top_k_weights)
@@ -150,7 +160,7 @@ def _routed_forward(inner, hidden, top_k_index, top_k_weights, *, ep: int, per: 
     rows = _AllToAll.apply(x[token_of], group, recv, send)
     local_ids = torch.repeat_interleave(torch.arange(per, device=x.device).repeat(ep), recv_counts)
     ones = rows.new_ones(rows.shape[0], 1)
-    out = local.unwrap(inner(local.wrap(rows), local.wrap(local_ids.unsqueeze(1)), local.wrap(ones)))
+    out = local.run(inner, plain, rows, local_ids.unsqueeze(1), ones)
     back = _AllToAll.apply(out, group, send, recv) * gates.reshape(-1)[order].unsqueeze(1)
     y = x.new_zeros(tokens, x.shape[-1]).index_add(0, token_of, back.to(x.dtype))
     return local.wrap(y)
@@ -162,7 +172,8 @@ def expert_parameter_names(model: nn.Module, blocks_path: str) -> frozenset[str]
                      for p, _ in model.get_submodule(name).named_parameters(recurse=False))
 
 
-def shard_model_experts(model: nn.Module, blocks_path: str, ep: int, ep_rank: int, group) -> None:
+def shard_model_experts(model: nn.Module, blocks_path: str, ep: int, ep_rank: int, group,
+                        plain: bool = False) -> None:
     """``shard_experts`` on every experts module of ``model`` (a pipeline stage's copy)."""
     for name in find_experts(model, blocks_path):
-        shard_experts(model.get_submodule(name), ep, ep_rank, group)
+        shard_experts(model.get_submodule(name), ep, ep_rank, group, plain)

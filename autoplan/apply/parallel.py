@@ -34,7 +34,7 @@ from autoplan.apply import (
     tensor_parallel,
 )
 from autoplan.apply._torch import flat_mesh, plain_tensors_are_replicated, register_cpu_attention_sharding
-from autoplan.apply.device_mesh import device_mesh, torch_mesh_shape
+from autoplan.apply.device_mesh import device_mesh, expert_device_mesh, torch_mesh_shape
 from autoplan.apply.groups import GroupMaker, Reduction, gradient_reductions
 from autoplan.apply.layout import ModelLayout, probe
 from autoplan.apply.outputs import training_config
@@ -105,9 +105,7 @@ def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None
     if plan.precision != "bf16":
         raise UserError(*precision_refusal(plan))
     if plan.folded:
-        raise UserError(f"autoplan's runtime does not build MoE parallel folding yet (etp={plan.etp}: the expert "
-                        "mesh beside the attention mesh; issue 34)",
-                        "export the plan to Megatron-LM (--to megatron), or run it unfolded (omit etp, ep | dp)")
+        check_folding(plan)
     if seq is not None and plan.cp > 1:
         # 2·cp chunks; each rank's S/cp tokens split over tp under sp
         per = math.lcm(2 * plan.cp, plan.cp * (plan.tp if plan.sp else 1))
@@ -140,6 +138,20 @@ def check_supported(plan: Plan, global_batch: int | None = None, seq: int | None
         raise UserError(f"torch's {pipeline.SCHEDULE_CLASSES[plan.schedule].__name__} needs the "
                         f"micro-batches ({m}) to be a multiple of max(1, micro-batches // pp) = {rounds}",
                         "pick a global batch giving a multiple of pp micro-batches")
+
+
+def check_folding(plan: Plan) -> None:
+    """Raise UserError for the MoE parallel folding this runtime does not build: the experts run
+    whole on each rank of the expert layout's ep group (etp = 1), or split over tp exactly as the
+    attention is (etp = tp with the same tp groups in both layouts); Megatron-Core also runs
+    1 < etp ≠ tp, which needs expert weights on a third tp mesh."""
+    mesh = Mesh.of(plan)
+    if plan.etp == 1:
+        return
+    if plan.etp != plan.tp or mesh.expert is None or mesh.expert.groups("tp") != mesh.groups("tp"):
+        raise UserError(f"autoplan's runtime folds experts with etp=1 or etp=tp over the attention's tp "
+                        f"groups; etp={plan.etp} with tp={plan.tp} (order={'-'.join(plan.order)}) is neither",
+                        "run it with etp=1 or etp=tp (tp innermost), or export it to Megatron-LM (--to megatron)")
 
 
 def recompute_refusal(plan: Plan) -> str | None:
@@ -246,7 +258,8 @@ class ParallelModel:
         """This rank's rows of a global batch [B, S] (split over the dp axis) and, under context
         parallelism, its two sequence chunks (``context_parallel.split_sequence``)."""
         n = batch.shape[0] // self.plan.dp
-        i = self.coords["dp"] * self.plan.ep + self.coords["ep"]
+        ep = Mesh.of(self.plan).size("ep")        # 1 when folded: the attention layout has no ep axis
+        i = self.coords["dp"] * ep + self.coords["ep"]
         rows = batch[i * n:(i + 1) * n]
         return rows if self.plan.cp == 1 else context_parallel.split_sequence(rows, self.plan.cp, self.coords["cp"])
 
@@ -421,6 +434,8 @@ class ApplyContext:
     coords: dict[str, int]
     groups: GroupMaker
     ep_group: object | None                   # None when ep = 1
+    ep_rank: int                              # this rank's place in it (its expert share)
+    expert_mesh: DeviceMesh | None            # a folded plan's expert layout (``expert_device_mesh``)
     expert_names: frozenset[str]              # parameters sharded over ep
     tp_mesh: DeviceMesh | None                # None when tp = 1
     placements: dict[str, str]                # tp placement of every parameter (empty when tp = 1)
@@ -437,6 +452,11 @@ class ApplyContext:
         return self.plan.dp > 1 and self.plan.zero >= 2
 
     @property
+    def plain_experts(self) -> bool:
+        """Folded with etp = 1: the experts run whole on plain tensors, not split over tp."""
+        return self.plan.folded and self.plan.expert_tp == 1
+
+    @property
     def megatron(self) -> bool:
         """Megatron's engine (zero 0/1 under mixed precision): bf16 stages, fp32 gradient buffers."""
         return self.mixed_precision and self.plan.zero <= 1
@@ -450,8 +470,10 @@ def _apply_context(model: nn.Module, plan: Plan, mesh: DeviceMesh | None, *, glo
     layout = _validated_layout(model, plan, global_batch=global_batch, seq=seq, device=device)
     rank = dist.get_rank()
     coords = Mesh.of(plan).coords(rank)
-    groups = GroupMaker(plan, mesh, rank)
-    ep_group = mesh["ep"].get_group() if plan.ep > 1 else None
+    expert_mesh = expert_device_mesh(plan, device.type)
+    groups = GroupMaker(plan, mesh, rank, expert_mesh)
+    ep_group = groups.named("ep")[0] if plan.ep > 1 else None
+    ep_rank = Mesh.of(plan).for_group("ep").coords(rank)["ep"]
     expert_names = expert_parallel.expert_parameter_names(model, layout.blocks_path) if ep_group else frozenset()
     tp_mesh = mesh["tp"] if plan.tp > 1 else None
     resolved = _tp_placements(model, layout, plan, tp_mesh, placements)
@@ -461,7 +483,8 @@ def _apply_context(model: nn.Module, plan: Plan, mesh: DeviceMesh | None, *, glo
     cp_groups = _cp_groups(model, plan, rank)
     positions = context_parallel.local_positions(seq, plan.cp, coords["cp"], device) if cp_groups else None
     return ApplyContext(plan=plan, mesh=mesh, layout=layout, seq=seq, device=device, rank=rank, coords=coords,
-                        groups=groups, ep_group=ep_group, expert_names=expert_names, tp_mesh=tp_mesh,
+                        groups=groups, ep_group=ep_group, ep_rank=ep_rank, expert_mesh=expert_mesh,
+                        expert_names=expert_names, tp_mesh=tp_mesh,
                         placements=resolved, stream=(Shard(1),) if plan.sp else (Replicate(),),
                         loss_fn=loss_fn, vocab_parallel=vocab_parallel, cp_groups=cp_groups,
                         positions=positions, mixed_precision=mixed_precision)
@@ -538,14 +561,16 @@ def _apply_cp(module: nn.Module, ctx: ApplyContext) -> None:
 def _apply_ep(module: nn.Module, ctx: ApplyContext) -> None:
     """Under ep, each experts module keeps this ep rank's experts (``expert_parallel``)."""
     if ctx.ep_group is not None:
-        expert_parallel.shard_model_experts(module, ctx.layout.blocks_path, ctx.plan.ep, ctx.coords["ep"],
-                                            ctx.ep_group)
+        expert_parallel.shard_model_experts(module, ctx.layout.blocks_path, ctx.plan.ep, ctx.ep_rank,
+                                            ctx.ep_group, plain=ctx.plain_experts)
 
 
 def _apply_tp(module: nn.Module, ctx: ApplyContext) -> None:
     """Under tp, parameters become DTensors with their resolved placements (``tensor_parallel``)."""
     if ctx.tp_mesh is not None:
-        tensor_parallel.shard_module_tree(module, ctx.layout, ctx.placements, ctx.tp_mesh, ctx.plan.sp)
+        skip = frozenset(expert_parallel.find_experts(module, ctx.layout.blocks_path)) if ctx.plain_experts \
+            else frozenset()
+        tensor_parallel.shard_module_tree(module, ctx.layout, ctx.placements, ctx.tp_mesh, ctx.plan.sp, skip)
 
 
 def _apply_ac(blocks: list[nn.Module], ctx: ApplyContext) -> None:
@@ -555,13 +580,14 @@ def _apply_ac(blocks: list[nn.Module], ctx: ApplyContext) -> None:
 
 def _apply_fsdp(stage: pipeline.StageModule, blocks: list[nn.Module], ctx: ApplyContext) -> None:
     """FSDP2 over dp; under ep the dense parameters over every rank of ep·dp and each experts
-    module over dp (= dp/ep), as torchtitan shards them."""
+    module over dp (= dp/ep), as torchtitan shards them; folded, each experts module over the
+    expert layout's edp axis."""
     if ctx.ep_group is None:
         data_parallel.shard_fsdp(stage, blocks, ctx.mesh["dp"], ctx.plan.zero, ctx.mixed_precision)
         return
     experts = [stage.model.get_submodule(n) for n in expert_parallel.find_experts(stage.model, ctx.layout.blocks_path)]
     data_parallel.shard_fsdp(stage, blocks, flat_mesh(ctx.mesh, ("ep", "dp")), ctx.plan.zero, ctx.mixed_precision,
-                             experts=experts, expert_mesh=ctx.mesh["dp"])
+                             experts=experts, expert_mesh=(ctx.expert_mesh or ctx.mesh)["dp"])
 
 
 def _step_groups(ctx: ApplyContext, tied: tuple[str, ...]) -> StepGroups:

@@ -213,18 +213,24 @@ def _feeds_head(module: nn.Module, name: str, layout: ModelLayout) -> bool:
 
 
 def shard_module_tree(model: nn.Module, layout: ModelLayout, placements: dict[str, str],
-                      tp_mesh: DeviceMesh, sp: bool) -> None:
+                      tp_mesh: DeviceMesh, sp: bool, skip: frozenset[str] = frozenset()) -> None:
     """Make every parameter of ``model`` a DTensor on ``tp_mesh`` and pin module layouts.
 
     Parameters that are not ``nn.Parameter`` any more (stubs of a pipeline stage that
-    does not own them) are left alone.
+    does not own them) are left alone, and so are the modules named in ``skip`` (a folded plan's
+    experts under etp = 1: not on tp), which must have no ancestor with parameters of its own
+    (distribute_module would replicate theirs).
     """
     tp = tp_mesh.size()
     # children first: distribute_module replicates every plain parameter below the module
     for name, module in reversed(list(model.named_modules())):
         own = dict(module.named_parameters(recurse=False))
-        if not own:
+        if not own or name in skip:
             continue
+        if any(s.startswith(f"{name}.") or not name for s in skip):
+            raise UserError(f"{type(module).__name__} {name!r} has parameters of its own above the experts "
+                            f"modules {sorted(skip)}, which tensor parallelism would replicate over tp",
+                            "run the plan with etp equal to tp, or unfolded (omit etp)")
         prefix = f"{name}." if name else ""
         chosen = {p: parse_placement(placements[prefix + p], t.shape, tp, prefix + p) for p, t in own.items()}
 
