@@ -25,14 +25,19 @@ their tp placements, and the output is rewrapped as replicated.
 
 Under MoE parallel folding with etp = 1 (``plain=True``) the experts are not split over tp: the ep
 group is the expert layout's (``Mesh.expert``), which holds attention tp ranks too, so every rank
-of it runs its E/ep experts whole, on plain tensors, over the tokens of every sender.
+of it runs its E/ep experts whole, on plain tensors.  The tp ranks of one attention group hold
+the same capacity buffer; as in Megatron-Core (whose tp ranks dispatch their own sequence-parallel
+tokens), each sends only its 1/tp of every expert's slots (the buffer redistributed to Shard(1)
+over tp, whose backward gathers the slot gradients back), and the returned slots are gathered
+over tp (Shard(1) → Replicate).  Every routed token is then computed once in the ep group, so an
+expert's gradient sums each token once (``groups.gradient_reductions`` divides by cp·dp).
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from autoplan.errors import UserError
 
@@ -81,24 +86,34 @@ def _exchange(x: torch.Tensor, group, recv_splits: list[int], send_splits: list[
 
 
 class _Local:
-    """Unwraps tp DTensor activations (replicated first) and rewraps results the same way."""
+    """Unwraps tp DTensor activations (replicated first, or with ``split`` this tp rank's part of
+    that dim) and rewraps results the same way."""
 
-    def __init__(self) -> None:
+    def __init__(self, split: int | None = None) -> None:
         self.mesh = None
+        self.split = split
 
     def __call__(self, x):
         if isinstance(x, DTensor):
             self.mesh = x.device_mesh
+            if self.split is not None and x.device_mesh.size() > 1:
+                tp = x.device_mesh.size()
+                if x.shape[self.split] % tp:
+                    raise UserError(f"MoE parallel folding with etp=1 splits each expert's {x.shape[self.split]} "
+                                    f"capacity slots over tp={tp}, which does not divide them",
+                                    "pick a sequence, batch or capacity factor giving a multiple of tp slots, "
+                                    "or etp=tp")
+                return x.redistribute(x.device_mesh, (Shard(self.split),)).to_local()
             return x.redistribute(x.device_mesh, (Replicate(),)).to_local()
         return x
 
-    def run(self, inner, plain: bool, *xs):
-        """``inner`` on local tensors ``xs``: as they are (``plain``: experts not on tp), else wrapped
-        as replicated tp DTensors and the result unwrapped."""
-        return inner(*xs) if plain else self.unwrap(inner(*(self.wrap(x) for x in xs)))
-
     def wrap(self, x: torch.Tensor):
-        return x if self.mesh is None else DTensor.from_local(x, self.mesh, (Replicate(),), run_check=False)
+        if self.mesh is None:
+            return x
+        if self.split is not None and self.mesh.size() > 1:
+            return DTensor.from_local(x, self.mesh, (Shard(self.split),), run_check=False).redistribute(
+                self.mesh, (Replicate(),))
+        return DTensor.from_local(x, self.mesh, (Replicate(),), run_check=False)
 
     def unwrap(self, x):
         return x.redistribute(x.device_mesh, (Replicate(),)).to_local() if isinstance(x, DTensor) else x
@@ -122,8 +137,12 @@ def shard_experts(module: nn.Module, ep: int, ep_rank: int, group, plain: bool =
     def forward(*args):
         if len(args) == 1:
             return _buffer_forward(inner, args[0], ep, per, group, plain)
+        if len(args) == 3 and plain and isinstance(args[0], DTensor):
+            raise UserError(f"{type(module).__name__} routes dropless (hidden, top_k_index, top_k_weights): "
+                            "autoplan's runtime folds only capacity-buffer experts [E, C, h] with etp=1 < tp",
+                            "run the plan with etp=tp, or unfolded (omit etp)")
         if len(args) == 3:
-            return _routed_forward(inner, *args, ep=ep, per=per, group=group, plain=plain)
+            return _routed_forward(inner, *args, ep=ep, per=per, group=group)
         raise UserError(f"{type(module).__name__}.forward takes {len(args)} inputs; expert parallelism runs "
                         "experts called with a capacity buffer [E, C, h] or with (hidden, top_k_index, "
                         "top_k_weights)", "run with ep=1")
@@ -132,19 +151,20 @@ def shard_experts(module: nn.Module, ep: int, ep_rank: int, group, plain: bool =
 
 
 def _buffer_forward(inner, x, ep: int, per: int, group, plain: bool):
-    """Capacity buffer x [E, C, h] → [E, C, h], experts E/ep per ep rank."""
-    local = _Local()
+    """Capacity buffer x [E, C, h] → [E, C, h], experts E/ep per ep rank (``plain``: C/tp slots
+    of this tp rank sent, module docstring)."""
+    local = _Local(split=1 if plain else None)
     buf = local(x)
     _, cap, h = buf.shape
     rows = per * cap
     recv = _AllToAll.apply(buf.reshape(ep * rows, h), group, [rows] * ep, [rows] * ep)
     mine = recv.view(ep, per, cap, h).transpose(0, 1).reshape(per, ep * cap, h)
-    out = local.run(inner, plain, mine)
+    out = inner(mine) if plain else local.unwrap(inner(local.wrap(mine)))
     back = out.view(per, ep, cap, h).transpose(0, 1).reshape(ep * rows, h)
     return local.wrap(_AllToAll.apply(back, group, [rows] * ep, [rows] * ep).view(ep * per, cap, h))
 
 
-def _routed_forward(inner, hidden, top_k_index, top_k_weights, *, ep: int, per: int, group, plain: bool):
+def _routed_forward(inner, hidden, top_k_index, top_k_weights, *, ep: int, per: int, group):
     """Dropless dispatch: x [T, h], top-k expert ids and gate weights [T, k] → Σ_k gate · expert(x) [T, h]."""
     local = _Local()
     x, ids, gates = local(hidden), local(top_k_index), local(top_k_weights)
@@ -160,7 +180,7 @@ def _routed_forward(inner, hidden, top_k_index, top_k_weights, *, ep: int, per: 
     rows = _AllToAll.apply(x[token_of], group, recv, send)
     local_ids = torch.repeat_interleave(torch.arange(per, device=x.device).repeat(ep), recv_counts)
     ones = rows.new_ones(rows.shape[0], 1)
-    out = local.run(inner, plain, rows, local_ids.unsqueeze(1), ones)
+    out = local.unwrap(inner(local.wrap(rows), local.wrap(local_ids.unsqueeze(1)), local.wrap(ones)))
     back = _AllToAll.apply(out, group, send, recv) * gates.reshape(-1)[order].unsqueeze(1)
     y = x.new_zeros(tokens, x.shape[-1]).index_add(0, token_of, back.to(x.dtype))
     return local.wrap(y)

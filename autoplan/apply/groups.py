@@ -8,7 +8,8 @@ the dense data-parallel ranks but cp's; an expert parameter's is the dp axis, of
   by the group size;
 * an expert parameter under ep > 1: its gradient already sums every ep rank's tokens (the
   all-to-all's backward), so all-reduce over the ``EXPERT_DP`` axes (cp, dp) less FSDP's and
-  divide by the group size times ep.
+  divide by the group size times ep; folded (``etp``), over the expert layout's edp group less
+  FSDP's, divided by its size times cp·dp/edp (``gradient_reductions``).
 
 Both equal the gradient of the loss averaged over the global batch (every rank's loss is
 the mean over its own rows and tokens).
@@ -89,16 +90,17 @@ class GroupMaker:
 
 
 def gradient_reductions(plan: Plan, groups: GroupMaker, fsdp: bool) -> tuple[Reduction, Reduction]:
-    """(dense, expert) reductions of a plan (see the module docstring).  Folded (``etp``), the expert
-    one is over the expert layout's edp group and divides by edp·ep = tp·cp·dp/etp: the ep ranks that
-    sent tokens to an expert include the attention tp ranks beside this one, which (etp = 1) hold the
-    same tokens, and every rank's loss is the mean over its own data."""
+    """(dense, expert) reductions of a plan (see the module docstring).  An expert gradient sums
+    every routed token of the ranks it was sent from once, so over its whole ``EXPERT_DP`` group
+    (size cp·dp/ep unfolded; folded, the expert layout's edp) it sums the cp·dp data ranks' tokens:
+    the divisor is cp·dp over the whole group, scaled by the share of it reduced here (FSDP averages
+    over its dp axis itself)."""
     dense_skip = (("ep", "dp") if plan.ep > 1 else ("dp",)) if fsdp else ()
     expert_skip = ("dp",) if fsdp else ()
+    whole = len(Mesh.of(plan).group(EXPERT_DP))
     out = []
-    for axes, extra, skip, expert in ((GROUP_AXES[DENSE_DP], 1, dense_skip, False),
-                                      (GROUP_AXES[EXPERT_DP], plan.ep, expert_skip, True)):
+    for axes, expert, skip in ((GROUP_AXES[DENSE_DP], False, dense_skip), (GROUP_AXES[EXPERT_DP], True, expert_skip)):
         pg, ranks = groups.group(tuple(a for a in axes if a not in skip), expert=expert)
-        divisor = len(ranks) * extra
+        divisor = len(ranks) if not expert else len(ranks) * plan.cp * plan.dp // whole
         out.append(Reduction(pg if len(ranks) > 1 else None, ranks, divisor))
     return out[0], out[1]

@@ -146,6 +146,10 @@ def check_folding(plan: Plan) -> None:
     attention is (etp = tp with the same tp groups in both layouts); Megatron-Core also runs
     1 < etp ≠ tp, which needs expert weights on a third tp mesh."""
     mesh = Mesh.of(plan)
+    if plan.zero >= 2 and plan.dp > 1 and (plan.cp * plan.dp) % plan.edp:
+        raise UserError(f"FSDP2 averages expert gradients over edp={plan.edp} ranks, more than the cp·dp = "
+                        f"{plan.cp * plan.dp} data ranks whose average they are (tp > etp·ep)",
+                        "use zero=0 or 1, or etp·ep ≥ tp")
     if plan.etp == 1:
         return
     if plan.etp != plan.tp or mesh.expert is None or mesh.expert.groups("tp") != mesh.groups("tp"):
