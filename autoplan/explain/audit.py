@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from autoplan.cost import Estimate, Primitive, rounded
 from autoplan.cost.evidence import Flag, flags
 from autoplan.explain import rules
+from autoplan.explain.expert_mesh import ExpertGroup, expert_mesh
 from autoplan.explain.precision import PrecisionSaving
 from autoplan.explain.rules import Verdict
 from autoplan.explain.units import percent, seconds
@@ -96,6 +97,7 @@ class Audit:
     evidence: tuple[Flag, ...] = ()             # regimes the plan leans on without a published run
     baseline_evidence: tuple[Flag, ...] = ()
     precision: PrecisionSaving | None = None    # an FP8 plan's step against itself in bf16
+    expert_mesh: tuple[ExpertGroup, ...] = ()    # a folded plan's expert groups (``explain.expert_mesh``)
 
     def to_dict(self) -> dict:
         def side(s: Side | None, vs, flags) -> dict | None:
@@ -126,6 +128,8 @@ class Audit:
         }
         if self.precision is not None:           # a bf16 plan's audit stays what it was
             out["precision"] = self.precision.to_dict()
+        if self.expert_mesh:                     # likewise an unfolded plan's
+            out["expert_mesh"] = [g.to_dict() for g in self.expert_mesh]
         return rounded(out)
 
     def to_json(self) -> str:
@@ -147,7 +151,7 @@ def audit(model: BlockGraph, cluster: Cluster, plan: Side, baseline: Side | None
         evidence=flags(plan.plan, plan.estimate, moe=bool(model.model.experts)),
         baseline_evidence=() if baseline is None else flags(baseline.plan, baseline.estimate,
                                                             moe=bool(model.model.experts)),
-        precision=precision)
+        precision=precision, expert_mesh=expert_mesh(plan.plan, cluster, model.model.experts))
 
 
 def shown(primitives: tuple[Primitive, ...]) -> list[Primitive]:

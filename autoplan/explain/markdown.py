@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autoplan.cost import Estimate
 from autoplan.explain.audit import Audit, Side, shown
+from autoplan.explain.expert_mesh import expert_mesh_lines
 from autoplan.explain.rules import Verdict
 from autoplan.explain.units import AXIS_NAMES, KIND_NAMES, count, percent, seconds, signed_seconds, size
 
@@ -83,6 +84,7 @@ def render_markdown(a: Audit) -> str:
                     ["MFU", percent(p.mfu), percent(b.mfu), f"{(p.mfu - b.mfu) * 100:+.1f} pt"]], "lrrr"), ""]
     if a.precision is not None:
         out += ["## Precision", "", a.precision.text() + ".", ""]
+    out += expert_mesh_lines(a.plan.plan, a.expert_mesh)
     out += ["## Rule verdicts: plan", "", table(["verdict", "rule", "evidence"], verdict_rows(a.verdicts)), ""]
     if a.baseline:
         out += [f"## Rule verdicts: {a.baseline.label}", "",

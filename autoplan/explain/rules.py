@@ -33,7 +33,7 @@ from autoplan.explain.units import percent, ranks_text, seconds, size
 from autoplan.ir import BlockGraph
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
-from autoplan.rules import first_crossing_group
+from autoplan.rules import first_crossing_group, rule_mesh
 from autoplan.rules import per_layer_groups as per_layer_groups_of
 from costmodels.pipeline import SPLIT_BACKWARD
 from topologies.cluster import LEVELS, Cluster
@@ -99,7 +99,7 @@ def per_layer_groups(model: BlockGraph, cluster: Cluster, plan: Plan, est: Estim
     groups = per_layer_groups_of(plan, mesh, experts=model.model.experts, nvlink_domain=cluster.nvlink_domain)
     for g in groups:
         what, dims, kinds = traffic[g.axis]
-        label = {"tp": "TP", "ep": "EP", "cp": "CP (Ulysses)"}[g.axis]
+        label = "expert TP" if g.rule == "etp-inside-nvlink" else {"tp": "TP", "ep": "EP", "cp": "CP (Ulysses)"}[g.axis]
         calls, t, exposed = _dim_time(est, dims, kinds)
         count = mesh.num_ranks // g.size
         ev = (("group_size", g.size), ("groups", count), ("calls_per_step", calls), ("time_s", t),
@@ -107,7 +107,7 @@ def per_layer_groups(model: BlockGraph, cluster: Cluster, plan: Plan, est: Estim
         cost = f"{calls:,} {what} per step take {seconds(t)} ({seconds(exposed)} exposed)"
         bad = first_crossing_group(mesh, g, cluster.nvlink_domain)
         if bad is None:
-            first = mesh.group(g.axis)[:g.size]
+            first = rule_mesh(mesh, g).group(g.axis)[:g.size]
             s = cluster.span(first)
             out.append(Verdict(g.rule, "pass",
                                f"{label} groups of {g.size} ranks ({ranks_text(first)}, …) each sit in one NVLink "
