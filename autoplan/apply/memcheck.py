@@ -79,8 +79,9 @@ Expert parallelism runs for the zoo's MoE, whose experts take a capacity buffer 
 exchange it with equal-split all-to-alls (``apply.expert_parallel``): no shape depends on token
 values.  What it does not run: expert parallelism on a ``model.py`` whose experts route dropless
 (the all-to-all's split sizes are token counts, which fake tensors do not have), cp under FSDP,
-and DualPipeV (its overlapped forward-backward pairs).  ``unsupported`` names the first of these a
-plan uses.
+DualPipeV (its overlapped forward-backward pairs) and the MoE parallel folding apply does not build
+(``apply.parallel.check_folding``; etp=1 and etp=tp run, on the expert layout's mesh).
+``unsupported`` names the first of these a plan uses.
 """
 from __future__ import annotations
 
@@ -123,8 +124,13 @@ def unsupported(plan: Plan, model: str | None = None) -> str | None:
     if plan.ep > 1 and (model is None or _config(model, 0) is None):
         return (f"ep={plan.ep} on a model.py: its experts' dropless routing sizes the all-to-all by token "
                 "values, which fake tensors do not have (the zoo's capacity-buffer MoE runs)")
-    from autoplan.apply.parallel import recompute_refusal
+    from autoplan.apply.parallel import check_folding, recompute_refusal
 
+    if plan.folded:
+        try:
+            check_folding(plan)
+        except UserError as e:
+            return e.problem
     if plan.pp > 1 and (refusal := recompute_refusal(plan)):
         return refusal
     if plan.pp > 1 and plan.schedule not in PIPELINE_SCHEDULES:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from autoplan.apply.groups import axis_groups
+from autoplan.apply.memcheck import unsupported
 from autoplan.apply.parallel import check_supported
 from autoplan.apply.train import RunConfig
 from autoplan.apply.verify import verify
@@ -68,3 +69,13 @@ def test_unbuilt_folding_is_refused(plan):
     with pytest.raises(UserError) as e:
         check_supported(Plan.parse(plan))
     assert "etp=1 or etp=tp" in e.value.fix
+    assert "etp=1 or etp=tp" in unsupported(Plan.parse(plan), MOE)          # memcheck says why it does not measure
+
+
+def test_built_folding_is_accepted():
+    for plan in ("tp=2,dp=2,ep=4,etp=1", "tp=2,dp=2,ep=2,etp=2", "tp=2,dp=4,ep=4,etp=1,zero=3"):
+        check_supported(Plan.parse(plan))
+        assert unsupported(Plan.parse(plan), MOE) is None
+    with pytest.raises(UserError) as e:           # FSDP would average expert gradients over edp=4 > cp·dp=2
+        check_supported(Plan.parse("tp=4,dp=2,ep=2,etp=1,zero=3"))
+    assert "etp·ep ≥ tp" in e.value.fix
