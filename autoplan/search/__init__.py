@@ -15,5 +15,7 @@ imports the search.
 from autoplan.search.bounds import lower_bound
 from autoplan.search.driver import search
 from autoplan.search.records import Candidate, IlpRecord, SearchOptions, SearchResult, SearchStats
+from autoplan.search.space import Constraints
 
-__all__ = ["Candidate", "IlpRecord", "SearchOptions", "SearchResult", "SearchStats", "lower_bound", "search"]
+__all__ = ["Candidate", "Constraints", "IlpRecord", "SearchOptions", "SearchResult", "SearchStats", "lower_bound",
+           "search"]

@@ -58,11 +58,14 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: S
         meshes, space = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.sample_positions,
                                          global_batch=global_batch, zero_levels=options.zero,
                                          allow_cross_domain=options.estimate.allow_cross_domain,
-                                         precisions=options.precisions)
+                                         precisions=options.precisions,
+                                         constraints=options.constraints)
         if not meshes:
-            raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model "
+            bound = "" if options.constraints.any else f" under the constraints ({options.constraints.describe()})"
+            raise UserError(f"no mesh of {cluster.num_gpus} GPUs fits the rules for this model{bound} "
                             f"(heads {model.model.heads}, global batch {global_batch})",
-                            "change --global-batch so that data parallelism can divide it")
+                            "change --global-batch so that data parallelism can divide it"
+                            + ("" if options.constraints.any else ", or loosen the constraints"))
         log.info("%s on %s: %d meshes after the NVLink rules (%d degree choices broke them)",
                  model.model.name, cluster.name, len(meshes), space.broke_rules)
         workers = options.worker_count
@@ -77,8 +80,8 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: S
             run = _Run(est, global_batch, options, executor)
             found = _explore(run, bounds.meshes, start)
             if not found.best:
-                raise UserError(_no_fit_message(est, found.counters.shortfall_gib, bounds.least_states_gib),
-                                _NO_FIT_FIX)
+                raise UserError(_no_fit_message(est, found.counters.shortfall_gib, bounds.least_states_gib,
+                                                options), _no_fit_fix(options))
             ranked = sorted(found.best.values(), key=_rank_key)
             chosen = choose(est, executor, ranked, found.variants, global_batch, options)
         ilps, c = ilp_records(est), found.counters
@@ -285,16 +288,24 @@ def _kth_best(best: dict[MeshKey, MeshResult], k: int) -> float:
     return sorted(r.found_estimate.step_time_s for r in best.values())[k - 1]
 
 
-def _no_fit_message(est: Estimator, shortfall: float, least_states: float) -> str:
+def _no_fit_message(est: Estimator, shortfall: float, least_states: float, options: SearchOptions) -> str:
     """``shortfall``: the least GiB over HBM of a plan priced (inf: none was), else
     ``least_states``, the smallest model-state floor of any mesh (``states_floor``)."""
     hbm = est.usable_bytes / GIB
     if shortfall == float("inf"):
         shortfall = least_states - hbm
-    return (f"{est.model.model.name} fits no plan on {est.cluster.name}: the closest plan needs "
+    bound = "" if options.constraints.any else f" under the constraints ({options.constraints.describe()})"
+    return (f"{est.model.model.name} fits no plan on {est.cluster.name}{bound}: the closest plan needs "
             f"{shortfall:.1f} GiB more than the {hbm:.1f} GiB of HBM per GPU left by the "
             f"{est.options.memory_margin_gib:g} GiB memory margin")
 
 
 _NO_FIT_FIX = ("use more GPUs (or GPUs with more memory), a shorter --seq or a smaller --global-batch; "
                "ZeRO-3, full recomputation and the largest pipeline were already tried")
+
+
+def _no_fit_fix(options: SearchOptions) -> str:
+    if options.constraints.any:
+        return _NO_FIT_FIX
+    return (f"loosen the constraints ({options.constraints.describe()}), or use more GPUs (or GPUs with more "
+            "memory), a shorter --seq or a smaller --global-batch")

@@ -76,7 +76,7 @@ def hedge(est: Estimator, plan: Plan, global_batch: int, options: SearchOptions,
         if not _could_beat(est, mesh, plan.mbs, global_batch, tier, options.max_vpp, to_beat):
             continue
         out = best_plan(est, mesh, global_batch, mbs_choices=(plan.mbs,), schedules=tier,
-                        max_vpp=options.max_vpp, threshold=to_beat)
+                        max_vpp=options.max_vpp, threshold=to_beat, recompute=options.constraints.recompute)
         if out.plan is not None and out.found_estimate.step_time_s <= to_beat and \
                 (found is None or _key(out) < _key(found)):
             found = out

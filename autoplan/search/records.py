@@ -14,7 +14,7 @@ from autoplan.errors import UserError
 from autoplan.layout import Layout
 from autoplan.plan import PRECISIONS, SCHEDULES, Plan
 from autoplan.search.robust import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, Robust
-from autoplan.search.space import MeshKey, SpaceStats
+from autoplan.search.space import Constraints, MeshKey, SpaceStats
 from autoplan.search.stages import MeshResult
 
 
@@ -42,6 +42,8 @@ class SearchOptions:
     objective: Objective = DEFAULT_OBJECTIVE   # point | p50 | p90 | regret (search/robust.py)
     samples: int = DEFAULT_SAMPLES          # paired parameter samples per run; 0: no bands (point only)
     seed: int = DEFAULT_SEED
+    # the best plan under fixed knobs (degrees, CP algorithms, SP, recompute policies): ``space.Constraints``
+    constraints: Constraints = Constraints()
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

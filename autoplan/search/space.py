@@ -12,14 +12,19 @@ axis order; a degree choice that breaks it under every order is never generated,
 Model rules: tp divides the heads (and the KV heads, or is a multiple of them), cp
 divides the sequence into chunks of at least ``MIN_CP_CHUNK`` tokens, ep divides the
 experts and dp, pp ≤ layers, dp divides the global batch.
+
+``Constraints`` narrow the space further where a caller asks for the best plan under a fixed
+knob (``autoplan study``: SP off, Ulysses only, FSDP only): the degrees, CP algorithms, SP
+settings and recompute policies a plan may use.  The hard rules hold either way.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from autoplan.errors import UserError
 from autoplan.ir import ModelInfo
-from autoplan.plan import Plan
+from autoplan.plan import CP_ALGOS, RECOMPUTE, Plan
 from autoplan.rules import respects_nvlink
 from topologies.cluster import Cluster
 
@@ -29,6 +34,66 @@ ORDERS = (("tp", "cp", "ep", "dp", "pp"),     # pipeline outermost (Megatron def
           ("tp", "cp", "ep", "pp", "dp"))     # data parallel outermost (MegaScale, Llama 3)
 
 MeshKey = tuple[int, int, int, int, int]     # (tp, cp, ep, pp, dp): a degree tuple
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What a search may use beyond the hard rules.  A degree tuple (``tp``, ``cp``, ``pp``,
+    ``dp``) lists the degrees allowed, empty for any; ``cp_algos`` binds meshes with cp > 1 (a
+    cp = 1 mesh has no CP algorithm); ``sp`` binds meshes with tp > 1 (``(True,)``: SP on
+    wherever there is TP; tp = 1 meshes stay allowed, they have no SP to turn on); ``recompute``
+    the per-stage policies a stage may take (the weakest that fits, as without constraints)."""
+
+    tp: tuple[int, ...] = ()
+    cp: tuple[int, ...] = ()
+    pp: tuple[int, ...] = ()
+    dp: tuple[int, ...] = ()
+    cp_algos: tuple[str, ...] = CP_ALGOS
+    sp: tuple[bool, ...] = (True, False)
+    recompute: tuple[str, ...] = RECOMPUTE
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "cp", "pp", "dp"):
+            bad = [d for d in getattr(self, name) if not isinstance(d, int) or d < 1]
+            if bad:
+                raise UserError(f"constraint {name}={bad[0]!r}: a degree is a whole number ≥ 1",
+                                f"list {name} degrees ≥ 1, or none for any")
+        for name, values, known in (("cp_algos", self.cp_algos, CP_ALGOS), ("recompute", self.recompute, RECOMPUTE)):
+            unknown = [v for v in values if v not in known]
+            if unknown or not values:
+                raise UserError(f"constraint {name}={values!r}: " + (f"unknown {unknown[0]!r}" if unknown else "empty"),
+                                f"choose {name} among {', '.join(known)}")
+        if not self.sp or any(not isinstance(v, bool) for v in self.sp):
+            raise UserError(f"constraint sp={self.sp!r}: a tuple of True/False", "pass sp=(True,), (False,) or both")
+        # the weakest policy first: a stage takes the first that fits (``stages``)
+        object.__setattr__(self, "recompute", tuple(p for p in RECOMPUTE if p in self.recompute))
+
+    @property
+    def any(self) -> bool:
+        """No constraint at all (the default search)."""
+        return self == Constraints()
+
+    def allows_degrees(self, tp: int, cp: int, pp: int, dp: int) -> bool:
+        return all(not allowed or d in allowed for d, allowed in ((tp, self.tp), (cp, self.cp), (pp, self.pp),
+                                                                  (dp, self.dp)))
+
+    def allows_algo(self, cp: int, cp_algo: str) -> bool:
+        return cp == 1 or cp_algo in self.cp_algos
+
+    def allows_sp(self, tp: int, sp: bool) -> bool:
+        return tp == 1 or sp in self.sp
+
+    def describe(self) -> str:
+        """The constraints that bind, e.g. ``cp ∈ {2, 4}, cp_algo ∈ {ulysses}, sp off``."""
+        parts = [f"{n} ∈ {{{', '.join(map(str, v))}}}" for n, v in (("tp", self.tp), ("cp", self.cp), ("pp", self.pp),
+                                                                   ("dp", self.dp)) if v]
+        if self.cp_algos != CP_ALGOS:
+            parts.append(f"cp_algo ∈ {{{', '.join(self.cp_algos)}}}")
+        if len(self.sp) == 1:
+            parts.append("sp on" if self.sp[0] else "sp off")
+        if self.recompute != RECOMPUTE:
+            parts.append(f"recompute ∈ {{{', '.join(self.recompute)}}}")
+        return ", ".join(parts) or "none"
 
 
 @dataclass(frozen=True)
@@ -80,7 +145,8 @@ def _powers_of_two(limit: int) -> list[int]:
 def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq: int, global_batch: int,
                      allow_cross_domain: bool = False, zero_levels: tuple[int, ...] = (0, 1, 2, 3),
                      orders: tuple[tuple[str, ...], ...] = ORDERS,
-                     precisions: tuple[str, ...] = ("bf16",)) -> tuple[list[MeshChoice], SpaceStats]:
+                     precisions: tuple[str, ...] = ("bf16",),
+                     constraints: Constraints = Constraints()) -> tuple[list[MeshChoice], SpaceStats]:
     """Every mesh choice of ``cluster`` for the model (module docstring), at each of ``precisions``
     (a plan dimension: the same degrees, the linear GEMMs at another precision), and what the
     rules dropped."""
@@ -100,12 +166,14 @@ def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq:
                 if pp > num_layers:
                     continue
                 dp = n // (tp * cp * pp)
-                if global_batch % dp:
+                if global_batch % dp or not constraints.allows_degrees(tp, cp, pp, dp):
                     continue
                 for ep in (divisors(experts) if experts else [1]):
                     if dp % ep:
                         continue
                     for cp_algo, u in cp_splits(cp, heads // tp, spans_domains=tp * cp > domain):
+                        if not constraints.allows_algo(cp, cp_algo):
+                            continue
                         enumerated += 1
                         legal = list(orders if pp > 1 and dp > 1 else orders[:1])
                         if not allow_cross_domain:
@@ -117,7 +185,7 @@ def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq:
                             broke += 1
                             continue
                         for sp in ((True, False) if tp > 1 else (False,)):
-                            if sp and (seq // cp) % tp:
+                            if (sp and (seq // cp) % tp) or not constraints.allows_sp(tp, sp):
                                 continue
                             for zero in (_useful_zero(zero_levels) if dp > 1 else (0,)):
                                 out += [MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order, u, precision)

@@ -174,8 +174,9 @@ SCREEN_SCHEDULES = ("1f1b", "zb-h1", "zbv", "interleaved")
 
 def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choices: tuple[int, ...],
               schedules: tuple[str, ...], max_vpp: int, threshold: float = float("inf"),
-              screen: bool = False) -> MeshResult:
-    """The fastest plan of ``mesh`` that fits, searching mbs, schedule, vpp, cuts and recompute.
+              screen: bool = False, recompute: tuple[str, ...] = RECOMPUTE) -> MeshResult:
+    """The fastest plan of ``mesh`` that fits, searching mbs, schedule, vpp, cuts and recompute
+    (each stage the weakest policy of ``recompute``, in ``RECOMPUTE`` order, that fits).
 
     Micro-batch sizes whose lower bound cannot beat ``threshold`` (the search's K-th best so
     far) or this mesh's best so far are skipped, cheapest bound first.  ``screen`` narrows
@@ -206,10 +207,11 @@ def best_plan(est: Estimator, mesh: MeshChoice, global_batch: int, *, mbs_choice
             if floor > to_beat:   # cannot win; all it could teach is whether it needs recompute
                 limited = limited or not fits
                 continue
-            result, short, n = _best_recompute(est, plan, global_batch, to_beat if reuse else float("inf"))
+            result, short, n = _best_recompute(est, plan, global_batch, to_beat if reuse else float("inf"),
+                                               recompute)
             evaluated += n
             shortfall = min(shortfall, short)
-            limited = limited or result is None or result[1].recompute != ("none",)
+            limited = limited or result is None or result[1].recompute != recompute[:1]
             if result is not None:
                 key = (result[0], result[1].to_string())
                 if best is None or key < best[:2]:
@@ -299,31 +301,34 @@ def recompute_floor(none: Estimate) -> float:
     return (none.step_time_s - none.time_breakdown_s["dp_exposed"]) * (1 - 1e-9)
 
 
-def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf")) -> Recomputed:
-    """Least recomputation per stage that fits; returns ((step seconds, plan) | None, shortfall GiB, plans priced).
+def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: float = float("inf"),
+                    policies: tuple[str, ...] = RECOMPUTE) -> Recomputed:
+    """Least recomputation per stage that fits, among ``policies`` (weakest first); returns
+    ((step seconds, plan) | None, shortfall GiB, plans priced).
 
     Memory needs no simulation (``plan_floor``), so only the chosen plan is priced — and not
     even it when its floor exceeds ``to_beat`` (the mesh's best: it cannot win, and is
     reported as not fitting, as ``_best_recompute_priced`` does).  The choice, shortfall and
     estimate are ``_best_recompute_priced``'s (the reference path, ``EstimateOptions.exact``)."""
     if est.options.exact:
-        return _best_recompute_priced(est, plan, global_batch, to_beat)
+        return _best_recompute_priced(est, plan, global_batch, to_beat, policies)
     mems: dict[str, Memory] = {}
     choice: list[str | None] = [None] * plan.pp
     hbm = est.usable_bytes / GIB
-    for policy in RECOMPUTE:           # weakest first; a policy no rank still needs is not looked at
+    for policy in policies:            # weakest first; a policy no rank still needs is not looked at
+        uniform = plan.replace(recompute=(policy,))
         try:
-            mems[policy] = memoised_memory(est, plan.replace(recompute=(policy,)), global_batch)
+            mems[policy] = memoised_memory(est, uniform, global_batch)
         except UserError:              # the plan's validity does not depend on its uniform policy
             return None, float("inf"), 0
-        if policy == "none" and mems[policy].fits:
-            return (_step_time(est, plan, global_batch), plan), 0.0, 1
+        if policy == policies[0] and mems[policy].fits:
+            return (_step_time(est, uniform, global_batch), uniform), 0.0, 1
         per_stage = mems[policy].memory_per_stage_gib
         choice = [c if c is not None or per_stage[r] > hbm else policy for r, c in enumerate(choice)]
         if None not in choice:
             break
     if None in choice:
-        return None, mems["full"].memory_per_stage_gib[choice.index(None)] - hbm, 0
+        return None, mems[policies[-1]].memory_per_stage_gib[choice.index(None)] - hbm, 0
     picked = [c for c in choice if c is not None]      # all of them
     mixed = plan.replace(recompute=tuple(picked) if len(set(picked)) > 1 else (picked[0],))
     mem = mems[picked[0]] if len(set(picked)) == 1 else memoised_memory(est, mixed, global_batch)
@@ -338,7 +343,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
 
 
 def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int,
-                           to_beat: float = float("inf")) -> Recomputed:
+                           to_beat: float = float("inf"), policies: tuple[str, ...] = RECOMPUTE) -> Recomputed:
     """``_best_recompute`` by pricing every uniform policy (the reference path).
 
     ``to_beat``: the mesh's best step so far.  When the plan does not fit without
@@ -347,23 +352,23 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int,
     has a fitting plan, so no shortfall is read)."""
     per_policy: dict[str, Estimate] = {}
     priced = 0
-    for policy in RECOMPUTE:
+    for policy in policies:
         try:
             e = _estimate(est, plan.replace(recompute=(policy,)), global_batch)
         except UserError:
             return None, float("inf"), priced
         priced += 1
         per_policy[policy] = e
-        if e.fits and policy == "none":
+        if e.fits and policy == policies[0]:
             return (e.step_time_s, plan.replace(recompute=(policy,))), 0.0, priced
         if policy == "none" and recompute_floor(e) > to_beat:
             return None, float("inf"), priced
     hbm = est.usable_bytes / GIB
     choice = []
     for rank in range(plan.pp):
-        fitting = [p for p in RECOMPUTE if per_policy[p].memory_per_stage_gib[rank] <= hbm]
+        fitting = [p for p in policies if per_policy[p].memory_per_stage_gib[rank] <= hbm]
         if not fitting:
-            return None, per_policy["full"].memory_per_stage_gib[rank] - hbm, priced
+            return None, per_policy[policies[-1]].memory_per_stage_gib[rank] - hbm, priced
         choice.append(fitting[0])
     mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
     final = per_policy.get(choice[0]) if len(set(choice)) == 1 else None

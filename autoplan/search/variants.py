@@ -50,7 +50,8 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
     only the data-parallel and pipeline groups' links, never a stage's work or memory)."""
     def run(mesh: MeshChoice) -> MeshResult:
         return best_plan(est, mesh, global_batch, mbs_choices=options.mbs, schedules=options.schedules,
-                         max_vpp=options.max_vpp, threshold=threshold, screen=screen)
+                         max_vpp=options.max_vpp, threshold=threshold, screen=screen,
+                         recompute=options.constraints.recompute)
 
     if screen:
         # the representative, then — while memory binds — the next ZeRO stages of the same variant
