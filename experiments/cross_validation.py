@@ -2,6 +2,10 @@
 
     python experiments/validate_published.py --cv [--write] [--json]
 
+``--write`` also writes the error by regime to ``costmodels/cross_validation.json``
+(``error_file``): what ``autoplan study`` quotes beside each answer (the package never imports
+this script; ``tests/experiments/test_cross_validation.py`` checks the file against it).
+
 A *source* is one publication or data set (``published_regimes.SOURCES``).  For each source S in
 turn, every fit whose rows S priced depends on is redone without S's rows (coordinate descent
 over the fit's grid, starting at the shipped values; a fit left with no row takes its
@@ -408,6 +412,33 @@ def inventory(report: Report) -> str:
     lines.append("| vtrain-node NVLink (efficiency 0.72, 1.5 µs/step, 48 µs/call) | fixed | | not refitted | "
                  "vTrain's nccl-tests LUTs (448 points) | a microbenchmark of that node (fit_nccl_lut.py) |")
     return "\n".join(lines) + "\n\n" + "\n".join(warnings) + "\n"
+
+
+ERROR_FILE = os.path.join(os.path.dirname(PROFILE_DIR), "cross_validation.json")
+"""Where ``--cv --write`` puts the error by regime for the package to read."""
+
+
+def error_file(report: Report) -> dict:
+    """The error by regime as ``costmodels/cross_validation.json`` holds it: per regime its title,
+    rows priced and the mean and max |error| in and out of sample, rounded to 4 decimals."""
+    s = summary(report)
+    regimes = {}
+    for regime, title in REGIMES:
+        i, o = s["in_sample"][regime], s["out_of_sample"][regime]
+        regimes[regime] = {"title": title, "rows": i["rows"],
+                           "in_sample_mean": round(i["mean_abs"], 4), "in_sample_max": round(i["max_abs"], 4),
+                           "out_of_sample_mean": round(o["mean_abs"], 4), "out_of_sample_max": round(o["max_abs"], 4)}
+    return {"command": "python experiments/validate_published.py --cv --write",
+            "what": "leave-one-source-out error of the step time by regime (experiments/RESULTS.md, "
+                    "cross_validation): each source left out, every fitted parameter refitted without it",
+            "regimes": regimes}
+
+
+def write_error_file(report: Report, path: str = ERROR_FILE) -> None:
+    import json
+    with open(path + ".tmp", "w") as f:
+        f.write(json.dumps(error_file(report), indent=1, sort_keys=True) + "\n")
+    os.replace(path + ".tmp", path)
 
 
 def markdown(report: Report) -> str:

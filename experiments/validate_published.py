@@ -282,7 +282,7 @@ def price_rows() -> list[tuple]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="write the table into experiments/RESULTS.md")
+    ap.add_argument("--write", action="store_true", help="write the table into experiments/RESULTS.md (with --cv: also costmodels/cross_validation.json)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--regimes", action="store_true",
                     help="also report the error by regime on the other public rows (FSDP, vTrain, must-fit)")
@@ -429,6 +429,7 @@ def cross_validation_main(args: argparse.Namespace) -> int:
                       "(`python experiments/validate_published.py --cv --write`)", text)
         with open(cv.RANGES_PATH, "w") as f:
             f.write(cv.ranges_yaml(report))
+        cv.write_error_file(report)
     return 0
 
 

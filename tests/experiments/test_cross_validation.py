@@ -139,3 +139,23 @@ def test_zero_bubble_interleaved_rows_get_one_layer_per_chunk(experiment):
     assert not [u for u in refused if u.regime == "schedule"]
     plan = next(r.plan for r in priced if r.ident == "zb-6p2B-m24-interleaved")
     assert "layers=0-1x30-0" in plan and "vpp=4" in plan          # 30 = 8·4 − 2
+
+
+def test_the_error_file_holds_every_regime_the_studies_name(experiment):
+    """``costmodels/cross_validation.json`` (what ``autoplan study`` quotes) has every regime of
+    the report, and every regime ``study.common.regimes`` can name."""
+    cv = experiment("cross_validation")
+    from autoplan.study.common import load_errors
+    errors = load_errors(cv.ERROR_FILE)
+    assert list(errors) == sorted(r for r, _ in cv.REGIMES) and all(
+        0 <= e["out_of_sample_mean"] <= e["out_of_sample_max"] for e in errors.values())
+    assert {"megatron", "fsdp", "schedule", "cp", "moe", "fp8-bf16"} <= set(errors)
+
+
+@pytest.mark.slow        # the whole leave-one-source-out run: minutes on 2 cores
+def test_the_error_file_is_what_the_cross_validation_computes(experiment):
+    cv = experiment("cross_validation")
+    with open(cv.ERROR_FILE) as f:
+        shipped = json.load(f)
+    assert shipped == json.loads(json.dumps(cv.error_file(cv.cross_validate()))), (
+        "costmodels/cross_validation.json is stale: run `python experiments/validate_published.py --cv --write`")
