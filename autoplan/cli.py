@@ -49,6 +49,7 @@ COMMANDS = {   # name -> the one-line help `autoplan --help` lists (the command'
     "bench": "benchmark the automatic plan against hand-written 4D recipes and a Megatron grid",
     "calibrate": "measure GEMM, attention and HBM efficiency on this GPU; write a profile",
     "memcheck": "memory estimate vs torch's memory tracker on the applied plan",
+    "study": "answer an open question of 4D-parallel practice by sweeping the search (q1 … q5)",
 }
 TRACING = ("search", "trace", "estimate", "baseline", "explain", "export", "memcheck")
 """Commands that may trace a model, and so take ``--trace-timeout``."""

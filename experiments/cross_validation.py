@@ -430,8 +430,32 @@ def error_file(report: Report) -> dict:
                            "out_of_sample_mean": round(o["mean_abs"], 4), "out_of_sample_max": round(o["max_abs"], 4)}
     return {"command": "python experiments/validate_published.py --cv --write",
             "what": "leave-one-source-out error of the step time by regime (experiments/RESULTS.md, "
-                    "cross_validation): each source left out, every fitted parameter refitted without it",
-            "regimes": regimes}
+                    "cross_validation): each source left out, every fitted parameter refitted without it; "
+                    "pairs: per regime, the measured and out-of-sample predicted ratio of two layouts of one "
+                    "published group (what a ranking between them rests on)",
+            "regimes": regimes, "pairs": pair_ratios(report)}
+
+
+PAIR_REGIMES = ("cp", "schedule")
+"""The regimes whose pairs the error file carries: two layouts of one published group, where
+a ranking between CP algorithms or pipeline schedules rests on the pair's ratio."""
+
+
+def pair_ratios(report: Report) -> dict[str, list[dict]]:
+    """Per regime of ``PAIR_REGIMES``, every pair of one published group
+    (``published_regimes3.pairs``: each row against the group's first) with both plans, the
+    measured and the out-of-sample predicted ratio (other / base), rounded to 4 decimals."""
+    results = [r for r in report.out_of_sample() if r.predicted_s is not None and isinstance(r.case.row, pr.RegimeRow)
+               and r.case.regime in PAIR_REGIMES]
+    case = {r.case.ident: r.case for r in results}
+    priced = [pr.Priced(r.case.row, r.predicted_s, 0.0, True) for r in results]
+    out: dict[str, list[dict]] = {}
+    for q in p3.pairs(priced):
+        out.setdefault(case[q.base].regime, []).append(
+            {"group": q.group, "base": q.base, "other": q.other, "base_plan": case[q.base].row.plan,
+             "other_plan": case[q.other].row.plan, "measured": round(q.measured, 4),
+             "predicted": round(q.predicted, 4)})
+    return out
 
 
 def write_error_file(report: Report, path: str = ERROR_FILE) -> None:

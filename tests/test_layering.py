@@ -5,7 +5,7 @@ fails.
 Layers, bottom first (a module may import its own layer and those below, never above):
 topologies ← costmodels ← the IR and vocabulary (errors, ir, axes, opkinds, plan, mesh, rules,
 layout, frontend, zoo) ← sharding ← cost ← search, workload ← baselines, explain, export, apply,
-bench, calibrate ← commands, cli.
+bench, calibrate, study ← commands, cli.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ LAYERS = [
     ("autoplan.cost",),
     ("autoplan.search", "autoplan.workload"),
     ("autoplan.baselines", "autoplan.explain", "autoplan.export", "autoplan.apply", "autoplan.bench",
-     "autoplan.calibrate"),
+     "autoplan.calibrate", "autoplan.study"),
     ("autoplan.commands", "autoplan.cli", "autoplan.__main__"),
 ]
 TORCH_PACKAGES = ("autoplan.frontend", "autoplan.apply", "autoplan.calibrate", "autoplan.zoo")

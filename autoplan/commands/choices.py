@@ -33,3 +33,11 @@ SUMMARIES = {                             # autoplan.baselines.SUMMARIES
     "deepseek": "MoE: PP 16 with DualPipeV, 64-way EP across nodes, TP 1, ZeRO-1",
     "published": "the layout a published run used (GPT-3/MegaScale, Llama 3 405B, DeepSeek-V3, Nemotron-4, Mixtral)",
 }
+
+STUDY_QUESTIONS = {                       # autoplan.study.QUESTIONS
+    "q1": "auto vs hand-written 4D at 100B+ and > 1K GPUs, published layouts as hand baselines",
+    "q2": "where FSDP/ZeRO-3 alone stops being enough: MFU ceiling and break-point",
+    "q3": "when sequence parallelism (with selective recompute) stops being optional",
+    "q4": "ring vs Ulysses vs USP: break-points by sequence, heads and NVLink/IB ratio",
+    "q5": "can recomputation replace SP/CP at long context; when CP becomes necessary or faster",
+}

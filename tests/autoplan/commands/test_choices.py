@@ -36,3 +36,9 @@ def test_search_memcheck_and_baseline_choices_are_their_owners():
     assert (tuple(OBJECTIVES), DEFAULT_OBJECTIVE) == (choices.OBJECTIVES, choices.DEFAULT_OBJECTIVE)
     assert tuple(ALLOCATORS) == choices.ALLOCATORS
     assert choices.SUMMARIES == SUMMARIES
+
+
+def test_study_questions_are_the_studys():
+    from autoplan.study import QUESTIONS
+
+    assert choices.STUDY_QUESTIONS == QUESTIONS

@@ -1,0 +1,67 @@
+"""``autoplan study``: answer one open question of 4D-parallel practice by sweeping the search.
+
+    autoplan study q4 --quick                       ring vs Ulysses vs USP, a small grid (minutes)
+    autoplan study q5 --tiny --out /tmp/q5          a smoke grid on a 4-layer model (seconds)
+    autoplan study q3 --out experiments/study/q3    SP: the full grid, its files in that folder
+    autoplan study q2 --json                        FSDP alone: results.json on stdout
+
+Each point of a study's grid is the search's best plan under that point's constraint (never a
+fixed recipe).  Writes ``results.json`` (answer, grid, points, leans_on, rules), ``table.md``,
+``QN.png``, ``answer.md`` and ``report.html`` under ``--out`` (default ./autoplan-study/QN);
+the answer states the regimes it leans on with their out-of-sample error
+(``costmodels/cross_validation.json``) and where a margin is inside that error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from autoplan.commands.choices import STUDY_QUESTIONS
+from autoplan.errors import UserError
+
+DEFAULT_OUT = "autoplan-study"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "study", help="answer an open question of 4D-parallel practice by sweeping the search (q1 … q5)",
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1] + "\n\n" + __doc__.split("\n\n")[1] + "\n\n"
+        + __doc__.split("\n\n")[2] + "\n\nquestions:\n" + "\n".join(f"  {k}  {v}" for k, v in STUDY_QUESTIONS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("question", choices=tuple(STUDY_QUESTIONS), metavar="QUESTION",
+                   help=f"which question: {', '.join(STUDY_QUESTIONS)}")
+    p.add_argument("--out", metavar="DIR", help=f"output folder (default: ./{DEFAULT_OUT}/QUESTION)")
+    p.add_argument("--json", action="store_true", help="print results.json to stdout instead of the answer")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_const", const="quick", dest="size", default="full",
+                      help="the small grid (a few minutes on 2 cores) instead of the full one")
+    size.add_argument("--tiny", action="store_const", const="tiny", dest="size",
+                      help="a smoke grid on a 4-layer model (seconds): checks the study runs, answers nothing")
+    p.add_argument("--workers", type=int, default=0, help="search worker processes (default: one per CPU core)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoplan.study import run_study
+
+    if args.workers < 0:
+        raise UserError(f"--workers must be ≥ 0, got {args.workers}", "pass --workers N, or 0 for one per core")
+    out = args.out or os.path.join(DEFAULT_OUT, args.question)
+    if not out.strip():
+        raise UserError("--out is empty", "give --out a folder path (it is created if missing)")
+    parts = ["autoplan", "study", args.question] + ([] if args.size == "full" else [f"--{args.size}"])
+    quiet = args.json
+    say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    results = run_study(args.question, out, size=args.size, workers=args.workers,
+                        command=" ".join(shlex.quote(x) for x in parts), say=say)
+    if args.json:
+        with open(os.path.join(out, "results.json")) as f:
+            sys.stdout.write(f.read())
+        return 0
+    print(f"{results['title']}\n\n{results['answer']}\n")
+    print("leans on: " + "; ".join(f"{x['regime']} ({x['points']} points): {x['out_of_sample_mean']:.1%} "
+                                   f"out-of-sample mean error" for x in results["leans_on"]))
+    print(f"files: {out}/results.json, table.md, {args.question}.png, answer.md, report.html")
+    return 0

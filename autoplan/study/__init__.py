@@ -1,0 +1,65 @@
+"""The open questions of 4D-parallel practice, answered by sweeping the search (``autoplan study``).
+
+    from autoplan.study import run_study
+    results = run_study("q4", "out/q4", size="quick")
+
+One module per question, each a grid of settings searched with ``autoplan.search`` under the
+constraints that question varies (``common.Setting``) and an analysis of the plans found:
+
+* ``q1``: does an automatic plan reach 90–95 % of a hand-written 4D plan at 100B+ and > 1K GPUs?
+  (the benchmark's cases, the published layouts as hand baselines);
+* ``q2``: where does FSDP/ZeRO-3 alone stop being enough (MFU ceiling, break-point by model
+  size, sequence, GPU count, network)?
+* ``q3``: when does sequence parallelism stop being optional (sequence length, attention's
+  share, the micro-batch floor)?  Is "attention > 30 % → SP" right?
+* ``q4``: ring vs Ulysses vs USP — break-points by sequence length, heads and KV heads, and the
+  NVLink/IB bandwidth ratio;
+* ``q5``: can recomputation replace SP/CP at long context; from which length does CP become
+  necessary (memory wall) or faster?
+
+Each writes ``results.json`` (``answer``, ``grid``, ``points``, ``leans_on``, ``rules``), a
+Markdown table, a figure and an HTML report (``output``); the answer quotes the out-of-sample
+error of every regime its plans lean on (``common``).  The cost model and the search never
+import this package.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+
+from autoplan.study.common import SAMPLES, Sweep, load_errors
+from autoplan.study.output import check_out, write_study
+
+QUESTIONS = {
+    "q1": "auto vs hand-written 4D at 100B+ and > 1K GPUs, published layouts as hand baselines",
+    "q2": "where FSDP/ZeRO-3 alone stops being enough: MFU ceiling and break-point",
+    "q3": "when sequence parallelism (with selective recompute) stops being optional",
+    "q4": "ring vs Ulysses vs USP: break-points by sequence, heads and NVLink/IB ratio",
+    "q5": "can recomputation replace SP/CP at long context; when CP becomes necessary or faster",
+}
+
+
+SIZES = ("full", "quick", "tiny")
+"""Grid sizes: the full grid (documented run times in RESULTS.md), ``quick`` (minutes on 2 cores,
+the slow tests) and ``tiny`` (a smoke grid on a 4-layer model, seconds: the fast tests)."""
+
+
+def run_study(question: str, out: str, *, size: str = "full", workers: int = 0, command: str = "",
+              say: Callable[[str], None] = print) -> dict:
+    """Run study ``question`` (a key of ``QUESTIONS``) on its ``size`` grid, write its files under
+    ``out`` and return its ``results.json`` content."""
+    check_out(out)
+    module = importlib.import_module(f"autoplan.study.{question}")
+    errors = load_errors()
+    sweep = Sweep(workers=workers, samples=SAMPLES[size], log_line=say)
+    start = time.perf_counter()
+    say(f"{question}: {QUESTIONS[question]} ({size} grid)")
+    study = module.study(sweep, errors, size=size)
+    results = study.to_dict(command=command or f"autoplan study {question}" + ("" if size == "full" else f" --{size}"),
+                            size=size, seconds=time.perf_counter() - start, searches=sweep.searches)
+    write_study(out, question, results, study.table, module.figure(results), say=say)
+    return results
+
+
+__all__ = ["QUESTIONS", "SIZES", "run_study"]
