@@ -42,7 +42,7 @@ ARMS = {"free": Constraints(cp=(1,)), "no-sp": Constraints(cp=(1,), sp=(False,))
 TINY_MODEL = "llama:layers=4,hidden=768,heads=12,kv_heads=4,ffn=2048,vocab=32000"
 GRIDS: dict[str, dict[str, Any]] = {   # models: name -> cluster
     "full": {"models": {"llama3-8b": "h100x64", "llama3-70b": "h100x256", "gpt3-175b": "h100x1024"},
-             "seqs": (2048, 4096, 8192, 16384, 32768, 65536), "tokens": 4 * 2 ** 20},
+             "seqs": (2048, 8192, 32768), "tokens": 4 * 2 ** 20},
     "quick": {"models": {"llama3-8b": "h100x64", "llama3-70b": "h100x256"}, "seqs": (4096, 32768),
               "tokens": 4 * 2 ** 20},
     "tiny": {"models": {TINY_MODEL: "h100x16"}, "seqs": (4096, 32768), "tokens": 2 ** 18},   # smoke test

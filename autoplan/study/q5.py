@@ -40,7 +40,7 @@ ARMS = {"recompute": Constraints(cp=(1,), sp=(False,)), "recompute+sp": Constrai
 TINY_MODEL = "llama:layers=4,hidden=768,heads=12,kv_heads=4,ffn=2048,vocab=32000"
 GRIDS: dict[str, dict[str, Any]] = {   # models: name -> cluster
     "full": {"models": {"llama3-8b": "h100x64", "llama3-70b": "h100x256"},
-             "seqs": (8192, 16384, 32768, 65536, 131072, 262144), "tokens": 4 * 2 ** 20},
+             "seqs": (8192, 32768, 131072, 262144), "tokens": 4 * 2 ** 20},
     "quick": {"models": {"llama3-8b": "h100x64"}, "seqs": (16384, 65536, 131072), "tokens": 4 * 2 ** 20},
     "tiny": {"models": {TINY_MODEL: "h100x16"}, "seqs": (16384, 65536), "tokens": 2 ** 18},   # smoke test
 }

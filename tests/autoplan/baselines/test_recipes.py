@@ -154,3 +154,24 @@ def test_recipes_are_deterministic(setup, planned):
     graph, cluster, estimator = setup(*DENSE[:3])
     again = baseline("megatron", graph, cluster, seq=2048, global_batch=1024, estimator=estimator)
     assert again == planned(DENSE, "megatron")[0]
+
+
+def test_a_recipe_tuned_within_its_family_keeps_its_degrees_and_is_no_slower(setup):
+    """``baselines.tuning``: micro-batch, virtual stages and recompute tried, the degrees kept."""
+    from autoplan.baselines import baseline
+    from autoplan.baselines.tuning import tuned, variants
+
+    graph, cluster, est = setup("gpt-1.7b", "h100x64")
+    for name in ("megatron", "fsdp", "llama3"):
+        plan = baseline(name, graph, cluster, seq=2048, global_batch=256, estimator=est)
+        best = tuned(plan, est, 256)
+        keep = ("tp", "cp", "ep", "pp", "dp", "zero", "sp", "order")
+        assert {k: getattr(best, k) for k in keep} == {k: getattr(plan, k) for k in keep}
+        e, e0 = est.estimate(best, 256), est.estimate(plan, 256)
+        assert e.fits and e.step_time_s <= e0.step_time_s * (1 + 1e-12)
+        assert best == plan or best in set(variants(plan, graph.num_layers, 256))
+    # megatron's pp > 1 plan: interleaved vpp ≤ 8 dividing the layers, and plain 1F1B, are among the variants
+    plan = baseline("megatron", graph, cluster, seq=2048, global_batch=256, estimator=est).replace(
+        pp=2, dp=4, schedule="1f1b", vpp=1)
+    schedules = {(v.schedule, v.vpp) for v in variants(plan, graph.num_layers, 256)}
+    assert ("1f1b", 1) in schedules and all(graph.num_layers % (2 * v) == 0 for s, v in schedules if s != "1f1b")

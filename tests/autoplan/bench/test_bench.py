@@ -115,6 +115,19 @@ def test_ratios_use_the_fastest_rule_respecting_recipe_that_fits():
     assert _ratios(rows)["auto_vs_hand"] is None
 
 
+def test_a_published_layout_that_ran_is_the_hand_baseline_even_above_hbm():
+    """Issue 36: the memory model's miss does not demote a run that happened to a slower recipe."""
+    rows = {"auto": _row("auto", 120.0), "grid": _row("grid", 100.0), "megatron": _row("megatron", 60.0),
+            "megascale": _row("megascale", 80.0), "llama3": _row("llama3", 200.0, fits=False),
+            "fsdp": _row("fsdp", None, status="n/a"), "deepseek": _row("deepseek", None, status="n/a"),
+            "published": dict(_row("published", 100.0, fits=False), memory_model_miss=True)}
+    r = _ratios(rows)
+    assert r["best_hand"] == "published" and r["auto_vs_hand"] == pytest.approx(1.2)
+    assert r["best_hand_fits"] == "megascale" and r["auto_vs_hand_fits"] == pytest.approx(1.5)
+    rows["published"]["memory_model_miss"] = False               # a recipe above HBM still does not count
+    assert _ratios(rows)["best_hand"] == "megascale"
+
+
 # --- report ----------------------------------------------------------------------------------------
 
 def _record(name, params, gpus, vs_hand, vs_grid, status="ok"):
@@ -191,10 +204,12 @@ def test_answer_names_published_layouts_the_memory_model_prices_above_hbm():
     r = _banded("big", 2.2, 2.1, ["schedule"])
     r["contenders"] = [{"contender": "auto", "status": "ok", "tokens_per_s": 300.0, "fits": True},
                        {"contender": "published", "status": "ok", "tokens_per_s": 200.0, "fits": False,
-                        "memory_gib": 91.5, "hbm_gib": 75.0}]
+                        "memory_gib": 91.5, "hbm_gib": 75.0, "memory_model_miss": True}]
+    r.update(best_hand="published", best_hand_fits="megatron", auto_vs_hand_fits=2.2)
     text = answer([r])
-    assert "memory model prices it above HBM in big (91.5 of 75 GiB)" in text and "is 1.50×" in text
-    r["contenders"][1]["fits"] = True
+    assert "memory model prices it above HBM in big (91.5 of 75 GiB)" in text
+    assert "the hand baseline there" in text and "auto would be 2.20× (megatron)" in text
+    r["contenders"][1].update(fits=True, memory_model_miss=False)
     assert "above HBM" not in answer([r])
 
 
