@@ -40,6 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     size.add_argument("--tiny", action="store_const", const="tiny", dest="size",
                       help="a smoke grid on a 4-layer model (seconds): checks the study runs, answers nothing")
     p.add_argument("--workers", type=int, default=0, help="search worker processes (default: one per CPU core)")
+    p.add_argument("--results-md", metavar="PATH",
+                   help="also write the study's section into PATH between <!-- study-QUESTION:start --> and "
+                        "<!-- study-QUESTION:end --> (other sections untouched)")
     p.set_defaults(func=run)
 
 
@@ -52,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
     if not out.strip():
         raise UserError("--out is empty", "give --out a folder path (it is created if missing)")
     parts = ["autoplan", "study", args.question] + ([] if args.size == "full" else [f"--{args.size}"])
+    parts += (["--out", args.out] if args.out else []) + (["--results-md", args.results_md] if args.results_md else [])
     quiet = args.json
     say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    results = run_study(args.question, out, size=args.size, workers=args.workers,
+    results = run_study(args.question, out, size=args.size, workers=args.workers, results_md=args.results_md,
                         command=" ".join(shlex.quote(x) for x in parts), say=say)
     if args.json:
         with open(os.path.join(out, "results.json")) as f:

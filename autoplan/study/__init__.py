@@ -25,11 +25,13 @@ import this package.
 from __future__ import annotations
 
 import importlib
+import os
+import resource
 import time
 from collections.abc import Callable
 
 from autoplan.study.common import SAMPLES, Sweep, load_errors
-from autoplan.study.output import check_out, write_study
+from autoplan.study.output import check_out, results_section, write_section, write_study
 
 QUESTIONS = {
     "q1": "auto vs hand-written 4D at 100B+ and > 1K GPUs, published layouts as hand baselines",
@@ -46,20 +48,31 @@ the slow tests) and ``tiny`` (a smoke grid on a 4-layer model, seconds: the fast
 
 
 def run_study(question: str, out: str, *, size: str = "full", workers: int = 0, command: str = "",
-              say: Callable[[str], None] = print) -> dict:
+              results_md: str | None = None, say: Callable[[str], None] = print) -> dict:
     """Run study ``question`` (a key of ``QUESTIONS``) on its ``size`` grid, write its files under
-    ``out`` and return its ``results.json`` content."""
+    ``out`` (and its section of ``results_md``) and return its ``results.json`` content."""
     check_out(out)
     module = importlib.import_module(f"autoplan.study.{question}")
     errors = load_errors()
     sweep = Sweep(workers=workers, samples=SAMPLES[size], log_line=say)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_s()
     say(f"{question}: {QUESTIONS[question]} ({size} grid)")
     study = module.study(sweep, errors, size=size)
     results = study.to_dict(command=command or f"autoplan study {question}" + ("" if size == "full" else f" --{size}"),
                             size=size, seconds=time.perf_counter() - start, searches=sweep.searches)
-    write_study(out, question, results, study.table, module.figure(results), say=say)
+    results.update(cpu_s=round(_cpu_s() - cpu, 1), cores=os.cpu_count())
+    paths = write_study(out, question, results, study.table, module.figure(results), say=say)
+    if results_md:
+        write_section(results_md, f"study-{question}", results_section(results, study.table, paths, results_md))
+        say(f"wrote the study-{question} section of {results_md}")
     return results
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and the children it has waited for (the search's
+    forked workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 __all__ = ["QUESTIONS", "SIZES", "run_study"]

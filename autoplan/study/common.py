@@ -244,10 +244,12 @@ class Study:
     rules: list[dict]
     findings: list[dict] = field(default_factory=list)
     table: str = ""
+    headline: str = ""          # the answer in one line (README's "What autoplan finds")
 
     def to_dict(self, *, command: str, size: str, seconds: float, searches: int) -> dict:
         return rounded({"question": self.question, "title": self.title, "command": command, "size": size,
-                        "answer": self.answer, "grid": self.grid, "points": self.points, "leans_on": self.leans_on,
+                        "answer": self.answer, "headline": self.headline, "grid": self.grid, "points": self.points,
+                        "leans_on": self.leans_on,
                         "rules": self.rules, "findings": self.findings, "seconds": seconds, "searches": searches})
 
 

@@ -117,13 +117,46 @@ def html(results: dict, table: str, figure: bytes, alt: str) -> str:
     return (f"<!doctype html><html><head><meta charset=utf-8><title>{escape(results['title'])}</title>"
             f"<style>{CSS}</style></head><body><h1>{escape(results['title'])}</h1>"
             f"<p class=note>{escape(results['command'])} · {len(results['points'])} points, "
-            f"{results['searches']} searches, {results['seconds']:.0f} s</p>"
+            f"{results['searches']} searches, {results['seconds']:.0f} s wall, {results.get('cpu_s', 0):.0f} s CPU</p>"
             f"<h2>Answer</h2><p>{escape(results['answer'])}</p>"
             f"<img alt='{escape(alt)}' style='max-width:100%' src='data:image/png;base64,{img}'>"
             f"<h2>Regimes it leans on (leave-one-source-out error of the step time)</h2><table><tr><th>regime</th>"
             f"<th>runs it covers</th><th>points</th><th>out-of-sample mean</th><th>max</th></tr>{lean}</table>"
             f"<h2>Practitioner rules</h2><table><tr><th>rule</th><th>says</th><th>the search finds</th><th></th></tr>"
             f"{rules}</table><h2>Points</h2>{markdown_table_html(table)}</body></html>\n")
+
+
+def results_section(results: dict, table: str, paths: dict[str, str], results_md: str) -> str:
+    """The study's section of RESULTS.md: command, run time, answer, figure, regimes, rules, table."""
+    here = os.path.dirname(os.path.abspath(results_md))
+    rel = {k: os.path.relpath(os.path.abspath(v), here) for k, v in paths.items()}
+    lean = "\n".join(f"| {x['regime']} | {x['title']} | {x['points']} | {x['out_of_sample_mean']:.1%} | "
+                     f"{x['out_of_sample_max']:.1%} |" for x in results["leans_on"])
+    rules = "\n".join(f"| {r['rule']} | {r.get('scenario', '')} | {r['says']} | {r['finds']} | "
+                      f"{'agrees' if r['agrees'] else 'disagrees' if r['agrees'] is False else '—'} |"
+                      for r in results["rules"])
+    return (f"### {results['title']}\n\nCommand: `{results['command']}` — {results['searches']} searches, "
+            f"{results['seconds']:.0f} s wall, {results['cpu_s']:.0f} s CPU on {results['cores']} cores "
+            f"(a shared machine: the wall time depends on its load).\n\n{results['answer']}\n\n"
+            f"![{results['title']}]({rel['figure']})\n\nRegimes the plans lean on (leave-one-source-out error of "
+            "the step time, `costmodels/cross_validation.json`):\n\n| regime | published runs | points | "
+            f"out-of-sample mean | max |\n|---|---|---|---|---|\n{lean}\n\nPractitioner rules "
+            f"(`autoplan explain`'s) against the search:\n\n| rule | scenario | says | the search finds | |\n"
+            f"|---|---|---|---|---|\n{rules}\n\n<details><summary>Every scenario</summary>\n\n{table}\n"
+            f"</details>\n\nFiles: `{rel['results']}`, `{rel['table']}`, `{rel['report']}`.\n")
+
+
+def write_section(path: str, tag: str, body: str) -> None:
+    """Replace the text between ``<!-- tag:start -->`` and ``<!-- tag:end -->`` of ``path``
+    (append the section when absent); every other section is left byte for byte."""
+    start, end = f"<!-- {tag}:start -->", f"<!-- {tag}:end -->"
+    old = open(path).read() if os.path.exists(path) else "# Results\n"
+    section = f"{start}\n{body.rstrip()}\n{end}"
+    if start in old and end in old:
+        new = old[:old.index(start)] + section + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + section + "\n"
+    write_text(path, new, flag="--results-md")
 
 
 def markdown_table_html(text: str) -> str:

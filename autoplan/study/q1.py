@@ -52,7 +52,7 @@ def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
             "hand": "the fastest credible recipe tuned within its family, or the published layout (as published, "
                     "counted whatever the memory model says), that keeps per-layer collectives in NVLink"}
     return Study("q1", TITLE, _answer(findings, leaning, rules), grid, points, leaning, rules, findings,
-                 _table(findings))
+                 _table(findings), _headline(findings))
 
 
 def _rows(record: dict) -> dict[str, dict]:
@@ -171,6 +171,19 @@ def _answer(findings: list[dict], leaning: list[dict], rules: list[dict]) -> str
                                                      if not all(r["agrees"] for r in zb) else "") + ". ")
     return (text + "Every number is a prediction of one cost model for both sides, not a measured run. "
             f"Leans on: {leans_text(leaning)}.")
+
+
+def _headline(findings: list[dict]) -> str:
+    done = [f for f in findings if f.get("margin") is not None]
+    if not done:
+        return "no case produced both an automatic and a hand plan"
+    ratios = [f["auto_vs_hand"] for f in done]
+    misses = [f for f in done if f.get("memory_model_miss")]
+    inside = sum(f["inside_error"] for f in done)
+    return (f"auto/hand {min(ratios):.2f}–{max(ratios):.2f}× (median {median(ratios):.2f}×) over {len(done)} cases, "
+            f"tuned recipes and published layouts as the hand baseline ({len(misses)} of them above HBM in the memory "
+            f"model, counted as run); {inside} of {len(done)} margins inside the out-of-sample error of the regimes "
+            "they lean on")
 
 
 def _published(f: dict) -> str:

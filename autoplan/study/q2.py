@@ -72,7 +72,8 @@ def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
     leaning = leans_on([p for p in points if ok(p)], errors)
     rules = _rules(findings)
     answer = _answer(findings, leaning, rules, description["tokens"])
-    return Study("q2", TITLE, answer, description, points, leaning, rules, findings, _table(findings))
+    return Study("q2", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
+                 _headline(findings))
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -136,6 +137,21 @@ def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens
     text += _breakpoints(findings)
     text += rule_sentence("MFU below the dense 40–55 % band → a better plan exists", rules)
     return text + f"Leans on: {leans_text(leaning)}."
+
+
+def _headline(findings: list[dict]) -> str:
+    ran = [f for f in findings if f["fsdp_mfu"] is not None]
+    enough = [f for f in findings if f["enough"]]
+    behind = [f for f in findings if f["enough"] is False and f["fsdp_mfu"] is not None]
+    cannot = [f for f in findings if f["why_not"]]
+    text = f"FSDP alone peaks at {max(f['fsdp_mfu'] for f in ran):.1%} MFU; " if ran else ""
+    text += f"within the out-of-sample error of the best plan in {len(enough)} of {len(findings)} scenarios"
+    if behind:
+        worst = max(behind, key=lambda f: f["margin"])
+        text += f", behind beyond it in {len(behind)} (up to {worst['margin']:+.1%}, {_where(worst)})"
+    if cannot:
+        text += f", unable to run in {len(cannot)} ({'; '.join(sorted({f['why_not'].split(':')[0] for f in cannot}))})"
+    return text
 
 
 def _breakpoints(findings: list[dict]) -> str:

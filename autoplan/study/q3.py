@@ -40,8 +40,10 @@ TITLE = "Q3 · When sequence parallelism (with selective recompute) stops being 
 ARMS = {"free": Constraints(cp=(1,)), "no-sp": Constraints(cp=(1,), sp=(False,)),
         "sp-selective": Constraints(cp=(1,), sp=(True,), recompute=("none", "selective"))}
 TINY_MODEL = "llama:layers=4,hidden=768,heads=12,kv_heads=4,ffn=2048,vocab=32000"
+# GPT-3 175B's shape with learned positions as long as the sequence (the zoo's gpt3-175b has 2,048)
+GPT3_LIKE = "gpt:layers=96,hidden=12288,heads=96,vocab=51200"
 GRIDS: dict[str, dict[str, Any]] = {   # models: name -> cluster
-    "full": {"models": {"llama3-8b": "h100x64", "llama3-70b": "h100x256", "gpt3-175b": "h100x1024"},
+    "full": {"models": {"llama3-8b": "h100x64", "llama3-70b": "h100x256", GPT3_LIKE: "h100x1024"},
              "seqs": (2048, 8192, 32768), "tokens": 4 * 2 ** 20},
     "quick": {"models": {"llama3-8b": "h100x64", "llama3-70b": "h100x256"}, "seqs": (4096, 32768),
               "tokens": 4 * 2 ** 20},
@@ -64,7 +66,8 @@ def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
     leaning = leans_on([p for p in points if ok(p)], errors)
     rules = _rules(findings)
     answer = _answer(findings, leaning, rules, description["tokens_per_step"])
-    return Study("q3", TITLE, answer, description, points, leaning, rules, findings, _table(findings))
+    return Study("q3", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
+                 _headline(findings, rules))
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -135,6 +138,19 @@ def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens
                  "there full (or op) recomputation is what makes the plan fit, SP or not. ")
     text += rule_sentence("attention > 30 % → SP", rules)
     return text + f"Leans on: {leans_text(leaning)}."
+
+
+def _headline(findings: list[dict], rules: list[dict]) -> str:
+    decided = [f for f in findings if f["sp_needed"] is not None]
+    needed = [f for f in decided if f["sp_needed"]]
+    optional = [f["margin"] for f in decided if not f["sp_needed"]]
+    judged = [r for r in rules if r["agrees"] is not None]
+    text = f"without CP, SP needed in {len(needed)} of {len(decided)} scenarios"
+    text += f" ({', '.join(_where(f) for f in needed)})" if needed else ""
+    if optional:
+        text += f"; elsewhere going without it costs {min(optional):+.1%} to {max(optional):+.1%}, inside the error"
+    return text + (f"; the 30 % rule matches the search's choice in {sum(r['agrees'] for r in judged)} of "
+                   f"{len(judged)}")
 
 
 def _where(f: dict) -> str:

@@ -81,7 +81,7 @@ def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
     found = [p for p in points if ok(p)]
     leaning = leans_on(found, errors)
     return Study("q4", TITLE, _answer(findings, leaning, errors, description), description, points, leaning,
-                 _rules(findings), findings, _table(findings))
+                 _rules(findings), findings, _table(findings), _headline(findings, algorithm_pairs(load_pairs("cp"))))
 
 
 def _finding(key: Any, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -100,7 +100,24 @@ def _finding(key: Any, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
     if len(order) > 1:
         out["runner_up"] = order[1][0]
         out.update(margin(order[1][1], order[0][1], errors))
+        # every slower algorithm's gap to the fastest, and what its plan had to give up
+        out["gaps"] = {a: {**margin(p, order[0][1], errors), "why": _why_slower(p, order[0][1])}
+                       for a, p in order[1:]}
     return out
+
+
+def _why_slower(slow: dict, fast: dict) -> str:
+    """What the slower plan gave up, read off the two plans: a smaller cp (plain Ulysses keeps its
+    all-to-all inside one NVLink domain, so tp·cp ≤ the domain), more recomputation."""
+    parts = []
+    if slow["cp"] < fast["cp"]:
+        parts.append(f"cp {slow['cp']} against {fast['cp']}" + (
+            " — plain Ulysses keeps its all-to-alls in one NVLink domain, tp·cp ≤ 8" if slow["cp_algo"] == "ulysses"
+            else ""))
+    strength = {"none": 0, "selective": 1, "op": 2, "full": 3}
+    if max(strength[r] for r in slow["recompute"]) > max(strength[r] for r in fast["recompute"]):
+        parts.append(f"recompute {'/'.join(slow['recompute'])} against {'/'.join(fast['recompute'])}")
+    return "; ".join(parts)
 
 
 def _answer(findings: list[dict], leaning: list[dict], errors: dict[str, dict], g: dict) -> str:
@@ -108,12 +125,13 @@ def _answer(findings: list[dict], leaning: list[dict], errors: dict[str, dict], 
     wins = {a: [f for f in decided if f["winner"] == a] for a in ALGOS}
     margins = sorted(f["margin"] for f in decided)
     inside = [f for f in decided if f["inside_error"]]
-    outside = [f for f in decided if not f["inside_error"]]
     cp_err = errors["cp"]["out_of_sample_mean"]
+    order = sorted((a for a in ALGOS if wins[a]), key=lambda a: -len(wins[a]))
     text = (f"Each algorithm's best plan with cp ≥ 2 ({g['heads_models'][g['base_heads']]} and its head variants on "
-            f"{g['cluster']}, {g['tokens'] / 2 ** 20:g}M tokens per step), over "
-            f"{len(findings)} scenarios: " + "; ".join(
-                f"{a} fastest in {len(w)} ({', '.join(_where(f) for f in w)})" for a, w in wins.items() if w) + ". ")
+            f"{g['cluster']}, {g['tokens'] / 2 ** 20:g}M tokens per step), over {len(findings)} scenarios: "
+            + "; ".join(f"{a} fastest in {len(wins[a])}" + ("" if i == 0 else
+                                                            f" ({', '.join(_where(f) for f in wins[a])})")
+                        for i, a in enumerate(order)) + ". ")
     if margins:
         median = margins[len(margins) // 2]
         text += (f"The runner-up is {margins[0]:.1%}–{margins[-1]:.1%} slower (median {median:.1%}); "
@@ -122,10 +140,30 @@ def _answer(findings: list[dict], leaning: list[dict], errors: dict[str, dict], 
         text += (", so the cost model cannot rank the three there: the break-points below are the model's, not "
                  "established. " if inside else ". ")
     text += _breakpoints(findings, g["base_heads"]) + _refusals(findings) + _published(load_pairs("cp"))
-    if outside:
-        text += " Outside the error: " + ", ".join(f"{_where(f)} ({f['winner']} by {f['margin']:.1%})"
-                                                   for f in outside) + "."
+    far = [(a, f, g) for f in decided for a, g in f["gaps"].items() if not g["inside_error"]]
+    if far:
+        text += (" Beyond the error, though: " + "; ".join(
+            f"{a} at {_where(f)} is {g['margin']:+.1%} behind {f['winner']}" + (f" ({g['why']})" if g["why"] else "")
+            for a, f, g in far) + ".")
     return text + f" Leans on: {leans_text(leaning)}."
+
+
+def _headline(findings: list[dict], pairs: list[dict]) -> str:
+    decided = [f for f in findings if f["runner_up"] is not None]
+    wins = {a: sum(f["winner"] == a for f in decided) for a in ALGOS}
+    inside = sum(f["inside_error"] for f in decided)
+    text = ", ".join(f"{a} fastest in {n}" for a, n in wins.items() if n) + f" of {len(decided)} scenarios"
+    if decided:
+        text += f", by {min(f['margin'] for f in decided):.1%}–{max(f['margin'] for f in decided):.1%}"
+        text += f"; {inside} of {len(decided)} margins inside the CP regime's out-of-sample error"
+    far = [(a, f, gap) for f in decided for a, gap in f["gaps"].items() if not gap["inside_error"]]
+    if far:
+        a, f, gap = max(far, key=lambda t: t[2]["margin"])
+        text += f"; beyond the error only where {a} is capped ({gap['margin']:+.1%} at {_where(f)})"
+    if pairs:
+        text += (f"; the model orders {sum(q['order_right'] for q in pairs)} of {len(pairs)} published algorithm "
+                 "pairs the measured way")
+    return text
 
 
 def _where(f: dict) -> str:

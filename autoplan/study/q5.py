@@ -61,7 +61,8 @@ def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
     leaning = leans_on([p for p in points if ok(p)], errors)
     rules = _rules(findings)
     answer = _answer(findings, leaning, rules, description["tokens_per_step"])
-    return Study("q5", TITLE, answer, description, points, leaning, rules, findings, _table(findings))
+    return Study("q5", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
+                 _headline(findings))
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -150,6 +151,21 @@ def _model_sentence(model: str, fs: list[dict]) -> str:
               f"(at {seq_label(worst['axes']['seq'])}, {worst['plans']['recompute']})"
               + (f", beyond the error from {seq_label(beyond[0]['axes']['seq'])}" if beyond else ", inside the error"))
     return s
+
+
+def _headline(findings: list[dict]) -> str:
+    parts = []
+    for model in dict.fromkeys(f["axes"]["model"] for f in findings):
+        fs = sorted((f for f in findings if f["axes"]["model"] == model), key=lambda f: f["axes"]["seq"])
+        wall = next((f for f in fs if f["cp_necessary"]), None)
+        faster = next((f for f in fs if f["cp_faster"]), None)
+        alone = [f["recompute_alone"]["margin"] for f in fs if "recompute_alone" in f]
+        parts.append(f"{model_label(model)}: " + (f"memory wall at {seq_label(wall['axes']['seq'])}" if wall else
+                                                  f"no memory wall up to {seq_label(fs[-1]['axes']['seq'])}")
+                     + (f", CP faster beyond the error from {seq_label(faster['axes']['seq'])}" if faster else
+                        ", CP never faster beyond the error")
+                     + (f", recompute alone up to {max(alone):+.1%}" if alone else ""))
+    return "; ".join(parts)
 
 
 def _where(f: dict) -> str:
