@@ -22,7 +22,10 @@ Blocks:
   (``costmodels/evidence.yaml``);
 * ``robust-check``: the default objective's worst regret under the perturbations of
   ``experiments/perturbations/`` and its p50 against the point optimum's (``perturbations``);
-* ``bench-quick``: the wall and CPU time of ``autoplan bench --suite quick`` on this machine.
+* ``bench-quick``: the wall and CPU time of ``autoplan bench --suite quick`` on this machine;
+* ``study-answers``: the five answers of ``autoplan study q1 … q5`` in one line each, read from
+  the full runs' ``experiments/study/QN/results.json`` (each written by the command it names;
+  RESULTS.md has each study's section).
 """
 from __future__ import annotations
 
@@ -243,11 +246,32 @@ def bench_quick(cores: int) -> str:
     return f"three small cases, {wall:.0f} s wall and {cpu:.0f} CPU s cold on {machine()}"
 
 
+STUDIES = ("q1", "q2", "q3", "q4", "q5")
+
+
+def study_answers(cores: int) -> str:
+    """One line per study: its headline, the command that wrote it, its RESULTS section."""
+    import json
+
+    lines = []
+    for q in STUDIES:
+        path = os.path.join(REPO, "experiments", "study", q, "results.json")
+        if not os.path.exists(path):
+            raise SystemExit(f"{path} is missing: run `autoplan study {q} --out experiments/study/{q} "
+                             f"--results-md experiments/RESULTS.md` first")
+        with open(path) as f:
+            r = json.load(f)
+        title = r["title"].split(" · ", 1)[1]
+        lines.append(f"- **{q.upper()} · {title}**: {r['headline']} (`{r['command'].split(' --out')[0]}`; "
+                     f"`experiments/RESULTS.md`, section {q.upper()})")
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[int], str]] = {"trace-speed": trace_speed, "validation": validation, "tour": tour,
                                            "run-check": run_check, "export-example": export_example,
                                            "deepseek-mla": deepseek_mla, "activations": activations,
                                            "evidence-mfu": evidence_mfu, "robust-check": robust_check,
-                                           "bench-quick": bench_quick}
+                                           "bench-quick": bench_quick, "study-answers": study_answers}
 
 
 def replace_block(text: str, name: str, body: str) -> str:
