@@ -56,6 +56,15 @@ class Setting:
     zero: tuple[int, ...] = (0, 1, 2, 3)
 
 
+def model_seq_grid(g: dict[str, Any], arms: dict[str, Constraints]) -> tuple[dict, list[Setting]]:
+    """Every (model, sequence) of grid ``g`` (``models``: name → cluster, ``seqs``, ``tokens`` per
+    step) searched under each arm's constraints: the grid's description and its settings."""
+    settings = [Setting({"model": m, "seq": s}, arm, m, cluster, s, g["tokens"] // s, c)
+                for m, cluster in g["models"].items() for s in g["seqs"] for arm, c in arms.items()]
+    return {"models": dict(g["models"]), "seqs": list(g["seqs"]), "tokens_per_step": g["tokens"],
+            "arms": {a: c.describe() for a, c in arms.items()}}, settings
+
+
 def cluster_with_nics(name: str, nics_per_node: int) -> Cluster:
     """Cluster ``name`` with ``nics_per_node`` compute NICs per node (the NVLink/IB ratio knob),
     renamed so that no cache keyed on the name mixes the two."""

@@ -29,6 +29,7 @@ from autoplan.study.common import (
     leans_text,
     margin,
     model_label,
+    model_seq_grid,
     ok,
     rule_sentence,
     scenarios,
@@ -52,11 +53,7 @@ GRIDS: dict[str, dict[str, Any]] = {   # models: name -> cluster
 
 
 def grid(size: str) -> tuple[dict, list[Setting]]:
-    g = GRIDS[size]
-    settings = [Setting({"model": m, "seq": s}, arm, m, cluster, s, g["tokens"] // s, c)
-                for m, cluster in g["models"].items() for s in g["seqs"] for arm, c in ARMS.items()]
-    return {"models": dict(g["models"]), "seqs": list(g["seqs"]), "tokens_per_step": g["tokens"],
-            "arms": {a: c.describe() for a, c in ARMS.items()}}, settings
+    return model_seq_grid(GRIDS[size], ARMS)
 
 
 def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
