@@ -15,7 +15,8 @@ whose stderr lacks ``error:``/``fix:``.  A **violation** is an answer that break
 computed here from the plan, the cluster and the drawn model (not by the code under test):
 degrees multiply to the GPU count; every tp/ep/Ulysses group (its ranks from the plan's axis
 order) leaves its NVLink domain iff the matching ``*-inside-nvlink`` violation is reported;
-exposed ≤ time for every primitive and in sum; the time breakdown adds up to the step time;
+exposed ≤ time for every primitive and in sum; the primitives' exposed seconds are what the step
+charges beyond compute, idle pipeline ranks and the optimizer; the time breakdown adds up to the step time;
 memory > 0 and ``fits`` ⇔ memory ≤ HBM; 0 < MFU, HFU < 1; tokens/s = global batch · seq / step
 time; one stage time per virtual stage and ≥ 1 layer in each; tp divides the heads and divides
 or is a multiple of the KV heads; every number
@@ -313,6 +314,11 @@ def estimate_problems(e: dict, gpus: int, domain: int, model: Model, batch: int,
         (e["comm_exposed_s"] <= e["comm_time_s"] * (1 + 2e-5) + 1e-12, "comm exposed > comm time"),
         (sum(q["exposed_s"] for q in e["primitives"]) <= sum(q["time_s"] for q in e["primitives"]) * (1 + 2e-5)
          + 1e-12, "sum of exposed > sum of times"),
+        # every second the step charges beyond compute, idle ranks and the optimizer is in the table
+        (math.isclose(sum(q["exposed_s"] for q in e["primitives"]),
+                      e["step_time_s"] - sum(e["time_breakdown_s"][k] for k in ("compute", "pp_bubble", "optimizer")),
+                      rel_tol=1e-4, abs_tol=1e-5 * e["step_time_s"]),
+         "the table's exposed seconds != what the step charges"),
     ]
     bad += [why for ok, why in checks if not ok]
     bad += [f"primitive {q['axis']}/{q['purpose']}/{q['kind']} exposed {q['exposed_s']} > time {q['time_s']}"

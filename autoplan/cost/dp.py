@@ -28,6 +28,8 @@ bound: ``OPTIMIZER_BYTES_PER_PARAM`` bytes of HBM traffic per parameter of the r
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.cost import fsdp
 from autoplan.cost.context import PlanContext
@@ -88,26 +90,36 @@ def per_microbatch_seconds(colls: list[DpComm], m: int) -> float:
 
 
 def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: float, first_forward: float,
-               zero3_exposed: float | None = None, hide: float = 1.0) -> float:
-    """Seconds the data-parallel collectives add to the step.
+               zero3: fsdp.Exposure | None = None, hide: float = 1.0) -> tuple[float, list[DpComm]]:
+    """Seconds the data-parallel collectives add to the step, and the collectives that charge
+    them (each with its ``exposed_s``: they add up to the seconds, none beyond its own time).
 
-    ZeRO-2/3 with overlap: ``zero3_exposed`` (``fsdp.step_exposure``, which takes the same ``hide``).
+    ZeRO-2/3 with overlap: ``zero3`` (``fsdp.step_exposure``, which takes the same ``hide``): its
+    seconds, charged to the per-unit collectives it simulated (``colls`` only counts them).
     Otherwise (no FSDP simulation given) per micro-batch traffic hides behind that
     micro-batch's compute; once-per-step traffic behind the last backward (gradients) and the
-    first forward (parameter all-gather), as Megatron overlaps them.  ``hide``: the share of those
-    compute windows the traffic can hide behind (1 at the point estimate)."""
+    first forward (parameter all-gather), as Megatron overlaps them; each term is shared among
+    its collectives in proportion to their time.  ``hide``: the share of those compute windows the
+    traffic can hide behind (1 at the point estimate)."""
     if not colls:
-        return 0.0
-    if overlap and zero3_exposed is not None:
-        return zero3_exposed
+        return 0.0, []
+    if overlap and zero3 is not None:
+        return zero3.seconds, list(zero3.colls)
+    if not overlap:
+        return sum(c.seconds for c in colls), [replace(c, exposed_s=c.seconds) for c in colls]
     last_backward, first_forward = last_backward * hide, first_forward * hide
     per_mb = per_microbatch_seconds(colls, m)
     once_grad = sum(c.seconds for c in colls if c.when == "grad")
     once_param = sum(c.seconds for c in colls if c.when == "param")
-    if not overlap:
-        return sum(c.seconds for c in colls)
-    exposed = m * max(0.0, per_mb - (first_forward + last_backward))
-    return exposed + max(0.0, once_grad - last_backward) + max(0.0, once_param - first_forward)
+    terms = {"grad": (max(0.0, once_grad - last_backward), once_grad),
+             "param": (max(0.0, once_param - first_forward), once_param)}
+    mb = m * max(0.0, per_mb - (first_forward + last_backward))
+    terms.update(dict.fromkeys(PER_MICROBATCH, (mb, sum(c.seconds for c in colls if c.when in PER_MICROBATCH))))
+    charged = []
+    for c in colls:
+        x, of = terms.get(c.when, (0.0, 0.0))
+        charged.append(replace(c, exposed_s=min(c.seconds, x * c.seconds / of) if of else 0.0))
+    return mb + terms["grad"][0] + terms["param"][0], charged
 
 
 def optimizer_seconds(ctx: PlanContext, numel: float) -> float:

@@ -163,10 +163,12 @@ class Estimator:
         ctx, m, pipe = self._pipeline(plan, global_batch, detail)
         pol = fsdp.policy(self.options, plan)
         mems = self.rank_memories(plan, ctx.mesh, pipe, m, pol)
-        step = self._step(ctx, m, pipe, pol, [(x.dense_numel, x.expert_numel) for x in mems])
+        step = self._step(ctx, m, pipe, pol, [(x.dense_numel, x.expert_numel) for x in mems], detail=detail)
         busy = max(range(plan.pp), key=lambda r: (pipe.sim.busy[r], -r))
-        prims = report.primitives(ctx, m, pipe, busy, step.dp_colls[busy], step.dp_exposed[busy],
-                                  step.embed_bytes, step.embed_s) if detail else []
+        # the data-parallel rows: the rank whose exposure the step charges (the busiest on ties)
+        charged = max(range(plan.pp), key=lambda r: (step.dp_exposed[r], r == busy, -r))
+        prims = report.primitives(ctx, m, pipe, busy, step.dp_colls[charged], step.embed_bytes,
+                                  step.embed_s) if detail else []
         return self._assemble(ctx, global_batch, m, pipe, mems, prims, busy, step)
 
     def step_time_s(self, plan: Plan, global_batch: int) -> float:
@@ -178,19 +180,21 @@ class Estimator:
         return self._step(ctx, m, pipe, pol, [memory.rank_numels(pipe, r) for r in range(plan.pp)]).step_s
 
     def _step(self, ctx: PlanContext, m: int, pipe: pp.Pipeline, pol: fsdp.Policy,
-              numels: list[tuple[float, float]]) -> _Step:
+              numels: list[tuple[float, float]], detail: bool = False) -> _Step:
         """Step = the pipeline's ``step_s`` (makespan, or steady step under post-validation) + the
         slowest rank's exposed DP traffic + tied-embedding sync + optimizer,
-        from each pipeline rank's (dense, expert) parameter count."""
+        from each pipeline rank's (dense, expert) parameter count.  ``detail``: each rank's
+        ``dp_colls`` are the collectives its exposure is charged to (``dp.dp_exposed``)."""
         by_numels = {n: dp.dp_comms(ctx, n[0], n[1], m, pol) for n in dict.fromkeys(numels)}
-        dp_colls = [by_numels[n] for n in numels]
-        zero3: dict[_ChunksKey, float | None] = {}
-        dp_exposed = [dp.dp_exposed(c, m, overlap=self.options.overlap_grad_reduce,
-                                    last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
-                                    first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
-                                    zero3_exposed=self._zero3_exposed(ctx, pipe, r, pol, m, zero3),
-                                    hide=self.options.params.dp_overlap)
-                      for r, c in enumerate(dp_colls)]
+        zero3: dict[_ChunksKey, fsdp.Exposure | None] = {}
+        charged = [dp.dp_exposed(by_numels[n], m, overlap=self.options.overlap_grad_reduce,
+                                 last_backward=sum(pipe.b[k] + pipe.w[k] for k in pipe.rank_chunks[r]),
+                                 first_forward=sum(pipe.f[k] for k in pipe.rank_chunks[r]),
+                                 zero3=self._zero3_exposed(ctx, pipe, r, pol, m, zero3, detail),
+                                 hide=self.options.params.dp_overlap)
+                   for r, n in enumerate(numels)]
+        dp_exposed = [x for x, _ in charged]
+        dp_colls = [c for _, c in charged]
         embed_bytes, embed_s = self.embedding_sync(ctx.plan, ctx.mesh)
         optimizer_s = dp.optimizer_seconds(ctx, max(d + e for d, e in numels))
         step = pipe.step_s + max(dp_exposed) + embed_s + optimizer_s
@@ -211,8 +215,9 @@ class Estimator:
         return self.rank_memories(plan, ctx.mesh, pipe, m)
 
     def _zero3_exposed(self, ctx: PlanContext, pipe: pp.Pipeline, rank: int, pol: fsdp.Policy, m: int,
-                       memo: dict[_ChunksKey, float | None]) -> float | None:
-        """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-2/3 (``fsdp``), None otherwise.
+                       memo: dict[_ChunksKey, fsdp.Exposure | None], detail: bool = False) -> fsdp.Exposure | None:
+        """Exposed FSDP seconds of pipeline rank ``rank`` under ZeRO-2/3 (``fsdp``; with ``detail``
+        the collectives charged), None otherwise.
         Per-layer collectives share the links when the dense dp group lies inside one NVLink domain.
         ``memo`` (one dict per plan): ranks whose chunks hold the same parts at the same ends share it."""
         if ctx.plan.zero < 2:
@@ -224,7 +229,7 @@ class Estimator:
         dp_ranks = ctx.mesh.group(DENSE_DP)
         shared = len(dp_ranks) > 1 and self.prices.span(dp_ranks).level == "nvlink"
         chunks = [fsdp.chunk_units(ctx, pipe.bags[c], c == 0, c == last, shared) for c in pipe.rank_chunks[rank]]
-        out = memo[key] = fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap)
+        out = memo[key] = fsdp.step_exposure(chunks, pol, m, hide=self.options.params.dp_overlap, detail=detail)
         return out
 
     def rank_memories(self, plan: Plan, mesh: Mesh, pipe: pp.Pipeline, m: int,

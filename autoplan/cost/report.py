@@ -5,6 +5,7 @@ first), per step, by (collective kind, what it is for, group size, level of the 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,11 +61,11 @@ class _Table:
         return sorted(rows, key=lambda p: (p.kind, p.traffic, p.group_size, p.level, p.purpose))
 
 
-def primitives(ctx: PlanContext, m: int, pipe: Pipeline, rank: int, dp: list[DpComm], dp_exposed: float,
-               embed_bytes: float, embed_s: float) -> list[Primitive]:
+def primitives(ctx: PlanContext, m: int, pipe: Pipeline, rank: int, dp: list[DpComm], embed_bytes: float,
+               embed_s: float) -> list[Primitive]:
     """The collectives of pipeline rank ``rank`` over a step of ``m`` micro-batches, as primitives:
-    its parts', its stage-to-stage sends, its data-parallel ones ``dp`` (``dp_exposed`` seconds of
-    them exposed) and the tied embedding's sync."""
+    its parts', its stage-to-stage sends, the data-parallel ones ``dp`` the step charges (each with
+    its exposed seconds: ``dp.dp_exposed``) and the tied embedding's sync."""
     plan, mesh = ctx.plan, ctx.mesh
     table = _Table(ctx.prices)
     ep_keep = _ep_share_exposed(plan, pipe, m, rank)
@@ -77,22 +78,23 @@ def primitives(ctx: PlanContext, m: int, pipe: Pipeline, rank: int, dp: list[DpC
     pp_ranks = mesh.group(Axis.PP.value)
     if plan.pp > 1:
         sends = 2 * m * len(pipe.rank_chunks[rank])
-        # what P2P adds to the makespan can exceed this rank's own sends (the fill and drain chain
-        # every stage's sends); the primitive's exposed share is capped at its time, the
-        # breakdown's pp_p2p_exposed keeps the whole makespan difference
         total = sends * pipe.p2p_s
-        exposed = min(pipe.p2p_exposed_s, total)
+        exposed = pipe.p2p_exposed_s
+        if exposed > total and pipe.p2p_s > 0:
+            # what P2P adds to the makespan can exceed this rank's own sends (the fill and drain
+            # chain other stages' sends): the row counts the hops beyond them the step waits for
+            extra = math.ceil((exposed - total) / pipe.p2p_s)
+            sends, total = sends + extra, total + extra * pipe.p2p_s
+        exposed = min(exposed, total)
         hop_share = 1.0 - pipe.gather_s / pipe.p2p_s if pipe.p2p_s else 1.0
         table.add("p2p", Axis.PP.value, "activations", pipe.p2p_hop, sends, pipe.act_bytes, total * hop_share,
                   exposed * hop_share)
         if pipe.gather_s:     # without SP: the receiver all-gathers the tp slices (Megatron's scatter/gather)
             table.add("all_gather", Axis.TP.value, "activations", mesh.group(Axis.TP.value), sends,
                       pipe.act_bytes * plan.tp, total * (1 - hop_share), exposed * (1 - hop_share))
-    dp_total = sum(d.seconds for d in dp)
     for d in dp:
-        # the exposed part of data-parallel traffic, shared in proportion to each collective's time
         table.add(d.kind, Axis.DP.value, "parameters" if d.kind == "all_gather" else "gradients", d.ranks, d.calls,
-                  d.nbytes, d.seconds, dp_exposed * d.seconds / dp_total if dp_total else 0.0)
+                  d.nbytes, d.seconds, d.exposed_s)
     if embed_s:
         table.add("all_reduce", Axis.PP.value, "embedding", (pp_ranks[0], pp_ranks[-1]), 1, embed_bytes, embed_s,
                   embed_s)

@@ -175,7 +175,9 @@ class DpComm:
     calls: int
     seconds: float             # all calls
     ranks: tuple[int, ...]
-    when: str                  # grad | param (once) | zero3 (every micro-batch) | zero3_step (some passes): ZeRO-2/3
+    when: str                  # grad | param (once) | zero3 (every micro-batch) | zero3_step (some passes): ZeRO-2/3;
+                               # forward | backward: a collective the FSDP simulation charged (``fsdp.step_exposure``)
+    exposed_s: float = 0.0     # of ``seconds``, what the step charges (``dp.dp_exposed`` sets it)
 
 
 @dataclass(frozen=True)

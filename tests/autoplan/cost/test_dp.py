@@ -16,7 +16,7 @@ import topologies
 from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.cost import dp
 from autoplan.cost.context import PlanContext
-from autoplan.cost.fsdp import Policy
+from autoplan.cost.fsdp import Exposure, Policy
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import DpComm, EstimateOptions
 from autoplan.ir import ModelInfo
@@ -44,7 +44,11 @@ def _dp_comms(plan, dense, expert, dp_ranks, edp_ranks, m, pol=None, grad_bytes=
 
 
 def _dp_exposed(colls, m, **kw) -> float:
-    return dp.dp_exposed(colls, m, **kw)
+    """The seconds ``dp_exposed`` charges, checked against the collectives it charges them to."""
+    seconds, charged = dp.dp_exposed(colls, m, **kw)
+    assert sum(c.exposed_s for c in charged) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
+    assert all(0 <= c.exposed_s <= c.seconds for c in charged)
+    return seconds
 
 
 def _optimizer(numel, plan, dp_size) -> float:
@@ -234,11 +238,23 @@ def test_per_microbatch_traffic_hides_behind_each_microbatchs_compute():
     assert _dp_exposed(colls, 4, overlap=True, last_backward=2.0, first_forward=1.0) == 0.0
 
 
+def test_each_term_is_charged_to_its_own_collectives():
+    colls = [_c("reduce_scatter", 3.0, "grad"), _c("all_gather", 2.0, "param"), _c("all_gather", 6.0, "zero3"),
+             _c("reduce_scatter", 2.0, "zero3")]
+    seconds, charged = dp.dp_exposed(colls, 4, overlap=True, last_backward=1.0, first_forward=0.5)
+    # grad: 3 − 1, param: 2 − 0.5, per micro-batch 4 · (2 − 1.5) shared 6 : 2
+    assert [c.exposed_s for c in charged] == pytest.approx([2.0, 1.5, 1.5, 0.5])
+    assert seconds == pytest.approx(5.5)
+
+
 def test_a_simulated_fsdp_exposure_replaces_the_formula_only_with_overlap():
     colls = [_c("all_gather", 8.0, "zero3"), _c("reduce_scatter", 4.0, "zero3")]
-    assert _dp_exposed(colls, 4, overlap=True, last_backward=1.0, first_forward=0.5, zero3_exposed=0.7) == 0.7
+    simulated = [DpComm("all_gather", 1.0, 9, 9.0, (0, 1), "forward", 0.7)]
+    zero3 = Exposure(0.7, tuple(simulated))
+    assert _dp_exposed(colls, 4, overlap=True, last_backward=1.0, first_forward=0.5, zero3=zero3) == 0.7
+    assert dp.dp_exposed(colls, 4, overlap=True, last_backward=1.0, first_forward=0.5, zero3=zero3)[1] == simulated
     assert _dp_exposed(colls, 4, overlap=False, last_backward=1.0, first_forward=0.5,
-                       zero3_exposed=0.7) == pytest.approx(12.0)
+                       zero3=zero3) == pytest.approx(12.0)
     assert _dp_exposed([], 4, overlap=False, last_backward=0.0, first_forward=0.0) == 0.0
 
 
