@@ -305,7 +305,8 @@ class Estimator:
             memory_margin_gib=self.options.memory_margin_gib, activations_alive=mems[worst].alive,
             attention_time_share=attention / block_compute if block_compute else 0.0,
             attention_flops_share=self._attention_flops_per_sample * plan.mbs / all_flops if all_flops else 0.0,
-            microbatches=m, stage_times_s=tuple(zip(pipe.f, pipe.b, pipe.w)), ilp_gap=self.layouts.max_gap)
+            microbatches=m, stage_times_s=tuple(zip(pipe.f, pipe.b, pipe.w)),
+            ilp_gap=max(p.ilp_gap for bag in pipe.bags for p, _ in bag))
 
 
 # the chunks of a pipeline rank as FSDP prices them: (its (part, count) pairs, first chunk, last chunk) each

@@ -66,7 +66,7 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
         attention_s=sum(attention), compute_s=forward_s + backward_s + wgrad_s,
         comms=tp.comms + cp.comms + ep.comms, fp8_weight_numel=fp8_weights.numel,
-        fp8_gemms=fp8_weights.gemms)
+        fp8_gemms=fp8_weights.gemms, ilp_gap=bs.gap)
 
 
 def host_bound(host_floor_s: float, bs: BlockSharding, tp: AxisCost, backward_s: float) -> tuple[float, float, float]:

@@ -84,7 +84,6 @@ class BlockLayouts:
         # a layout's prices under every policy, with the assignment they were read off
         self._prices: Table[tuple[BlockAssignment, LayoutPrices]] = Table("layouts.prices", LAYOUTS_KEPT,
                                                                           volatile=SOLVE_SECONDS)
-        self.max_gap = 0.0                   # over every block sharding priced so far
 
     def assignment_key(self, graph_key: str, plan: Plan, mesh: Mesh) -> LayoutKey:
         """The ``LayoutKey`` of one graph under ``plan``."""
@@ -110,9 +109,7 @@ class BlockLayouts:
             if prices[0] is not assignment:          # solved again since (its table started again)
                 prices = (assignment, layout_prices(graph, assignment, ctx))
                 self._prices.put(layout, prices)
-            hit = price_assignment(graph, assignment, ctx, prices[1])
-            self.max_gap = max(self.max_gap, hit.gap)
-            return hit
+            return price_assignment(graph, assignment, ctx, prices[1])
         return self._priced.get(ShardingKey(layout, recompute), priced)
 
     def _context(self, plan: Plan, recompute: str, mesh: Mesh, layout: LayoutKey) -> ShardingContext:

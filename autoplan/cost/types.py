@@ -147,6 +147,7 @@ class Part:
     comms: tuple[Comm, ...]
     fp8_weight_numel: float = 0.0   # local weight elements its FP8 GEMMs read (cost.fp8; 0 under bf16)
     fp8_gemms: int = 0              # linear layers it runs in FP8 (their amax histories under delayed scaling)
+    ilp_gap: float = 0.0         # the relative optimality gap of its tp layout's block ILP
 
     @property
     def work_s(self) -> float:
@@ -234,7 +235,7 @@ class Estimate:
     attention_flops_share: float = 0.0
     microbatches: int = 0
     stage_times_s: tuple[tuple[float, float, float], ...] = ()   # (F, B, W) per virtual stage
-    ilp_gap: float = 0.0
+    ilp_gap: float = 0.0         # the largest optimality gap of the block ILPs whose layouts the plan uses
     # samples (sequences, images) per second; ``tokens_per_s`` counts positions through the blocks
     # (samples/s × seq for token models, × patches for a ViT); ``throughput_unit`` is the model's own
     samples_per_s: float = 0.0

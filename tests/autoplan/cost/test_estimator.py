@@ -225,3 +225,23 @@ def test_post_validation_prices_the_steady_step_where_it_differs(setup):
     assert sum(parts.values()) == pytest.approx(zb2.step_time_s, rel=0.01)
     assert zb2.step_time_s < steps["zb-h2"][0]
     assert zb2.step_time_s < steps["zb-h1"][1].step_time_s < steps["1f1b"][0]
+
+
+def test_ilp_gap_is_the_plans_own_not_the_worst_the_estimator_has_seen(traced):
+    """A block layout solved with a 5 % gap (its ILP stopped at the time limit) is reported on the
+    plans that use it, and not on a plan priced after it with layouts solved to optimality."""
+    import dataclasses
+
+    import topologies
+    from autoplan.cost import Estimator
+    from autoplan.mesh import Mesh
+
+    model = traced("llama:layers=4,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=128", seq=64)
+    est = Estimator(model, topologies.load("h100x8"))
+    gapped, exact = Plan.parse("tp=2,dp=4", num_gpus=8), Plan.parse("tp=4,dp=2", num_gpus=8)
+    kind, mesh = model.blocks[0].kind, Mesh.of(gapped)
+    solved = est.layouts.solve(kind, est.graph(kind), gapped, mesh)
+    est.layouts.store([(est.layouts.assignment_key(kind, gapped, mesh), dataclasses.replace(solved, gap=0.05))])
+    assert est.estimate(gapped, 8).ilp_gap == 0.05
+    assert est.estimate(exact, 8).ilp_gap == 0.0
+    assert est.estimate(gapped, 8).ilp_gap == 0.05
