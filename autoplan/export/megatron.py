@@ -9,6 +9,11 @@ encodes them).
 Mapping (plan → flags):
 
 * ``--bf16``: the mixed precision every estimate assumes (Megatron's default is fp32).
+* precision (the linear layers' GEMMs, Transformer Engine): fp8 → ``--fp8-format hybrid --fp8-recipe
+  tensorwise`` (current scaling), fp8-delayed → ``delayed``, mxfp8 → ``mxfp8``; fp8-rowwise, which
+  Megatron lacks, runs as ``blockwise`` (1×128 / 128×128 scales; warned).  ``--fp8-param-gather``
+  where the plan prices FP8 parameter gathers (``costmodels.precision.gather_bytes_per_param``:
+  tensorwise at ZeRO-3, under Megatron-FSDP, which ``validate_args`` requires of it).
 * tp → ``--tensor-model-parallel-size``, sp → ``--sequence-parallel``.
 * pp → ``--pipeline-model-parallel-size``; vpp with an even split →
   ``--num-layers-per-virtual-pipeline-stage`` (``--num-virtual-stages-per-pipeline-rank``
@@ -45,8 +50,11 @@ from autoplan.export.base import Export, Setting, Settings, stage_layers, unifor
 from autoplan.mesh import Mesh
 from autoplan.plan import DEFAULT_ORDER, SCHEDULE_SPECS, Plan, recompute_layers
 from autoplan.rules import ulysses_and_ring
+from costmodels.precision import BF16_BYTES, gather_bytes_per_param, is_low_precision
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+# plan precision → --fp8-recipe (TransformerConfig.fp8_recipe: tensorwise | delayed | mxfp8 | blockwise | custom)
+FP8_RECIPES = {"fp8": "tensorwise", "fp8-delayed": "delayed", "mxfp8": "mxfp8", "fp8-rowwise": "blockwise"}
 CP_COMM = {"ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p"}
 TP_PP_DP_ORDER = ("tp", "cp", "ep", "pp", "dp")
 DEFAULT_NVLINK_DOMAIN = 8        # GPUs per NVLink domain of an H100/A100 node, when no cluster is named
@@ -70,7 +78,8 @@ def megatron_order(plan: Plan, layers: tuple[int, ...]) -> tuple[int, ...]:
 def to_megatron(plan: Plan, *, num_layers: int | None = None, global_batch: int | None = None,
                 seq: int | None = None, nvlink_domain: int | None = None) -> Export:
     """``plan`` as Megatron-LM arguments, one group of flags per part of the plan (module docstring)."""
-    flags = (_size_flags(num_layers, seq) + _tensor_flags(plan) + _pipeline_flags(plan, num_layers)
+    flags = (_size_flags(num_layers, seq) + _precision_flags(plan) + _tensor_flags(plan)
+             + _pipeline_flags(plan, num_layers)
              + _schedule_flags(plan) + _context_flags(plan, nvlink_domain) + _expert_flags(plan)
              + _data_parallel_flags(plan) + _recompute_flags(plan) + _batch_flags(plan, global_batch)
              + _order_flags(plan))
@@ -81,6 +90,21 @@ def _size_flags(num_layers: int | None, seq: int | None) -> Settings:
     items = [Setting("--num-layers", num_layers)] if num_layers is not None else []
     items += [Setting("--seq-length", seq)] if seq is not None else []
     return Settings(tuple(items) + (Setting("--bf16"),))
+
+
+def _precision_flags(plan: Plan) -> Settings:
+    """FP8 GEMMs through Transformer Engine (E4M3 forward, E5M2 gradients: ``hybrid``) with the
+    plan's scaling recipe, and FP8 parameter gathers where the plan prices them (module docstring)."""
+    if not is_low_precision(plan.precision):
+        return Settings()
+    items: tuple[Setting, ...] = (Setting("--fp8-format", "hybrid"),
+                                  Setting("--fp8-recipe", FP8_RECIPES[plan.precision]))
+    if gather_bytes_per_param(plan.precision, plan.zero) < BF16_BYTES:
+        items += (Setting("--fp8-param-gather"),)
+    warnings = ("precision=fp8-rowwise (a scale per row) is not a Megatron-LM recipe: --fp8-recipe blockwise "
+                "(a scale per 1×128 tile of activations and gradients, per 128×128 block of weights), "
+                "finer than the plan's and priced as neither",) if plan.precision == "fp8-rowwise" else ()
+    return Settings(items, warnings)
 
 
 def _tensor_flags(plan: Plan) -> Settings:

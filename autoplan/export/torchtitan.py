@@ -22,6 +22,12 @@ Mapping (plan → override; ``torchtitan/config/configs.py`` ``ParallelismConfig
   ``expert_tensor_parallel_degree`` is gone): EP borrows ranks from dp_shard·cp·tp
   (``distributed/parallel_dims.py``), each expert whole.  With tp > 1 the plan's experts are split over
   tp, so ep·tp is given — the same experts per GPU — and warned about.
+* precision: 0.3 sets its converters in Python only (``model_registry(converters=...)``, no CLI
+  override), so a low-precision plan names ``--module autoplan.export.torchtitan_precision --config
+  <module>__<config>__<recipe>``: the registry's config with its blocks' linear layers converted
+  (``autoplan.export.torchtitan_precision``).  fp8-rowwise → float8 ``rowwise``, mxfp8 → MXFP8; 0.3
+  has no tensorwise or delayed float8 recipe nor FSDP float8 all-gather, so fp8 and fp8-delayed run
+  as rowwise (warned; ``--to torchtitan@0.2`` carries tensorwise with FP8 all-gathers).
 * recompute → the ``activation_checkpoint:{none,full,selective}`` subcommand, last (0.3 dropped
   ``selective_ac_option``; ``selective`` is per-op SAC, autoplan's ``op``; the plan's ``selective``,
   Megatron's attention-core recomputation, runs as it and is warned about).
@@ -29,7 +35,9 @@ Mapping (plan → override; ``torchtitan/config/configs.py`` ``ParallelismConfig
 from __future__ import annotations
 
 from autoplan.export.base import Export, Setting, Settings, default_order_warning, stage_layers, uniform_recompute
+from autoplan.export.torchtitan_precision import config_name
 from autoplan.plan import DEFAULT_ORDER, Plan, recompute_layers
+from costmodels.precision import is_low_precision
 
 TORCHTITAN_VERSION = "0.3.0"
 SCHEDULES = {
@@ -76,9 +84,9 @@ def model_parts(layers: tuple[int, ...]) -> list[list[str]]:
 def to_torchtitan(plan: Plan, *, num_layers: int | None = None, global_batch: int | None = None,
                   seq: int | None = None, model: str | None = None) -> Export:
     """``plan`` as torchtitan 0.3.0 arguments (module docstring); ``Export.argv`` is the list."""
-    settings = (_config(model) + _data_parallel(plan) + _tensor_parallel(plan) + _pipeline(plan, num_layers)
-                + _context_parallel(plan) + _expert_parallel(plan) + _training(plan, global_batch, seq)
-                + _activation_checkpoint(plan))
+    settings = (_config(model, plan.precision) + _data_parallel(plan) + _tensor_parallel(plan)
+                + _pipeline(plan, num_layers) + _context_parallel(plan) + _expert_parallel(plan)
+                + _training(plan, global_batch, seq) + _activation_checkpoint(plan))
     argv = tuple(arg for s in settings.items for arg in _args(s))
     header = [f"# autoplan plan {plan.to_string()}",
               f"# torchtitan {TORCHTITAN_VERSION}: torchtitan.config.ConfigManager().parse_args(argv) "
@@ -96,14 +104,26 @@ def _args(s: Setting) -> tuple[str, ...]:
     return (s.name, str(s.value))
 
 
-def _config(model: str | None) -> Settings:
+def _config(model: str | None, precision: str) -> Settings:
+    """The registry config of ``model`` (a stand-in when torchtitan ships none), converted to the
+    plan's precision where it is not bf16 (module docstring)."""
     module, config = CONFIGS.get(model or "", STAND_IN)
     warnings: tuple[str, ...] = () if model in CONFIGS else (
         f"torchtitan {TORCHTITAN_VERSION} ships no config for {model or 'an unnamed model'}: "
         f"--module {module} --config {config} stand in (every parallelism value below is explicit); "
         "replace them with your model's config_registry module and function",)
-    warnings += (CONFIG_NOTES[model],) if model in CONFIG_NOTES else ()
-    return Settings((Setting("--module", module), Setting("--config", config)), warnings)
+    if not is_low_precision(precision):
+        warnings += (CONFIG_NOTES[model],) if model in CONFIG_NOTES else ()
+        return Settings((Setting("--module", module), Setting("--config", config)), warnings)
+    recipe = "mxfp8" if precision == "mxfp8" else "rowwise"
+    if precision in ("fp8", "fp8-delayed"):
+        warnings += (f"precision={precision} ({'tensorwise dynamic' if precision == 'fp8' else 'delayed'} "
+                     f"scaling) is not in torchtitan {TORCHTITAN_VERSION}, whose float8 recipes are rowwise "
+                     "and rowwise_with_gw_hp (no FSDP float8 all-gather either): float8 rowwise, slower than "
+                     "the plan's estimate; `--to torchtitan@0.2` carries tensorwise scaling"
+                     + (" with FP8 all-gathers" if precision == "fp8" else ""),)
+    return Settings((Setting("--module", "autoplan.export.torchtitan_precision"),
+                     Setting("--config", config_name(module, config, recipe))), warnings)
 
 
 def _data_parallel(plan: Plan) -> Settings:

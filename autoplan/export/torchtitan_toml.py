@@ -22,6 +22,12 @@ Mapping (plan → key):
 * ep → ``expert_parallel_degree`` (carved out of dp, as torchtitan's dp2ep), and with tp > 1
   ``expert_tensor_parallel_degree`` = tp: the plan's experts are split over tp, and
   torchtitan's default (1) would borrow the tp ranks for ep instead.
+* precision → ``[model] converters`` and its section (0.2.2's ``Quantize`` config): fp8 →
+  ``quantize.linear.float8`` with no recipe (tensorwise dynamic scaling) and, at zero 3 where the
+  plan prices FP8 gathers, ``enable_fsdp_float8_all_gather`` + ``precompute_float8_dynamic_scale_for_fsdp``;
+  fp8-rowwise → ``recipe_name = "rowwise"``; fp8-delayed, which torchtitan lacks, runs as tensorwise
+  (warned); mxfp8 → ``quantize.linear.mx`` (``mxfp8_cublas``).  ``filter_fqns = ["output"]``: the LM
+  head stays bf16, as priced.
 * recompute → ``[activation_checkpoint] mode`` (selective and op use ``selective_ac_option = "op"``,
   torchtitan's per-op SAC: selective is warned; full:N becomes full, with a warning).
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 from autoplan.export.base import Export, Setting, Settings, default_order_warning, uniform_recompute
 from autoplan.export.torchtitan import SCHEDULES, SELECTIVE_WARNING, batch_keys, stage_cuts
 from autoplan.plan import DEFAULT_ORDER, Plan, recompute_layers
+from costmodels.precision import BF16_BYTES, gather_bytes_per_param, is_low_precision
 
 TORCHTITAN_VERSION = "0.2.2"
 
@@ -60,8 +67,33 @@ def to_torchtitan_toml(plan: Plan, *, num_layers: int | None = None, global_batc
     lines += _table("parallelism", parallelism) + [""] + _table("activation_checkpoint", checkpoint)
     if training.items:
         lines += [""] + _table("training", training)
-    return Export(engine="torchtitan@0.2", text="\n".join(lines) + "\n",
-                  warnings=parallelism.warnings + checkpoint.warnings)
+    tables = _precision_tables(plan)
+    for name, keys in tables:
+        lines += [""] + _table(name, keys)
+    warnings = parallelism.warnings + checkpoint.warnings + tuple(w for _, keys in tables for w in keys.warnings)
+    return Export(engine="torchtitan@0.2", text="\n".join(lines) + "\n", warnings=warnings)
+
+
+def _precision_tables(plan: Plan) -> list[tuple[str, Settings]]:
+    """The model converter and its quantize section of a low-precision plan (module docstring)."""
+    if not is_low_precision(plan.precision):
+        return []
+    if plan.precision == "mxfp8":
+        return [("model", Settings((Setting("converters", ["quantize.linear.mx"]),))),
+                ("quantize.linear.mx", Settings((Setting("recipe_name", "mxfp8_cublas"),
+                                                 Setting("filter_fqns", ["output"]))))]
+    keys: tuple[Setting, ...] = (Setting("filter_fqns", ["output"]),)
+    warnings: tuple[str, ...] = ()
+    if plan.precision == "fp8-rowwise":
+        keys += (Setting("recipe_name", "rowwise"),)
+    elif gather_bytes_per_param(plan.precision, plan.zero) < BF16_BYTES:
+        keys += (Setting("enable_fsdp_float8_all_gather", True),
+                 Setting("precompute_float8_dynamic_scale_for_fsdp", True))
+    if plan.precision == "fp8-delayed":
+        warnings = ("precision=fp8-delayed (delayed scaling) is not in torchtitan: float8 tensorwise dynamic "
+                    "scaling (an amax pass per cast the plan did not price)",)
+    return [("model", Settings((Setting("converters", ["quantize.linear.float8"]),))),
+            ("quantize.linear.float8", Settings(keys, warnings))]
 
 
 def _table(name: str, keys: Settings) -> list[str]:

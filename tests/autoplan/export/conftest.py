@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import sys
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[2]
 TORCHTITAN_VERSION = "0.3.0"
 
 
@@ -38,7 +40,8 @@ def top_plan_cases():
 
 @pytest.fixture(scope="session")
 def torchtitan_load(tmp_path_factory):
-    """``load([(argv, world_size), ...])`` → torchtitan 0.3.0's parsed values per argument list."""
+    """``load([(argv, world_size[, gpu]), ...])`` → torchtitan 0.3.0's parsed values per argument list
+    (``gpu``: h100 or b200, what the converters' capability check is answered as)."""
     if importlib.util.find_spec("torchtitan") is None:
         pytest.skip("torchtitan is not installed (pip install --no-deps torchtitan==0.3.0 and the config "
                     "loader's small deps, as .ci/run does)")
@@ -47,9 +50,12 @@ def torchtitan_load(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("torchtitan")
 
     def load(requests):
-        payload = json.dumps([{"argv": list(argv), "world_size": n} for argv, n in requests])
+        payload = json.dumps([{"argv": list(r[0]), "world_size": r[1], "gpu": r[2] if len(r) > 2 else "h100"}
+                              for r in requests])
+        # this checkout's autoplan first: a low-precision export names autoplan.export.torchtitan_precision
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
         done = subprocess.run([sys.executable, str(HERE / "torchtitan_loader.py")], input=payload, text=True,
-                              capture_output=True, cwd=cwd, timeout=600)
+                              capture_output=True, cwd=cwd, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-4000:]
         return json.loads(done.stdout)["results"]
 

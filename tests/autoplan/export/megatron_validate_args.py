@@ -48,6 +48,10 @@ FLAGS = {
     "--micro-batch-size": ("micro_batch_size", "int"),                      # training_config.py:11
     "--global-batch-size": ("global_batch_size", "int"),                    # training_config.py:15
     "--use-tp-pp-dp-mapping": ("use_tp_pp_dp_mapping", "store_true"),       # common_config.py:105
+    "--fp8-format": ("fp8", ("e4m3", "hybrid")),                            # TransformerConfig.fp8, TC:587
+    "--fp8-recipe": ("fp8_recipe", ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")),  # TC:594
+    "--fp8-param-gather": ("fp8_param_gather", "store_true"),               # A:2016
+    "--fp8-param": ("fp8_param", "store_true"),                             # TransformerConfig.fp8_param, TC:602
 }
 DEFAULTS = dict(num_layers=None, seq_length=None, bf16=False, tensor_model_parallel_size=1, sequence_parallel=False,
                 pipeline_model_parallel_size=1, pipeline_model_parallel_layout=None,
@@ -60,7 +64,8 @@ DEFAULTS = dict(num_layers=None, seq_length=None, bf16=False, tensor_model_paral
                 recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
                 micro_batch_size=None, global_batch_size=None, use_tp_pp_dp_mapping=False,
                 overlap_p2p_comm=True,            # A:3118, --no-overlap-p2p-communication is store_false
-                transformer_impl="transformer_engine")   # TC:1314
+                transformer_impl="transformer_engine",   # TC:1314
+                fp8=None, fp8_recipe="delayed", fp8_param_gather=False, fp8_param=False)
 
 
 def command_words(text: str) -> list[str]:
@@ -133,6 +138,7 @@ def _rules(a: SimpleNamespace):
         yield "MB:381", a.global_batch_size % (a.micro_batch_size * dp) == 0, \
             "global batch not divisible by micro batch × data-parallel size"
     yield from _pipeline_rules(a, pp)
+    yield from _fp8_rules(a)
     if a.use_megatron_fsdp:
         yield "A:1169", a.ckpt_format == "fsdp_dtensor", "Megatron-FSDP requires the fsdp_dtensor checkpoint format"
     if a.ckpt_format == "fsdp_dtensor":
@@ -178,6 +184,19 @@ def _pipeline_rules(a: SimpleNamespace, pp: int):
         yield "A:998", a.num_layers % pp == 0, "number of layers should be divisible by pp"
     if a.vpp is not None:
         yield "A:1000", pp > 1 if a.overlap_p2p_comm else pp > 2, "interleaving needs pp > 1 (> 2 without p2p overlap)"
+
+
+def _fp8_rules(a: SimpleNamespace):
+    """A:1095-1097 (FP8 parameter gathers) and TC:1527-1567 (what FP8 mode refuses), and that a recipe
+    only takes effect with a format (``--fp8-recipe`` alone leaves TransformerConfig.fp8 None: BF16)."""
+    if a.fp8_param_gather:
+        yield "A:1096", a.use_distributed_optimizer or a.use_megatron_fsdp, \
+            "--fp8-param-gather only with the distributed optimizer or (Megatron) FSDP"
+    if a.fp8 is not None and a.fp8_recipe == "custom":
+        yield "TC:1558", False, "fp8_recipe custom needs --fp8-quantizer-factory"
+    yield "TC:1566", not a.fp8_param or a.fp8 is not None, "fp8_param must be used together with fp8 mode"
+    yield "TC:587", a.fp8 is not None or (not a.fp8_param_gather and a.fp8_recipe == "delayed"), \
+        "an FP8 recipe or FP8 gathers without --fp8-format: Megatron trains in BF16"
 
 
 def _recompute_rules(a: SimpleNamespace):

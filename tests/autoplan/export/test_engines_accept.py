@@ -170,3 +170,89 @@ def test_searched_top_plans_load_in_both_engines(searched_cases, torchtitan_load
 def test_the_checker_refuses_what_megatron_refuses(megatron_rules, argv, where):
     failures = megatron_rules.check(argv, world_size=64, model={})
     assert any(f.startswith(where) for f in failures), failures
+
+
+# ---- precision (issue 35): plans as `autoplan search --json` writes them, every recipe ----------------
+# (model, plan JSON fields, global batch, seq, GPU the run is for)
+PRECISION_PLANS = [
+    ("llama3-70b", {"tp": 4, "pp": 4, "dp": 4, "zero": 1, "schedule": "interleaved", "vpp": 2,
+                    "precision": "fp8"}, 64, 8192, "h100"),
+    ("llama3-8b", {"tp": 2, "dp": 8, "zero": 3, "precision": "fp8"}, 64, 8192, "h100"),
+    ("llama3-8b", {"tp": 2, "pp": 2, "dp": 4, "zero": 3, "precision": "fp8-rowwise"}, 32, 4096, "h100"),
+    ("llama3-70b", {"tp": 8, "pp": 2, "dp": 2, "zero": 1, "precision": "fp8-delayed"}, 32, 8192, "h100"),
+    ("llama3-8b", {"tp": 2, "dp": 4, "zero": 2, "precision": "mxfp8"}, 32, 8192, "b200"),
+]
+# what each precision must become in torchtitan 0.3.0 (its float8 recipes are rowwise only: AXISWISE
+# input casts) and Megatron-LM (--fp8-recipe), written from the engines' sources, not the exporter
+TORCHTITAN_LINEAR = {"fp8": "Float8Linear.Config:AXISWISE", "fp8-rowwise": "Float8Linear.Config:AXISWISE",
+                     "fp8-delayed": "Float8Linear.Config:AXISWISE", "mxfp8": "MXFP8Linear.Config"}
+MEGATRON_RECIPE = {"fp8": "tensorwise", "fp8-delayed": "delayed", "mxfp8": "mxfp8", "fp8-rowwise": "blockwise"}
+
+
+def _precision_cases(tmp_path):
+    """The plans of PRECISION_PLANS read back from JSON files, as `autoplan export plans.json` reads them."""
+    import json
+
+    from autoplan.export.load import load_plan
+
+    cases = []
+    for i, (model, fields, batch, seq, gpu) in enumerate(PRECISION_PLANS):
+        path = tmp_path / f"plan{i}.json"
+        path.write_text(json.dumps({"plan": fields, "schema_version": 2}))
+        plan = load_plan(str(path))
+        assert plan.precision == fields["precision"]
+        cases.append((model, plan, batch, seq, gpu))
+    return cases
+
+
+def test_low_precision_plans_load_in_torchtitan_with_their_linears_converted(torchtitan_load, tmp_path):
+    cases = _precision_cases(tmp_path)
+    requests = [(export(plan, "torchtitan", num_layers=_layers(model), global_batch=batch, seq=seq,
+                        model=model).argv, plan.tp * plan.cp * plan.pp * plan.dp, gpu)
+                for model, plan, batch, seq, gpu in cases]
+    for (model, plan, batch, seq, _), loaded in zip(cases, torchtitan_load(requests)):
+        check_torchtitan(plan, _layers(model), batch, seq, loaded)
+        blocks = {fqn: kind for fqn, kind in loaded["linears"].items() if fqn.startswith("layers.")}
+        assert len(blocks) == 5 * _layers(model)          # wqkv (fused in 0.3), wo, w1, w2, w3 per block
+        assert set(blocks.values()) == {TORCHTITAN_LINEAR[plan.precision]}, plan.to_string()
+        assert loaded["linears"]["lm_head"] == "Linear.Config"     # the head stays bf16, as priced
+
+
+def test_a_bf16_plan_keeps_the_registry_config(torchtitan_load):
+    plan = _parse("tp=2,dp=4")
+    out = export(plan, "torchtitan", num_layers=32, global_batch=8, seq=2048, model="llama3-8b")
+    (loaded,) = torchtitan_load([(out.argv, 8)])
+    assert out.argv[:4] == ("--module", "llama3", "--config", "llama3_8b")
+    assert set(loaded["linears"].values()) == {"Linear.Config"}
+
+
+def test_low_precision_plans_pass_megatron_validate_args(megatron_rules, tmp_path):
+    for model, plan, batch, seq, _ in _precision_cases(tmp_path):
+        check_megatron(megatron_rules, plan, model, _layers(model), batch, seq)
+        out = export(plan, "megatron", num_layers=_layers(model), global_batch=batch, seq=seq)
+        argv = megatron_rules.command_words(out.text)
+        assert argv[argv.index("--fp8-format") + 1] == "hybrid"
+        assert argv[argv.index("--fp8-recipe") + 1] == MEGATRON_RECIPE[plan.precision]
+        # FP8 parameter all-gathers where the plan prices them: FSDP2-style tensorwise at ZeRO-3
+        assert ("--fp8-param-gather" in argv) == (plan.precision == "fp8" and plan.zero == 3)
+        assert "--bf16" in argv
+
+
+def test_the_validate_args_checker_refuses_fp8_misuse(megatron_rules):
+    base = ["--num-layers", "4", "--tensor-model-parallel-size", "2", "--micro-batch-size", "1", "--bf16"]
+    check = megatron_rules.check
+    assert check(base + ["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], world_size=4) == []
+    assert any("TC:587" in f for f in check(base + ["--fp8-recipe", "tensorwise"], world_size=4))
+    assert any("A:1096" in f for f in check(base + ["--fp8-format", "hybrid", "--fp8-param-gather"], world_size=4))
+    assert any("invalid choice" in f for f in check(base + ["--fp8-format", "hybrid", "--fp8-recipe", "rowwise"],
+                                                    world_size=4))
+
+
+@pytest.mark.parametrize("precision, warned", [("fp8", "tensorwise"), ("fp8-delayed", "delayed"),
+                                               ("fp8-rowwise", None), ("mxfp8", None)])
+def test_what_torchtitan_0_3_lacks_of_a_precision_is_warned(precision, warned):
+    out = export(_parse(f"tp=2,dp=4,zero=3,precision={precision}"), "torchtitan", num_layers=32, model="llama3-8b")
+    said = [w for w in out.warnings if w.startswith(f"precision={precision}")]
+    assert bool(said) == bool(warned) and (not warned or warned in said[0])
+    mega = export(_parse(f"tp=2,dp=4,zero=3,precision={precision}"), "megatron", num_layers=32)
+    assert any(w.startswith("precision=fp8-rowwise") for w in mega.warnings) == (precision == "fp8-rowwise")

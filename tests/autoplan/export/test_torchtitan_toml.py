@@ -97,3 +97,25 @@ def test_expert_tensor_parallelism_only_with_ep_and_tp():
     for plan in ("dp=8,ep=4,zero=3", "tp=2,dp=8,zero=3"):
         cfg, _ = _toml(plan)
         assert "expert_tensor_parallel_degree" not in cfg["parallelism"]
+
+
+@pytest.mark.parametrize("precision, section, keys", [
+    # 0.2.2's Float8Linear: no recipe = tensorwise dynamic scaling; FP8 all-gathers at zero 3, as priced
+    ("fp8", "float8", {"filter_fqns": ["output"], "enable_fsdp_float8_all_gather": True,
+                       "precompute_float8_dynamic_scale_for_fsdp": True}),
+    ("fp8-rowwise", "float8", {"filter_fqns": ["output"], "recipe_name": "rowwise"}),
+    ("fp8-delayed", "float8", {"filter_fqns": ["output"]}),
+    ("mxfp8", "mx", {"recipe_name": "mxfp8_cublas", "filter_fqns": ["output"]}),
+])
+def test_precision_maps_to_the_model_converter_and_its_quantize_section(precision, section, keys):
+    cfg, warnings = _toml(f"tp=2,dp=4,zero=3,precision={precision}", num_layers=32)
+    assert cfg["model"] == {"converters": [f"quantize.linear.{section}"]}
+    assert cfg["quantize"]["linear"] == {section: keys}
+    assert any(w.startswith("precision=fp8-delayed") for w in warnings) == (precision == "fp8-delayed")
+
+
+def test_fp8_gathers_only_where_the_plan_prices_them_and_bf16_has_no_converter():
+    cfg, _ = _toml("tp=2,dp=4,zero=2,precision=fp8", num_layers=32)
+    assert cfg["quantize"]["linear"]["float8"] == {"filter_fqns": ["output"]}      # zero 2 gathers in bf16
+    cfg, _ = _toml("tp=2,dp=4,zero=3", num_layers=32)
+    assert "model" not in cfg and "quantize" not in cfg

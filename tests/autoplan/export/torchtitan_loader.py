@@ -14,7 +14,7 @@ not install: ``torchtitan.distributed.minimal_async_ep.kernels`` (Triton GPU ker
 ``torch.utils.tensorboard`` (TensorBoard), ``datasets`` (Hugging Face datasets, pyarrow) and ``wandb``.
 Each is replaced by an inert stand-in module *only when its package is missing*; nothing the config
 dataclasses, tyro's parsing or ``Trainer.Config.__post_init__`` use is stubbed, except the GPU
-generation check of the float8 converter (``answer_as_an_h100``).  Everything else is the
+generation check of the float8 and MXFP8 converters (``answer_as``).  Everything else is the
 registry package: ``pip install --no-deps torchtitan==0.3.0`` plus tyro, docstring-parser, typeguard,
 spmd_types, einops, torchdata, torch_checkpointing and torchao (see .ci/run).
 """
@@ -88,12 +88,32 @@ def install_stand_ins() -> list[str]:
     return missing
 
 
-def answer_as_an_h100() -> None:
-    """Float8 converters (llama3_405b's config) check the GPU generation while the config is built:
-    answer as the H100 the config is written for would."""
-    import torchtitan.components.quantization.float8 as float8
+CAPABILITY = {"h100": (9, 0), "b200": (10, 0)}
 
-    float8.has_cuda_capability = lambda major, minor: (major, minor) <= (9, 0)
+
+def answer_as(gpu: str = "h100") -> None:
+    """Float8 and MXFP8 converters (llama3_405b's config, autoplan's FP8 exports) check the GPU
+    generation while the config is built: answer as the GPU the config is written for would."""
+    import torchtitan.components.quantization.float8 as float8
+    import torchtitan.components.quantization.mx as mx
+
+    have = CAPABILITY[gpu]
+    float8.has_cuda_capability = mx.has_cuda_capability = lambda major, minor: (major, minor) <= have
+
+
+def linears(config) -> dict:
+    """The model's linear layers as torchtitan will build them: {fqn: config class}, and for
+    float8 ones the scaling granularity of their input casts (torchao: TENSORWISE or AXISWISE = rowwise)."""
+    from torchtitan.models.common.linear import Linear
+
+    out = {}
+    for fqn, cfg, _, _ in config.model_spec.model.traverse(Linear.Config):
+        kind = type(cfg).__qualname__
+        torchao = getattr(cfg, "_torchao_config", None)
+        if torchao is not None:
+            kind += ":" + torchao.cast_config_input.scaling_granularity.name
+        out[fqn] = kind
+    return out
 
 
 def load(argv: list[str], world_size: int) -> dict:
@@ -111,7 +131,8 @@ def load(argv: list[str], world_size: int) -> dict:
     out = {"parallelism": dataclasses.asdict(config.parallelism),
            "training": {k: getattr(config.training, k)
                         for k in ("local_batch_size", "global_batch_size", "seq_len", "disable_cuda_graphs")},
-           "activation_checkpoint": type(config.activation_checkpoint).__qualname__}
+           "activation_checkpoint": type(config.activation_checkpoint).__qualname__,
+           "linears": linears(config)}
     try:
         dims = ParallelDims.from_config(config.parallelism, world_size)
         out["parallel_dims"] = {"dp_shard": dims.dp_shard, "dp_replicate": dims.dp_replicate}
@@ -123,8 +144,10 @@ def load(argv: list[str], world_size: int) -> dict:
 def main() -> int:
     requests = json.load(sys.stdin)
     stand_ins = install_stand_ins()
-    answer_as_an_h100()
-    results = [load(r["argv"], r["world_size"]) for r in requests]
+    results = []
+    for r in requests:
+        answer_as(r.get("gpu", "h100"))
+        results.append(load(r["argv"], r["world_size"]))
     json.dump({"stand_ins": stand_ins, "results": results}, sys.stdout)
     return 0
 
