@@ -365,7 +365,12 @@ class Plan:
 
     @staticmethod
     def from_json(text: str | dict) -> Plan:
-        d = json.loads(text) if isinstance(text, str) else text
+        from topologies.strict_load import DuplicateKey, load_json
+
+        try:
+            d = load_json(text) if isinstance(text, str) else text
+        except DuplicateKey as e:
+            raise UserError(f"plan JSON: {e}", "keep one of them") from None
         if "plan" in d:
             version = d.get("schema_version")
             if type(version) is not int or version not in READABLE_SCHEMA_VERSIONS:   # true == 1; not here

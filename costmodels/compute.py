@@ -46,9 +46,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-import yaml
-
 from costmodels.memo import memo
+from topologies.strict_load import load_yaml
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 
@@ -101,7 +100,7 @@ def load_profile(gpu: str, path: str | None = None) -> ComputeProfile:
 @memo(64)
 def _load_profile_file(path: str) -> ComputeProfile:
     with open(path) as f:
-        data = yaml.safe_load(f)
+        data = load_yaml(f.read())
     allowed = {f.name for f in fields(ComputeProfile)}
     unknown = set(data) - allowed - {"gpu", "measurements", "uncertainty"}
     if unknown:

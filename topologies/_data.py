@@ -5,7 +5,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import yaml
+from topologies.strict_load import load_yaml
 
 DATA_DIR = Path(__file__).resolve().parent
 
@@ -14,4 +14,4 @@ DATA_DIR = Path(__file__).resolve().parent
 def read_yaml(relative_path: str) -> Any:
     """The parsed content of ``topologies/<relative_path>``.  Callers must not mutate it."""
     with open(DATA_DIR / relative_path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return load_yaml(f.read())

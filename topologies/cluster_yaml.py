@@ -61,6 +61,7 @@ from topologies._data import read_yaml
 from topologies.cluster import Cluster
 from topologies.errors import TopologyError
 from topologies.gpus import GPUSpec, gpu_spec
+from topologies.strict_load import DuplicateKey, load_yaml
 
 INT_KEYS = ("num_gpus", "gpus_per_node", "nvlink_domain", "nics_per_node", "leaf_nodes", "pod_size")
 FLOAT_KEYS: tuple[str, ...] = ("nic_bw", "nic_efficiency", "pod_oversubscription", "nvlink_efficiency",
@@ -126,7 +127,9 @@ def read_file(path: Path) -> Any:
             raise TopologyError(f"{path}: {size:,} bytes is more than a cluster file holds "
                                 f"({MAX_FILE_BYTES:,})", fix)
         text = path.read_bytes().decode("utf-8")
-        return yaml.safe_load(text)
+        return load_yaml(text)
+    except DuplicateKey as err:
+        raise TopologyError(f"{path}: {err}", "keep one of them") from None
     except UnicodeDecodeError:
         raise TopologyError(f"{path}: not a text file (not UTF-8)", fix) from None
     except yaml.YAMLError as err:

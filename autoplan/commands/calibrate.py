@@ -23,6 +23,7 @@ import topologies
 from autoplan.calibrate.device import catalog_gpu_name, cuda_device_name
 from autoplan.calibrate.plan import measurement_plan
 from autoplan.errors import UserError
+from topologies.strict_load import DuplicateKey, load_yaml
 
 if TYPE_CHECKING:      # numpy: imported where a profile is fitted, not to parse the command line
     from costmodels.compute import ComputeProfile
@@ -114,7 +115,9 @@ def read_measurements(path: str) -> tuple[Measurements, str | None]:
 
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = load_yaml(f.read())
+    except DuplicateKey as err:
+        raise UserError(f"{path}: {err}", fix="keep one of them") from None
     except OSError as err:
         raise UserError(f"cannot read {path}: {err.strerror}",
                         fix="pass a profile written by autoplan calibrate") from None

@@ -99,7 +99,8 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
     return EstimateOptions(
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
         allow_cross_domain=getattr(args, "allow_cross_domain", False),
-        profile=args.profile, solver=args.solver, time_limit_s=args.time_limit,
+        profile=check_yaml_file(args.profile, "--profile") if args.profile else None, solver=args.solver,
+        time_limit_s=args.time_limit,
         fsdp_prefetch=args.fsdp_prefetch,
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
@@ -116,21 +117,15 @@ def check_yaml_file(path: str, flag: str) -> str:
     import yaml
 
     from autoplan.errors import UserError, short_repr
+    from topologies.strict_load import DuplicateKey, load_yaml
 
-    fix = f"pass {flag} PATH to a YAML file of {{parameter: multiplier}}, e.g. `nic_efficiency: 0.8`"
-
-    class Strict(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
-            for i, key in enumerate(keys):
-                if isinstance(key, (str, int, float, bool)) and key in keys[:i]:
-                    raise UserError(f"{path}: key {short_repr(key)} given twice (line {node.start_mark.line + 1})",
-                                    "keep one of them")
-            return super().construct_mapping(node, deep=deep)
-
+    fix = (f"pass {flag} PATH to a YAML file of {{parameter: multiplier}}, e.g. `nic_efficiency: 0.8`"
+           if flag == "--params" else f"pass {flag} PATH to a compute profile YAML (costmodels/profiles)")
     try:
         with open(path, "rb") as f:
-            yaml.load(f.read().decode("utf-8"), Loader=Strict)   # Strict is a SafeLoader
+            load_yaml(f.read().decode("utf-8"))
+    except DuplicateKey as e:
+        raise UserError(f"{flag} {path}: {e}", "keep one of them") from None
     except OSError as e:
         raise UserError(f"cannot read {flag} {path}: {e.strerror or e}", fix) from None
     except UnicodeDecodeError:

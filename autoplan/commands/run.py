@@ -16,7 +16,6 @@ see ``apply.verify.Tolerance``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -141,8 +140,12 @@ def _config(args: argparse.Namespace, plan: str, placements: dict[str, str] | No
 def _placements(path: str | None) -> dict[str, str] | None:
     if path is None:
         return None
+    from topologies.strict_load import DuplicateKey, load_json
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = load_json(Path(path).read_text(encoding="utf-8"))
+    except DuplicateKey as e:
+        raise UserError(f"placements {path}: {e}", "keep one of them") from None
     except (OSError, ValueError, RecursionError) as e:   # ValueError: not JSON, not UTF-8
         raise UserError(f"cannot read placements {path}: {e}",
                         "give a JSON file mapping block parameter names to R, S(0), S(1), ...") from None

@@ -17,13 +17,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from autoplan.cost.params import out_of_sample_errors
 from autoplan.cost.types import Estimate
 from autoplan.plan import Plan
 from costmodels.compute import PROFILE_DIR
 from costmodels.memo import memo
+from topologies.strict_load import load_yaml
 
 EVIDENCE_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "evidence.yaml")
 
@@ -42,7 +41,7 @@ class Flag:
 @memo(1)
 def coverage() -> dict[str, Any]:
     with open(EVIDENCE_PATH) as f:
-        data: dict[str, Any] = yaml.safe_load(f)
+        data: dict[str, Any] = load_yaml(f.read())
         return data
 
 

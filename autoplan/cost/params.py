@@ -30,13 +30,12 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-import yaml
-
 from autoplan.errors import UserError
 from costmodels.compute import PROFILE_DIR, ComputeProfile
 from costmodels.memo import memo
 from topologies._data import read_yaml
 from topologies.cluster import Cluster
+from topologies.strict_load import load_yaml
 
 PRIORS_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "uncertainty.yaml")
 OUT_OF_SAMPLE_PATH = os.path.join(os.path.dirname(PROFILE_DIR), "uncertainty_cv.yaml")
@@ -113,7 +112,7 @@ def _ranges(profile_path: str) -> tuple[Range, ...]:
     merged.update(_read("topologies/network.yaml", yaml_data=read_yaml("network.yaml").get("uncertainty", {})))
     if profile_path and os.path.exists(profile_path):
         with open(profile_path) as f:
-            merged.update(_read(profile_path, yaml_data=(yaml.safe_load(f) or {}).get("uncertainty", {})))
+            merged.update(_read(profile_path, yaml_data=(load_yaml(f.read()) or {}).get("uncertainty", {})))
     profile = os.path.basename(profile_path)[:-len(".yaml")] if profile_path else ""
     for name, wide in _out_of_sample(profile).items():
         if name in merged:
@@ -129,7 +128,7 @@ def _out_of_sample(profile: str) -> dict[str, Range]:
     if not os.path.exists(OUT_OF_SAMPLE_PATH):
         return {}
     with open(OUT_OF_SAMPLE_PATH) as f:
-        data = (yaml.safe_load(f) or {}).get("ranges", {})
+        data = (load_yaml(f.read()) or {}).get("ranges", {})
     out = _read(OUT_OF_SAMPLE_PATH, yaml_data=data.get("any", {}))
     out.update(_read(OUT_OF_SAMPLE_PATH, yaml_data=data.get(profile, {})) if profile else {})
     return out
@@ -141,7 +140,7 @@ def out_of_sample_errors() -> dict[str, float]:
     if not os.path.exists(OUT_OF_SAMPLE_PATH):
         return {}
     with open(OUT_OF_SAMPLE_PATH) as f:
-        regimes = (yaml.safe_load(f) or {}).get("regimes", {})
+        regimes = (load_yaml(f.read()) or {}).get("regimes", {})
     return {name: float(v["mean_abs"]) for name, v in regimes.items()}
 
 
@@ -169,7 +168,7 @@ def _centred(r: Range) -> Range:
 def _read(where: str, yaml_data: dict[str, Any] | None) -> dict[str, Range]:
     if yaml_data is None:
         with open(where) as f:
-            yaml_data = yaml.safe_load(f)
+            yaml_data = load_yaml(f.read())
     out = {}
     for name, spec in yaml_data.items():
         if name not in PARAM_NAMES:
@@ -192,7 +191,7 @@ def load_override(path: str) -> Params:
     """A perturbation file: YAML ``{parameter: multiplier}`` (unnamed parameters stay at 1)."""
     try:
         with open(path) as f:
-            data = yaml.safe_load(f) or {}
+            data = load_yaml(f.read()) or {}
     except OSError as e:
         raise UserError(f"cannot read the parameter override {path}: {e.strerror}",
                         "pass --params PATH to a YAML file of {parameter: multiplier}") from None

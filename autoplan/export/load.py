@@ -7,7 +7,6 @@ string or a list of those.  Anything else is a ``UserError`` naming what was fou
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ def load_plans(path: str, num_gpus: int | None = None) -> list[Plan]:
     """Every plan of the file at ``path``, in order: one plan string per line (blank lines and
     ``#`` comments skipped), or a JSON list whose entries are plan strings, ``Plan.to_json``
     objects or ``search --json`` entries.  A bad entry is a UserError naming it."""
+
     try:
         size = os.path.getsize(path)
         if size > MAX_PLAN_FILE_BYTES:
@@ -70,14 +70,19 @@ def load_plans(path: str, num_gpus: int | None = None) -> list[Plan]:
 
 
 def read_json(path: str) -> Any:
-    """The parsed JSON file at ``path``; UserError if it is missing, too big, binary, not JSON or too deep."""
+    """The parsed JSON file at ``path``; UserError if it is missing, too big, binary, not JSON, too
+    deep or gives a key twice in one object."""
+    from topologies.strict_load import DuplicateKey, load_json
+
     try:
         size = os.path.getsize(path)
         if size > MAX_PLAN_FILE_BYTES:
             raise UserError(f"plan file {path} is {size:,} bytes, more than a plan file holds "
                             f"({MAX_PLAN_FILE_BYTES:,})", f"give {_JSON_FORMS}")
         with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8"), parse_constant=_no_constant)
+            data = load_json(f.read().decode("utf-8"), parse_constant=_no_constant)
+    except DuplicateKey as e:
+        raise UserError(f"plan file {path}: {e}", "keep one of them") from None
     except FileNotFoundError:
         raise UserError(f"plan file {path} not found", f"give {_JSON_FORMS}") from None
     except UnicodeDecodeError:
