@@ -17,7 +17,7 @@ degrees multiply to the GPU count; every tp/ep/Ulysses group (its ranks from the
 order) leaves its NVLink domain iff the matching ``*-inside-nvlink`` violation is reported;
 exposed ≤ time for every primitive and in sum; the primitives' exposed seconds are what the step
 charges beyond compute, idle pipeline ranks and the optimizer; the time breakdown adds up to the step time;
-memory > 0 and ``fits`` ⇔ memory ≤ HBM; 0 < MFU, HFU < 1; tokens/s = global batch · seq / step
+memory > 0 and ``fits`` ⇔ memory ≤ HBM − margin; 0 < MFU, HFU < 1; tokens/s = global batch · seq / step
 time; one stage time per virtual stage and ≥ 1 layer in each; tp divides the heads and divides
 or is a multiple of the KV heads; every number
 finite; an input that must be refused (a broken field) is refused; a plan the search returned is
@@ -305,7 +305,9 @@ def estimate_problems(e: dict, gpus: int, domain: int, model: Model, batch: int,
          f"tp={p['tp']} priced on {model.kv_heads} KV heads (a fraction of a KV head per rank)"),
         (_finite(e), "a number is not finite"),
         (e["memory_gib"] > 0 and e["hbm_gib"] > 0, "memory or HBM not positive"),
-        (e["fits"] == (e["memory_gib"] <= e["hbm_gib"] * (1 + 2e-5)), "fits disagrees with memory and HBM"),
+        # fits: the peak within HBM less the margin a plan must leave free (--memory-margin)
+        (e["fits"] == (e["memory_gib"] <= (e["hbm_gib"] - e["memory_margin_gib"]) * (1 + 2e-5)),
+         "fits disagrees with memory, HBM and margin"),
         (0 < e["mfu"] < 1 and 0 < e["hfu"] < 1, f"MFU {e['mfu']} / HFU {e['hfu']} outside (0, 1)"),
         (close(e["tokens_per_s"], batch * seq / e["step_time_s"]), "tokens/s != batch·seq / step time"),
         (close(sum(e["time_breakdown_s"].values()), e["step_time_s"]), "breakdown does not add up to the step"),

@@ -33,6 +33,17 @@ def test_a_sound_estimate_passes_and_doctored_ones_fail(fuzz):
     assert "degrees do not multiply to the GPU count" in fuzz.estimate_problems(e, 32, 8, model, 16, 128)
 
 
+def test_fits_is_judged_against_hbm_less_the_margin(fuzz):
+    """Fuzz seed 880301, case 117: a peak of 76.3 GiB on an 80 GiB A100 with the 4 GiB margin does
+    not fit, and the invariant once called that a disagreement (it compared with the whole HBM)."""
+    model = fuzz.Model(SPEC, layers=4, heads=6, kv_heads=6, experts=0)
+    e = _estimate(fuzz, "tp=2,pp=2,dp=4")
+    between = dict(e, memory_gib=e["hbm_gib"] - e["memory_margin_gib"] / 2, fits=False)
+    assert fuzz.estimate_problems(between, 16, 8, model, 16, 128) == []
+    assert "fits disagrees with memory, HBM and margin" in fuzz.estimate_problems(
+        dict(between, fits=True), 16, 8, model, 16, 128)
+
+
 def test_a_tp_group_across_nvlink_must_be_flagged(fuzz):
     """tp=6 on 8-GPU domains: the second group (6…11) crosses; the answer must say so."""
     model = fuzz.Model(SPEC, layers=4, heads=6, kv_heads=6, experts=0)
