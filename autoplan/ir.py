@@ -231,6 +231,31 @@ class OpGraph:
         object.__setattr__(self, "_wgrad_held", out)
         return out
 
+    def wgrad_input_nodes(self) -> frozenset[str]:
+        """Forward nodes whose saved outputs a weight-gradient op reads (through views): the input
+        X of each ``dW = dYᵀ·X``.  What an engine that defers only its linears' weight gradients
+        keeps from B to W besides their output gradients — Megatron's ``WeightGradStore`` (the
+        sail-sg Zero Bubble fork: each linear's backward computes dX in B and stores
+        (X, dY) for W, ``megatron/core/tensor_parallel/layers.py``), where B is an ordinary autograd
+        backward that frees every other saved tensor."""
+        cached = self.__dict__.get("_wgrad_inputs")
+        if cached is not None:
+            return cached
+        found: set[str] = set()
+        todo = [r for n in self.nodes if n.phase == "backward" and n.wgrad for r in n.inputs]
+        while todo:
+            r = todo.pop()
+            src = self.node(r.node)
+            if src.phase != "forward" or src.role == "param":
+                continue
+            if src.is_view and src.op != "placeholder":
+                todo += src.inputs
+            else:
+                found.add(src.name)
+        out = frozenset(found)
+        object.__setattr__(self, "_wgrad_inputs", out)
+        return out
+
     def freed_at_input_grad_nodes(self) -> frozenset[str]:
         """Forward nodes whose saved outputs a split backward frees at B (input gradients), not
         at W: every backward reader of them (through views) runs upstream of every weight op's

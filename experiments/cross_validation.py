@@ -25,6 +25,9 @@ The fits (``FITS``) are the project's fit scripts' objectives, written once here
 * ``stack``: the Megatron-DeepSpeed stack's GPU time per kernel and host floor per launch
   (``a100-megatron-deepspeed.yaml``) on vTrain's single-node runs (every ``VTRAIN_EVERY``-th
   row): ``fit_host_floor.py``.
+* ``pipeline-engine``: Megatron-LM's pipeline-engine host time per send/receive (``a100.yaml``),
+  on the A100 Megatron-LM rows with pp > 1: the Zero Bubble rows (its sail-sg fork), SC21 and
+  Korthikanti.
 * ``h100-fp8``: the large-FP8-GEMM fraction of the FP8 peak (``h100.yaml``), on the BF16/FP8
   pairs of FP8-LM and llm-foundry: its objective is the pairs' ratio error, mean
   |predicted ratio / measured ratio − 1| (the FP8 mechanism alone, not the BF16 error both
@@ -138,6 +141,11 @@ def _fits() -> tuple[Fit, ...]:
             Parameter("stack.host_floor_s", _yaml_value(stack, "host_floor_s"), (52e-6, 55e-6, 58e-6),
                       (5e-6, 100e-6), 0.0, "host time per launched op of the eager stack (s)")),
             ("vtrain",)),
+        Fit("pipeline-engine", (
+            Parameter("pipeline.p2p_host_s", _yaml_value(a100, "p2p_host_s"), (0.0, 1e-4, 2e-4, 3e-4, 4.5e-4),
+                      (0.0, 1e-3), 0.0, "Megatron-LM's pipeline-engine host time per send/receive "
+                      "instruction (s), a100.yaml"),),
+            ("zero-bubble", "sc21", "korthikanti")),
         Fit("h100-fp8", (
             Parameter("h100.fp8_gemm_peak_fraction", _yaml_value(h100, "fp8_gemm_peak_fraction"),
                       (0.5, 0.55, 0.6, 0.65, 0.7), (0.4, 0.85), 0.7,
@@ -197,7 +205,7 @@ def _gpu_fields(point: dict[str, float], gpu: str) -> dict:
 
 def _profiles(point: dict[str, float]) -> dict[str, str]:
     stack = {k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("stack.")}
-    return {"a100": _profile_file("a100.yaml", _gpu_fields(point, "a100")),
+    return {"a100": _profile_file("a100.yaml", {**_gpu_fields(point, "a100"), "p2p_host_s": point["pipeline.p2p_host_s"]}),
             "h100": _profile_file("h100.yaml", _gpu_fields(point, "h100")),
             "stack": _profile_file("a100-megatron-deepspeed.yaml", {**_gpu_fields(point, "a100"), **stack})}
 
@@ -279,6 +287,8 @@ def depends_on(case: Case, fit: Fit) -> bool:
         return gpu.startswith("h")
     if fit.name == "stack":
         return case.source == "vtrain"
+    if fit.name == "pipeline-engine":
+        return gpu.startswith("a100") and case.source != "vtrain"
     return fit.name == "h100-fp8" and gpu.startswith("h") and "precision=" in getattr(case.row, "plan", "")
 
 

@@ -25,7 +25,10 @@ Zero Bubble's split-backward rows (ZB-1p as ``zb-h1``, ZB-2p as ``zb-h2``) ran t
 with optimizer post-validation (the caveat; the ZB-2p notes: "~8% slower with the usual
 all-reduce sync"): they are priced with ``EstimateOptions(post_validation=True)``; its 1F1B and
 1F1B-I baselines are Megatron-LM's synchronous optimizer step (where rank 0 starts first and
-ends last, as there, the two agree anyway).
+ends last, as there, the two agree anyway).  The fork splits the backward with Megatron's
+``WeightGradStore`` (each linear's backward stores its input and output gradient for W; B frees
+everything else): ``EstimateOptions(wgrad_store=True)``.  The model is what the fork's script ran
+(``ZERO_BUBBLE_MODEL``: eager attention, a SentencePiece vocabulary).
 
 MoE parallel folding (Megatron-Core model zoo and Megatron-Bridge rows): a row's ``etp`` is the
 plan's ``etp`` (``autoplan.plan``: attention on tp·cp·dp, experts on etp·ep·edp of a stage's
@@ -71,6 +74,21 @@ GPU_SHORTHAND = {"a100-80gb": "a100", "h100": "h100", "b200": "b200", "other": "
 GPT_VOCAB = 50304
 """Vocabulary of a ``gpt:`` row that does not publish one (Zero Bubble, FP8-LM): the GPT-2 BPE
 padded to a multiple of 128, Megatron-LM's default tokenizer setting (an assumption)."""
+ZERO_BUBBLE_MODEL = {"attention": "eager", "vocab": 32000}
+"""What the Zero Bubble rows' model ran as, from the fork's own launch script of the paper's time
+(sail-sg/zero-bubble-pipeline-parallelism ``examples/pretrain_zero_bubble.sh`` at 425b42e5,
+2023-11-17: seq 1024, layers = 4·p − 2, hidden 4096, ``--fp16``, the default local transformer,
+``GPTSentencePieceTokenizer``; kept at the tag ``zero-bubble-v0.1.0``):
+
+* ``attention=eager``: the script passes no ``--use-flash-attn``, so Megatron's local attention
+  materialises the s×s scores (its fused scale-mask-softmax, then dropout).  The rows' own memory
+  column agrees: 1F1B at 1.5B held 30 GB per GPU, flash attention prices 12.6 GiB and the eager
+  scores 27.4 GiB; 32 GB at 14.6B, 23.3 vs 32.1 GiB.
+* ``vocab=32000``: the tokenizer is SentencePiece; its model file is not published, and 32,000 is
+  the LLaMA SentencePiece vocabulary (a multiple of 128: Megatron pads nothing).  The paper's
+  layout gives the first and the last stage one layer fewer, the head balanced as about one
+  layer: at h = 2304 a 32,000 vocabulary is 1.1 layers of GEMM work, GPT-2's 50,304 would be 1.8,
+  and the 1.5B rows' measured step bounds the last stage below that.  An assumption."""
 CAUSAL_FLOPS = {"usp": True, "nemo-longseq": False}
 """Whether the source's TFLOP/s count causal attention work (regimes3_public.md's table)."""
 FP8_RECIPE = {"fp8-lm": "fp8-delayed", "llm-foundry": "fp8-delayed", "nemo-longseq": "fp8-delayed",
@@ -201,8 +219,11 @@ def folded_etp(r: dict) -> str:
 
 
 def model_spec(r: dict) -> str:
-    """The row's model spec, with ``GPT_VOCAB`` where a ``gpt:`` row publishes no vocabulary."""
+    """The row's model spec: a Zero Bubble row as its fork's script ran it (``ZERO_BUBBLE_MODEL``),
+    ``GPT_VOCAB`` where another ``gpt:`` row publishes no vocabulary."""
     spec = r["model"]
+    if source_of(r["id"]) == "zero-bubble":
+        return spec + "".join(f",{k}={v}" for k, v in ZERO_BUBBLE_MODEL.items() if f"{k}=" not in spec)
     return spec + f",vocab={GPT_VOCAB}" if spec.startswith("gpt:") and "vocab=" not in spec else spec
 
 
@@ -260,11 +281,11 @@ def plan_string(r: dict) -> str:
 
 
 def engine_options(r: dict) -> tuple[tuple[str, bool], ...]:
-    """``EstimateOptions`` fields of the row's engine: post-validation for Zero Bubble's
-    split-backward schedules (module docstring)."""
+    """``EstimateOptions`` fields of the row's engine: post-validation and the WeightGradStore for
+    Zero Bubble's split-backward schedules (module docstring)."""
     schedule = _fields(r["plan"]).get("schedule", "")
     if source_of(r["id"]) == "zero-bubble" and schedule in SPLIT_BACKWARD:
-        return (("post_validation", True),)
+        return (("post_validation", True), ("wgrad_store", True))
     return ()
 
 

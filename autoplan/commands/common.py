@@ -82,6 +82,10 @@ def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> Non
                    help="Zero Bubble's optimizer post-validation: each pipeline rank steps its optimizer when its "
                         "own backward ends, checks validated after (the sail-sg Megatron fork); the pipeline "
                         "costs its steady step instead of its makespan (off: Megatron-LM, torchtitan)")
+    g.add_argument("--wgrad-store", action="store_true",
+                   help="a split backward (zb-h1, zb-h2, zbv, ...) as Megatron's WeightGradStore runs it (the "
+                        "sail-sg fork): B frees every activation but the linears' inputs, kept with their output "
+                        "gradients for W (off: torch pipelining, whose B keeps the autograd graph until W)")
     add_margin_arg(g)
     g.add_argument("--params", metavar="PATH",
                    help="YAML of parameter multipliers the point model runs under (a perturbation, e.g. "
@@ -106,7 +110,7 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
         fp8_engine=args.fp8_engine, fp8_params=args.fp8_params, tp_comm_overlap=args.tp_comm_overlap,
-        post_validation=args.post_validation,
+        post_validation=args.post_validation, wgrad_store=args.wgrad_store,
         params=load_override(check_yaml_file(args.params, "--params")) if args.params else NOMINAL,
         exact=args.exact)
 

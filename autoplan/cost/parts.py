@@ -54,19 +54,30 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
     fp8_weights = fp8.weight_numel(graph, bs, plan, precision)
     backward_s = bs.backward_s + (prices.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
     forward_s, backward_s, wgrad_s = host_bound(prices.profile.host_floor_s, bs, tp, backward_s)
+    forward_s, backward_s = forward_s + cp.compute_fwd_s, backward_s + cp.compute_bwd_s
     return Part(
         forward_s=forward_s, backward_s=backward_s, wgrad_s=wgrad_s,
         exposed_fwd_s=tp.exposed_fwd_s + cp.exposed_fwd_s + ep.exposed_fwd_s,
         exposed_bwd_s=tp.exposed_bwd_s + cp.exposed_bwd_s + ep.exposed_bwd_s,
         ep_fwd_s=ep.exposed_fwd_s, ep_bwd_s=ep.exposed_bwd_s,
         saved_bytes=saved, recompute_transient_bytes=max(0.0, unsaved - saved),
-        wgrad_held_bytes=bs.wgrad_held_bytes, b_freed_bytes=bs.b_freed_bytes if graph_key == "@post" else 0.0,
+        wgrad_held_bytes=bs.wgrad_held_bytes, b_freed_bytes=_freed_at_b(ctx, graph_key, bs, saved),
         dense_numel=dense, expert_numel=expert, largest_param_numel=largest,
         model_flops=sum(n.flops for n in graph.ops() if is_model_flop_op(n)) * plan.mbs,
         recompute_flops=_recompute_flops(graph, recompute) * plan.mbs,
         attention_s=sum(attention), compute_s=forward_s + backward_s + wgrad_s,
         comms=tp.comms + cp.comms + ep.comms, fp8_weight_numel=fp8_weights.numel,
         fp8_gemms=fp8_weights.gemms, ilp_gap=bs.gap)
+
+
+def _freed_at_b(ctx: PlanContext, graph_key: str, bs: BlockSharding, saved: float) -> float:
+    """Of a micro-batch's ``saved`` bytes, what a split backward's B frees (``Part.b_freed_bytes``):
+    under Megatron's WeightGradStore (``EstimateOptions.wgrad_store``) all but the weight ops'
+    inputs; under torch's pipelining only the post part's loss, above the head (a block's tail
+    above its weight ops is read by the next block's, unless it ends the stage)."""
+    if ctx.options.wgrad_store:
+        return max(0.0, saved - bs.wgrad_input_bytes)
+    return bs.b_freed_bytes if graph_key == "@post" else 0.0
 
 
 def host_bound(host_floor_s: float, bs: BlockSharding, tp: AxisCost, backward_s: float) -> tuple[float, float, float]:

@@ -64,6 +64,12 @@ class EstimateOptions:
     # ``PipelineResult.steady_step_time``) instead of its makespan; off: the optimizer waits for the
     # whole pipeline (Megatron-LM, torchtitan)
     post_validation: bool = False
+    # a split backward's engine: False, torch's pipelining (``stage_backward_input`` keeps the
+    # autograd graph from B to W, so W frees the saved activations, B only those above every weight
+    # op); True, Megatron's WeightGradStore (the sail-sg Zero Bubble fork): B is an ordinary
+    # backward that frees every saved activation but the weight ops' inputs, which it stores with
+    # their output gradients for W (``ir.OpGraph.wgrad_input_nodes``)
+    wgrad_store: bool = False
     params: Params = NOMINAL             # multipliers on the uncertain parameters (cost/params.py)
     # the reference path: every pipeline step simulated event by event, every schedule variant
     # and recompute policy priced (no steady-state extrapolation, no floor, no estimate memo);
@@ -118,6 +124,8 @@ class AxisCost:
     exposed_fwd_s: float = 0.0
     exposed_bwd_s: float = 0.0
     comms: tuple[Comm, ...] = ()
+    compute_fwd_s: float = 0.0     # compute it adds on the compute stream beside its collectives (ring CP's
+    compute_bwd_s: float = 0.0     # per-step merges and chunk kernels, cost.cp.ring_step_seconds)
 
 
 @dataclass(frozen=True)

@@ -205,8 +205,9 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
     chosen = assignment.choice
     shape = _layout_reads(g, assignment)
     prices = prices if prices is not None else layout_prices(g, assignment, ctx)
-    fwd = bwd = wgd = rec = saved = freed = 0.0
+    fwd = bwd = wgd = rec = saved = freed = wgrad_inputs = 0.0
     freed_nodes = g.freed_at_input_grad_nodes()
+    wgrad_input_nodes = g.wgrad_input_nodes()
     launches = [0, 0]                    # kernels issued in forward, in backward (+ recompute)
     collectives: list[Collective] = []
     for (n, s), priced in zip(shape.nodes, prices.nodes):
@@ -226,6 +227,8 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         saved += c.saved_bytes
         if n.name in freed_nodes:
             freed += c.saved_bytes
+        if n.name in wgrad_input_nodes:
+            wgrad_inputs += c.saved_bytes
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
                         for x in c.intrinsic]
@@ -247,7 +250,7 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         param_placements=dict(sorted(params.items())),  # type: ignore[arg-type]  # a param's placement is not None
         collectives=tuple(collectives),
         forward_s=fwd, backward_s=bwd, wgrad_s=wgd, recompute_s=rec, saved_bytes=saved, wgrad_held_bytes=held,
-        b_freed_bytes=freed,
+        b_freed_bytes=freed, wgrad_input_bytes=wgrad_inputs,
         forward_launches=launches[0], backward_launches=launches[1],
         param_numel=param_numel, objective_s=assignment.objective_s, gap=assignment.gap,
         solve_seconds=assignment.solve_seconds, ilp_size=assignment.ilp_size,

@@ -100,6 +100,8 @@ class BlockSharding:
     ilp_size: dict[str, int] = field(default_factory=dict)
     forward_launches: int = 0                  # kernels the host issues per micro-batch: forward
     backward_launches: int = 0                 # backward, weight gradients and recompute reruns
+    wgrad_input_bytes: float = 0.0             # of saved_bytes, what the weight-gradient ops read (their
+                                               # inputs X, ir.wgrad_input_nodes), one micro-batch
 
     def comm_seconds(self, phase: str | None = None) -> float:
         return sum(c.seconds for c in self.collectives if phase is None or c.phase == phase)

@@ -90,3 +90,16 @@ def test_a_split_backward_frees_the_loss_at_its_input_half():
         ["aten.native_dropout.default"]
     llama = _traced("llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=128").blocks[0].graph
     assert llama.freed_at_input_grad_nodes() == frozenset()
+
+
+def test_a_weight_gradient_store_keeps_each_linears_input():
+    """Megatron's WeightGradStore (the Zero Bubble fork) keeps from B to W only the input X of each
+    linear's dW = dYᵀ·X: a GPT block's four — the two LayerNorm outputs (qkv, fc1), the attention
+    output (proj) and the GELU output (fc2) — 7·h elements per token, whatever the attention."""
+    for attention in ("flash", "eager"):
+        g = _traced(f"gpt:layers=2,hidden=64,heads=4,vocab=128,attention={attention}").blocks[0].graph
+        kept = g.wgrad_input_nodes()
+        ops = sorted(g.node(n).op.split(".")[1] for n in kept)
+        assert ops.count("native_layer_norm") == 2 and ops.count("gelu") == 1 and len(ops) == 4
+        assert sum(g.node(n).outputs[0].numel for n in kept) == 64 * (64 + 64 + 64 + 256)   # s·7h
+        assert kept <= {r.node for r in g.saved_outputs()}

@@ -108,8 +108,11 @@ def test_cross_validation_report(capsys, experiment):
     # rows of sources no fit uses are out of sample already: both errors agree (the FP8 pairs are
     # not: FP8-LM and llm-foundry fit h100.fp8_gemm_peak_fraction)
     assert s["out_of_sample:fp8-bf16"] != s["in_sample:fp8-bf16"]
-    for regime in ("schedule", "cp"):
-        assert s[f"out_of_sample:{regime}"] == s[f"in_sample:{regime}"]
+    assert s["out_of_sample:cp"] == s["in_sample:cp"]
+    # the Zero Bubble rows are priced with the pipeline engine's host time the vTrain rows fit
+    # (the stack fit's p2p_host_s; a100.yaml takes the same value): out of sample they stay in the
+    # issue's bound (schedule rows <= 6 %)
+    assert s["out_of_sample:schedule"]["mean_abs"] <= 0.06
 
 
 @pytest.mark.slow
@@ -159,3 +162,29 @@ def test_the_error_file_is_what_the_cross_validation_computes(experiment):
         shipped = json.load(f)
     assert shipped == json.loads(json.dumps(cv.error_file(cv.cross_validate()))), (
         "costmodels/cross_validation.json is stale: run `python experiments/validate_published.py --cv --write`")
+
+def test_zero_bubble_rows_run_the_forks_model_and_engine(experiment):
+    """The fork's script of the paper's time (published_regimes3.ZERO_BUBBLE_MODEL): no flash
+    attention, a SentencePiece vocabulary; its split backward is Megatron's WeightGradStore, its
+    optimizer step post-validated."""
+    p3 = experiment("published_regimes3")
+    raw = {r["id"]: r for r in p3.raw_rows()}
+    assert p3.model_spec(raw["zb-6p2B-m24-1f1b"]) == "gpt:layers=30,hidden=4096,heads=32,attention=eager,vocab=32000"
+    assert dict(p3.engine_options(raw["zb-6p2B-m24-zb-h2"])) == {"post_validation": True, "wgrad_store": True}
+    assert p3.engine_options(raw["zb-6p2B-m24-1f1b"]) == ()
+    assert "vocab=50304" in p3.model_spec(raw["fp8lm-gpt-7b-h100x32-bf16"])      # other gpt rows: GPT-2's
+
+
+def test_zero_bubble_memory_agrees_with_the_papers_column(experiment):
+    """The rows' own memory (GB per GPU, Table 4) is what the eager attention and the store read
+    from the fork stand on: 1F1B and ZB-1p of the 1.5B model within 10 % (priced 27.4 and 29.7 GiB,
+    published 30 and 32 GB); flash attention would price 1F1B at 12.6 GiB."""
+    p3 = experiment("published_regimes3")
+    pr = experiment("published_regimes")
+    from autoplan.cost import EstimateOptions
+    raw = {r["id"]: r for r in p3.raw_rows()}
+    priced, _ = p3.rows()
+    for ident in ("zb-1p5B-m24-1f1b", "zb-1p5B-m24-zb-h1"):
+        row = next(r for r in priced if r.ident == ident)
+        got = pr.price_or_why(row, pr.row_options(row, EstimateOptions()))
+        assert got.memory_gib * 2 ** 30 == pytest.approx(raw[ident]["memory_gib"]["value"] * 1e9, rel=0.10)

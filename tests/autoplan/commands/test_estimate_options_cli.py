@@ -34,6 +34,7 @@ FLAGS = {   # EstimateOptions field -> (the flags that set it, the value they se
     "state_precision": (["--state-precision", "apex-dfa-bf16"], "apex-dfa-bf16"),
     "kernels": (["--kernels", "megatron-core"], "megatron-core"),
     "post_validation": (["--post-validation"], True),
+    "wgrad_store": (["--wgrad-store"], True),
     "params": (["--params", PARAMS], load_override(PARAMS)),
     "exact": (["--exact"], True),
 }

@@ -73,6 +73,7 @@ OPTION_VARIANTS = {                # per EstimateOptions field, another value (p
     "fp8_params": True,
     "tp_comm_overlap": True,
     "post_validation": True,
+    "wgrad_store": True,
     "params": Params(gemm_peak=0.9, nic_efficiency=0.8, wpass=1.2, recompute=1.1, cp_overlap=0.7),
     "exact": True,
 }

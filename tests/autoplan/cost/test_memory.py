@@ -141,6 +141,28 @@ def test_loss_buffers_on_the_last_stage_only(setup):
     assert len(e.memory_per_stage_gib) == 2
 
 
+def test_a_weight_gradient_store_frees_all_but_the_linears_inputs_at_b(setup):
+    """Under Megatron's WeightGradStore (EstimateOptions.wgrad_store) a split backward's B frees every
+    saved byte of a block but its linears' inputs — a llama block's: the two RMSNorm outputs (q/k/v
+    and gate/up), the attention output (o) and the SwiGLU product (down), s·(3h + ffn) elements;
+    under torch's pipelining it frees none of a block's."""
+    from autoplan.cost import EstimateOptions, Estimator
+    from autoplan.mesh import Mesh
+    graph, _, est = setup(LLAMA, "h100x8", seq=SEQ)
+    plan = Plan.parse("pp=2,dp=4,mbs=1,schedule=zb-h1,zero=1")
+    kind = graph.blocks[0].kind
+    torch_part = est.part(kind, plan, "none", Mesh.of(plan))
+    store = Estimator(est.model, est.cluster, EstimateOptions(wgrad_store=True))
+    part = store.part(kind, plan, "none", Mesh.of(plan))
+    assert torch_part.b_freed_bytes == 0.0
+    # node by node: the kept ops' small fp32 outputs (RMSNorm rstd, the attention's log-sum-exp) ride along
+    assert part.saved_bytes - part.b_freed_bytes == pytest.approx(SEQ * (3 * H + FFN) * 2, rel=0.01)
+    # the W-held peak drops accordingly: zb-h1 under the store holds less than under torch
+    torch_peak = max(r.activations for r in est.memory_by_rank(plan, 8))
+    store_peak = max(r.activations for r in store.memory_by_rank(plan, 8))
+    assert store_peak < torch_peak
+
+
 def test_fits_means_fits_with_the_margin(setup):
     from autoplan.cost import EstimateOptions
     from autoplan.workload import Workload
