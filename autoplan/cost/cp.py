@@ -12,6 +12,16 @@ kernel reads them, ``attention_bytes``: 2 in bf16):
   the rank's work c) overlapping the next hop h: the pass takes (n−1)·max(c/n, h) + c/n, so
   exposed = (n−1)·(max(0, h − c/n) + k), k being the launch of the extra kernels per step
   (counted in the ring's time with its hops).
+* **ring steps**: beside its hops, a ring runs work a single attention kernel over the whole
+  sequence does not, on the compute stream (``ring_step_seconds``, ``AxisCost.compute_*``), read
+  from Transformer Engine's ``AttnFuncWithCP`` (v1.4, Megatron-Core's ring): each of the n − 1
+  non-local steps merges its partial output into the running one (out += out_i·exp(lse_i − lse)),
+  copies the half of q or of K/V its kernel reads, and in backward runs a flash backward of its
+  own (its dot(do, o) pass and fp32 dq accumulator), adds its dq into dq and its dK/dV into the
+  travelling dK/dV — HBM traffic counted per element of q and of K/V (``RING_*``, the causal
+  ring's half-chunk steps averaged) at the memory roofline; and its kernels run on chunks, the
+  local one s/r × s/r and the others s/r × s/2r (s/r the tokens a rank holds), each dim at the
+  efficiency L / (L + gemm_half_dim) of the GEMM curve against the whole sequence's s × s.
 * **Ulysses** (Jacobs et al. 2023): q, k, v and the output are re-sharded heads↔sequence with
   one all-to-all each (4 per pass, forward and backward), on the critical path: q and o
   ``b·(s/n)·(a/tp)·d·e_q`` bytes per rank, k and v ``b·(s/n)·a'·d·e_kv`` with a' = max(a_kv/tp, u)
@@ -39,6 +49,16 @@ from autoplan.opkinds import attention_work_fraction, has_attention, is_attentio
 from autoplan.rules import ulysses_and_ring
 from autoplan.sharding.local import bytes_per_elem
 
+# HBM bytes per element a ring step other than the local one moves beyond its attention kernel
+# (Transformer Engine's ``AttnFuncWithCP``, v1.4, Megatron-Core's ring; module docstring), in
+# elements of q (= o, do, dq) and of k and v together, as multiples of their element size e, the
+# causal ring's half-chunk steps averaged (half of the steps touch half of q or of k and v):
+RING_FWD_Q = 0.75 * 3 + 0.5     # out += out_step·exp(lse_step − lse) (read both, write out); a half-q copy
+RING_FWD_KV = 0.5               # a half-kv copy
+RING_BWD_Q = 0.75 * (2 + 1 + 3) + 1.5   # flash bwd's dot(do, o) (2) and dq cast (1); dq += dq_step (3);
+                                        # half-q, -o, -do copies
+RING_BWD_Q_FP32 = 0.75 * 8.0    # flash bwd's fp32 dq accumulator: zeroed (4), read by the cast (4)
+RING_BWD_KV = 0.75 * 3 + 0.5    # dkv += dkv_step (read both, write); a half-kv copy
 ULYSSES_QO = 2                          # all-to-alls per pass at the heads' width: q and the output
 ULYSSES_KV = 2                          # ... and at the KV heads' width: k and v
 
@@ -82,6 +102,8 @@ class CpShape(NamedTuple):
     qo_bytes: float          # one of q / o (and their gradients): b·(s/n)·(a/tp)·d·e_q
     kv_a2a_bytes: float      # one of k / v in Ulysses' all-to-all: b·(s/n)·max(a_kv/tp, u)·d·e_kv
     ring_bytes: float        # K and V of a ring hop: 2·b·(s/n)·max(a_kv/tp, u)·d·e_kv
+    q_elem: float = 2.0      # bytes per element of q (and o) as the attention kernel reads them
+    kv_elem: float = 2.0     # of k (and v)
 
     @staticmethod
     def of(ctx: PlanContext, graph: OpGraph, ulysses: int) -> CpShape:
@@ -96,7 +118,7 @@ class CpShape(NamedTuple):
         # at least one: fewer than u are replicated to u before the all-to-all (Megatron, USP)
         kv = max((info.kv_heads or heads) / plan.tp, 1.0, float(ulysses))
         return CpShape(tokens * heads * head_dim * q_elem / plan.tp,
-                       tokens * kv * head_dim * kv_elem, 2 * tokens * kv * head_dim * kv_elem)
+                       tokens * kv * head_dim * kv_elem, 2 * tokens * kv * head_dim * kv_elem, q_elem, kv_elem)
 
 
 def _ulysses(prices: Prices, shape: CpShape, ranks: tuple[int, ...]) -> tuple[float, list[Comm]]:
@@ -112,6 +134,42 @@ def _ulysses(prices: Prices, shape: CpShape, ranks: tuple[int, ...]) -> tuple[fl
     return t, out
 
 
+def chunk_efficiency(length: float, half: float) -> float:
+    """The efficiency factor of an attention kernel along one sequence dim of ``length`` tokens:
+    ``L / (L + half)``, the GEMM curve's (``ComputeProfile.gemm_efficiency``) with its
+    ``gemm_half_dim`` — a flash kernel is two tiled GEMMs per tile (QKᵀ along the keys, PV along
+    the queries), each tile paying the load of its Q (or K, V) block and the write of its output."""
+    return length / (length + half)
+
+
+def ring_step_seconds(ctx: PlanContext, shape: CpShape, ring_n: int,
+                      attention_s: tuple[float, float]) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch that a ring of ``ring_n`` steps adds on the
+    compute stream beside its hops (module docstring, *ring steps*): the merge and accumulation
+    traffic of its n − 1 extra steps, and its kernels' efficiency on chunks."""
+    prices = ctx.prices
+    q_elem, kv_elem = shape.q_elem, shape.kv_elem
+    steps = ring_n - 1
+    e_q = shape.qo_bytes / q_elem                 # elements of the rank's q (= o, dq, do)
+    e_kv = shape.ring_bytes / kv_elem             # of its k and v together
+    traffic_f = steps * (e_q * RING_FWD_Q * q_elem + e_kv * RING_FWD_KV * kv_elem)
+    traffic_b = steps * (e_q * (RING_BWD_Q * q_elem + RING_BWD_Q_FP32) + e_kv * RING_BWD_KV * kv_elem)
+    merge_f = prices.op_seconds("cast", 0.0, traffic_f, None) if steps else 0.0
+    merge_b = prices.op_seconds("cast", 0.0, traffic_b, None) if steps else 0.0
+    # a rank holds s/r tokens (USP: after its Ulysses all-to-all); every step but the local one
+    # runs a (full × half chunk) kernel, the local one (full × full), against one kernel over the
+    # whole sequence: the work the attention seconds price
+    half = prices.profile.gemm_half_dim
+    s = ctx.seq_len
+    whole = chunk_efficiency(s, half) ** 2
+    full = s / ring_n
+    local = whole / chunk_efficiency(full, half) ** 2 - 1.0
+    other = whole / (chunk_efficiency(full, half) * chunk_efficiency(full / 2, half)) - 1.0
+    slow = (local + steps * other) / ring_n
+    att_f, att_b = attention_s
+    return merge_f + slow * att_f, merge_b + slow * att_b
+
+
 def cp_cost(ctx: PlanContext, graph: OpGraph, attention_s: tuple[float, float]) -> AxisCost:
     """Exposed forward/backward seconds of context parallelism for one graph, and its collectives."""
     plan, mesh, prices = ctx.plan, ctx.mesh, ctx.prices
@@ -122,7 +180,7 @@ def cp_cost(ctx: PlanContext, graph: OpGraph, attention_s: tuple[float, float]) 
     ulysses_n, ring_n = ulysses_and_ring(plan, mesh, prices.cluster.nvlink_domain)
     shape = CpShape.of(ctx, graph, ulysses_n)
     out: list[Comm] = []
-    exp_f = exp_b = 0.0
+    exp_f = exp_b = step_f = step_b = 0.0
     if ulysses_n > 1:
         t, records = _ulysses(prices, shape, tuple(cp_ranks[:ulysses_n]))
         out += records
@@ -134,6 +192,7 @@ def cp_cost(ctx: PlanContext, graph: OpGraph, attention_s: tuple[float, float]) 
         launch_f, launch_b = (prices.profile.overhead_s * _kernels(graph, p) for p in ("forward", "backward"))
         fwd, bwd = (ring_n - 1) * (hop + launch_f), (ring_n - 1) * (2 * hop + launch_b)
         hide = prices.params.cp_overlap            # share of attention the hops hide behind (1 at the point)
+        step_f, step_b = ring_step_seconds(ctx, shape, ring_n, attention_s)
         e_f = (ring_n - 1) * (max(0.0, hop - hide * att_f / ring_n) + launch_f)
         e_b = (ring_n - 1) * (max(0.0, 2 * hop - hide * att_b / ring_n) + launch_b)
         ring = tuple(cp_ranks[::ulysses_n])
@@ -143,4 +202,4 @@ def cp_cost(ctx: PlanContext, graph: OpGraph, attention_s: tuple[float, float]) 
                         ranks=ring))
         exp_f += e_f
         exp_b += e_b
-    return AxisCost(exp_f, exp_b, tuple(out))
+    return AxisCost(exp_f, exp_b, tuple(out), step_f, step_b)

@@ -247,7 +247,8 @@ class Estimator:
         """What ``memory.bag_states`` reads besides a rank's bag and the FSDP policy (keyword
         arguments; none of them reads the ZeRO stage)."""
         return memory.MemoryInputs(dense_dp=len(mesh.group(DENSE_DP)), expert_dp=len(mesh.group(EXPERT_DP)),
-                    loss=memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0),
+                    loss=memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0,
+                                                          self.options.kernels),
                     ends=frozenset(map(self._parts_of(plan, mesh), ("@pre", "@post"))),
                     microbatches=m, precision=memory.state_precision(self.options.state_precision),
                     fp8_engine=self.options.fp8_engine, fp8_params=self.options.fp8_params)

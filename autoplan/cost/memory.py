@@ -86,6 +86,14 @@ LOSS_GRAD_BYTES = 4 * 2
 # plus the masked update, one fp32 [b·s, V/tp] buffer more (MemTracker, torch 2.13: 3·4 bytes per
 # local logit at tp = 2 and 8, against 2·4 for plain F.cross_entropy at tp = 1).
 VOCAB_PARALLEL_LOSS_GRAD_BYTES = 4 * 3
+# Megatron-Core's loss (``kernels=megatron-core``): ``vocab_parallel_cross_entropy(logits.float())``
+# (megatron/core/tensor_parallel/cross_entropy.py and language_module.py at 2196398, Apr 2024) keeps
+# one fp32 buffer, the softmax computed in place in the max-subtracted copy of the fp32 logits (the
+# saved bytes), and its backward turns that buffer into the gradient in place; beyond it, the
+# forward holds the bf16 logits and their fp32 copy while it subtracts the max (2 + 4 bytes per
+# local logit), the backward only the bf16 gradient of ``.float()`` (2): the larger moment counts,
+# at every tp.
+MEGATRON_LOSS_BYTES = 2 + 4
 # FSDP staging per parameter of one unit: its bf16 unsharded gradient and the fp32 copy the
 # reduce-scatter reads (FSDP2 reduce_dtype fp32).
 GRAD_STAGING_BYTES = PARAM_BYTES + MASTER_BYTES
@@ -117,10 +125,14 @@ def usable_bytes(hbm_bytes: float, margin_gib: float) -> float:
     return hbm_bytes - margin_gib * GIB
 
 
-def loss_bytes(plan: Plan, seq_len: int, vocab: int) -> float:
+def loss_bytes(plan: Plan, seq_len: int, vocab: int, kernels: str = "eager") -> float:
     """The last stage's loss buffers beyond its saved bytes: ``b·(s/cp)·V/tp·LOSS_GRAD_BYTES``
-    (``VOCAB_PARALLEL_LOSS_GRAD_BYTES`` when tp > 1)."""
-    per_logit = VOCAB_PARALLEL_LOSS_GRAD_BYTES if plan.tp > 1 else LOSS_GRAD_BYTES
+    (``VOCAB_PARALLEL_LOSS_GRAD_BYTES`` when tp > 1; ``MEGATRON_LOSS_BYTES`` on Megatron-Core's
+    kernels)."""
+    if kernels == "megatron-core":
+        per_logit = MEGATRON_LOSS_BYTES
+    else:
+        per_logit = VOCAB_PARALLEL_LOSS_GRAD_BYTES if plan.tp > 1 else LOSS_GRAD_BYTES
     return plan.mbs * seq_len / plan.cp * vocab / plan.tp * per_logit
 
 

@@ -127,6 +127,40 @@ def test_ring_hops_hide_behind_one_nth_of_attention_per_step(model):
     assert (long.exposed_fwd_s, long.exposed_bwd_s) == (pytest.approx(3 * LAUNCH), pytest.approx(3 * LAUNCH))
 
 
+def _f(length):
+    """A sequence dim's efficiency factor: L / (L + gemm_half_dim)."""
+    return length / (length + PROFILE["gemm_half_dim"])
+
+
+def test_ring_steps_add_merge_traffic_and_chunk_kernels_on_the_compute_stream(model):
+    """Beside its hops a ring of n adds, per micro-batch on the compute stream, what its n − 1 extra
+    steps move through HBM (per element of q: 2.75·e forward, 6·e + 6 backward; of K and V
+    together: 0.5·e forward, 2.75·e backward; e = 2 bytes) at the memory roofline plus one
+    launch, and its chunk kernels' efficiency: of its n steps one is s/n × s/n, the others
+    s/n × s/2n, against the s × s kernel the attention seconds price."""
+    n, att = 4, (1e-3, 2e-3)
+    e_q = S / n * 16 * D                          # q elements of a rank: s/n tokens of 16 heads of d
+    e_kv = 2 * S / n * A_KV * D                   # its k and v
+    mem = CLUSTER.gpu.hbm_bw * PROFILE["memory_fraction"]
+    fwd_bytes = (n - 1) * (e_q * 2.75 * BF16 + e_kv * 0.5 * BF16)
+    bwd_bytes = (n - 1) * (e_q * (6 * BF16 + 6) + e_kv * 2.75 * BF16)
+    whole, full = _f(S) ** 2, S / n
+    slow = (whole / _f(full) ** 2 - 1 + (n - 1) * (whole / (_f(full) * _f(full / 2)) - 1)) / n
+    cost = _cp(model, Plan(cp=n), att)
+    assert cost.compute_fwd_s == pytest.approx(fwd_bytes / mem + LAUNCH + slow * att[0], rel=1e-12)
+    assert cost.compute_bwd_s == pytest.approx(bwd_bytes / mem + LAUNCH + slow * att[1], rel=1e-12)
+    assert 0.28 < slow < 0.3                      # 1024- and 512-token chunks of a 4096-token sequence
+    # Ulysses runs one kernel over the whole sequence: nothing on the compute stream
+    uly = _cp(model, Plan(cp=n, cp_algo="ulysses"), att)
+    assert (uly.compute_fwd_s, uly.compute_bwd_s) == (0.0, 0.0)
+    # USP 8 × 2: a rank holds s/2 tokens after the all-to-all, one extra step
+    usp = _cp(model, Plan(cp=16, cp_algo="usp"), att)
+    e_q, e_kv, full = S / 16 * 16 * D, 2 * S / 16 * 8 * D, S / 2      # a_kv = 8 = u: no replication
+    slow = (whole / _f(full) ** 2 - 1 + (whole / (_f(full) * _f(full / 2)) - 1)) / 2
+    assert usp.compute_fwd_s == pytest.approx((e_q * 2.75 * BF16 + e_kv * 0.5 * BF16) / mem + LAUNCH
+                                              + slow * att[0], rel=1e-12)
+
+
 def test_cp_overlap_scales_the_attention_the_hops_hide_behind(model):
     n, hop = 4, p2p_in_domain(kv_bytes(4))
     cost = _cp(model, Plan(cp=4), (n * hop, 2 * n * hop), params=Params(cp_overlap=0.25))

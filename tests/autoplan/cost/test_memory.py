@@ -141,6 +141,21 @@ def test_loss_buffers_on_the_last_stage_only(setup):
     assert len(e.memory_per_stage_gib) == 2
 
 
+def test_megatron_cores_loss_keeps_its_softmax_in_place(setup):
+    """Megatron-Core's vocab_parallel_cross_entropy(logits.float()): beyond the saved fp32 softmax,
+    the forward holds the bf16 logits and their fp32 copy (2 + 4 bytes per local logit), the
+    backward only the bf16 gradient (2): 6 bytes per local logit at any tp, against torch's 8."""
+    for plan in (Plan.parse("pp=2,dp=4,mbs=1,zero=1"), Plan.parse("tp=2,pp=2,dp=2,mbs=2,zero=1")):
+        assert memory.loss_bytes(plan, SEQ, V, "megatron-core") == plan.mbs * SEQ * V / plan.tp * 6
+    from autoplan.cost import EstimateOptions, Estimator
+    from autoplan.mesh import Mesh
+    _, _, est = setup(LLAMA, "h100x8", seq=SEQ)
+    plan = Plan.parse("pp=2,dp=4,mbs=1,zero=1")
+    core = Estimator(est.model, est.cluster, EstimateOptions(kernels="megatron-core"))
+    assert core.memory_inputs(plan, Mesh.of(plan), 4)["loss"] == SEQ * V * 6       # the estimate reads it
+    assert est.memory_inputs(plan, Mesh.of(plan), 4)["loss"] == SEQ * V * 8
+
+
 def test_a_weight_gradient_store_frees_all_but_the_linears_inputs_at_b(setup):
     """Under Megatron's WeightGradStore (EstimateOptions.wgrad_store) a split backward's B frees every
     saved byte of a block but its linears' inputs — a llama block's: the two RMSNorm outputs (q/k/v
