@@ -35,6 +35,9 @@ FLAGS = {   # EstimateOptions field -> (the flags that set it, the value they se
     "kernels": (["--kernels", "megatron-core"], "megatron-core"),
     "post_validation": (["--post-validation"], True),
     "wgrad_store": (["--wgrad-store"], True),
+    "fp8_engine": (["--fp8-engine", "torchao"], "torchao"),
+    "fp8_params": (["--fp8-params"], True),
+    "tp_comm_overlap": (["--tp-comm-overlap"], True),
     "params": (["--params", PARAMS], load_override(PARAMS)),
     "exact": (["--exact"], True),
 }
