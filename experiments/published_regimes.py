@@ -142,7 +142,10 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
 # Per row-id prefix, the same for a source's every row.  usp-: the USP paper's runs are Megatron-LM
 # (commit 2196398, Apr 2024, in the nemo:24.03 container: Megatron-Core's GPT model with Transformer
 # Engine; regimes3_public.json's note), so Megatron-Core's kernels (``kernels=megatron-core``: the
-# fused SwiGLU keeps only its input).
+# fused SwiGLU keeps only its input), and that Megatron-LM's defaults where the paper names no flag:
+# ``--overlap-grad-reduce`` is off (``megatron/training/arguments.py`` at 2196398: ``default=False``),
+# so the ZeRO-1 gradient reduce-scatter and parameter all-gather over the 16-GPU cp group run after
+# the backward (``overlap_grad_reduce=False``).
 #
 # nemo-: NeMo 24.03 trains on Megatron-Core with Transformer Engine (its long-sequence Llama 2 rows):
 # Megatron-Core's kernels.  mb-2604-h100-llama: Megatron-Bridge 26.04's Llama 3 performance recipes
@@ -154,7 +157,7 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
 # (``llama3_70b_pretrain_config``, ``llama31_405b_pretrain_config``: userbuffers overlap of the
 # sequence-parallel collectives, ``tp_comm_overlap``).
 RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
-    "usp-": ({}, {"kernels": "megatron-core"}),
+    "usp-": ({}, {"kernels": "megatron-core", "overlap_grad_reduce": False}),
     "nemo-": ({}, {"kernels": "megatron-core"}),
     "mb-2604-h100-llama": ({}, {"kernels": "megatron-core", "state_precision": "megatron-bf16-grads",
                                 "grad_reduce_bytes": 2.0, "fp8_params": True, "tp_comm_overlap": True}),
