@@ -282,7 +282,9 @@ def price_rows() -> list[tuple]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="write the table into experiments/RESULTS.md (with --cv: also costmodels/cross_validation.json)")
+    ap.add_argument("--write", action="store_true",
+                    help="write the table into experiments/RESULTS.md (with --cv: also "
+                         "costmodels/cross_validation.json and costmodels/uncertainty_cv.yaml)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--regimes", action="store_true",
                     help="also report the error by regime on the other public rows (FSDP, vTrain, must-fit)")
