@@ -205,7 +205,8 @@ def _gpu_fields(point: dict[str, float], gpu: str) -> dict:
 
 def _profiles(point: dict[str, float]) -> dict[str, str]:
     stack = {k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("stack.")}
-    return {"a100": _profile_file("a100.yaml", {**_gpu_fields(point, "a100"), "p2p_host_s": point["pipeline.p2p_host_s"]}),
+    a100 = {**_gpu_fields(point, "a100"), "p2p_host_s": point["pipeline.p2p_host_s"]}
+    return {"a100": _profile_file("a100.yaml", a100),
             "h100": _profile_file("h100.yaml", _gpu_fields(point, "h100")),
             "stack": _profile_file("a100-megatron-deepspeed.yaml", {**_gpu_fields(point, "a100"), **stack})}
 

