@@ -456,15 +456,20 @@ def pair_ratios(report: Report) -> dict[str, list[dict]]:
     """Per regime of ``PAIR_REGIMES``, every pair of one published group
     (``published_regimes3.pairs``: each row against the group's first) with both plans, the
     measured and the out-of-sample predicted ratio (other / base), rounded to 4 decimals."""
-    results = [r for r in report.out_of_sample() if r.predicted_s is not None and isinstance(r.case.row, pr.RegimeRow)
-               and r.case.regime in PAIR_REGIMES]
-    case = {r.case.ident: r.case for r in results}
-    priced = [pr.Priced(r.case.row, r.predicted_s, 0.0, True) for r in results]
+    rows: dict[str, pr.RegimeRow] = {}
+    priced: list[pr.Priced] = []
+    regime: dict[str, str] = {}
+    for r in report.out_of_sample():
+        row = r.case.row
+        if r.predicted_s is None or not isinstance(row, pr.RegimeRow) or r.case.regime not in PAIR_REGIMES:
+            continue
+        rows[r.case.ident], regime[r.case.ident] = row, r.case.regime
+        priced.append(pr.Priced(row, r.predicted_s, 0.0, True))
     out: dict[str, list[dict]] = {}
     for q in p3.pairs(priced):
-        out.setdefault(case[q.base].regime, []).append(
-            {"group": q.group, "base": q.base, "other": q.other, "base_plan": case[q.base].row.plan,
-             "other_plan": case[q.other].row.plan, "measured": round(q.measured, 4),
+        out.setdefault(regime[q.base], []).append(
+            {"group": q.group, "base": q.base, "other": q.other, "base_plan": rows[q.base].plan,
+             "other_plan": rows[q.other].plan, "measured": round(q.measured, 4),
              "predicted": round(q.predicted, 4)})
     return out
 
