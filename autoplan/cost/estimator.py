@@ -301,7 +301,7 @@ class Estimator:
             primitives=tuple(prims), comm_time_s=sum(p.time_s for p in prims),
             time_breakdown_s=report.breakdown(prims, compute=m * block_compute, pipe=pipe, rank=busy,
                                               dp_exposed=max(steps.dp_exposed), embed_s=steps.embed_s,
-                                              optimizer_s=steps.optimizer_s),
+                                              optimizer_s=steps.optimizer_s, microbatches=m),
             memory_per_stage_gib=tuple(t / GIB for t in totals), hbm_gib=gpu.hbm_bytes / GIB,
             memory_margin_gib=self.options.memory_margin_gib, activations_alive=mems[worst].alive,
             attention_time_share=attention / block_compute if block_compute else 0.0,

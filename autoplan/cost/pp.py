@@ -48,6 +48,14 @@ class Pipeline:
     p2p_hop: tuple[int, ...] = ()         # the (sender, receiver) of the slowest stage-to-stage hop
     gather_s: float = 0.0                 # part of p2p_s: the receiver's all-gather over tp (no SP)
     post_validation: bool = False         # EstimateOptions.post_validation: steps overlap across ranks
+    engine_host_s: tuple[float, ...] = ()  # per virtual stage, the engine's host seconds in each F and B
+
+    def engine_host_seconds(self, rank: int, microbatches: int) -> float:
+        """The pipeline engine's host seconds on ``rank`` over a step: each of its virtual
+        stages' F and B carry ``engine_host_s`` once per micro-batch (``engine_instructions``)."""
+        if not self.engine_host_s:
+            return 0.0
+        return 2 * microbatches * sum(self.engine_host_s[c] for c in self.rank_chunks[rank])
 
     @property
     def step_s(self) -> float:
@@ -139,20 +147,24 @@ def stage_times(bags: Sequence[Bag], wpass: float = 1.0) -> tuple[list[float], l
     return f, b, w
 
 
-def engine_instructions(f: list[float], b: list[float], host_s: float) -> tuple[list[float], list[float]]:
-    """F and B per virtual stage with the pipeline engine's host seconds per send or receive
-    instruction (``ComputeProfile.p2p_host_s``).  DeepSpeed's PipelineEngine runs each
-    micro-batch as instructions (RecvActivation, ForwardPass, SendActivation; RecvGrad,
+def engine_host(n: int, host_s: float) -> list[float]:
+    """Per virtual stage of ``n``, the pipeline engine's host seconds in each F and each B
+    (``ComputeProfile.p2p_host_s`` per send or receive instruction).  DeepSpeed's PipelineEngine
+    runs each micro-batch as instructions (RecvActivation, ForwardPass, SendActivation; RecvGrad,
     BackwardPass, SendGrad), each send or receive costing the stage's host ``host_s`` of Python
     and bookkeeping (buffers, tensor meta, partitioned activations, the c10d call) on the
     critical path of a host-bound stage: a stage with k boundaries (1 at the ends, 2 inside)
-    adds k · host_s to its F and to its B, once per micro-batch.  Lower bounds
-    (``cost.bounds``) leave it out and stay bounds."""
-    n = len(f)
+    adds k · host_s to its F and to its B, once per micro-batch."""
     if host_s <= 0.0 or n < 2:
-        return f, b
-    k = [(c > 0) + (c < n - 1) for c in range(n)]
-    return [x + kc * host_s for x, kc in zip(f, k)], [x + kc * host_s for x, kc in zip(b, k)]
+        return [0.0] * n
+    return [((c > 0) + (c < n - 1)) * host_s for c in range(n)]
+
+
+def engine_instructions(f: list[float], b: list[float], host_s: float) -> tuple[list[float], list[float]]:
+    """F and B per virtual stage with the pipeline engine's host seconds (``engine_host``).
+    Lower bounds (``cost.bounds``) leave it out and stay bounds."""
+    h = engine_host(len(f), host_s)
+    return [x + hc for x, hc in zip(f, h)], [x + hc for x, hc in zip(b, h)]
 
 
 def wpass_factor(prices: Prices, schedule: str) -> float:
@@ -190,8 +202,9 @@ def price_pipeline(ctx: PlanContext, bags: list[Bag], args: SimulationArgs, *, d
         else:
             p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
     bnd = args.boundary
+    host = tuple(engine_host(len(args.f), ctx.prices.profile.p2p_host_s))
     return Pipeline(tuple(bags), rank_chunks(plan), tuple(args.f), tuple(args.b), tuple(args.w), bnd.bytes_per_rank,
-                    bnd.seconds, sim, p2p_exposed, bnd.hop, bnd.gather_s, post_validation)
+                    bnd.seconds, sim, p2p_exposed, bnd.hop, bnd.gather_s, post_validation, host)
 
 
 def pair_comms(schedule: str, bags: Sequence[Bag]) -> tuple[list[float] | None, list[float] | None]:

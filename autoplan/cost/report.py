@@ -120,10 +120,11 @@ BUBBLE_NOISE = 1e-9     # relative: costmodels.pipeline's extrapolation is exact
 
 
 def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: int, dp_exposed: float,
-              embed_s: float, optimizer_s: float) -> dict[str, float]:
+              embed_s: float, optimizer_s: float, microbatches: int) -> dict[str, float]:
     """The step's seconds by cause on the busiest rank; pp_bubble is idle time no rank can avoid
     (zero below ``BUBBLE_NOISE`` of the step: an extrapolated step equals the full simulation to
-    that relative precision, so a smaller difference is rounding, not idle time)."""
+    that relative precision, so a smaller difference is rounding, not idle time); pp_engine_host
+    is the pipeline engine's host time per send/receive on that rank (``pp.engine_host``)."""
     bubble = pipe.step_s - pipe.sim.busy[rank] - pipe.p2p_exposed_s
     return {
         "compute": compute,
@@ -132,6 +133,7 @@ def breakdown(prims: list[Primitive], *, compute: float, pipe: Pipeline, rank: i
         "ep_comm_exposed": sum(p.exposed_s for p in prims if p.axis == "ep"),
         "pp_bubble": bubble if bubble > BUBBLE_NOISE * pipe.step_s else 0.0,
         "pp_p2p_exposed": pipe.p2p_exposed_s,
+        "pp_engine_host": pipe.engine_host_seconds(rank, microbatches),
         "dp_exposed": dp_exposed,
         "embed_sync": embed_s,
         "optimizer": optimizer_s,

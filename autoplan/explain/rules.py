@@ -49,6 +49,7 @@ CAUSES = {   # time_breakdown_s key → what an engineer calls it
     "cp_comm_exposed": "exposed CP communication",
     "ep_comm_exposed": "exposed EP all-to-all",
     "pp_p2p_exposed": "exposed PP P2P",
+    "pp_engine_host": "pipeline engine host time",
     "dp_exposed": "exposed DP communication",
     "embed_sync": "tied-embedding gradient all-reduce",
     "optimizer": "optimizer step",

@@ -21,10 +21,12 @@ OP_COLOURS = {"F": "#4e79a7", "B": "#e15759", "W": "#59a14f", "BW": "#b07aa1"}
 AXIS_COLOURS = {"tp": "#4e79a7", "cp": "#59a14f", "ep": "#f28e2b", "pp": "#b07aa1", "dp": "#e15759"}
 TIME_COLOURS = {"compute": "#4e79a7", "recompute": "#a0cbe8", "tp_comm": "#f28e2b", "cp_comm_exposed": "#59a14f",
                 "ep_comm_exposed": "#8cd17d", "pp_bubble": "#bab0ac", "pp_p2p_exposed": "#b07aa1",
-                "dp_exposed": "#e15759", "embed_sync": "#ff9d9a", "optimizer": "#9c755f", "other": "#d7d7d7"}
+                "pp_engine_host": "#d4a6c8", "dp_exposed": "#e15759", "embed_sync": "#ff9d9a", "optimizer": "#9c755f",
+                "other": "#d7d7d7"}
 TIME_LABELS = {"compute": "model compute", "recompute": "recompute", "tp_comm": "TP/SP comm",
                "cp_comm_exposed": "CP comm (exposed)", "ep_comm_exposed": "EP all-to-all (exposed)",
-               "pp_bubble": "pipeline bubble", "pp_p2p_exposed": "PP P2P (exposed)", "dp_exposed": "DP comm (exposed)",
+               "pp_bubble": "pipeline bubble", "pp_p2p_exposed": "PP P2P (exposed)",
+               "pp_engine_host": "PP engine host", "dp_exposed": "DP comm (exposed)",
                "embed_sync": "embedding sync", "optimizer": "optimizer", "other": "other"}
 MEMORY_COLOURS = {"params": "#4e79a7", "grads": "#f28e2b", "optimizer": "#59a14f", "activations": "#e15759",
                   "other": "#bab0ac"}

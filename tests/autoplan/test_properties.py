@@ -184,12 +184,13 @@ def test_breakdown_adds_up_to_the_step(case):
 @example(("llama:layers=6,hidden=96,heads=6,kv_heads=6,ffn=128,vocab=96", "h100x16", "pp=4,dp=4,zero=3", 8))
 @example(("llama:layers=6,hidden=96,heads=6,kv_heads=6,ffn=128,vocab=96", "h100x32", "pp=4,tp=2,cp=2", 4))
 def test_the_table_holds_every_second_the_step_charges(case):
-    """What the step charges beyond compute, idle pipeline ranks and the optimizer (from the step
+    """What the step charges beyond compute, idle pipeline ranks, the pipeline engine's host time
+    and the optimizer (from the step
     and those three, not from the table) is the primitives' exposed seconds: ZeRO-2/3's simulated
     exposure and the sends of a short pipeline's fill and drain included."""
     e = _resolve(case)[-1]
     b = e.time_breakdown_s
-    charged = e.step_time_s - b["compute"] - b["pp_bubble"] - b["optimizer"]
+    charged = e.step_time_s - b["compute"] - b["pp_bubble"] - b["pp_engine_host"] - b["optimizer"]
     assert sum(p.exposed_s for p in e.primitives) == pytest.approx(charged, rel=1e-9, abs=1e-15)
     dp = e.step_time_s - sum(v for k, v in b.items() if k != "dp_exposed")
     assert sum(p.exposed_s for p in e.primitives if p.axis == "dp") == pytest.approx(dp, rel=1e-6, abs=1e-12)
