@@ -32,6 +32,31 @@ def add_workload_args(p: argparse.ArgumentParser, batch_note: str = "") -> None:
                    help=f"sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH}{batch_note})")
 
 
+def _add_engine_args(g: argparse._ArgumentGroup, default: argparse.Namespace) -> None:
+    """The flags for what the training engine runs (kernels, FP8, overlap, pipeline engine)."""
+    g.add_argument("--kernels", choices=KERNELS, default=default.kernels,
+                   help="the engine's kernels where they keep other activations than the traced eager ops: "
+                        f"megatron-core's fused SwiGLU keeps only its input (default: {default.kernels})")
+    g.add_argument("--fp8-engine", choices=FP8_ENGINES, default=default.fp8_engine,
+                   help="what runs an FP8 plan's GEMMs: transformer-engine keeps FP8 linear inputs and cached "
+                        "FP8 weight copies; torchao (torchtitan's float8) keeps bf16 inputs and no copies "
+                        f"(default {default.fp8_engine})")
+    g.add_argument("--fp8-params", action="store_true",
+                   help="FP8 parameters (Megatron --fp8-param-gather): no bf16 weight beside the FP8 copies, "
+                        "1-byte parameter all-gather")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="the engine overlaps sequence-parallel all-gathers and reduce-scatters with the GEMMs "
+                        "beside them (Megatron-Core + Transformer Engine userbuffers, --tp-comm-overlap)")
+    g.add_argument("--post-validation", action="store_true",
+                   help="Zero Bubble's optimizer post-validation: each pipeline rank steps its optimizer when its "
+                        "own backward ends, checks validated after (the sail-sg Megatron fork); the pipeline "
+                        "costs its steady step instead of its makespan (off: Megatron-LM, torchtitan)")
+    g.add_argument("--wgrad-store", action="store_true",
+                   help="a split backward (zb-h1, zb-h2, zbv, ...) as Megatron's WeightGradStore runs it (the "
+                        "sail-sg fork): B frees every activation but the linears' inputs, kept with their output "
+                        "gradients for W (off: torch pipelining, whose B keeps the autograd graph until W)")
+
+
 def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> None:
     """A flag for every option of the cost model (``EstimateOptions``), its default the record's;
     ``estimate_options_from`` reads them back.  ``rules``: the command enforces the hard rules (the
@@ -65,27 +90,7 @@ def add_estimate_args(p: argparse.ArgumentParser, *, rules: bool = False) -> Non
     g.add_argument("--state-precision", choices=STATE_PRECISION_NAMES, default=default.state_precision,
                    help="zero 0/1: the engine's parameter, gradient and optimizer state dtypes (costmodels/memory.py; "
                         f"default {default.state_precision}: bf16 weights, fp32 grads, masters and moments)")
-    g.add_argument("--kernels", choices=KERNELS, default=default.kernels,
-                   help="the engine's kernels where they keep other activations than the traced eager ops: "
-                        f"megatron-core's fused SwiGLU keeps only its input (default: {default.kernels})")
-    g.add_argument("--fp8-engine", choices=FP8_ENGINES, default=default.fp8_engine,
-                   help="what runs an FP8 plan's GEMMs: transformer-engine keeps FP8 linear inputs and cached "
-                        "FP8 weight copies; torchao (torchtitan's float8) keeps bf16 inputs and no copies "
-                        f"(default {default.fp8_engine})")
-    g.add_argument("--fp8-params", action="store_true",
-                   help="FP8 parameters (Megatron --fp8-param-gather): no bf16 weight beside the FP8 copies, "
-                        "1-byte parameter all-gather")
-    g.add_argument("--tp-comm-overlap", action="store_true",
-                   help="the engine overlaps sequence-parallel all-gathers and reduce-scatters with the GEMMs "
-                        "beside them (Megatron-Core + Transformer Engine userbuffers, --tp-comm-overlap)")
-    g.add_argument("--post-validation", action="store_true",
-                   help="Zero Bubble's optimizer post-validation: each pipeline rank steps its optimizer when its "
-                        "own backward ends, checks validated after (the sail-sg Megatron fork); the pipeline "
-                        "costs its steady step instead of its makespan (off: Megatron-LM, torchtitan)")
-    g.add_argument("--wgrad-store", action="store_true",
-                   help="a split backward (zb-h1, zb-h2, zbv, ...) as Megatron's WeightGradStore runs it (the "
-                        "sail-sg fork): B frees every activation but the linears' inputs, kept with their output "
-                        "gradients for W (off: torch pipelining, whose B keeps the autograd graph until W)")
+    _add_engine_args(g, default)
     add_margin_arg(g)
     g.add_argument("--params", metavar="PATH",
                    help="YAML of parameter multipliers the point model runs under (a perturbation, e.g. "

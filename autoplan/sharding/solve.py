@@ -192,6 +192,19 @@ def layout_prices(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingCont
                               for ref, a, b, grp, _, _ in shape.redistributions))
 
 
+def _redistribution_collectives(g: OpGraph, shape: _LayoutReads, prices: LayoutPrices,
+                                ctx: ShardingContext) -> list[Collective]:
+    """The layout's redistributions as collectives, each run again in backward when its
+    producer is recomputed (``redistribution_runs``)."""
+    out: list[Collective] = []
+    for (ref, _a, _b, grp, phase, label), once in zip(shape.redistributions, prices.redistributions):
+        r = replace(once, runs=redistribution_runs(g, ref, grp, ctx.recompute))
+        if r.runs == 2:
+            out.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
+        out.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))
+    return out
+
+
 def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext,
                      prices: LayoutPrices | None = None) -> BlockSharding:
     """Price a solved assignment under ``ctx``.
@@ -232,11 +245,7 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
                         for x in c.intrinsic]
-    for (ref, _a, _b, grp, phase, label), once in zip(shape.redistributions, prices.redistributions):
-        r = replace(once, runs=redistribution_runs(g, ref, grp, ctx.recompute))
-        if r.runs == 2:
-            collectives.append(Collective(r.kind, r.nbytes, "backward", label + " [recompute]", r.seconds))
-        collectives.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))
+    collectives += _redistribution_collectives(g, shape, prices, ctx)
     held = sum(local_bytes(g.tensor(r), chosen[r.node].outputs[r.index], ctx.tp, ctx.mbs, ctx.cp) for r in shape.held)  # type: ignore[arg-type,misc]  # graph tensors
     params = {}
     param_numel = 0
