@@ -164,8 +164,12 @@ def test_kernels_flag_prices_megatron_cores_fused_swiglu(cli):
             "--global-batch", "32", "--json")
     eager, fused = (json.loads(cli(*args, *extra).stdout) for extra in ((), ("--kernels", "megatron-core")))
     act = [e["memory_breakdown_gib"]["activations"] for e in (eager, fused)]
-    # one micro-batch of 4 layers in flight: 4 SiLU(gate) of s·ffn/tp bf16 elements fewer
-    assert act[0] - act[1] == pytest.approx(4 * 2048 * 2816 / 2 * 2 / 1024 ** 3, rel=0.02)
+    # one micro-batch of 4 layers in flight: 4 SiLU(gate) of s·ffn/tp bf16 elements fewer, and
+    # Megatron-Core's loss (in-place softmax, 6 bytes per local logit) against DTensor's
+    # vocabulary-parallel one (12): 6 bytes fewer per logit of s·V/tp
+    swiglu = 4 * 2048 * 2816 / 2 * 2
+    loss = 2048 * 32000 / 2 * (12 - 6)
+    assert act[0] - act[1] == pytest.approx((swiglu + loss) / 1024 ** 3, rel=0.02)
     assert fused["step_time_s"] == eager["step_time_s"]
 
 

@@ -44,7 +44,11 @@ def _check_common(results: dict, question: str) -> list[dict]:
         assert set(p) >= POINT_KEYS
         plan = Plan.parse(p["plan"])
         assert plan.num_gpus == p["gpus"] and 0 < p["mfu"] < 1 and p["step_time_s"] > 0
-        assert 0 < p["memory_gib"] <= p["hbm_gib"]
+        # a published layout that ran is a hand baseline whatever the memory model says (Q1), its
+        # miss flagged beside it; every other point fits
+        assert p["memory_gib"] > 0 and (p["memory_gib"] <= p["hbm_gib"] or p.get("memory_model_miss"))
+        if "memory_model_miss" in p:       # Q1's points: a miss is a published layout priced as not fitting
+            assert p["memory_model_miss"] == (not p["fits"])
         assert p["band"]["step_time_s_p10"] <= p["band"]["step_time_s_p90"]
         assert p["tokens_per_s"] == pytest.approx(p["seq"] * p["global_batch"] / p["step_time_s"], rel=1e-4)
         assert {lean["regime"] for lean in results["leans_on"]} >= set(p["regimes"])
