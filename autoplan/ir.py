@@ -364,6 +364,8 @@ class ModelInfo:
     moe_ffn: int = 0
     shared_experts: int = 0
     dense_layers: int = 0
+    expert_groups: int = 0    # group-limited routing (DeepSeek-V3): experts in this many groups, a token's
+    topk_groups: int = 0      # top-k drawn from its best ``topk_groups`` of them (0: no grouping)
     tied_embeddings: bool = False
     notes: tuple[str, ...] = ()
     # What the model's inputs are: token ids ([batch, seq] integers) or not (pixels, features).

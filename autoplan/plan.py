@@ -14,6 +14,15 @@ Canonical string (every key, fixed order)::
   weights have their own tensor-parallel degree ``etp`` (``autoplan.mesh``: the two rank
   layouts).  Omitted (the default), ``ep`` is carved out of ``dp`` and experts are split over
   ``tp`` as before; written in the string and the JSON only when given.
+* ``dispatcher``: how an MoE layer moves tokens to the ranks of its experts (ep > 1):
+  ``alltoall`` (the default: one NCCL all-to-all of every (token, expert) row, Megatron-Core's
+  ``alltoall`` dispatcher, torchtitan) or ``deepep`` (hierarchical: once per target rank, once
+  per target NVLink domain across the network, then NVLink inside it: DeepEP's normal kernels,
+  Megatron-Core's ``flex`` dispatcher with DeepEP or HybridEP; ``costmodels.dispatch``).
+* ``ep_overlap``: on: the dispatch and combine of one micro-batch run under the compute of the
+  other micro-batch of a merged forward-backward pair (Megatron-Core's combined 1F1B,
+  ``--overlap-moe-expert-parallel-comm``; ep > 1, with pp > 1 only interleaved).  ``dispatcher``
+  and ``ep_overlap`` are written only when not the default.
 * ``vpp``: model chunks (virtual stages) per pipeline rank; 2 for V schedules.
 * ``mbs``: micro-batch size in sequences.
 * ``schedule``: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zbv | dualpipev.
@@ -67,7 +76,9 @@ from costmodels.pipeline import V_SCHEDULES, ScheduleSpec, stage_rank
 
 SCHEMA_VERSION = 2
 FOLDED_SCHEMA_VERSION = 3    # a folded plan's JSON (``etp``): an autoplan that reads only 1-2 refuses it
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)     # 1: no ``ulysses`` field (the rule's split); 3: ``etp``
+DISPATCH_SCHEMA_VERSION = 4  # a plan naming its MoE dispatcher or EP overlap: 1-3 readers refuse it
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)  # 1: no ``ulysses`` field (the rule's split); 3: ``etp``; 4: dispatch
+DISPATCHERS = ("alltoall", "deepep")
 SCHEDULES = tuple(SCHEDULE_SPECS)           # the registry's schedules, in the order plans list them
 RECOMPUTE = ("none", "selective", "op", "full")   # the searched policies, weakest → strongest memory saving
 RECOMPUTE_SYNTAX = "none, selective, op, full, or full:N (N ≥ 1 layers per virtual stage)"
@@ -81,7 +92,7 @@ PRECISION_CHOICES = "auto, or a comma-separated list of: " + ", ".join(PRECISION
 FEWER_MICROBATCHES_THAN_STAGES = ("gpipe", "1f1b")
 DEFAULT_ORDER = NOTATION_ORDER
 KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "schedule", "recompute", "layers",
-        "sp", "zero", "cp_algo", "ulysses", "order", "precision")
+        "sp", "zero", "cp_algo", "ulysses", "order", "precision", "dispatcher", "ep_overlap")
 _INT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "zero", "ulysses")
 
 PLAN_GRAMMAR = ("a plan is comma-separated key=value pairs, e.g. "
@@ -148,6 +159,8 @@ class Plan:
     precision: str = "bf16"
     ulysses: int = 0                           # USP's Ulysses degree; 0 = the rule's split
     etp: int | None = None                     # None: not folded (ep carved out of dp, experts split over tp)
+    dispatcher: str = "alltoall"               # MoE token dispatch (DISPATCHERS)
+    ep_overlap: bool = False                   # combined 1F1B: EP transfers under the paired micro-batch's compute
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "cp", "ep", "mbs") + (("vpp",) if self.vpp is not None else ()) \
@@ -248,6 +261,10 @@ class Plan:
         parts.append("order=" + "-".join(self.order))
         if self.precision != "bf16":
             parts.append(f"precision={self.precision}")
+        if self.dispatcher != "alltoall":
+            parts.append(f"dispatcher={self.dispatcher}")
+        if self.ep_overlap:
+            parts.append("ep_overlap=on")
         return ",".join(parts)
 
     def to_compact(self) -> str:
@@ -305,16 +322,17 @@ class Plan:
             if key in raw:
                 kw[key] = _integer(key, raw[key])
         if "sp" in raw:
-            sp = str(raw["sp"]).lower()
-            if sp not in ("on", "off", "true", "false", "1", "0"):
-                raise UserError(f"bad plan string: sp={raw['sp']!r}", "use sp=on or sp=off")
-            kw["sp"] = sp in ("on", "true", "1")
+            kw["sp"] = _switch("sp", raw["sp"])
         if "schedule" in raw:
             kw["schedule"] = _choice("schedule", raw["schedule"], SCHEDULES)
         if "cp_algo" in raw:
             kw["cp_algo"] = _choice("cp_algo", raw["cp_algo"], CP_ALGOS)
         if "precision" in raw:
             kw["precision"] = _choice("precision", raw["precision"], PRECISIONS)
+        if "dispatcher" in raw:
+            kw["dispatcher"] = _choice("dispatcher", raw["dispatcher"], DISPATCHERS)
+        if "ep_overlap" in raw:
+            kw["ep_overlap"] = _switch("ep_overlap", raw["ep_overlap"])
         _usp_split(raw, kw)
         if "recompute" in raw:
             rc = raw["recompute"]
@@ -356,10 +374,16 @@ class Plan:
             del d["precision"]         # the default is left out: a bf16 plan's JSON is what it always was
         if self.etp is None:
             del d["etp"]               # likewise an unfolded plan's
+        if self.dispatcher == "alltoall":
+            del d["dispatcher"]        # and the default dispatch
+        if not self.ep_overlap:
+            del d["ep_overlap"]
         return d
 
     def to_json(self) -> str:
         version = SCHEMA_VERSION if self.etp is None else FOLDED_SCHEMA_VERSION
+        if self.dispatcher != "alltoall" or self.ep_overlap:
+            version = DISPATCH_SCHEMA_VERSION
         return json.dumps({"schema_version": version, "plan": self.to_dict(),
                            "plan_string": self.to_string()}, sort_keys=True)
 
@@ -393,6 +417,7 @@ class Plan:
                             "or fold it over tp·cp·dp with etp= (MoE parallel folding)")
         if self.etp is not None:
             self.check_folding()
+        self.check_dispatch()
         if self.pp == 1 and self.vpp > 1:
             raise UserError(f"bad plan: vpp={self.vpp} virtual stages need pipeline parallelism (pp > 1)",
                             "set vpp=1 or pp > 1")
@@ -435,6 +460,21 @@ class Plan:
         if u and self.cp_algo != "usp":
             raise UserError(f"bad plan: ulysses={u} with cp_algo={self.cp_algo} (which means ulysses="
                             f"{1 if self.cp_algo == 'ring' else self.cp})", "set cp_algo=usp, or leave ulysses out")
+
+    def check_dispatch(self) -> None:
+        """``dispatcher`` and ``ep_overlap`` need expert parallelism; combined 1F1B pairs a forward
+        with a backward of another micro-batch, which Megatron-Core does with pp = 1 or under the
+        interleaved schedule (Megatron-Bridge's overlap validation: "if PP > 1, set
+        virtual_pipeline_model_parallel_size")."""
+        if self.dispatcher not in DISPATCHERS:
+            raise UserError(f"bad plan: dispatcher={self.dispatcher!r}",
+                            f"dispatcher is one of: {', '.join(DISPATCHERS)}")
+        if self.ep == 1 and (self.dispatcher != "alltoall" or self.ep_overlap):
+            raise UserError("bad plan: dispatcher and ep_overlap apply to expert parallelism (ep > 1)",
+                            "leave them out, or set ep > 1")
+        if self.ep_overlap and self.pp > 1 and self.schedule != "interleaved":
+            raise UserError(f"bad plan: ep_overlap=on with pp={self.pp} needs schedule=interleaved "
+                            f"(got {self.schedule})", "set vpp ≥ 2, or leave ep_overlap out")
 
     def check_folding(self) -> None:
         """Megatron-Core's rules for MoE parallel folding (megatron/core/parallel_state.py at
@@ -626,3 +666,10 @@ def search_precisions(spec: str, gpu: str, supported: tuple[str, ...]) -> tuple[
                         f"on {gpu} use --precision auto or one of: {', '.join(supported)}")
     return names
 
+
+def _switch(key: str, value: Any) -> bool:
+    """An on/off field (``sp``, ``ep_overlap``): on|off, true|false or 1|0."""
+    v = str(value).lower()
+    if v not in ("on", "off", "true", "false", "1", "0"):
+        raise UserError(f"bad plan string: {key}={value!r}", f"use {key}=on or {key}=off")
+    return v in ("on", "true", "1")

@@ -12,6 +12,7 @@ reads it back to the same Plan (the canonical ``key=value,…`` string is in ``-
   (2 for zbv/dualpipev, else 1);
 * ``ulysses`` / ``usp`` when cp_algo is not ring, then ``ulysses=U`` when the plan fixes USP's split;
 * the precision when not bf16 (``fp8``, ``fp8-rowwise``, ``fp8-delayed``, ``mxfp8``);
+* the MoE dispatcher when not alltoall (``deepep``), ``ep-overlap`` for combined 1F1B;
 * ``key=value`` for the rest, only when not the default: ``rc=`` (recompute), ``layers=`` (runs
   of equal stages as ``NxK``: ``layers=4x16-2x16``),
   ``sp=off`` (tp > 1), ``order=`` (only the axes of degree > 1 unless the degree-1 axes sit
@@ -30,6 +31,8 @@ DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
 SCHEDULE_WORDS = tuple(SCHEDULE_SPECS)
 CP_WORDS = ("ulysses", "usp", "ring")
 PRECISIONS = ("bf16", "fp8", "fp8-rowwise", "fp8-delayed", "mxfp8")   # the plan's ``precision`` values
+DISPATCH_WORDS = ("alltoall", "deepep")                               # the plan's ``dispatcher`` values
+OVERLAP_WORD = "ep-overlap"                                           # ``ep_overlap=on``
 _AXIS_TOKEN = re.compile(r"(etp|tp|cp|pp|dp|ep)(\d+)$")
 _MESH = re.compile(r"^(tp|cp|pp|dp|ep)\d+([·.](etp|tp|cp|pp|dp|ep)\d+)*$")
 _KEYED = re.compile(r"(zero|mbs|vpp)(\d+)$")
@@ -89,6 +92,10 @@ def compact_tokens(plan: Any) -> tuple[str, ...]:
         tokens.append(f"ulysses={plan.ulysses}")
     if plan.precision != "bf16":
         tokens.append(plan.precision)
+    if getattr(plan, "dispatcher", "alltoall") != "alltoall":
+        tokens.append(plan.dispatcher)
+    if getattr(plan, "ep_overlap", False):
+        tokens.append(OVERLAP_WORD)
     if plan.recompute != ("none",):
         tokens.append("rc=" + "-".join(plan.recompute))
     if plan.layers:
@@ -136,6 +143,10 @@ def parse_compact(text: str, error) -> dict[str, str]:
             put("cp_algo", token, token)
         elif token in PRECISIONS:
             put("precision", token, token)
+        elif token in DISPATCH_WORDS:
+            put("dispatcher", token, token)
+        elif token == OVERLAP_WORD:
+            put("ep_overlap", "on", token)
         elif "=" in token:
             key, value = token.split("=", 1)
             put(_ALIASES.get(key, key), value, token)

@@ -31,6 +31,15 @@ For an op with ``flops`` FLOPs that moves ``nbytes`` bytes through HBM::
   Megatron-DeepSpeed A100 runs, whatever its micro-batch or tp (fitted there:
   ``experiments/fit_host_floor.py``).
 
+An MoE layer synchronizes the host with the GPU at every dispatch (its row counts size the
+all-to-all and the grouped GEMM), so the host has no lead to absorb its launches: each phase of
+an MoE layer lasts max(GPU, launches × ``moe_host_floor_s``), the launches being the engine's
+(one GEMM per local expert, ``autoplan.cost.ep.engine_launches``), whatever ``host_floor_s``
+says of dense layers; each MoE layer's forward dispatch leaves the GPU idle ``moe_sync_s`` while
+the host, released by the sync, takes its turn; and the pipeline engine's host time per send or
+receive, which a dense model's run-ahead hides, shows (``moe_p2p_host_s``, the ``p2p_host_s`` of
+a model with experts).
+
 A profile also names what its software stack runs beyond the traced graph (defaults: nothing):
 ``softmax_kernel: megatron`` (Megatron's fused scale-mask-softmax and its fp32 fallback,
 ``autoplan.cost.softmax``) and ``p2p_host_s``, the host seconds of one pipeline send or
@@ -69,6 +78,10 @@ class ComputeProfile:
     fusion: float                    # fraction of unfused elementwise traffic that remains
     overhead_s: float                # per-kernel launch + tail, seconds
     host_floor_s: float = 0.0        # CPU seconds to issue one op (eager dispatch + launch)
+    moe_host_floor_s: float = 0.0    # the same for an MoE layer, which synchronizes host and GPU at each
+                                     # dispatch, so the host cannot run ahead of it (autoplan.cost.ep)
+    moe_sync_s: float = 0.0          # GPU idle at each MoE layer's forward dispatch while the host takes its turn
+    moe_p2p_host_s: float = 0.0      # p2p_host_s of an MoE model: its pipeline engine's host time is exposed
     softmax_kernel: str = ""         # "megatron": the stack runs Megatron's fused scale-mask-softmax
                                      # and its fp32 fallback where the kernel lacks the shape
                                      # (autoplan.cost.softmax); "": the traced graph's softmax

@@ -32,6 +32,10 @@ The fits (``FITS``) are the project's fit scripts' objectives, written once here
   pairs of FP8-LM and llm-foundry: its objective is the pairs' ratio error, mean
   |predicted ratio / measured ratio − 1| (the FP8 mechanism alone, not the BF16 error both
   halves share).
+* ``h100-moe``: the Megatron-Core MoE stack's host parameters of ``h100.yaml`` (host time per
+  launch of a synchronized MoE layer, the GPU's idle time at each MoE forward dispatch, the
+  pipeline engine's host time per send/receive an MoE model exposes; ``autoplan.cost.ep``) on the
+  H100 MoE rows of the Megatron-Core model zoo and Megatron-Bridge.
 
 Objective otherwise: mean |predicted / published − 1| over the fit's rows (a row the model
 cannot price or fit is left out of the mean, as the fit scripts do).  Not refitted here: the vTrain node's
@@ -151,6 +155,16 @@ def _fits() -> tuple[Fit, ...]:
                       (0.5, 0.55, 0.6, 0.65, 0.7), (0.4, 0.85), 0.7,
                       "large FP8 GEMM throughput / FP8 dense peak (prior: the BF16 fraction)"),),
             ("fp8-lm", "llm-foundry"), objective="pairs"),
+        Fit("h100-moe", (
+            Parameter("h100.moe_host_floor_s", _yaml_value(h100, "moe_host_floor_s"),
+                      (20e-6, 25e-6, 30e-6, 35e-6, 40e-6),
+                      (5e-6, 100e-6), 0.0, "host time per launch of an MoE layer, which syncs host and GPU (s)"),
+            Parameter("h100.moe_sync_s", _yaml_value(h100, "moe_sync_s"), (0.0, 0.6e-3, 1.2e-3, 1.8e-3, 2.4e-3),
+                      (0.0, 5e-3), 0.0,
+                      "GPU idle at an MoE layer's forward dispatch while the host takes its turn (s)"),
+            Parameter("h100.moe_p2p_host_s", _yaml_value(h100, "moe_p2p_host_s"), (0.0, 300e-6, 450e-6, 600e-6),
+                      (0.0, 1e-3), 0.0, "pipeline-engine host time per send/receive an MoE model exposes (s)")),
+            ("mcore-zoo", "megatron-bridge")),
     )
 
 
@@ -290,6 +304,8 @@ def depends_on(case: Case, fit: Fit) -> bool:
         return case.source == "vtrain"
     if fit.name == "pipeline-engine":
         return gpu.startswith("a100") and case.source != "vtrain"
+    if fit.name == "h100-moe":
+        return gpu.startswith("h") and case.regime == "moe"
     return fit.name == "h100-fp8" and gpu.startswith("h") and "precision=" in getattr(case.row, "plan", "")
 
 

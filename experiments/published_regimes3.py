@@ -218,12 +218,22 @@ def folded_etp(r: dict) -> str:
     return str(max(e for e in range(1, deg["tp"] + 1) if deg["tp"] % e == 0 and room % e == 0))
 
 
+GROUP_LIMITED = {"experts=256,topk=8,moe_ffn=2048,shared_experts=1,dense_layers=3": "groups=8,topk_groups=4"}
+"""Group-limited routing a row's model spec does not write: DeepSeek-V3 routes each token to the
+experts of its best 4 of 8 groups (its config's ``n_group``/``topk_group``; the ``deepseek-v3``
+zoo model's ``groups``/``topk_groups``)."""
+
+
 def model_spec(r: dict) -> str:
     """The row's model spec: a Zero Bubble row as its fork's script ran it (``ZERO_BUBBLE_MODEL``),
-    ``GPT_VOCAB`` where another ``gpt:`` row publishes no vocabulary."""
+    ``GPT_VOCAB`` where another ``gpt:`` row publishes no vocabulary, and the group-limited routing
+    of ``GROUP_LIMITED``."""
     spec = r["model"]
     if source_of(r["id"]) == "zero-bubble":
-        return spec + "".join(f",{k}={v}" for k, v in ZERO_BUBBLE_MODEL.items() if f"{k}=" not in spec)
+        spec += "".join(f",{k}={v}" for k, v in ZERO_BUBBLE_MODEL.items() if f"{k}=" not in spec)
+    for shape, groups in GROUP_LIMITED.items():
+        if shape in spec:
+            spec += "," + groups
     return spec + f",vocab={GPT_VOCAB}" if spec.startswith("gpt:") and "vocab=" not in spec else spec
 
 
@@ -265,8 +275,8 @@ activations per GPU, three times the 80 GB the runs had."""
 def plan_string(r: dict) -> str:
     """The row's plan as the grammar reads it (USP's ``ulysses=U,ring=R`` included) less the
     ``edp`` the plan derives, with the uneven layout (``uneven_layers``), the folding a
-    Megatron-stack row needs (``folded_etp``), USP rows at ``USP_MICRO_BATCH`` and the precision
-    (``precision``) when not bf16."""
+    Megatron-stack row needs (``folded_etp``), USP rows at ``USP_MICRO_BATCH``, the precision
+    (``precision``) when not bf16 and the MoE dispatch its note names (``dispatch_fields``)."""
     fields = {k: v for k, v in _fields(r["plan"]).items() if k != "edp"}
     if folded_etp(r):
         fields["etp"] = folded_etp(r)
@@ -277,7 +287,57 @@ def plan_string(r: dict) -> str:
         fields["mbs"] = str(USP_MICRO_BATCH)
     if precision(r) != "bf16":
         fields["precision"] = precision(r)
+    fields.update(dispatch_fields(r))
     return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+BRIDGE_DISPATCH = {
+    "mb-2604-h100-qwen3-235b-fp8": {"ep_overlap": "on"},
+    "mb-2604-h100-qwen3-30b-fp8": {"dispatcher": "deepep"},
+    "mb-2604-b200-dsv3-mxfp8": {"dispatcher": "deepep", "ep_overlap": "on", "layers": "4-4x14-1"},
+}
+"""The MoE dispatch of Megatron-Bridge's perf recipes, which its tables do not print
+(NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/qwen3_workload_base_configs.py
+@ 01b2977e, whose V2 presets run the tables' global batches): Qwen3-235B-A22B on H100
+(``QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2``: TP2 PP8 VPP4 EP32, GBS 8192) sets
+``moe_a2a_overlap=True`` with the ``alltoall`` dispatcher; Qwen3-30B-A3B on H100 (``..._H100_FP8_CS_V1``:
+EP16, GBS 1024) the ``flex`` dispatcher with HybridEP, hierarchical like DeepEP.  GPT-OSS-120B
+(``gpt_oss_workload_base_configs.py``) keeps the recipe's default dispatcher, alltoall.
+DeepSeek-V3 on B200 (``deepseek_workload_base_configs.py``, ``DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2``:
+PP8 VPP2 EP32, GBS 4096) runs DeepEP with ``moe_a2a_overlap=True`` and the pipeline layout
+``Et*4|(t*4|)*14tmL``: four layers a virtual stage, the embedding on the first, one layer and the
+loss on the last (``layers=4-4x14-1``; its multi-token-prediction layer is not modelled)."""
+
+
+def dispatch_fields(r: dict) -> dict[str, str]:
+    """The MoE dispatch a row's note names: "Dispatcher DeepEP" → ``dispatcher=deepep`` (NCCL's
+    "A2A" is the default), "1f1b overlap" (Megatron-Core's combined 1F1B,
+    ``--overlap-moe-expert-parallel-comm``) → ``ep_overlap=on``; for Megatron-Bridge's rows what
+    the recipe sets (``BRIDGE_DISPATCH``)."""
+    note = r.get("note") or ""
+    out = dict(BRIDGE_DISPATCH.get(r["id"], {}))
+    if "Dispatcher DeepEP" in note:
+        out["dispatcher"] = "deepep"
+    if "1f1b overlap" in note:
+        out["ep_overlap"] = "on"
+    return out
+
+
+UNPUBLISHED_RECOMPUTE = ("none", "selective", "full")
+"""A Megatron-stack row whose recompute its source leaves out (``unpublished``: "recompute") and
+whose plan writes none is priced with the first of these under which its layout fits: what a
+tuner tries in turn (no recomputation unless memory needs it), as the SC21 rows' unpublished
+micro-batch and virtual stages are the model's best (``validate_published``).  Megatron-Bridge's
+GPT-OSS-120B on 64 B200 (mbs 4, pp 1) holds 112 GiB of model states and, without recomputation,
+three times the activations the other 52 GiB leave room for: it ran with some."""
+
+
+def recompute_tried(r: dict) -> tuple[str, ...]:
+    """``UNPUBLISHED_RECOMPUTE`` for a Megatron-stack row whose recompute is unpublished and
+    unwritten (module docstring of ``UNPUBLISHED_RECOMPUTE``); () for any other row."""
+    if source_of(r["id"]) not in ("mcore-zoo", "megatron-bridge") or "recompute" not in r.get("unpublished", ()):
+        return ()
+    return () if "recompute" in _fields(r["plan"]) else UNPUBLISHED_RECOMPUTE
 
 
 def engine_options(r: dict) -> tuple[tuple[str, bool], ...]:
@@ -299,7 +359,7 @@ def rows() -> tuple[list[pr.RegimeRow], list[Unexpressible]]:
             continue
         priced.append(pr.RegimeRow(r["regime"], r["id"], model_spec(r), cluster_name(r), r["seq"], r["global_batch"],
                                    plan_string(r), measured_step_s(r), group=r.get("pair_group") or "",
-                                   source=source, options=engine_options(r)))
+                                   source=source, options=engine_options(r), recompute_tried=recompute_tried(r)))
     return priced, refused
 
 

@@ -5,6 +5,8 @@
     ep   = 64 ("64-way EP spanning 8 nodes"): the largest divisor of the experts and of dp
            ≤ 64; innermost (order tp-cp-ep-dp-pp), so the EP group is 64 consecutive ranks
     dp   = the rest, zero = 1
+    dispatcher = DeepEP (``dispatcher=deepep``: the report's own dispatch kernels, §3.2.2: each
+           token to at most 4 nodes over IB, then NVLink inside them)
     schedule = DualPipeV (vpp = 2: each rank holds two chunks in a V; dispatch/combine
            all-to-alls of one micro-batch hide under the other's compute); needs ≥ 2·pp
            micro-batches
@@ -45,8 +47,9 @@ def ladder(ctx: RecipeContext) -> Iterator[Plan]:
     dp = ctx.num_gpus // pp
     schedule, vpp = ("dualpipev", 2) if pp > 1 else ("1f1b", 1)
     for recompute in ("selective", "full"):
-        yield Plan(tp=1, pp=pp, dp=dp, ep=ep_degree(ctx.info, dp, cap=EP), vpp=vpp, mbs=1,
-                   schedule=schedule, recompute=(recompute,), zero=1 if dp > 1 else 0, order=ORDER)
+        ep = ep_degree(ctx.info, dp, cap=EP)
+        yield Plan(tp=1, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=1, schedule=schedule, recompute=(recompute,),
+                   zero=1 if dp > 1 else 0, order=ORDER, dispatcher="deepep" if ep > 1 else "alltoall")
 
 
 def recipe(model: BlockGraph, cluster: Cluster, *, seq: int, global_batch: int,

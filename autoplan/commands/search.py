@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         text = json.dumps([rounded(c.to_dict()) for c in result.candidates], indent=2, sort_keys=True,
                           ensure_ascii=False) + "\n"
+        line = rule_breaking_line(graph, result, estimate.allow_cross_domain)
+        if line:
+            print(line, file=sys.stderr)                     # stdout stays the JSON list
         if args.output:
             write_text(args.output, text)
         if args.report:
@@ -117,6 +120,9 @@ def _print(console, graph, cluster, args, result) -> None:
                   f"broke them), {st.pruned_memory} cannot hold their model states, {st.pruned_bound} bounded out, "
                   f"{st.meshes_evaluated} searched, {st.plans_priced} plans priced, "
                   f"{len(st.ilps)} block ILPs; {st.seconds:.1f} s[/dim]")
+    line = rule_breaking_line(graph, result, getattr(args, "allow_cross_domain", False))
+    if line:
+        console.print(f"[dim]{line}[/dim]")
     if result.max_ilp_gap > 0:
         console.print(f"[yellow]a block ILP hit its time limit: the plans use its best solution, "
                       f"optimality gap {result.max_ilp_gap:.2%}[/yellow] (raise --time-limit)")
@@ -136,6 +142,21 @@ def _precision_notes(console, graph, cluster, args, result) -> None:
         saving = precision_saving(est, c.plan, c.estimate, args.global_batch)
         if saving is not None:
             console.print(f"[dim]#{i} {saving.text()}[/dim]")
+
+
+def rule_breaking_line(graph, result, lifted: bool) -> str:
+    """The one line an MoE search under the NVLink rule prints on what the rule costs: the best
+    plan whose expert groups cross NVLink domains (cross-node EP) and its step against #1; '' for
+    a dense model or with ``--allow-cross-domain`` (``lifted``)."""
+    if not graph.model.experts or lifted or not result.candidates:
+        return ""
+    rb = result.rule_breaking
+    if rb is None:
+        return "rule-breaking (cross-node EP): no plan with expert groups across NVLink domains fits"
+    best = result.candidates[0].estimate.step_time_s
+    step = rb.estimate.step_time_s
+    return (f"rule-breaking (cross-node EP, --allow-cross-domain): best {rb.plan.to_compact()} {step:.3f} s, "
+            f"{step / best - 1:+.1%} vs #1")
 
 
 def _write_report(args, graph, cluster, result, options) -> None:

@@ -4,7 +4,8 @@
   layers, embedding and head, no recompute) / pp — the average pipeline rank's busy time, which
   the makespan cannot beat — plus, under ZeRO-2/3, the per-micro-batch data-parallel traffic
   that compute cannot hide (at the average rank), plus the optimizer step.  With DualPipeV
-  possible (pp > 1) the EP all-to-all a pair can hide is left out.
+  possible (pp > 1) or combined 1F1B (ep > 1: the search runs it wherever the schedule allows)
+  the EP transfers a pair can hide are left out.
 * ``states_lower_bound``: model states of an even share of the parameters under the plan's
   ZeRO stage and the runtime's FSDP policy (``memory.states_lower_bound``).
 * ``plan_floor``: for one fully specified plan, without simulating its pipeline: a lower
@@ -48,7 +49,7 @@ def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
         work += count * p.work_s
         hideable += count * (p.ep_fwd_s + p.ep_bwd_s)
     dense, expert = memory.bag_numels(parts)
-    if plan.pp > 1 and hideable:
+    if (plan.pp > 1 or plan.ep > 1) and hideable:     # DualPipeV, or combined 1F1B (any EP plan may run it)
         work -= hideable
     per_rank_mb = work / plan.pp
     bound = m * per_rank_mb
@@ -56,7 +57,7 @@ def step_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
     if plan.zero >= 2 and est.options.overlap_grad_reduce:
         colls = dp.dp_comms(ctx, dense / plan.pp, expert / plan.pp, m)
         bound += m * max(0.0, dp.per_microbatch_seconds(colls, m) - per_rank_mb)
-    return bound + dp.optimizer_seconds(ctx, (dense + expert) / plan.pp)
+    return bound + dp.optimizer_seconds(ctx, dense / plan.pp, expert / plan.pp)
 
 
 def states_lower_bound(est: Estimator, plan: Plan, global_batch: int) -> float:
@@ -152,7 +153,7 @@ def _makespan_floor(est: Estimator, plan: Plan, shape: _Shape) -> tuple[float, f
     """(``makespan_lower_bound`` of the plan's stage times without the simulator, the tied
     embedding's sync seconds): what the floor reads that the ZeRO stage does not change."""
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
-    f, b, w = pp.stage_times(shape.bags, pp.wpass_factor(est.prices, schedule))
+    f, b, w = pp.overlapped_stage_times(plan, shape.bags, pp.wpass_factor(est.prices, schedule), shape.m)
     p2p = pp.boundary(est.context(plan, shape.mesh)).seconds
     f_comm, b_comm = pp.pair_comms(schedule, list(shape.bags))
     if est.options.post_validation:     # the pipeline costs its steady step, not its makespan

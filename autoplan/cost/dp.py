@@ -122,14 +122,20 @@ def dp_exposed(colls: list[DpComm], m: int, *, overlap: bool, last_backward: flo
     return mb + terms["grad"][0] + terms["param"][0], charged
 
 
-def optimizer_seconds(ctx: PlanContext, numel: float) -> float:
-    """The optimizer step on one GPU holding ``numel`` parameters: its shard's HBM traffic
-    (sharded over the dense dp group under ZeRO ≥ 1), then, under an FP8 precision, the cast of
-    the weights it holds to FP8 for the next step (``costmodels.precision``: the whole bf16 weights
-    a ZeRO-0/1/2 rank holds; the shard before FSDP2 gathers it at ZeRO-3)."""
+def optimizer_seconds(ctx: PlanContext, numel: float, expert: float = 0.0) -> float:
+    """The optimizer step on one GPU holding ``numel`` dense and ``expert`` expert parameters: its
+    shard's HBM traffic (under ZeRO ≥ 1 the dense ones sharded over the dense dp group, the
+    expert ones over the expert dp group: Megatron-Core's distributed optimizer shards each over
+    the ranks that hold a replica of it), then, under an FP8 precision, the cast of the weights
+    it holds to FP8 for the next step (``costmodels.precision``: the whole bf16 weights a
+    ZeRO-0/1/2 rank holds; the shard before FSDP2 gathers it at ZeRO-3)."""
     plan, prices = ctx.plan, ctx.prices
     dp_size = len(ctx.mesh.group(DENSE_DP))
     shard = max(dp_size, 1) if plan.zero >= 1 else 1
     held = numel / max(dp_size, 1) if plan.zero == 3 else numel
     nbytes = numel / shard * OPTIMIZER_BYTES_PER_PARAM + weight_cast_bytes(plan.precision, held)
+    if expert:
+        edp = max(len(ctx.mesh.group(EXPERT_DP)), 1)
+        nbytes += expert / (edp if plan.zero >= 1 else 1) * OPTIMIZER_BYTES_PER_PARAM + weight_cast_bytes(
+            plan.precision, expert / edp if plan.zero == 3 else expert)
     return nbytes / (prices.cluster.gpu.hbm_bw * prices.profile.memory_fraction)

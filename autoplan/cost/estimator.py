@@ -196,7 +196,7 @@ class Estimator:
         dp_exposed = [x for x, _ in charged]
         dp_colls = [c for _, c in charged]
         embed_bytes, embed_s = self.embedding_sync(ctx.plan, ctx.mesh)
-        optimizer_s = dp.optimizer_seconds(ctx, max(d + e for d, e in numels))
+        optimizer_s = max(dp.optimizer_seconds(ctx, d, e) for d, e in dict.fromkeys(numels))
         step = pipe.step_s + max(dp_exposed) + embed_s + optimizer_s
         return _Step(step, dp_colls, dp_exposed, embed_bytes, embed_s, optimizer_s)
 
@@ -261,7 +261,8 @@ class Estimator:
     def optimizer_seconds(self, plan: Plan, mesh: Mesh, numels: list[tuple[float, float]]) -> float:
         """The optimizer step of the rank holding the most parameters (``numels``: each pipeline
         rank's (dense, expert) count)."""
-        return dp.optimizer_seconds(self.context(plan, mesh), max(d + e for d, e in numels))
+        ctx = self.context(plan, mesh)
+        return max(dp.optimizer_seconds(ctx, d, e) for d, e in dict.fromkeys(numels))
 
     def embedding_sync(self, plan: Plan, mesh: Mesh) -> tuple[float, float]:
         """Tied embedding: the first and last stage all-reduce the embedding gradient (bytes, seconds)."""
@@ -288,6 +289,7 @@ class Estimator:
         block_compute = sum(p.compute_s * n for p, n in busy_bags)
         attention = sum(p.attention_s * n for p, n in busy_bags)
         tokens = global_batch * self.model.sample_positions
+        compute = m * block_compute + pp.engine_seconds(self.prices, pipe.bags, pipe.rank_chunks[busy], m)
         return Estimate(
             plan=plan.to_string(), step_time_s=step, tokens_per_s=tokens / step,
             samples_per_s=global_batch / step, throughput_unit=self.model.throughput_unit,
@@ -299,7 +301,7 @@ class Estimator:
             comm_exposed_s=sum(p.exposed_s for p in prims),
             violations=tuple(report.violations(ctx, totals[worst])),
             primitives=tuple(prims), comm_time_s=sum(p.time_s for p in prims),
-            time_breakdown_s=report.breakdown(prims, compute=m * block_compute, pipe=pipe, rank=busy,
+            time_breakdown_s=report.breakdown(prims, compute=compute, pipe=pipe, rank=busy,
                                               dp_exposed=max(steps.dp_exposed), embed_s=steps.embed_s,
                                               optimizer_s=steps.optimizer_s, microbatches=m),
             memory_per_stage_gib=tuple(t / GIB for t in totals), hbm_gib=gpu.hbm_bytes / GIB,

@@ -108,15 +108,16 @@ def _kept(graph: OpGraph, ref: TensorRef, recompute: str) -> bool:
 
 
 def saved_delta_bytes(graph: OpGraph, bs: BlockSharding, plan: Plan, precision: str, recompute: str,
-                      engine: str) -> float:
+                      engine: str, skip: frozenset[str] = frozenset()) -> float:
     """Bytes one micro-batch of ``graph`` keeps beyond its traced saved bytes when its GEMMs run
     at ``precision`` (``cost.tp.gemm_precision``) on ``engine`` (module docstring): negative
-    where FP8 inputs replace bf16 ones."""
+    where FP8 inputs replace bf16 ones.  The GEMMs of the nodes ``skip`` are left out (an MoE
+    layer's routed GEMMs where the engine's own account replaces them, ``cost.parts``)."""
     fp8 = saved_input_bytes(precision, engine)
     if fp8 is None or recompute not in SAVING_POLICIES:
         return 0.0
     delta = 0.0
-    for ref in dict.fromkeys(g.input for g in linear_gemms(graph)):
+    for ref in dict.fromkeys(g.input for g in linear_gemms(graph) if g.node.name not in skip):
         t = graph.tensor(ref)
         if t is None or not _kept(graph, ref, recompute):
             continue

@@ -22,6 +22,7 @@ from autoplan.cost.types import KERNELS
 from autoplan.errors import UserError
 from autoplan.ir import OpGraph, OpNode, TensorInfo, TensorRef
 from autoplan.plan import Plan
+from autoplan.routing import routed_region
 from autoplan.sharding import BlockSharding
 from autoplan.sharding.local import local_bytes
 from autoplan.sharding.price import recomputed
@@ -57,8 +58,9 @@ def kernel_saving_bytes(kernels: str, graph: OpGraph, bs: BlockSharding, plan: P
     if check_kernels(kernels) == "eager" or recompute in ("op", "full"):
         return 0.0
     saved = graph.saved_outputs()
+    routed = routed_region(graph)          # the routed experts' saved bytes are ``cost.ep``'s
     return sum(local_bytes(_out(n), bs.placements.get(n.name), plan.tp, plan.mbs, plan.cp)
 
 
                for n in gated_silus(graph)
-               if TensorRef(n.name, 0) in saved and not recomputed(graph, n, recompute))
+               if TensorRef(n.name, 0) in saved and not recomputed(graph, n, recompute) and n.name not in routed)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from autoplan.axes import Axis
+from autoplan.axes import EXPERT_TP, Axis
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
 from autoplan.plan import SCHEDULE_SPECS, Plan
@@ -52,8 +52,9 @@ SEARCH_KEPT = 50_000       # the search's estimates, floors and memories: one pe
 class LocalShape(NamedTuple):
     """What pricing one graph reads of a plan and its mesh: the per-GPU shape (tp, sequence
     parallelism, cp, its algorithm and split, ep, micro-batch), the GEMMs' precision, rank 0's
-    tp, cp and ep groups, which its collectives run on, and the MoE folding (``etp``, None
-    unfolded).  Plans differing elsewhere (pp, dp, ZeRO, schedule, cuts) share it."""
+    tp, cp and ep groups, which its collectives run on, the MoE folding (``etp``, None
+    unfolded), the MoE dispatcher and rank 0's expert-tensor-parallel group (``cost.ep``).  Plans
+    differing elsewhere (pp, dp, ZeRO, schedule, cuts, ``ep_overlap``) share it."""
 
     tp: int
     sp: bool
@@ -67,11 +68,14 @@ class LocalShape(NamedTuple):
     ep_ranks: tuple[int, ...]
     precision: str
     etp: int | None
+    dispatcher: str
+    etp_ranks: tuple[int, ...]
 
     @staticmethod
     def of(plan: Plan, mesh: Mesh) -> LocalShape:
         return LocalShape(plan.tp, bool(plan.sp), plan.cp, plan.cp_algo, plan.ulysses, plan.ep, plan.mbs,
-                          mesh.group(_TP), mesh.group(_CP), mesh.group(_EP), plan.precision, plan.etp)
+                          mesh.group(_TP), mesh.group(_CP), mesh.group(_EP), plan.precision, plan.etp,
+                          plan.dispatcher, mesh.group(EXPERT_TP))
 
 
 class PartKey(NamedTuple):
@@ -103,17 +107,20 @@ class ShapeKey(NamedTuple):
     """What a plan's memory and step floor read that its ZeRO stage does not change
     (``bounds._Shape``): its stage bags, its mesh (the bags' degrees with dp and the axis order:
     the data-parallel groups, the boundary's hop), its schedule (order, live walk, makespan
-    bound) and its micro-batches."""
+    bound), its micro-batches and whether combined 1F1B hides its EP transfers (``ep_overlap``:
+    the stage times the makespan bound reads)."""
 
     bags: BagKey
     dp: int
     order: tuple[str, ...]
     schedule: str
     microbatches: int
+    ep_overlap: bool = False
 
     @staticmethod
     def of(plan: Plan, mesh: Mesh, microbatches: int, num_layers: int) -> ShapeKey:
-        return ShapeKey(BagKey.of(plan, mesh, num_layers), plan.dp, plan.order, plan.schedule, microbatches)
+        return ShapeKey(BagKey.of(plan, mesh, num_layers), plan.dp, plan.order, plan.schedule, microbatches,
+                        plan.ep_overlap)
 
 
 class PlanAt(NamedTuple):

@@ -87,7 +87,8 @@ def perturb_profile(profile: ComputeProfile, p: Params) -> ComputeProfile:
         attention_fwd_fraction=min(1.0, profile.attention_fwd_fraction * p.attention),
         attention_bwd_fraction=min(1.0, profile.attention_bwd_fraction * p.attention),
         memory_fraction=min(1.0, profile.memory_fraction * p.memory_bw),
-        host_floor_s=profile.host_floor_s * p.host_floor)
+        host_floor_s=profile.host_floor_s * p.host_floor, moe_host_floor_s=profile.moe_host_floor_s * p.host_floor,
+        moe_sync_s=profile.moe_sync_s * p.host_floor, moe_p2p_host_s=profile.moe_p2p_host_s * p.host_floor)
 
 
 def perturb_cluster(cluster: Cluster, p: Params) -> Cluster:

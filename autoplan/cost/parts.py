@@ -15,6 +15,8 @@ under the policy.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from autoplan.cost import fp8
 from autoplan.cost.context import PlanContext
 from autoplan.cost.cp import attention_seconds, cp_cost
@@ -24,8 +26,9 @@ from autoplan.cost.softmax import with_fallback
 from autoplan.cost.tp import BlockLayouts, gemm_precision, overlapped, tp_cost
 from autoplan.cost.types import AxisCost, Part
 from autoplan.ir import OpGraph
-from autoplan.opkinds import is_attention_core, is_expert_param, is_model_flop_op
-from autoplan.plan import Plan
+from autoplan.opkinds import is_attention_core, is_model_flop_op
+from autoplan.plan import Plan, recompute_layers
+from autoplan.routing import is_routed_expert_param, routed_region
 from autoplan.sharding import BlockSharding
 from autoplan.sharding.price import recomputed
 
@@ -33,7 +36,7 @@ from autoplan.sharding.price import recomputed
 def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str, layouts: BlockLayouts) -> Part:
     """The graph ``graph_key`` under ``ctx.plan`` and the recompute policy ``recompute``, per
     micro-batch; its tp layout from ``layouts``."""
-    plan, mesh, prices, kernels = ctx.plan, ctx.mesh, ctx.prices, ctx.options.kernels
+    plan, mesh, prices = ctx.plan, ctx.mesh, ctx.prices
     bs = with_fallback(layouts.sharding(graph_key, graph, plan, recompute, mesh), graph, plan, recompute,
                        prices.profile, prices.cluster.gpu.hbm_bw)
     tp = tp_cost(bs, plan)
@@ -41,20 +44,22 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
     if ctx.options.tp_comm_overlap and plan.sp:
         tp = overlapped(tp, (bs.forward_s - attention[0], bs.backward_s + bs.wgrad_s - attention[1]))
     cp = cp_cost(ctx, graph, attention)
-    ep = ep_cost(ctx, graph)
+    routed = ep_cost(ctx, graph, recompute, layouts.sharding(graph_key, graph, plan, recompute, mesh))
+    ep = routed.comm
     dense, expert, largest = _param_numels(graph, bs, plan)
-    engine, precision = ctx.options.fp8_engine, gemm_precision(graph_key, plan)
-    saved = bs.saved_bytes - kernel_saving_bytes(kernels, graph, bs, plan, recompute) + \
-        fp8.saved_delta_bytes(graph, bs, plan, precision, recompute, engine)
-    unsaved = saved
-    if recompute != "none":
-        kept = layouts.sharding(graph_key, graph, plan, "none", mesh)
-        unsaved = kept.saved_bytes - kernel_saving_bytes(kernels, graph, kept, plan, "none") + \
-            fp8.saved_delta_bytes(graph, kept, plan, precision, "none", engine)
-    fp8_weights = fp8.weight_numel(graph, bs, plan, precision)
+    saved, unsaved = _saved_bytes(ctx, graph_key, graph, recompute, layouts, bs, routed.saved_bytes)
+    fp8_weights = fp8.weight_numel(graph, bs, plan, gemm_precision(graph_key, plan))
     backward_s = bs.backward_s + (prices.params.recompute - 1.0) * bs.recompute_s   # recompute's uncertain cost
-    forward_s, backward_s, wgrad_s = host_bound(prices.profile.host_floor_s, bs, tp, backward_s)
-    forward_s, backward_s = forward_s + cp.compute_fwd_s, backward_s + cp.compute_bwd_s
+    backward_s += routed.backward_s + (prices.params.recompute - 1.0) * routed.recompute_s
+    phases = Phases(bs.forward_s + routed.forward_s, backward_s, bs.wgrad_s + routed.wgrad_s,
+                    tp.exposed_fwd_s + ep.exposed_fwd_s, tp.exposed_bwd_s + ep.exposed_bwd_s)
+    floor, launches = prices.profile.host_floor_s, (bs.forward_launches, bs.backward_launches)
+    if routed.launches is not None:           # an MoE layer: the engine's launches, no host lead
+        floor = max(floor, prices.profile.moe_host_floor_s)
+        launches = routed.launches
+    forward_s, backward_s, wgrad_s = host_bound(floor, launches, phases, tp)
+    forward_s += routed.sync_fwd_s + cp.compute_fwd_s    # the GPU idle at the MoE dispatch's host sync (``ep``)
+    backward_s += routed.sync_bwd_s + cp.compute_bwd_s
     return Part(
         forward_s=forward_s, backward_s=backward_s, wgrad_s=wgrad_s,
         exposed_fwd_s=tp.exposed_fwd_s + cp.exposed_fwd_s + ep.exposed_fwd_s,
@@ -70,6 +75,28 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
         fp8_gemms=fp8_weights.gemms, ilp_gap=bs.gap)
 
 
+def _saved_bytes(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str, layouts: BlockLayouts,
+                 bs: BlockSharding, routed_bytes: float) -> tuple[float, float]:
+    """(saved, saved without recomputation) bytes of one micro-batch: the traced saved bytes less
+    what the engine's fused kernels do not keep (``cost.kernels``), plus what Megatron-Core's MoE
+    layer keeps instead of the traced routed ops (``_engine_routed``, ``routed_bytes``) and what an
+    FP8 engine keeps otherwise (``cost.fp8``; where the MoE layer's bytes replace the routed ops',
+    its GEMMs are left out of the FP8 delta, already priced by the replacement)."""
+    plan, kernels, engine = ctx.plan, ctx.options.kernels, ctx.options.fp8_engine
+    precision = gemm_precision(graph_key, plan)
+
+    def kept(policy: str, sharding: BlockSharding) -> float:
+        extra = _engine_routed(kernels, policy, sharding, routed_bytes)
+        skip = routed_region(graph) if _engine_keeps(kernels, policy) else frozenset()
+        return sharding.saved_bytes - kernel_saving_bytes(kernels, graph, sharding, plan, policy) + extra + \
+            fp8.saved_delta_bytes(graph, sharding, plan, precision, policy, engine, skip)
+
+    saved = kept(recompute, bs)
+    if recompute == "none":
+        return saved, saved
+    return saved, kept("none", layouts.sharding(graph_key, graph, plan, "none", ctx.mesh))
+
+
 def _freed_at_b(ctx: PlanContext, graph_key: str, bs: BlockSharding, saved: float) -> float:
     """Of a micro-batch's ``saved`` bytes, what a split backward's B frees (``Part.b_freed_bytes``):
     under Megatron's WeightGradStore (``EstimateOptions.wgrad_store``) all but the weight ops'
@@ -80,20 +107,47 @@ def _freed_at_b(ctx: PlanContext, graph_key: str, bs: BlockSharding, saved: floa
     return bs.b_freed_bytes if graph_key == "@post" else 0.0
 
 
-def host_bound(host_floor_s: float, bs: BlockSharding, tp: AxisCost, backward_s: float) -> tuple[float, float, float]:
+class Phases(NamedTuple):
+    """One micro-batch's GPU seconds by phase and the communication exposed in forward and backward."""
+
+    forward_s: float
+    backward_s: float
+    wgrad_s: float
+    exposed_fwd_s: float
+    exposed_bwd_s: float
+
+
+def host_bound(host_floor_s: float, launches: tuple[int, int], gpu: Phases, tp: AxisCost) -> tuple[float, float, float]:
     """(forward, backward, weight-gradient) compute seconds of one micro-batch with the host's
     launch floor (``costmodels.compute``): a phase of N launches (its kernels and its tp
-    collectives) lasts max(GPU seconds + exposed tp seconds, N · host_floor_s), the GPU running
+    collectives) lasts max(GPU seconds + exposed seconds, N · host_floor_s), the GPU running
     the kernels (collectives included) while the host issues the next ones; the compute share is
-    what is left after the exposed collectives.  Backward and weight gradients stretch alike."""
+    what is left after the exposed collectives.  Backward and weight gradients stretch alike.
+    ``launches``: the kernels of forward and of backward (recompute reruns included)."""
     if host_floor_s <= 0.0:
-        return bs.forward_s, backward_s, bs.wgrad_s
-    n_fwd = bs.forward_launches + sum(1 for c in tp.comms if c.phase == "forward")
-    n_bwd = bs.backward_launches + sum(1 for c in tp.comms if c.phase == "backward")
-    forward = max(bs.forward_s, n_fwd * host_floor_s - tp.exposed_fwd_s)
-    gpu_bwd = backward_s + bs.wgrad_s
-    stretch = max(gpu_bwd, n_bwd * host_floor_s - tp.exposed_bwd_s) / gpu_bwd if gpu_bwd > 0 else 1.0
-    return forward, backward_s * stretch, bs.wgrad_s * stretch
+        return gpu.forward_s, gpu.backward_s, gpu.wgrad_s
+    n_fwd = launches[0] + sum(1 for c in tp.comms if c.phase == "forward")
+    n_bwd = launches[1] + sum(1 for c in tp.comms if c.phase == "backward")
+    forward = max(gpu.forward_s, n_fwd * host_floor_s - gpu.exposed_fwd_s)
+    gpu_bwd = gpu.backward_s + gpu.wgrad_s
+    stretch = max(gpu_bwd, n_bwd * host_floor_s - gpu.exposed_bwd_s) / gpu_bwd if gpu_bwd > 0 else 1.0
+    return forward, gpu.backward_s * stretch, gpu.wgrad_s * stretch
+
+
+def _engine_routed(kernels: str, recompute: str, bs: BlockSharding, engine_bytes: float) -> float:
+    """What Megatron-Core's MoE layer keeps beyond the traced routed ops' saved bytes
+    (``ep.engine_saved_bytes`` less ``bs.routed_saved_bytes``; negative: it keeps less), under
+    ``kernels="megatron-core"`` and a policy that keeps the layer's activations (not ``full``,
+    which keeps the block input only, nor torchtitan's ``op``); 0 otherwise."""
+    if not _engine_keeps(kernels, recompute):
+        return 0.0
+    return engine_bytes - bs.routed_saved_bytes
+
+
+def _engine_keeps(kernels: str, recompute: str) -> bool:
+    """Whether Megatron-Core's MoE layer, not the traced routed ops, says what is kept
+    (``_engine_routed``)."""
+    return kernels == "megatron-core" and recompute not in ("full", "op") and recompute_layers(recompute) is None
 
 
 def _recompute_flops(graph: OpGraph, recompute: str) -> float:
@@ -103,22 +157,19 @@ def _recompute_flops(graph: OpGraph, recompute: str) -> float:
 
 
 def _param_numels(graph: OpGraph, bs: BlockSharding, plan: Plan) -> tuple[int, int, int]:
-    """(dense, expert, largest) parameters one GPU holds for this graph: tp-sharded, experts
-    also /ep; under MoE parallel folding the experts /(etp·ep) whatever the tp layout (Megatron-Core
-    splits each expert's GEMMs over the expert-tensor-parallel group); largest: the biggest single
-    parameter's local elements."""
+    """(dense, expert, largest) parameters one GPU holds for this graph: dense ones tp-sharded as
+    the layout places them; each expert weight split over its expert-tensor-parallel and
+    expert-parallel ranks, 1/(etp·ep) (``plan.expert_tp``: etp when folded, tp otherwise, as
+    Megatron-Core's default expert_tensor_parallel_size = tp), whatever the tp layout; the router
+    is dense (replicated over tp); largest: the biggest single parameter's local elements."""
     dense = expert = largest = 0
     for n in graph.params():
-        pl = bs.param_placements.get(n.param or n.name, "R")
-        numel = n.out.numel // (plan.tp if pl.startswith("S(") else 1)  # type: ignore[union-attr]  # a param has its tensor
-
-        if is_expert_param(n) and plan.folded:
+        if is_routed_expert_param(n):
             numel = n.out.numel // (plan.expert_tp * plan.ep)  # type: ignore[union-attr]  # a param has its tensor
             expert += numel
-        elif is_expert_param(n):
-            numel //= plan.ep
-            expert += numel
         else:
+            pl = bs.param_placements.get(n.param or n.name, "R")
+            numel = n.out.numel // (plan.tp if pl.startswith("S(") else 1)  # type: ignore[union-attr]  # a param has its tensor
             dense += numel
         largest = max(largest, numel)
     return dense, expert, largest

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from autoplan.axes import Axis
 from autoplan.cost.context import PlanContext
+from autoplan.cost.ep import hide_paired, paired_fraction
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import Boundary, Part, SimulationArgs
 from autoplan.plan import Plan, recompute_layers
@@ -167,6 +168,26 @@ def engine_instructions(f: list[float], b: list[float], host_s: float) -> tuple[
     return [x + hc for x, hc in zip(f, h)], [x + hc for x, hc in zip(b, h)]
 
 
+def engine_host_s(prices: Prices, bags: Sequence[Bag]) -> float:
+    """The pipeline engine's host seconds per send or receive instruction: the profile's
+    ``p2p_host_s``, or for a model with experts (a part holding expert parameters) at least its
+    ``moe_p2p_host_s``: every MoE layer synchronizes the host with the GPU, so the host no longer
+    runs ahead of the schedule and its per-instruction work shows (``costmodels.compute``)."""
+    profile = prices.profile
+    moe = profile.moe_p2p_host_s > 0.0 and any(p.expert_numel for bag in bags for p, _ in bag)
+    return max(profile.p2p_host_s, profile.moe_p2p_host_s) if moe else profile.p2p_host_s
+
+
+def engine_seconds(prices: Prices, bags: Sequence[Bag], chunks: Sequence[int], m: int) -> float:
+    """The pipeline engine's host seconds on a rank holding virtual stages ``chunks`` over ``m``
+    micro-batches (``engine_instructions``: k·host_s per F and per B of a stage with k boundaries):
+    what the report counts as compute, as the host floor's stretch is."""
+    host_s, n = engine_host_s(prices, bags), len(bags)
+    if host_s <= 0.0 or n < 2:
+        return 0.0
+    return m * sum(2 * ((c > 0) + (c < n - 1)) * host_s for c in chunks)
+
+
 def wpass_factor(prices: Prices, schedule: str) -> float:
     """The uncertain cost multiplier of a split W pass (zero-bubble schedules; 1 at the point)."""
     return prices.params.wpass if SCHEDULE_SPECS[schedule].split_backward else 1.0
@@ -182,10 +203,24 @@ def simulation_args(ctx: PlanContext, bags: list[Bag], m: int) -> SimulationArgs
     micro-batches (a band asks for every sample's before simulating them at once)."""
     plan, prices = ctx.plan, ctx.prices
     schedule = plan.schedule if plan.pp > 1 else "1f1b"
-    f, b, w = stage_times(bags, wpass_factor(prices, schedule))
-    f, b = engine_instructions(f, b, prices.profile.p2p_host_s)
+    f, b, w = overlapped_stage_times(plan, bags, wpass_factor(prices, schedule), m)
+    f, b = engine_instructions(f, b, engine_host_s(prices, bags))
     f_comm, b_comm = pair_comms(schedule, bags)
     return SimulationArgs(schedule, plan.pp, m, plan.vpp, f, b, w, f_comm, b_comm, boundary(ctx))
+
+
+def overlapped_stage_times(plan: Plan, bags: Sequence[Bag], wpass: float, m: int
+                           ) -> tuple[list[float], list[float], list[float]]:
+    """``stage_times``, with the EP transfers combined 1F1B hides taken off (``plan.ep_overlap``:
+    ``ep.hide_paired`` at the schedule's ``ep.paired_fraction`` of ``m`` micro-batches)."""
+    f, b, w = stage_times(bags, wpass)
+    if not plan.ep_overlap:
+        return f, b, w
+    schedule = plan.schedule if plan.pp > 1 else "1f1b"
+    f_comm, b_comm = per_bag(bags, lambda bag: (sum(p.ep_fwd_s * n for p, n in bag),
+                                                sum(p.ep_bwd_s * n for p, n in bag)))
+    f, b = hide_paired(f, b, f_comm, b_comm, paired_fraction(schedule, plan.pp, plan.vpp, m))
+    return f, b, w
 
 
 def price_pipeline(ctx: PlanContext, bags: list[Bag], args: SimulationArgs, *, detail: bool) -> Pipeline:

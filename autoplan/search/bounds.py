@@ -14,8 +14,8 @@ from autoplan.plan import Plan
 from autoplan.search.space import MeshChoice
 from costmodels.memory import GIB
 
-# a mesh's tie-break: (tp, cp, ep, pp, dp, zero, not sp, cp algorithm, axis order)
-SortKey = tuple[int, int, int, int, int, int, bool, str, int, tuple[str, ...], str]
+# a mesh's tie-break: (tp, cp, ep, pp, dp, zero, not sp, cp algorithm, ulysses, axis order, precision, etp or −1)
+SortKey = tuple[int, int, int, int, int, int, bool, str, int, tuple[str, ...], str, int]
 
 
 @dataclass(frozen=True)
@@ -74,4 +74,4 @@ def _mbs_plans(mesh: MeshChoice, global_batch: int, mbs_choices: tuple[int, ...]
 
 def _mesh_sort_key(mesh: MeshChoice) -> SortKey:
     return (mesh.tp, mesh.cp, mesh.ep, mesh.pp, mesh.dp, mesh.zero, not mesh.sp, mesh.cp_algo, mesh.ulysses, mesh.order,
-            mesh.precision)
+            mesh.precision, -1 if mesh.etp is None else mesh.etp)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from autoplan.cost import Estimator
@@ -38,7 +38,7 @@ from autoplan.search.choose import choose
 from autoplan.search.executor import LOOK_AHEAD, Executor, Job, open_executor
 from autoplan.search.presolve import ilp_records, solve_layouts
 from autoplan.search.progress import Progress, progress_bar
-from autoplan.search.records import Explored, SearchOptions, SearchResult, SearchStats
+from autoplan.search.records import Candidate, Explored, SearchOptions, SearchResult, SearchStats
 from autoplan.search.space import MeshChoice, MeshKey, enumerate_meshes
 from autoplan.search.stages import MeshResult
 from autoplan.search.variants import TupleSearch, holds, search_tuple
@@ -69,7 +69,8 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: S
         log.info("%s on %s: %d meshes after the NVLink rules (%d degree choices broke them)",
                  model.model.name, cluster.name, len(meshes), space.broke_rules)
         workers = options.worker_count
-        solve_layouts(est, meshes, global_batch, options.mbs, workers)
+        breaking = _rule_breaking_meshes(model, cluster, global_batch, options, meshes)
+        solve_layouts(est, meshes + breaking, global_batch, options.mbs, workers)
         bounds = bound_meshes(est, meshes, global_batch, options.mbs)
         log.info("%d meshes cannot hold their model states; %d to explore best-first by their bound",
                  bounds.pruned_memory, len(bounds.meshes))
@@ -84,10 +85,60 @@ def search(model: BlockGraph, cluster: Cluster, *, global_batch: int, options: S
                                                 options), _no_fit_fix(options))
             ranked = sorted(found.best.values(), key=_rank_key)
             chosen = choose(est, executor, ranked, found.variants, global_batch, options)
+            broken = _best_rule_breaking(run, breaking, start) if breaking else None
         ilps, c = ilp_records(est), found.counters
         stats = SearchStats(space, bounds.pruned_memory, c.pruned, c.evaluated, c.priced,
                             time.perf_counter() - start, ilps)
-        return SearchResult(chosen.candidates, stats, max((i.gap for i in ilps), default=0.0), chosen.pool)
+        return SearchResult(chosen.candidates, stats, max((i.gap for i in ilps), default=0.0), chosen.pool, broken)
+
+
+RULE_BREAKING_TUPLES = 4
+"""Degree tuples of rule-breaking meshes an MoE search prices (those with the least step bound)
+for its one line on what the NVLink rule costs (``_best_rule_breaking``)."""
+EXPERT_RULES = ("ep-inside-nvlink", "etp-inside-nvlink")
+
+
+def _rule_breaking_meshes(model: BlockGraph, cluster: Cluster, global_batch: int, options: SearchOptions,
+                          legal: list[MeshChoice]) -> list[MeshChoice]:
+    """The meshes an MoE search under the NVLink rule leaves out only because their expert groups
+    leave the NVLink domain (cross-node EP, what frontier MoE runs do with DeepEP): every other
+    per-layer group inside it.  None for a dense model, or when the rule is lifted."""
+    from autoplan.mesh import Mesh
+    from autoplan.rules import nvlink_breaks
+
+    if not model.model.experts or options.estimate.allow_cross_domain:
+        return []
+    every, _ = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.sample_positions,
+                                global_batch=global_batch, zero_levels=options.zero, allow_cross_domain=True)
+    kept = set(legal)
+    out = []
+    for m in every:
+        if m in kept or m.ep == 1:
+            continue
+        plan = m.plan(mbs=1, schedule="1f1b", vpp=1)
+        breaks = nvlink_breaks(plan, Mesh.of(plan), experts=model.model.experts, nvlink_domain=cluster.nvlink_domain)
+        if breaks and all(g.rule in EXPERT_RULES for g, _ in breaks):
+            out.append(m)
+    return out
+
+
+def _best_rule_breaking(run: _Run, meshes: list[MeshChoice], started: float) -> Candidate | None:
+    """The fastest plan of the ``RULE_BREAKING_TUPLES`` rule-breaking degree tuples with the least
+    bound (``_rule_breaking_meshes``), searched as the main search searches one: every variant and
+    the pipeline space; None when none fits."""
+    bounds = bound_meshes(run.est, meshes, run.global_batch, run.options.mbs)
+    keys: list[MeshKey] = []
+    for b in bounds.meshes:
+        if b.mesh.key not in keys:
+            keys.append(b.mesh.key)
+    chosen = set(keys[:RULE_BREAKING_TUPLES])
+    probe = _Run(run.est, run.global_batch, replace(run.options, top_k=1, refine=RULE_BREAKING_TUPLES, progress=False),
+                 run.executor)
+    found = _explore(probe, [b for b in bounds.meshes if b.mesh.key in chosen], started)
+    if not found.best:
+        return None
+    best = min(found.best.values(), key=_rank_key)
+    return Candidate(best.found_plan, best.found_estimate)
 
 
 # Tasks per best-first batch.  A batch runs at the threshold the batches before it leave, so the
@@ -260,7 +311,8 @@ def _merge(results: list[MeshResult], found: Explored, best_here: dict[MeshKey, 
 def _described(out: MeshResult) -> str:
     """One mesh's outcome in a line (``-vv``)."""
     m = out.mesh
-    name = (f"tp{m.tp}·cp{m.cp}·ep{m.ep}·pp{m.pp}·dp{m.dp} zero{m.zero}{' sp' * m.sp}"
+    name = (f"tp{m.tp}·cp{m.cp}·ep{m.ep}{'' if m.etp is None else f'·etp{m.etp}'}·pp{m.pp}·dp{m.dp} zero{m.zero}"
+            f"{' sp' * m.sp}"
             f"{' ' + m.cp_algo if m.cp > 1 else ''}{f' ulysses={m.ulysses}' if m.ulysses else ''}"
             f" order={'-'.join(m.order)}{f' {m.precision}' if m.precision != 'bf16' else ''}")
     if out.plan is not None:

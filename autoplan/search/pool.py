@@ -67,7 +67,7 @@ def hedge(est: Estimator, plan: Plan, global_batch: int, options: SearchOptions,
     if plan.pp == 1 or not schedules:
         return None
     mesh = MeshChoice(plan.tp, plan.cp, plan.ep, plan.pp, plan.dp, plan.zero, plan.sp, plan.cp_algo, plan.order,
-                      plan.ulysses, plan.precision)
+                      plan.ulysses, plan.precision, plan.etp)
     tiers = [t for t in (tuple(s for s in schedules if s == "interleaved"),
                          tuple(s for s in schedules if s != "interleaved")) if t]
     found: MeshResult | None = None
@@ -96,7 +96,8 @@ def _could_beat(est: Estimator, mesh: MeshChoice, mbs: int, global_batch: int, s
         return False
     for schedule, vpp in variants:
         try:
-            if stage_floor(est, base.replace(schedule=schedule, vpp=vpp), global_batch).step_s <= to_beat:
+            if stage_floor(est, mesh.plan(mbs=mbs, schedule=schedule, vpp=vpp, recompute=("none",)),
+                           global_batch).step_s <= to_beat:
                 return True
         except UserError:
             continue

@@ -124,6 +124,10 @@ class SearchResult:
     # estimates are the search's (step, MFU, memory and fit as in full; no primitive table or
     # exposed P2P: ``stages.detailed`` prices those for the candidates)
     pool: tuple[Candidate, ...] = ()
+    # an MoE search under the NVLink rule: the best plan whose expert groups leave the NVLink
+    # domain (cross-node EP), which the rule kept out (``driver._rule_breaking``); None when
+    # none fits, the rule was lifted or the model has no experts
+    rule_breaking: Candidate | None = None
 
 
 @dataclass

@@ -16,6 +16,13 @@ experts and dp, pp ≤ layers, dp divides the global batch.
 ``Constraints`` narrow the space further where a caller asks for the best plan under a fixed
 knob (``autoplan study``: SP off, Ulysses only, FSDP only): the degrees, CP algorithms, SP
 settings and recompute policies a plan may use.  The hard rules hold either way.
+
+MoE: with tp·cp > 1, expert parallelism uses MoE parallel folding (``Plan.etp``, Megatron-Core):
+ep drawn from a stage's tp·cp·dp GPUs with expert tensor parallelism 1 (each GPU holds whole
+experts, the layout Megatron-Core's MoE recipes run; ``expert_layouts``).  An MoE
+plan dispatches with DeepEP's hierarchical transfer (``dispatcher=deepep``: the all-to-all sends
+more whenever a rank holds several of a token's experts) and overlaps its transfers with combined
+1F1B wherever the schedule allows it (``ep_overlap``: pp = 1 or interleaved; ``MeshChoice.plan``).
 """
 from __future__ import annotations
 
@@ -109,6 +116,7 @@ class MeshChoice:
     order: tuple[str, ...]
     ulysses: int = 0             # USP's explicit split (Plan.ulysses); 0: the rule's
     precision: str = "bf16"      # the linear GEMMs' precision (Plan.precision)
+    etp: int | None = None       # MoE parallel folding (Plan.etp); None: ep carved out of dp
 
     @property
     def key(self) -> MeshKey:
@@ -116,10 +124,17 @@ class MeshChoice:
         return (self.tp, self.cp, self.ep, self.pp, self.dp)
 
     def plan(self, **inner: Any) -> Plan:
+        """The plan of this mesh with the pipeline knobs ``inner``; an MoE one dispatches with
+        DeepEP and runs combined 1F1B where its schedule allows (module docstring)."""
         fields: dict[str, Any] = dict(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp, zero=self.zero,
                       sp=self.sp, cp_algo=self.cp_algo, order=self.order, ulysses=self.ulysses,
-                      precision=self.precision)
+                      precision=self.precision, etp=self.etp)
         fields.update(inner)
+        if self.ep > 1 and "dispatcher" not in inner:
+            fields["dispatcher"] = "deepep"
+        if self.ep > 1 and "ep_overlap" not in inner:
+            schedule = fields.get("schedule") or ("interleaved" if (fields.get("vpp") or 1) > 1 else "1f1b")
+            fields["ep_overlap"] = self.pp == 1 or schedule == "interleaved"
         return Plan(**fields)
 
 
@@ -168,29 +183,58 @@ def enumerate_meshes(info: ModelInfo, num_layers: int, cluster: Cluster, *, seq:
                 dp = n // (tp * cp * pp)
                 if global_batch % dp or not constraints.allows_degrees(tp, cp, pp, dp):
                     continue
-                for ep in (divisors(experts) if experts else [1]):
-                    if dp % ep:
-                        continue
+                for ep, etp in expert_layouts(experts, tp, cp, dp):
                     for cp_algo, u in cp_splits(cp, heads // tp, spans_domains=tp * cp > domain):
                         if not constraints.allows_algo(cp, cp_algo):
                             continue
                         enumerated += 1
-                        legal = list(orders if pp > 1 and dp > 1 else orders[:1])
-                        if not allow_cross_domain:
-                            legal = [] if cp_algo == "usp" and tp * cp <= domain else [
-                                o for o in legal if respects_nvlink(Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp,
-                                                                         cp_algo=cp_algo, order=o, ulysses=u),
-                                                                    experts=experts, nvlink_domain=domain)]
+                        legal = _legal_orders(orders, tp, cp, ep, pp, dp, cp_algo, u, etp, experts, domain,
+                                              allow_cross_domain)
                         if not legal:
                             broke += 1
                             continue
-                        for sp in ((True, False) if tp > 1 else (False,)):
+                        for sp in ((True, False) if tp > 1 and etp is None else (tp > 1,)):
                             if (sp and (seq // cp) % tp) or not constraints.allows_sp(tp, sp):
                                 continue
                             for zero in (_useful_zero(zero_levels) if dp > 1 else (0,)):
-                                out += [MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order, u, precision)
+                                out += [MeshChoice(tp, cp, ep, pp, dp, zero, sp, cp_algo, order, u, precision, etp)
                                         for order in legal for precision in precisions]
     return out, SpaceStats(enumerated, broke, len(out))
+
+
+def expert_layouts(experts: int, tp: int, cp: int, dp: int) -> list[tuple[int, int | None]]:
+    """(ep, etp) of the expert layouts of a stage's tp·cp·dp GPUs: with expert parallelism and
+    tp·cp > 1, folded with etp = 1 (ep dividing tp·cp·dp: Megatron-Core's MoE recipes; the
+    unfolded layout would split every expert over tp too, adding an all-gather and a
+    reduce-scatter of the routed rows per GEMM pair for smaller GEMMs); otherwise ep carved out of
+    dp (tp·cp = 1, where folding changes nothing, and ep = 1: the experts split over tp)."""
+    if not experts:
+        return [(1, None)]
+    out: list[tuple[int, int | None]] = []
+    for ep in divisors(experts):
+        if ep > 1 and tp * cp > 1:
+            if (tp * cp * dp) % ep == 0:
+                out.append((ep, 1))
+        elif dp % ep == 0:
+            out.append((ep, None))
+    return out
+
+
+def _legal_orders(orders: tuple[tuple[str, ...], ...], tp: int, cp: int, ep: int, pp: int, dp: int, cp_algo: str,
+                  u: int, etp: int | None, experts: int, domain: int,
+                  allow_cross_domain: bool) -> list[tuple[str, ...]]:
+    """The axis orders a degree choice may take: every one (pipeline or data parallel outermost)
+    that Megatron-Core's folding rules allow, those whose per-layer groups stay in one NVLink
+    domain unless ``allow_cross_domain``."""
+    legal = list(orders if pp > 1 and dp > 1 else orders[:1])
+    if etp is not None:
+        legal = [o for o in legal if o[-1] == "pp" or pp == 1]
+    if allow_cross_domain:
+        return legal
+    if cp_algo == "usp" and tp * cp <= domain:
+        return []
+    return [o for o in legal if respects_nvlink(Plan(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, cp_algo=cp_algo, order=o,
+                                                     ulysses=u, etp=etp), experts=experts, nvlink_domain=domain)]
 
 
 def cp_splits(cp: int, local_heads: int, *, spans_domains: bool) -> list[tuple[str, int]]:

@@ -94,6 +94,6 @@ def refine_tuple(est: Estimator, variants: list[MeshChoice], global_batch: int, 
                 continue
             mesh = MeshChoice(best.mesh.tp, best.mesh.cp, best.mesh.ep, best.mesh.pp, best.mesh.dp,
                               best.mesh.zero, best.mesh.sp, best.mesh.cp_algo, order, best.mesh.ulysses,
-                              best.mesh.precision)
+                              best.mesh.precision, best.mesh.etp)
             out.append(MeshResult(mesh, plan, e, 0.0, 1) if e.fits else MeshResult(mesh, None, None, 0.0, 1))
     return out

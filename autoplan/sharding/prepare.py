@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
+from autoplan.routing import routed_region
 from autoplan.sharding.local import SEQ_ROLES, scaled_dim
 from autoplan.sharding.price import BACKWARD_GROUP, FORWARD_GROUP
 from autoplan.sharding.strategies import legal_strategies
@@ -129,9 +130,12 @@ def _prepare(graph: OpGraph, ctx: ShardingContext, key: PrepareKey | None = None
     nodes = [n for n in graph.nodes if n.name not in alias and n.op != "output"]
     units: list[Unit] = []
     unit_of: dict[str, int] = {}
+    routed = routed_region(graph)
     for n in nodes:
         ok = legal_strategies(graph, n, [resolve(r, alias) for r in n.inputs], ctx)
-        if ctx.merge_followers and _is_follower(n, alias, unit_of, units, ok):
+        # a routed-expert node is its own unit: reads never look through its views (its one
+        # layout is the engine's, not one of the view's DTensor layouts)
+        if ctx.merge_followers and n.name not in routed and _is_follower(n, alias, unit_of, units, ok):
             producer = resolve(n.inputs[0], alias)
             u = units[unit_of[producer.node]]
             for us in u.strategies:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorInfo, TensorRef
 from autoplan.opkinds import attention_work_fraction, is_attention_core, is_attention_kernel, op_kind
+from autoplan.routing import routed_region
 from autoplan.sharding.local import bytes_per_elem, local_bytes, scaled_numel
 from autoplan.sharding.placements import is_shard, redistribution, redistribution_bytes, shard_dim
 from autoplan.sharding.strategies import replicated
@@ -178,7 +179,12 @@ def node_prices(n: OpNode, s: Strategy, ctx: ShardingContext) -> tuple[float, tu
 
 def node_cost(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext,
               priced: tuple[float, tuple[OpCollective, ...]] | None = None) -> NodeCost:
-    """``priced``: ``node_prices(n, s, ctx)`` where the caller has it (at another recompute policy)."""
+    """``priced``: ``node_prices(n, s, ctx)`` where the caller has it (at another recompute policy).
+    A routed-expert node (``autoplan.routing``) costs no seconds and holds no model state here:
+    ``cost.ep`` prices the region as the engine runs it; its saved activations stay (at the
+    engine's layout, ``strategies.routed_strategy``)."""
+    if n.name in routed_region(g):
+        return NodeCost(0.0, 1, saved_bytes(g, n, s, ctx), 0.0, ())
     state = 0.0
     if n.role == "param" and n.op == "placeholder" and n.out is not None:
         state = n.out.numel / (ctx.tp if is_shard(s.outputs[0]) else 1) * STATE_BYTES_PER_PARAM
@@ -232,7 +238,8 @@ def memory_price(g: OpGraph, ctx: ShardingContext) -> float:
     """Seconds one byte of GPU memory is worth: the block's replicated forward time divided by
     its replicated saved-activation bytes (memory can always be bought back by recomputing the
     forward that filled it)."""
-    fwd = sum(node_seconds(n, replicated(n), ctx) for n in g.ops("forward"))
+    routed = routed_region(g)
+    fwd = sum(node_seconds(n, replicated(n), ctx) for n in g.ops("forward") if n.name not in routed)
     saved = sum(local_bytes(t, "R", ctx.tp, ctx.mbs, ctx.cp) for r in g.saved_outputs()
-                if (t := g.tensor(r)) is not None and g.node(r.node).role != "param")
+                if (t := g.tensor(r)) is not None and g.node(r.node).role != "param" and r.node not in routed)
     return fwd / saved if saved else 0.0

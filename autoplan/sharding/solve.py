@@ -7,10 +7,11 @@ same ``price`` functions the read-back uses, over the same units and reads.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorRef
+from autoplan.routing import routed_region
 from autoplan.sharding import ilp
 from autoplan.sharding.local import local_bytes
 from autoplan.sharding.placements import is_shard, redistribution
@@ -186,8 +187,9 @@ def layout_prices(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingCont
     ``price_assignment`` at every policy of one (tp, sp, mbs, cp, tp span) shares."""
     shape = _layout_reads(graph, assignment)
     once = replace(ctx, recompute="none")
+    routed = routed_region(graph)
     # ignore[misc]: never None, _redistributions keeps only pairs that need a collective
-    return LayoutPrices(tuple(node_prices(n, s, ctx) for n, s in shape.nodes),
+    return LayoutPrices(tuple((0.0, ()) if n.name in routed else node_prices(n, s, ctx) for n, s in shape.nodes),
                         tuple(redistribution_cost(graph, ref, a, b, grp, once)  # type: ignore[misc]
                               for ref, a, b, grp, _, _ in shape.redistributions))
 
@@ -204,6 +206,14 @@ def _redistribution_collectives(g: OpGraph, shape: _LayoutReads, prices: LayoutP
         out.append(Collective(r.kind, r.nbytes, phase, label, r.seconds))
     return out
 
+def _bytes_of(kept: list[tuple[str, float]], nodes: Collection[str]) -> float:
+    """Of the saved bytes ``kept`` (node, bytes), those of ``nodes``, summed in ``kept``'s order."""
+    total = 0.0
+    for name, nbytes in kept:
+        if name in nodes:
+            total += nbytes
+    return total
+
 
 def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingContext,
                      prices: LayoutPrices | None = None) -> BlockSharding:
@@ -218,9 +228,8 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
     chosen = assignment.choice
     shape = _layout_reads(g, assignment)
     prices = prices if prices is not None else layout_prices(g, assignment, ctx)
-    fwd = bwd = wgd = rec = saved = freed = wgrad_inputs = 0.0
-    freed_nodes = g.freed_at_input_grad_nodes()
-    wgrad_input_nodes = g.wgrad_input_nodes()
+    fwd = bwd = wgd = rec = saved = 0.0
+    kept: list[tuple[str, float]] = []   # (node, saved bytes), in pricing order
     launches = [0, 0]                    # kernels issued in forward, in backward (+ recompute)
     collectives: list[Collective] = []
     for (n, s), priced in zip(shape.nodes, prices.nodes):
@@ -238,32 +247,37 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
             launches[n.phase != "forward"] += 1
             launches[1] += c.runs - 1
         saved += c.saved_bytes
-        if n.name in freed_nodes:
-            freed += c.saved_bytes
-        if n.name in wgrad_input_nodes:
-            wgrad_inputs += c.saved_bytes
+        kept.append((n.name, c.saved_bytes))
         phase = "forward" if n.phase == "forward" else "backward"
         collectives += [Collective(x.kind, x.nbytes, phase, f"{n.module or n.op}:{n.name} (vocab-parallel)", x.seconds)
                         for x in c.intrinsic]
     collectives += _redistribution_collectives(g, shape, prices, ctx)
     held = sum(local_bytes(g.tensor(r), chosen[r.node].outputs[r.index], ctx.tp, ctx.mbs, ctx.cp) for r in shape.held)  # type: ignore[arg-type,misc]  # graph tensors
-    params = {}
-    param_numel = 0
-    for n in g.params():
-        pl = chosen[n.name].outputs[0]
-        params[n.param or n.name] = pl
-        param_numel += n.out.numel // (ctx.tp if is_shard(pl) else 1)  # type: ignore[union-attr]  # a param has one
+    params, param_numel = _param_placements(g, chosen, ctx.tp)
     return BlockSharding(
         strategies={k: v.name for k, v in sorted(chosen.items())},
         placements={k: (v.outputs[0] or "-") if v.outputs else "-" for k, v in sorted(chosen.items())},
         param_placements=dict(sorted(params.items())),  # type: ignore[arg-type]  # a param's placement is not None
         collectives=tuple(collectives),
         forward_s=fwd, backward_s=bwd, wgrad_s=wgd, recompute_s=rec, saved_bytes=saved, wgrad_held_bytes=held,
-        b_freed_bytes=freed, wgrad_input_bytes=wgrad_inputs,
+        b_freed_bytes=_bytes_of(kept, g.freed_at_input_grad_nodes()),
+        wgrad_input_bytes=_bytes_of(kept, g.wgrad_input_nodes()),
         forward_launches=launches[0], backward_launches=launches[1],
+        routed_saved_bytes=_bytes_of(kept, routed_region(g)),
         param_numel=param_numel, objective_s=assignment.objective_s, gap=assignment.gap,
         solve_seconds=assignment.solve_seconds, ilp_size=assignment.ilp_size,
     )
+
+
+def _param_placements(g: OpGraph, chosen: dict[str, Strategy], tp: int) -> tuple[dict[str, str | None], int]:
+    """(parameter name → its placement, elements one GPU holds of them) under ``chosen``."""
+    params = {}
+    param_numel = 0
+    for n in g.params():
+        pl = chosen[n.name].outputs[0]
+        params[n.param or n.name] = pl
+        param_numel += n.out.numel // (tp if is_shard(pl) else 1)  # type: ignore[union-attr]  # a param has one
+    return params, param_numel
 
 
 @dataclass(frozen=True)
@@ -292,7 +306,7 @@ def _redistributions(g: OpGraph, chosen: dict[str, Strategy],
     group), as (tensor, from, to, group, phase, label); under full recomputation a forward
     one is rerun in backward (``redistribution_cost``'s runs)."""
     nodes = [n for n in g.nodes if n.name not in alias and n.op != "output"]
-    reads = resolved_reads(g, reads_of(g, nodes, alias, _units_of_choice(nodes, alias, chosen)),
+    reads = resolved_reads(g, reads_of(g, nodes, alias, _units_of_choice(nodes, alias, chosen, routed_region(g))),
                            lambda read: [chosen.__getitem__], view_inverse(g))
     out: list[tuple[TensorRef, str, str, int, str, str]] = []
     for ref, rows in reads.items():
@@ -312,11 +326,15 @@ def _redistributions(g: OpGraph, chosen: dict[str, Strategy],
     return out
 
 
-def _units_of_choice(nodes: list[OpNode], alias: dict[str, str], chosen: dict[str, Strategy]) -> dict[str, int]:
-    """Which ops run in their producer's layout under a chosen assignment (as merged followers)."""
+def _units_of_choice(nodes: list[OpNode], alias: dict[str, str], chosen: dict[str, Strategy],
+                     routed: frozenset[str]) -> dict[str, int]:
+    """Which ops run in their producer's layout under a chosen assignment (as merged followers);
+    never a routed-expert node (``prepare._prepare``)."""
     unit_of: dict[str, int] = {}
     for i, n in enumerate(nodes):
         unit_of[n.name] = i
+        if n.name in routed:
+            continue
         if n.op != "placeholder" and len(n.inputs) == 1 and (n.is_view or is_unary_elementwise(n.strategies)):
             src = resolve(n.inputs[0], alias)
             outs = chosen[src.node].outputs if src.node in chosen else ()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorInfo, TensorRef
 from autoplan.opkinds import is_attention_kernel
+from autoplan.routing import routed_region
 from autoplan.sharding.local import SEQ_ROLES, local_dim
 from autoplan.sharding.placements import shard_dim
 from autoplan.sharding.types import ShardingContext
@@ -140,7 +141,10 @@ def _identity_rules(n: OpNode) -> tuple[Strategy, ...]:
 def legal_strategies(graph: OpGraph, n: OpNode, inputs: list[TensorRef], ctx: ShardingContext) -> list[Strategy]:
     """The node's strategies that respect divisibility, the sp rules and the block boundary.
 
-    ``inputs``: the node's inputs with deduplicated views resolved to the view kept."""
+    ``inputs``: the node's inputs with deduplicated views resolved to the view kept.  A node of
+    the routed-expert region (``autoplan.routing``) has one: ``routed_strategy``."""
+    if n.name in routed_region(graph):
+        return [routed_strategy(graph, n, inputs, ctx)]
     if n.op == "placeholder":
         cands = _placeholder_strategies(n)
         if n.role in ("input", "tangent"):
@@ -158,6 +162,28 @@ def legal_strategies(graph: OpGraph, n: OpNode, inputs: list[TensorRef], ctx: Sh
         if ins_ok and outs_ok and not _replicated_sequence(n, s, ctx):
             ok.append(s)
     return ok or [replicated(n)]   # every op can run replicated
+
+
+def routed_strategy(graph: OpGraph, n: OpNode, inputs: list[TensorRef], ctx: ShardingContext) -> Strategy:
+    """The one layout of a routed-expert node (``autoplan.routing``): an engine routes each GPU's
+    own tokens, so every tensor of the region with a token dim is sharded on it as the residual
+    stream is (sequence-sharded under SP, ``engine_placement``) and the rest, the expert weights
+    and the router included, is whole; the ILP neither prices nor changes it (``cost.ep`` does)."""
+    ins = tuple("R" if graph.node(r.node).role == "param" else engine_placement(graph.tensor(r), ctx) for r in inputs)
+    outs = tuple(None if t is None else ("R" if n.role == "param" else engine_placement(t, ctx)) for t in n.outputs)
+    return Strategy(ins, outs)
+
+
+def engine_placement(t: TensorInfo | None, ctx: ShardingContext) -> str:
+    """A routed tensor's placement: its first token dim (seq or tokens) sharded under SP where tp
+    divides it, else replicated."""
+    if t is None or not ctx.sp:
+        return "R"
+    for d, role in enumerate(t.dim_roles):
+        if role in SEQ_ROLES:
+            pl = f"S({d})"
+            return pl if placement_ok(t, pl, ctx, activation=True) else "R"
+    return "R"
 
 
 def replicated(n: OpNode) -> Strategy:

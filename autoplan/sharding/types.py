@@ -102,6 +102,7 @@ class BlockSharding:
     backward_launches: int = 0                 # backward, weight gradients and recompute reruns
     wgrad_input_bytes: float = 0.0             # of saved_bytes, what the weight-gradient ops read (their
                                                # inputs X, ir.wgrad_input_nodes), one micro-batch
+    routed_saved_bytes: float = 0.0            # of saved_bytes, the routed-expert region's (autoplan.routing)
 
     def comm_seconds(self, phase: str | None = None) -> float:
         return sum(c.seconds for c in self.collectives if phase is None or c.phase == phase)

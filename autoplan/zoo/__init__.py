@@ -101,7 +101,7 @@ ZOO: dict[str, GPTConfig | LlamaConfig] = {
                                experts=8, topk=2, rope_theta=1e6),
     "deepseek-v3": MoEConfig(layers=61, hidden=7168, heads=128, kv_heads=8, head_dim=96, ffn=18432,
                              vocab=129280, experts=256, topk=8, moe_ffn=2048, shared_experts=1,
-                             dense_layers=3, norm_eps=1e-6, rope_theta=10000.0),
+                             dense_layers=3, norm_eps=1e-6, rope_theta=10000.0, groups=8, topk_groups=4),
 }
 
 
@@ -157,5 +157,6 @@ def model_info(name: str, cfg: GPTConfig | LlamaConfig) -> ModelInfo:
         experts=cfg.experts if moe else 0, topk=cfg.topk if moe else 0,  # type: ignore[union-attr]
         moe_ffn=cfg.d_moe_ffn if moe else 0, shared_experts=cfg.shared_experts if moe else 0,  # type: ignore[union-attr]
         dense_layers=cfg.dense_layers if moe else 0, tied_embeddings=cfg.tie,  # type: ignore[union-attr]
+        expert_groups=cfg.groups if moe else 0, topk_groups=cfg.topk_groups if moe else 0,  # type: ignore[union-attr]
         notes=(DEEPSEEK_NOTE,) if name == "deepseek-v3" else (),
     )

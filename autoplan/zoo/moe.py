@@ -10,7 +10,10 @@ Dispatch has static shapes, so it traces without data-dependent control
 flow and shards like any other op (capacity-based, as GShard / Switch):
 
 1. router logits [T, E] → top-k (values, expert ids) [T, k]; gate weights =
-   softmax over the k chosen logits (Mixtral).
+   softmax over the k chosen logits (Mixtral).  With group-limited routing
+   (``groups``, ``topk_groups``: DeepSeek-V3's 8 groups, best 4) a group scores
+   its best expert's logit and only the experts of a token's ``topk_groups``
+   best groups compete (the others are masked to −∞).
 2. capacity C = ceil(T·k / E · capacity_factor).  Choices are ranked k-major
    (every token's first choice before any second choice); a choice's
    position in its expert is the running count (cumsum of one-hot) of
@@ -46,6 +49,8 @@ class MoEConfig(LlamaConfig):
     shared_experts: int = 0
     dense_layers: int = 0       # leading dense layers (width ffn)
     capacity_factor: float = 1.0
+    groups: int = 0             # group-limited routing (DeepSeek-V3): experts in this many groups,
+    topk_groups: int = 0        # a token's top-k drawn from its best ``topk_groups`` (0: no limit)
 
     @property
     def d_moe_ffn(self) -> int:
@@ -75,6 +80,7 @@ class MoE(nn.Module):
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
         self.experts, self.topk, self.capacity_factor = cfg.experts, cfg.topk, cfg.capacity_factor
+        self.groups, self.topk_groups = cfg.groups, cfg.topk_groups
         self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
         self.routed = Experts(cfg.experts, cfg.hidden, cfg.d_moe_ffn)
         self.shared = (MLP(cfg.hidden, cfg.shared_experts * cfg.d_moe_ffn, "swiglu")
@@ -92,12 +98,22 @@ class MoE(nn.Module):
         are those one process keeps; a kept choice's slot stays ``position`` (≤ its place)."""
         return position, cap
 
+    def limit_groups(self, logits: torch.Tensor) -> torch.Tensor:
+        """[T, E] router logits with the experts outside a token's ``topk_groups`` best groups (a
+        group scored by its best expert) at −∞; unchanged without group-limited routing."""
+        if self.groups <= 1 or not 0 < self.topk_groups < self.groups:
+            return logits
+        tokens, size = logits.shape[0], self.experts // self.groups
+        best = logits.view(tokens, self.groups, size).amax(dim=-1).topk(self.topk_groups, dim=-1).indices
+        keep = torch.zeros(tokens, self.groups, dtype=torch.bool, device=logits.device).scatter(1, best, True)
+        return logits.masked_fill(~keep.repeat_interleave(size, dim=1), float("-inf"))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         tokens, experts, k = b * s, self.experts, self.topk
         cap = self.capacity(tokens)
         flat = x.reshape(tokens, h)
-        top_logits, top_ids = self.router(flat).topk(k, dim=-1)             # [T, k]
+        top_logits, top_ids = self.limit_groups(self.router(flat)).topk(k, dim=-1)   # [T, k]
         gates = torch.softmax(top_logits, dim=-1)                            # [T, k]
         # rank choices k-major: choice i = (slot i // T, token i % T)
         expert_of = top_ids.t().reshape(tokens * k)                          # [T·k]

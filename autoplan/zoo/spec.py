@@ -27,7 +27,7 @@ KEYS = {
     "gpt": _COMMON + ("dropout", "max_seq"),
     "llama": _COMMON,
     "moe": _COMMON + ("experts", "topk", "moe_ffn", "shared_experts", "dense_layers",
-                      "capacity_factor"),
+                      "capacity_factor", "groups", "topk_groups"),
 }
 CONFIGS = {"gpt": GPTConfig, "llama": LlamaConfig, "moe": MoEConfig}
 _CHOICES = {"mlp": MLP_KINDS, "norm": NORM_KINDS, "attention": ATTENTION_KINDS}
@@ -41,7 +41,7 @@ _FLOATS = ("dropout", "capacity_factor")
 # overflows int64 beyond 2^63).
 MAXIMA = {"layers": 1024, "dense_layers": 1024, "hidden": 2 ** 17, "heads": 2 ** 12, "kv_heads": 2 ** 12,
           "head_dim": 2 ** 12, "ffn": 2 ** 20, "moe_ffn": 2 ** 20, "vocab": 2 ** 24, "experts": 2 ** 14,
-          "topk": 2 ** 14, "shared_experts": 64, "max_seq": 2 ** 24}
+          "topk": 2 ** 14, "shared_experts": 64, "max_seq": 2 ** 24, "groups": 2 ** 14, "topk_groups": 2 ** 14}
 FLOAT_RANGES = {"dropout": (0.0, 1.0), "capacity_factor": (0.0, 1024.0)}   # [low, high); capacity > 0
 
 
@@ -133,3 +133,8 @@ def _check(family: str, cfg) -> None:
         if cfg.dense_layers > cfg.layers:
             raise UserError(f"dense_layers ({cfg.dense_layers}) exceeds layers ({cfg.layers})",
                             "dense_layers must be at most layers")
+        if cfg.groups and (cfg.experts % cfg.groups or not 0 < cfg.topk_groups <= cfg.groups
+                           or cfg.topk > cfg.topk_groups * (cfg.experts // cfg.groups)):
+            raise UserError(f"groups={cfg.groups}, topk_groups={cfg.topk_groups} do not fit experts={cfg.experts}, "
+                            f"topk={cfg.topk}", "groups must divide experts and 0 < topk_groups <= groups, "
+                            "with topk at most the experts of topk_groups groups")

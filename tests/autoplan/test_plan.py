@@ -239,3 +239,30 @@ def test_folded_plan_grammar_and_megatron_core_rules():
     assert Plan.parse("tp=2,pp=2,dp=4,ep=2,etp=1,order=tp-cp-ep-pp-dp").edp == 4   # edp = dp: allowed
     with pytest.raises(UserError, match="pipeline groups"):       # L903-906: same edp, other pp stride
         Plan.parse("tp=2,pp=2,dp=2,ep=2,etp=1,order=tp-pp-cp-ep-dp")
+
+
+def test_dispatcher_and_ep_overlap_are_written_only_when_set():
+    """The MoE dispatch fields: DeepEP's hierarchical dispatcher and combined 1F1B; a plan without
+    them reads and writes as before (schema 2), one with them is schema 4 and round-trips, compact too."""
+    from autoplan.plan import DISPATCH_SCHEMA_VERSION
+
+    plain = Plan.parse("tp=2,dp=8,ep=8")
+    assert "dispatcher" not in plain.to_string() and "ep_overlap" not in plain.to_json()
+    plan = Plan.parse("tp=2,pp=8,vpp=4,dp=16,ep=32,etp=1,dispatcher=deepep,ep_overlap=on")
+    assert plan.to_string().endswith(",dispatcher=deepep,ep_overlap=on")
+    assert plan.to_compact().endswith(" deepep ep-overlap")
+    assert Plan.parse(plan.to_compact()) == plan == Plan.from_json(plan.to_json())
+    assert json.loads(plan.to_json())["schema_version"] == DISPATCH_SCHEMA_VERSION == 4
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("dp=8,dispatcher=nccl", "dispatcher is one of"),
+    ("dp=8,dispatcher=deepep", "expert parallelism"),
+    ("dp=8,ep_overlap=on", "expert parallelism"),
+    ("pp=2,dp=4,ep=4,ep_overlap=on", "needs schedule=interleaved"),
+    ("dp=8,ep=8,ep_overlap=maybe", "ep_overlap=on or ep_overlap=off"),
+])
+def test_bad_dispatch_fields_name_the_problem(text, needle):
+    with pytest.raises(UserError) as err:
+        Plan.parse(text)
+    assert needle in str(err.value)

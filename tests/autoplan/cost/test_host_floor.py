@@ -3,7 +3,8 @@
 import pytest
 
 from autoplan.cost import EstimateOptions, Estimator
-from autoplan.cost.parts import host_bound
+from autoplan.cost.parts import Phases
+from autoplan.cost.parts import host_bound as _host_bound
 from autoplan.cost.types import AxisCost, Comm
 from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
@@ -18,6 +19,12 @@ def _sharding(**kw):
                 objective_s=0.0, gap=0.0, solve_seconds=0.0, forward_launches=40, backward_launches=70)
     base.update(kw)
     return BlockSharding(**base)
+
+
+def host_bound(floor, bs, tp, backward_s):
+    """``parts.host_bound`` on a block's launches and GPU seconds and its tp collectives."""
+    return _host_bound(floor, (bs.forward_launches, bs.backward_launches),
+                       Phases(bs.forward_s, backward_s, bs.wgrad_s, tp.exposed_fwd_s, tp.exposed_bwd_s), tp)
 
 
 def _tp(fwd=0.3e-3, bwd=0.3e-3):

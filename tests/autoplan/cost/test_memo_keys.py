@@ -55,6 +55,8 @@ PLAN_VARIANTS = {                  # per Plan field, valid plans differing from 
     "precision": [dict(precision="fp8"), dict(precision="fp8-rowwise"), dict(precision="fp8-delayed")],
     # folded: etp=2 keeps BASE's ep groups' size but not their ranks; etp=1 the expert shards and edp
     "etp": [dict(etp=2), dict(etp=1), dict(etp=1, ep=4)],
+    "dispatcher": [dict(dispatcher="deepep")],
+    "ep_overlap": [dict(ep_overlap=True)],
 }
 OPTION_VARIANTS = {                # per EstimateOptions field, another value (profile: a changed copy)
     "overlap_grad_reduce": False,
@@ -92,7 +94,7 @@ def _price_all(est: Estimator, plan: Plan, batch: int, sampler: Sampler | None =
            stages._estimate(est, plan, batch), stages._step_time(est, plan, batch),
            stages.memoised_memory(est, plan, batch), stages.memoised_floor(est, plan, batch),
            bounds.step_lower_bound(est, plan, batch), bounds.states_lower_bound(est, plan, batch),
-           stages._cut_variants(est, plan.replace(schedule="1f1b", vpp=1, layers=())),
+           stages._cut_variants(est, plan.replace(schedule="1f1b", vpp=1, layers=(), ep_overlap=False)),
            flags(plan, e, moe=True)]
     if sampler is not None:
         out.append(sampler.steps([plan], batch, range(2)))

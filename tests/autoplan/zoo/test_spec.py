@@ -60,3 +60,23 @@ def test_bad_specs(spec, words):
 def test_sizes_at_the_bounds_parse():
     cfg = parse_spec("moe:layers=1024,hidden=64,heads=4,vocab=16777216,experts=16384,topk=2,capacity_factor=1023.5")
     assert (cfg.layers, cfg.vocab, cfg.experts, cfg.capacity_factor) == (1024, 2 ** 24, 2 ** 14, 1023.5)
+
+
+def test_group_limited_routing_draws_a_tokens_experts_from_its_best_groups():
+    """DeepSeek-V3's router: groups score their best expert's logit, a token's top-k comes from its
+    ``topk_groups`` best groups (the spec keys ``groups`` and ``topk_groups``; ModelInfo's
+    ``expert_groups``/``topk_groups`` feed the dispatch's node count)."""
+    import torch
+
+    from autoplan.zoo import ZOO, model_info
+    from autoplan.zoo.moe import MoE, MoEConfig
+
+    cfg = MoEConfig(layers=1, hidden=16, heads=2, vocab=32, experts=8, topk=3, moe_ffn=8, groups=4, topk_groups=2)
+    moe = MoE(cfg)
+    logits = torch.randn(64, 8)
+    ids = moe.limit_groups(logits).topk(3, dim=-1).indices
+    assert all(len({int(i) // 2 for i in row}) <= 2 for row in ids)
+    info = model_info("deepseek-v3", ZOO["deepseek-v3"])
+    assert (info.expert_groups, info.topk_groups) == (8, 4)
+    with pytest.raises(UserError, match="groups"):
+        parse_spec("moe:layers=2,hidden=64,heads=4,vocab=64,experts=8,topk=2,groups=3,topk_groups=1")
