@@ -35,7 +35,9 @@ The fits (``FITS``) are the project's fit scripts' objectives, written once here
 * ``h100-moe``: the Megatron-Core MoE stack's host parameters of ``h100.yaml`` (host time per
   launch of a synchronized MoE layer, the GPU's idle time at each MoE forward dispatch, the
   pipeline engine's host time per send/receive an MoE model exposes; ``autoplan.cost.ep``) on the
-  H100 MoE rows of the Megatron-Core model zoo and Megatron-Bridge.
+  MoE rows of the Megatron-Core model zoo and Megatron-Bridge.  ``b200.yaml`` ships the same
+  values (the same host stack; ``MOE_HOST``): a fold prices the B200 MoE rows with the refitted
+  ones too, so Megatron-Bridge's B200 rows are out of sample when it is left out.
 
 Objective otherwise: mean |predicted / published − 1| over the fit's rows (a row the model
 cannot price or fit is left out of the mean, as the fit scripts do).  Not refitted here: the vTrain node's
@@ -158,12 +160,15 @@ def _fits() -> tuple[Fit, ...]:
         Fit("h100-moe", (
             Parameter("h100.moe_host_floor_s", _yaml_value(h100, "moe_host_floor_s"),
                       (20e-6, 25e-6, 30e-6, 35e-6, 40e-6),
-                      (5e-6, 100e-6), 0.0, "host time per launch of an MoE layer, which syncs host and GPU (s)"),
+                      (5e-6, 100e-6), 0.0,
+                      "host time per launch of an MoE layer, which syncs host and GPU (s); b200.yaml the same"),
             Parameter("h100.moe_sync_s", _yaml_value(h100, "moe_sync_s"), (0.0, 0.6e-3, 1.2e-3, 1.8e-3, 2.4e-3),
                       (0.0, 5e-3), 0.0,
-                      "GPU idle at an MoE layer's forward dispatch while the host takes its turn (s)"),
+                      "GPU idle at an MoE layer's forward dispatch while the host takes its turn (s); "
+                      "b200.yaml the same"),
             Parameter("h100.moe_p2p_host_s", _yaml_value(h100, "moe_p2p_host_s"), (0.0, 300e-6, 450e-6, 600e-6),
-                      (0.0, 1e-3), 0.0, "pipeline-engine host time per send/receive an MoE model exposes (s)")),
+                      (0.0, 1e-3), 0.0,
+                      "pipeline-engine host time per send/receive an MoE model exposes (s); b200.yaml the same")),
             ("mcore-zoo", "megatron-bridge")),
     )
 
@@ -217,11 +222,16 @@ def _gpu_fields(point: dict[str, float], gpu: str) -> dict:
     return fields
 
 
+MOE_HOST = ("moe_host_floor_s", "moe_sync_s", "moe_p2p_host_s")
+"""The MoE host parameters ``b200.yaml`` takes from the ``h100-moe`` fit (module docstring)."""
+
+
 def _profiles(point: dict[str, float]) -> dict[str, str]:
     stack = {k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("stack.")}
     a100 = {**_gpu_fields(point, "a100"), "p2p_host_s": point["pipeline.p2p_host_s"]}
     return {"a100": _profile_file("a100.yaml", a100),
             "h100": _profile_file("h100.yaml", _gpu_fields(point, "h100")),
+            "b200": _profile_file("b200.yaml", {k: point[f"h100.{k}"] for k in MOE_HOST}),
             "stack": _profile_file("a100-megatron-deepspeed.yaml", {**_gpu_fields(point, "a100"), **stack})}
 
 
@@ -229,7 +239,8 @@ def _regime_options(row: pr.RegimeRow, profiles: dict[str, str]) -> EstimateOpti
     if row.source == "vtrain":
         return dataclasses.replace(pr.VTRAIN_OPTIONS, profile=profiles["stack"])
     gpu = pr.cluster(row.cluster).gpu.name
-    profile = profiles["a100"] if gpu.startswith("a100") else profiles["h100"] if gpu.startswith("h") else None
+    kind = "a100" if gpu.startswith("a100") else "h100" if gpu.startswith("h") else "b200" if gpu == "b200" else ""
+    profile = profiles.get(kind)
     return pr.row_options(row, EstimateOptions(profile=profile))
 
 
@@ -305,7 +316,7 @@ def depends_on(case: Case, fit: Fit) -> bool:
     if fit.name == "pipeline-engine":
         return gpu.startswith("a100") and case.source != "vtrain"
     if fit.name == "h100-moe":
-        return gpu.startswith("h") and case.regime == "moe"
+        return gpu.startswith(("h", "b200")) and case.regime == "moe"
     return fit.name == "h100-fp8" and gpu.startswith("h") and "precision=" in getattr(case.row, "plan", "")
 
 
