@@ -109,7 +109,8 @@ def _rule_breaking_meshes(model: BlockGraph, cluster: Cluster, global_batch: int
     if not model.model.experts or options.estimate.allow_cross_domain:
         return []
     every, _ = enumerate_meshes(model.model, model.num_layers, cluster, seq=model.sample_positions,
-                                global_batch=global_batch, zero_levels=options.zero, allow_cross_domain=True)
+                                global_batch=global_batch, zero_levels=options.zero, allow_cross_domain=True,
+                                precisions=options.precisions, constraints=options.constraints)
     kept = set(legal)
     out = []
     for m in every:
