@@ -289,7 +289,7 @@ class Estimator:
         block_compute = sum(p.compute_s * n for p, n in busy_bags)
         attention = sum(p.attention_s * n for p, n in busy_bags)
         tokens = global_batch * self.model.sample_positions
-        compute = m * block_compute + pp.engine_seconds(self.prices, pipe.bags, pipe.rank_chunks[busy], m)
+        compute = m * block_compute
         return Estimate(
             plan=plan.to_string(), step_time_s=step, tokens_per_s=tokens / step,
             samples_per_s=global_batch / step, throughput_unit=self.model.throughput_unit,

@@ -178,16 +178,6 @@ def engine_host_s(prices: Prices, bags: Sequence[Bag]) -> float:
     return max(profile.p2p_host_s, profile.moe_p2p_host_s) if moe else profile.p2p_host_s
 
 
-def engine_seconds(prices: Prices, bags: Sequence[Bag], chunks: Sequence[int], m: int) -> float:
-    """The pipeline engine's host seconds on a rank holding virtual stages ``chunks`` over ``m``
-    micro-batches (``engine_instructions``: k·host_s per F and per B of a stage with k boundaries):
-    what the report counts as compute, as the host floor's stretch is."""
-    host_s, n = engine_host_s(prices, bags), len(bags)
-    if host_s <= 0.0 or n < 2:
-        return 0.0
-    return m * sum(2 * ((c > 0) + (c < n - 1)) * host_s for c in chunks)
-
-
 def wpass_factor(prices: Prices, schedule: str) -> float:
     """The uncertain cost multiplier of a split W pass (zero-bubble schedules; 1 at the point)."""
     return prices.params.wpass if SCHEDULE_SPECS[schedule].split_backward else 1.0
@@ -237,7 +227,7 @@ def price_pipeline(ctx: PlanContext, bags: list[Bag], args: SimulationArgs, *, d
         else:
             p2p_exposed = max(0.0, sim.step_time - no_p2p.step_time)
     bnd = args.boundary
-    host = tuple(engine_host(len(args.f), ctx.prices.profile.p2p_host_s))
+    host = tuple(engine_host(len(args.f), engine_host_s(ctx.prices, bags)))
     return Pipeline(tuple(bags), rank_chunks(plan), tuple(args.f), tuple(args.b), tuple(args.w), bnd.bytes_per_rank,
                     bnd.seconds, sim, p2p_exposed, bnd.hop, bnd.gather_s, post_validation, host)
 
