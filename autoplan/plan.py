@@ -630,6 +630,13 @@ def recompute_layers(policy: str) -> int | None:
     return int(count)
 
 
+def fully_recomputes(policy: str) -> bool:
+    """Whether ``policy`` recomputes whole layers as Megatron-LM runs it (``--recompute-granularity
+    full``: full, full:N, and op, which it lacks).  Megatron-Core's combined 1F1B EP overlap refuses
+    it (TransformerConfig), so such a plan is not priced with ``ep_overlap``."""
+    return policy in ("op", "full") or recompute_layers(policy) is not None
+
+
 def _integer(key: str, value: Any) -> int:
     """A plan degree: an int, or a string of ASCII digits (``int`` also reads ``𝟐``, ``2.9`` and ``True``)."""
     if isinstance(value, int) and not isinstance(value, bool):

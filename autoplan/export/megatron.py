@@ -32,8 +32,11 @@ Mapping (plan → flags):
   ``--hierarchical-context-parallel-sizes U R`` (Ulysses inside, ring across), the split autoplan's
   rule fixes (``autoplan.rules.ulysses_and_ring``) for the cluster's NVLink domain.
 * ep → ``--expert-model-parallel-size``, ``--expert-tensor-parallel-size`` tp (the plan's experts
-  are split over tp) and ``--moe-token-dispatcher-type alltoall`` (the all-to-all the plan prices;
-  Megatron's default is allgather).
+  are split over tp) or etp (a folded plan), and the dispatcher the plan prices: alltoall →
+  ``--moe-token-dispatcher-type alltoall`` (Megatron's default is allgather), deepep →
+  ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep``.  ``ep_overlap=on``
+  → ``--overlap-moe-expert-parallel-comm`` (combined 1F1B; refused by TransformerConfig under full
+  recomputation or pp > 1 without virtual stages: dropped and warned).
 * zero 1 → ``--use-distributed-optimizer``; zero 2/3 → ``--use-megatron-fsdp
   --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params`` and ``--ckpt-format
   fsdp_dtensor`` (``validate_args`` asserts it under Megatron-FSDP).
@@ -48,7 +51,7 @@ from __future__ import annotations
 
 from autoplan.export.base import Export, Setting, Settings, stage_layers, uniform_recompute
 from autoplan.mesh import Mesh
-from autoplan.plan import DEFAULT_ORDER, SCHEDULE_SPECS, Plan, recompute_layers
+from autoplan.plan import DEFAULT_ORDER, SCHEDULE_SPECS, Plan, fully_recomputes, recompute_layers
 from autoplan.rules import ulysses_and_ring
 from costmodels.precision import BF16_BYTES, gather_bytes_per_param, is_low_precision
 
@@ -56,6 +59,11 @@ MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 # plan precision → --fp8-recipe (TransformerConfig.fp8_recipe: tensorwise | delayed | mxfp8 | blockwise | custom)
 FP8_RECIPES = {"fp8": "tensorwise", "fp8-delayed": "delayed", "mxfp8": "mxfp8", "fp8-rowwise": "blockwise"}
 CP_COMM = {"ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p"}
+# plan dispatcher → Megatron-Core's token dispatcher (TransformerConfig.moe_token_dispatcher_type and, for
+# flex, moe_flex_dispatcher_backend: DeepEP's hierarchical dispatch)
+DISPATCHER_FLAGS = {"alltoall": (Setting("--moe-token-dispatcher-type", "alltoall"),),
+                    "deepep": (Setting("--moe-token-dispatcher-type", "flex"),
+                               Setting("--moe-flex-dispatcher-backend", "deepep"))}
 TP_PP_DP_ORDER = ("tp", "cp", "ep", "pp", "dp")
 DEFAULT_NVLINK_DOMAIN = 8        # GPUs per NVLink domain of an H100/A100 node, when no cluster is named
 
@@ -151,17 +159,29 @@ def _schedule_warnings(schedule: str) -> tuple[str, ...]:
 
 
 def _schedule_flags(plan: Plan) -> Settings:
-    """Megatron's stand-in schedule (warned) and, for zero-bubble and DualPipeV plans, its W split:
-    ``--delay-wgrad-compute`` with the ``--overlap-moe-expert-parallel-comm`` it requires."""
+    """Megatron's stand-in schedule (warned), and the EP all-to-all overlap with, for zero-bubble and
+    DualPipeV plans, its W split (``_moe_overlap_flags``)."""
     warnings = _schedule_warnings(plan.schedule) if plan.pp > 1 else ()
-    if plan.pp == 1 or not SCHEDULE_SPECS[plan.schedule].split_backward:
-        return Settings(warnings=warnings)
+    return Settings(warnings=warnings) + _moe_overlap_flags(plan)
+
+
+def _moe_overlap_flags(plan: Plan) -> Settings:
+    """``--overlap-moe-expert-parallel-comm`` for a plan that prices combined 1F1B (``ep_overlap``)
+    or splits its weight gradients off (zero-bubble, DualPipeV: ``--delay-wgrad-compute``, which
+    Megatron runs only beside that overlap).  Where TransformerConfig refuses the overlap
+    (``_overlap_blocker``) the flags are dropped and the plan's pricing is warned about."""
+    split = plan.pp > 1 and SCHEDULE_SPECS[plan.schedule].split_backward
+    if not (plan.ep_overlap or split):
+        return Settings()
     blocker = _overlap_blocker(plan)
     if blocker:
-        return Settings(warnings=warnings + (
-            f"schedule={plan.schedule}'s weight-gradient split has no Megatron-LM form here: "
-            f"--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm, which {blocker}",))
-    return Settings((Setting("--overlap-moe-expert-parallel-comm"), Setting("--delay-wgrad-compute")), warnings)
+        what = (f"schedule={plan.schedule}'s weight-gradient split has no Megatron-LM form here: "
+                "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm" if split else
+                "ep_overlap=on (priced with the EP all-to-all under the paired micro-batch's compute) "
+                "is not run: --overlap-moe-expert-parallel-comm")
+        return Settings(warnings=(f"{what}, which {blocker}",))
+    items = (Setting("--overlap-moe-expert-parallel-comm"),)
+    return Settings(items + ((Setting("--delay-wgrad-compute"),) if split else ()))
 
 
 def _overlap_blocker(plan: Plan) -> str | None:
@@ -169,10 +189,10 @@ def _overlap_blocker(plan: Plan) -> str | None:
     asserts ep > 1, virtual stages under pp > 1, no full recomputation), or None."""
     if plan.ep == 1:
         return "needs expert parallelism (ep > 1)"
-    if plan.vpp == 1:
+    if plan.pp > 1 and plan.vpp == 1:
         return "needs virtual pipeline stages under pp > 1"
     mode, _ = uniform_recompute(plan)
-    if mode in ("op", "full") or recompute_layers(mode) is not None:
+    if fully_recomputes(mode):
         return f"refuses full recomputation (recompute={mode} runs as --recompute-granularity full)"
     return None
 
@@ -205,8 +225,8 @@ def _expert_flags(plan: Plan) -> Settings:
                 "(expert grid etp-ep-edp-pp), the plan's lie outside them: same group sizes, other ranks",
                 ) if plan.cp > 1 and not plan.folded else ()
     return Settings((Setting("--expert-model-parallel-size", plan.ep),
-                     Setting("--expert-tensor-parallel-size", plan.expert_tp),
-                     Setting("--moe-token-dispatcher-type", "alltoall")), warnings)
+                     Setting("--expert-tensor-parallel-size", plan.expert_tp))
+                    + DISPATCHER_FLAGS[plan.dispatcher], warnings)
 
 
 def _data_parallel_flags(plan: Plan) -> Settings:

@@ -22,7 +22,8 @@ ep drawn from a stage's tp·cp·dp GPUs with expert tensor parallelism 1 (each G
 experts, the layout Megatron-Core's MoE recipes run; ``expert_layouts``).  An MoE
 plan dispatches with DeepEP's hierarchical transfer (``dispatcher=deepep``: the all-to-all sends
 more whenever a rank holds several of a token's experts) and overlaps its transfers with combined
-1F1B wherever the schedule allows it (``ep_overlap``: pp = 1 or interleaved; ``MeshChoice.plan``).
+1F1B wherever the schedule allows it (``ep_overlap``: pp = 1 or interleaved, and no stage fully
+recomputed, which Megatron-Core refuses; ``MeshChoice.plan``).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from autoplan.errors import UserError
 from autoplan.ir import ModelInfo
-from autoplan.plan import CP_ALGOS, RECOMPUTE, Plan
+from autoplan.plan import CP_ALGOS, RECOMPUTE, Plan, fully_recomputes
 from autoplan.rules import respects_nvlink
 from topologies.cluster import Cluster
 
@@ -134,7 +135,8 @@ class MeshChoice:
             fields["dispatcher"] = "deepep"
         if self.ep > 1 and "ep_overlap" not in inner:
             schedule = fields.get("schedule") or ("interleaved" if (fields.get("vpp") or 1) > 1 else "1f1b")
-            fields["ep_overlap"] = self.pp == 1 or schedule == "interleaved"
+            fields["ep_overlap"] = ((self.pp == 1 or schedule == "interleaved")
+                                    and not any(fully_recomputes(r) for r in fields.get("recompute", ())))
         return Plan(**fields)
 
 

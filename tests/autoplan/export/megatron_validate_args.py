@@ -35,6 +35,7 @@ FLAGS = {
     "--expert-model-parallel-size": ("expert_model_parallel_size", "int"),
     "--expert-tensor-parallel-size": ("expert_tensor_parallel_size", "int"),
     "--moe-token-dispatcher-type": ("moe_token_dispatcher_type", ("allgather", "alltoall", "flex")),  # TC:891
+    "--moe-flex-dispatcher-backend": ("moe_flex_dispatcher_backend", ("deepep", "hybridep")),  # TC MoE
     "--overlap-moe-expert-parallel-comm": ("overlap_moe_expert_parallel_comm", "store_true"),
     "--delay-wgrad-compute": ("delay_wgrad_compute", "store_true"),
     "--use-distributed-optimizer": ("use_distributed_optimizer", "store_true"),  # A:3156
@@ -58,7 +59,8 @@ DEFAULTS = dict(num_layers=None, seq_length=None, bf16=False, tensor_model_paral
                 num_layers_per_virtual_pipeline_stage=None, num_virtual_stages_per_pipeline_rank=None,
                 context_parallel_size=1, cp_comm_type=["p2p"], hierarchical_context_parallel_sizes=None,
                 expert_model_parallel_size=1, expert_tensor_parallel_size=None,
-                moe_token_dispatcher_type="allgather", overlap_moe_expert_parallel_comm=False,
+                moe_token_dispatcher_type="allgather", moe_flex_dispatcher_backend="deepep",
+                overlap_moe_expert_parallel_comm=False,
                 delay_wgrad_compute=False, use_distributed_optimizer=False, use_megatron_fsdp=False,
                 data_parallel_sharding_strategy="optim_grads_params", ckpt_format="torch_dist",
                 recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
@@ -152,6 +154,8 @@ def _rules(a: SimpleNamespace):
             yield "A:1657", a.num_experts % a.expert_model_parallel_size == 0, "num_experts % ep != 0"
         yield "parallel_state expert grid", a.world_size % (etp * a.expert_model_parallel_size * pp) == 0, \
             "world size not divisible by etp·ep·pp"
+    if a.moe_token_dispatcher_type == "flex":
+        yield "MoEFlexTokenDispatcher", tp * a.expert_model_parallel_size > 1, "flex dispatcher requires TPxEP > 1"
     yield from _overlap_rules(a, pp)
 
 

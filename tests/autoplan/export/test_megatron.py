@@ -147,3 +147,35 @@ def test_w_split_uses_megatrons_moe_overlap_where_its_preconditions_hold(plan, o
     assert ("--overlap-moe-expert-parallel-comm" in args) == overlap
     split = Plan.parse(plan).schedule_spec.split_backward
     assert any("weight-gradient split has no Megatron-LM form" in w for w in warnings) == (split and not overlap)
+
+
+@pytest.mark.parametrize("plan, flags", [
+    ("tp=2,dp=8,ep=4", {"--moe-token-dispatcher-type": "alltoall"}),
+    ("tp=2,dp=8,ep=4,dispatcher=deepep", {"--moe-token-dispatcher-type": "flex",
+                                          "--moe-flex-dispatcher-backend": "deepep"}),
+])
+def test_dispatcher_the_plan_prices_is_the_one_megatron_runs(plan, flags):
+    args, _ = _args(plan, num_layers=8)
+    assert {flag: _flag(args, flag) for flag in flags} == flags
+    assert ("--moe-flex-dispatcher-backend" in args) == ("deepep" in plan)
+
+
+@pytest.mark.parametrize("plan, overlap, warned", [
+    ("dp=8,ep=8,ep_overlap=on", True, False),                                  # pp = 1: always allowed
+    ("pp=2,vpp=2,dp=8,ep=4,schedule=interleaved,ep_overlap=on", True, False),
+    ("dp=8,ep=8,ep_overlap=on,recompute=full", False, True),                   # TransformerConfig refuses
+    ("dp=8,ep=8,ep_overlap=on,recompute=op", False, True),                     # op runs as full
+    ("dp=8,ep=8", False, False),
+])
+def test_ep_overlap_becomes_megatrons_combined_1f1b_overlap(plan, overlap, warned):
+    args, warnings = _args(plan, num_layers=8)
+    assert ("--overlap-moe-expert-parallel-comm" in args) == overlap
+    assert args.count("--overlap-moe-expert-parallel-comm") <= 1 and "--delay-wgrad-compute" not in args
+    assert any(w.startswith("ep_overlap=on (priced") for w in warnings) == warned
+
+
+def test_zero_bubble_moe_plan_with_ep_overlap_writes_the_overlap_once():
+    args, _ = _args("pp=2,vpp=2,dp=8,ep=4,schedule=interleaved,ep_overlap=on", num_layers=8)
+    assert args.count("--overlap-moe-expert-parallel-comm") == 1
+    args, _ = _args("pp=2,dp=8,ep=4,schedule=zbv", num_layers=8)
+    assert args.count("--overlap-moe-expert-parallel-comm") == 1 and "--delay-wgrad-compute" in args

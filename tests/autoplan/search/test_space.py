@@ -27,3 +27,17 @@ def test_enumerated_usp_splits_keep_ulysses_inside_the_nvlink_domain():
     usp = sorted({(m.tp, m.ulysses) for m in meshes if m.cp == 16 and m.cp_algo == "usp"})
     # 16 ranks over 2 nodes of 8: explicit splits 2, 4, 8 (16 would leave the node), the rule's (0)
     assert usp == [(1, 0), (1, 2), (1, 4), (1, 8)]
+
+
+def test_moe_mesh_overlaps_its_transfers_only_where_megatron_core_can():
+    """Combined 1F1B (``ep_overlap``) wherever pp = 1 or interleaved, but not beside full or op
+    recomputation of any stage, which TransformerConfig refuses; the dispatcher is DeepEP's."""
+    from autoplan.search.space import MeshChoice
+    mesh = MeshChoice(tp=1, cp=1, ep=8, pp=2, dp=8, zero=1, sp=False, cp_algo="ring",
+                      order=("tp", "cp", "ep", "dp", "pp"))
+    cases = {((), 2): True, ((), 1): False, (("selective", "none"), 2): True,
+             (("none", "full"), 2): False, (("op",), 2): False, (("full:2",), 2): False}
+    for (recompute, vpp), overlap in cases.items():
+        inner = {"vpp": vpp} | ({"recompute": recompute} if recompute else {})
+        plan = mesh.plan(**inner)
+        assert (plan.ep_overlap, plan.dispatcher) == (overlap, "deepep"), (recompute, vpp)
