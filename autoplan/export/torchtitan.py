@@ -195,6 +195,14 @@ def _expert_parallel(plan: Plan) -> Settings:
                      f"{degree} (ep·tp, whole experts, as many per GPU as the plan's; the expert all-to-all "
                      "spans the tp ranks too and needs the expert count divisible by it); "
                      "`--to torchtitan@0.2` carries expert_tensor_parallel_degree",)
+    if plan.dispatcher == "deepep":
+        warnings += (f"dispatcher=deepep is chosen in Python in torchtitan {TORCHTITAN_VERSION} "
+                     "(model_registry(flavor, moe_comm_backend=\"deepep\") in a config_registry function), "
+                     "not on the command line: as exported it runs the standard all-to-all, which the plan "
+                     "does not price",)
+    if plan.ep_overlap:
+        warnings += (f"ep_overlap=on (combined 1F1B) is not in torchtitan {TORCHTITAN_VERSION}: its EP "
+                     "transfers run exposed, slower than the plan's estimate",)
     return Settings((Setting("--parallelism.expert_parallel_degree", degree),), warnings)
 
 

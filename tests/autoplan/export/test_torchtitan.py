@@ -102,3 +102,16 @@ def test_unknown_layer_count_leaves_cuts_to_torchtitan_with_a_warning():
     argv, warnings = _argv("pp=4", model="llama3-8b")
     assert "--parallelism.module_fqns_per_model_part" not in argv
     assert any("pass --model to pin them" in w for w in warnings)
+
+
+@pytest.mark.parametrize("plan, warned", [
+    ("dp=8,ep=4,zero=3", ()),
+    ("dp=8,ep=4,zero=3,dispatcher=deepep", ("dispatcher=deepep is chosen in Python",)),
+    ("dp=8,ep=4,zero=3,dispatcher=deepep,ep_overlap=on",
+     ("dispatcher=deepep is chosen in Python", "ep_overlap=on (combined 1F1B) is not in torchtitan")),
+])
+def test_moe_transfers_torchtitan_cannot_run_from_its_cli_are_warned(plan, warned):
+    argv, warnings = _argv(plan, model="deepseek-v3")
+    assert _value(argv, "expert_parallel_degree") == "4"
+    prefixes = ("dispatcher=deepep is chosen in Python", "ep_overlap=on (combined 1F1B) is not in torchtitan")
+    assert tuple(p for p in prefixes if any(w.startswith(p) for w in warnings)) == warned
