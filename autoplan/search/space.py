@@ -140,6 +140,13 @@ class MeshChoice:
         return Plan(**fields)
 
 
+def recomputed(plan: Plan, recompute: tuple[str, ...]) -> Plan:
+    """``plan`` with the per-stage ``recompute`` policies; combined 1F1B (``ep_overlap``) is dropped
+    beside a fully recomputed stage, which Megatron-Core's overlap refuses (``fully_recomputes``)."""
+    overlap = plan.ep_overlap and not any(fully_recomputes(r) for r in recompute)
+    return plan.replace(recompute=tuple(recompute), ep_overlap=overlap)
+
+
 @dataclass(frozen=True)
 class SpaceStats:
     enumerated: int          # degree combinations looked at

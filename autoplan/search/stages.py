@@ -39,7 +39,7 @@ from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lo
 from autoplan.cost.memo import PlanAt
 from autoplan.errors import UserError
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
-from autoplan.search.space import MeshChoice
+from autoplan.search.space import MeshChoice, recomputed
 from costmodels.memo import memo
 from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
@@ -316,7 +316,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     choice: list[str | None] = [None] * plan.pp
     hbm = est.usable_bytes / GIB
     for policy in policies:            # weakest first; a policy no rank still needs is not looked at
-        uniform = plan.replace(recompute=(policy,))
+        uniform = recomputed(plan, (policy,))
         try:
             mems[policy] = memoised_memory(est, uniform, global_batch)
         except UserError:              # the plan's validity does not depend on its uniform policy
@@ -330,7 +330,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     if None in choice:
         return None, mems[policies[-1]].memory_per_stage_gib[choice.index(None)] - hbm, 0
     picked = [c for c in choice if c is not None]      # all of them
-    mixed = plan.replace(recompute=tuple(picked) if len(set(picked)) > 1 else (picked[0],))
+    mixed = recomputed(plan, tuple(picked) if len(set(picked)) > 1 else (picked[0],))
     mem = mems[picked[0]] if len(set(picked)) == 1 else memoised_memory(est, mixed, global_batch)
     if not mem.fits:
         return None, mem.memory_gib - hbm, 0
@@ -354,13 +354,13 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int,
     priced = 0
     for policy in policies:
         try:
-            e = _estimate(est, plan.replace(recompute=(policy,)), global_batch)
+            e = _estimate(est, recomputed(plan, (policy,)), global_batch)
         except UserError:
             return None, float("inf"), priced
         priced += 1
         per_policy[policy] = e
         if e.fits and policy == policies[0]:
-            return (e.step_time_s, plan.replace(recompute=(policy,))), 0.0, priced
+            return (e.step_time_s, recomputed(plan, (policy,))), 0.0, priced
         if policy == "none" and recompute_floor(e) > to_beat:
             return None, float("inf"), priced
     hbm = est.usable_bytes / GIB
@@ -370,7 +370,7 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int,
         if not fitting:
             return None, per_policy[policies[-1]].memory_per_stage_gib[rank] - hbm, priced
         choice.append(fitting[0])
-    mixed = plan.replace(recompute=tuple(choice) if len(set(choice)) > 1 else (choice[0],))
+    mixed = recomputed(plan, tuple(choice) if len(set(choice)) > 1 else (choice[0],))
     final = per_policy.get(choice[0]) if len(set(choice)) == 1 else None
     if final is None:
         final = _estimate(est, mixed, global_batch)

@@ -41,3 +41,13 @@ def test_moe_mesh_overlaps_its_transfers_only_where_megatron_core_can():
         inner = {"vpp": vpp} | ({"recompute": recompute} if recompute else {})
         plan = mesh.plan(**inner)
         assert (plan.ep_overlap, plan.dispatcher) == (overlap, "deepep"), (recompute, vpp)
+
+
+def test_recompute_chosen_after_the_mesh_drops_combined_1f1b_where_megatron_refuses_it():
+    from autoplan.search.space import MeshChoice, recomputed
+    plan = MeshChoice(tp=1, cp=1, ep=8, pp=1, dp=8, zero=1, sp=False, cp_algo="ring",
+                      order=("tp", "cp", "ep", "dp", "pp")).plan(mbs=1, recompute=("none",))
+    assert plan.ep_overlap
+    assert [recomputed(plan, (r,)).ep_overlap for r in ("none", "selective", "op", "full", "full:1")] == \
+        [True, True, False, False, False]
+    assert recomputed(plan, ("full",)).recompute == ("full",)
