@@ -67,15 +67,18 @@ SELECTIVE_WARNING = ("recompute=selective (Megatron's attention-core recomputati
                      "recomputed), slower than the plan's estimate, within its memory")
 
 
-def model_parts(layers: tuple[int, ...]) -> list[list[str]]:
-    """Module FQNs of each model chunk: embedding with the first, norm and head with the last."""
+HEAD_MODULE = "lm_head"   # the output projection's FQN in torchtitan 0.3's Decoder (0.2's models: ``output``)
+
+
+def model_parts(layers: tuple[int, ...], head: str = HEAD_MODULE) -> list[list[str]]:
+    """Module FQNs of each model chunk: embedding with the first, norm and ``head`` with the last."""
     parts, start = [], 0
     for i, n in enumerate(layers):
         part = [f"layers.{k}" for k in range(start, start + n)]
         if i == 0:
             part.insert(0, "tok_embeddings")
         if i == len(layers) - 1:
-            part += ["norm", "output"]
+            part += ["norm", head]
         parts.append(part)
         start += n
     return parts
@@ -162,7 +165,7 @@ def _pipeline(plan: Plan, num_layers: int | None) -> Settings:
     return keys + stage_cuts(plan, num_layers, "--parallelism.module_fqns_per_model_part")
 
 
-def stage_cuts(plan: Plan, num_layers: int | None, key: str) -> Settings:
+def stage_cuts(plan: Plan, num_layers: int | None, key: str, head: str = HEAD_MODULE) -> Settings:
     """A pipeline plan's stage cuts as module FQNs under ``key`` when the layer count is known (both
     torchtitan targets), and the zb-h2 warning (torch pipelining runs it as ZB1P)."""
     keys = Settings()
@@ -173,7 +176,7 @@ def stage_cuts(plan: Plan, num_layers: int | None, key: str) -> Settings:
     if layers is None:
         return keys + Settings(warnings=("stage cuts left to torchtitan (its default split) because the layer "
                                          "count is unknown: pass --model to pin them",))
-    return keys + Settings((Setting(key, model_parts(layers)),))
+    return keys + Settings((Setting(key, model_parts(layers, head)),))
 
 
 def _context_parallel(plan: Plan) -> Settings:

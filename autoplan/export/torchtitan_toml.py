@@ -38,6 +38,8 @@ from autoplan.export.torchtitan import SCHEDULES, SELECTIVE_WARNING, batch_keys,
 from autoplan.plan import DEFAULT_ORDER, Plan, recompute_layers
 from costmodels.precision import BF16_BYTES, gather_bytes_per_param, is_low_precision
 
+HEAD_MODULE_0_2 = "output"   # 0.2's models name the output projection ``output`` (0.3: ``lm_head``)
+
 TORCHTITAN_VERSION = "0.2.2"
 
 
@@ -81,8 +83,8 @@ def _precision_tables(plan: Plan) -> list[tuple[str, Settings]]:
     if plan.precision == "mxfp8":
         return [("model", Settings((Setting("converters", ["quantize.linear.mx"]),))),
                 ("quantize.linear.mx", Settings((Setting("recipe_name", "mxfp8_cublas"),
-                                                 Setting("filter_fqns", ["output"]))))]
-    keys: tuple[Setting, ...] = (Setting("filter_fqns", ["output"]),)
+                                                 Setting("filter_fqns", [HEAD_MODULE_0_2]))))]
+    keys: tuple[Setting, ...] = (Setting("filter_fqns", [HEAD_MODULE_0_2]),)
     warnings: tuple[str, ...] = ()
     if plan.precision == "fp8-rowwise":
         keys += (Setting("recipe_name", "rowwise"),)
@@ -127,7 +129,7 @@ def _pipeline_keys(plan: Plan, num_layers: int | None) -> Settings:
         return degree
     keys = degree + Settings((Setting("pipeline_parallel_schedule", SCHEDULES[plan.schedule]),
                               Setting("pipeline_parallel_microbatch_size", plan.mbs)))
-    return keys + stage_cuts(plan, num_layers, "module_fqns_per_model_part")
+    return keys + stage_cuts(plan, num_layers, "module_fqns_per_model_part", head=HEAD_MODULE_0_2)
 
 
 def _context_parallel_keys(plan: Plan) -> Settings:

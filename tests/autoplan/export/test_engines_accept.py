@@ -43,8 +43,9 @@ def expected_torchtitan(plan: Plan, num_layers: int, global_batch: int, seq: int
     fsdp = plan.zero > 0 or plan.ep > 1           # EP borrows dp_shard ranks: no DDP-only form with ep
     par = {"tensor_parallel_degree": plan.tp, "pipeline_parallel_degree": plan.pp,
            "context_parallel_degree": plan.cp,
-           # no expert TP in 0.3: the plan's tp-split experts become whole experts over ep·tp ranks
-           "expert_parallel_degree": plan.ep * (plan.tp if plan.ep > 1 else 1),
+           # no expert TP in 0.3: the plan's experts, split over etp (folded) or tp, become whole
+           # experts over ep·etp ranks
+           "expert_parallel_degree": plan.ep * ((plan.tp if plan.etp is None else plan.etp) if plan.ep > 1 else 1),
            "data_parallel_shard_degree": plan.dp if fsdp else 1,
            "data_parallel_replicate_degree": 1 if fsdp else plan.dp,
            "enable_sequence_parallel": plan.sp or plan.tp == 1,
@@ -81,7 +82,9 @@ def check_torchtitan(plan: Plan, num_layers: int, global_batch: int, seq: int, l
         layers = [sum(m.startswith("layers.") for m in part) for part in parts]
         assert tuple(layers) == plan.stage_layers(num_layers), plan.to_string()
         flat = [m for part in parts for m in part]
-        assert flat == ["tok_embeddings"] + [f"layers.{i}" for i in range(num_layers)] + ["norm", "output"]
+        assert flat == ["tok_embeddings"] + [f"layers.{i}" for i in range(num_layers)] + ["norm", "lm_head"]
+        ends = {"tok_embeddings", "norm", "lm_head"}     # built by torchtitan (its layer count may differ)
+        assert ends <= set(loaded["modules"]), ends - set(loaded["modules"])
 
 
 def check_megatron(rules, plan: Plan, model: str, num_layers: int, global_batch: int, seq: int,
@@ -92,9 +95,12 @@ def check_megatron(rules, plan: Plan, model: str, num_layers: int, global_batch:
     world = plan.tp * plan.cp * plan.pp * plan.dp
     failures = rules.check(argv, world_size=world, model={"num_experts": EXPERTS.get(model)})
     assert failures == [], (plan.to_string(), failures)
-    if plan.ep > 1:           # the plan's expert layout, carried: etp = tp, the all-to-all dispatcher
-        assert argv[argv.index("--expert-tensor-parallel-size") + 1] == str(plan.tp)
+    if plan.ep > 1:           # the plan's expert layout, carried: etp (tp unless folded), its dispatcher
+        assert argv[argv.index("--expert-tensor-parallel-size") + 1] == str(plan.tp if plan.etp is None else plan.etp)
         assert argv[argv.index("--expert-model-parallel-size") + 1] == str(plan.ep)
+        dispatcher = argv[argv.index("--moe-token-dispatcher-type") + 1]
+        assert dispatcher == {"alltoall": "alltoall", "deepep": "flex"}[plan.dispatcher]
+        assert ("--overlap-moe-expert-parallel-comm" in argv) == (plan.ep_overlap or "--delay-wgrad-compute" in argv)
 
 
 def _torchtitan_requests(cases):

@@ -36,7 +36,8 @@ def test_gpt3_plan_maps_to_parallelism_keys():
 
 
 def test_model_parts_put_embedding_first_and_head_last():
-    assert model_parts((1, 2)) == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "norm", "output"]]
+    assert model_parts((1, 2)) == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "norm", "lm_head"]]
+    assert model_parts((1, 2), head="output")[1][-1] == "output"
 
 
 @pytest.mark.parametrize("plan, keys", [

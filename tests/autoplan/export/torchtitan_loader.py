@@ -116,6 +116,13 @@ def linears(config) -> dict:
     return out
 
 
+def modules(config) -> list[str]:
+    """FQN of every module the model config builds (``traverse`` mirrors ``build()``'s names)."""
+    from torchtitan.config.configurable import Configurable
+
+    return sorted({fqn for fqn, _, _, _ in config.model_spec.model.traverse(Configurable.Config, recurse=True)})
+
+
 def load(argv: list[str], world_size: int) -> dict:
     from torchtitan.config import ConfigManager
     from torchtitan.distributed import ParallelDims
@@ -132,7 +139,7 @@ def load(argv: list[str], world_size: int) -> dict:
            "training": {k: getattr(config.training, k)
                         for k in ("local_batch_size", "global_batch_size", "seq_len", "disable_cuda_graphs")},
            "activation_checkpoint": type(config.activation_checkpoint).__qualname__,
-           "linears": linears(config)}
+           "linears": linears(config), "modules": modules(config)}
     try:
         dims = ParallelDims.from_config(config.parallelism, world_size)
         out["parallel_dims"] = {"dp_shard": dims.dp_shard, "dp_replicate": dims.dp_replicate}
