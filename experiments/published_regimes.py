@@ -149,22 +149,32 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
 # the backward (``overlap_grad_reduce=False``).
 #
 # nemo-: NeMo 24.03 trains on Megatron-Core with Transformer Engine (its long-sequence Llama 2 rows):
-# Megatron-Core's kernels.  mb-2604-h100-llama: Megatron-Bridge 26.04's Llama 3 performance recipes
+# Megatron-Core's kernels, and FlashAttention-2 for the attention (``attention_kernel=fa2``,
+# costmodels.attention): every row runs context parallelism, and Transformer Engine's first
+# context-parallel attention (``AttnFuncWithCP``, TE 1.2-1.x, the 24.03 container's) calls
+# flash-attn 2's varlen forward and backward on each ring step; cuDNN's fused attention took over
+# on Hopper only with the later backend selection (``get_attention_backend``).  An inference from
+# the software's history, checked against the rows: FA2's published H100 throughput prices the
+# six rows -0.4 ... +5.5 %, cuDNN's -18 ... -36 %.  mb-2604-h100-llama: Megatron-Bridge 26.04's
+# Llama 3 performance recipes
 # (scripts/performance/configs/llama/llama3_llm_pretrain.py and utils/precision.py): Megatron-Core
 # kernels, ``grad_reduce_in_fp32 = False`` (``set_llama3_common_configs``: a bf16 main-gradient buffer,
 # reduced in bf16, ``state_precision=megatron-bf16-grads``, ``grad_reduce_bytes=2``) and the FP8
 # current-scaling recipe ``bf16_with_fp8_current_scaling_mixed`` with ``fp8_param_gather = True``
 # (FP8 parameters, ``fp8_params``); and the base recipes' ``CommOverlapConfig(tp_comm_overlap=True)``
 # (``llama3_70b_pretrain_config``, ``llama31_405b_pretrain_config``: userbuffers overlap of the
-# sequence-parallel collectives, ``tp_comm_overlap``).
+# sequence-parallel collectives, ``tp_comm_overlap``); its Transformer Engine 2.x picks cuDNN's fused
+# attention on Hopper (``get_attention_backend``: "FusedAttention preference on Hopper+",
+# ``attention_kernel=cudnn``).
 #
 # mcore- and the other mb- rows: the Megatron-Core MoE model zoo and Megatron-Bridge run Megatron-Core
 # (its MoE layer keeps what ``cost.ep.engine_saved_bytes`` says).  The first matching prefix wins.
 RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "usp-": ({}, {"kernels": "megatron-core", "overlap_grad_reduce": False}),
-    "nemo-": ({}, {"kernels": "megatron-core"}),
+    "nemo-": ({}, {"kernels": "megatron-core", "attention_kernel": "fa2"}),
     "mb-2604-h100-llama": ({}, {"kernels": "megatron-core", "state_precision": "megatron-bf16-grads",
-                                "grad_reduce_bytes": 2.0, "fp8_params": True, "tp_comm_overlap": True}),
+                                "grad_reduce_bytes": 2.0, "fp8_params": True, "tp_comm_overlap": True,
+                                "attention_kernel": "cudnn"}),
     "mcore-": ({}, {"kernels": "megatron-core"}),
     "mb-": ({}, {"kernels": "megatron-core"}),
 }

@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from autoplan.commands.choices import (
+    ATTENTION_KERNELS,
     BACKENDS,
     DEFAULT_GLOBAL_BATCH,
     DEFAULT_MARGIN_GIB,
@@ -37,6 +38,10 @@ def _add_engine_args(g: argparse._ArgumentGroup, default: argparse.Namespace) ->
     g.add_argument("--kernels", choices=KERNELS, default=default.kernels,
                    help="the engine's kernels where they keep other activations than the traced eager ops: "
                         f"megatron-core's fused SwiGLU keeps only its input (default: {default.kernels})")
+    g.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default=default.attention_kernel,
+                   help="the flash-attention kernel the engine runs, priced at its published throughput (FA3 "
+                        "paper, H100): fa2, cudnn (Transformer Engine's fused attention), fa3; profile: the "
+                        f"compute profile's fitted attention (default {default.attention_kernel})")
     g.add_argument("--fp8-engine", choices=FP8_ENGINES, default=default.fp8_engine,
                    help="what runs an FP8 plan's GEMMs: transformer-engine keeps FP8 linear inputs and cached "
                         "FP8 weight copies; torchao (torchtitan's float8) keeps bf16 inputs and no copies "
@@ -114,6 +119,7 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
+        attention_kernel=args.attention_kernel,
         fp8_engine=args.fp8_engine, fp8_params=args.fp8_params, tp_comm_overlap=args.tp_comm_overlap,
         post_validation=args.post_validation, wgrad_store=args.wgrad_store,
         params=load_override(check_yaml_file(args.params, "--params")) if args.params else NOMINAL,

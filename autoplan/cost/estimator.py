@@ -48,7 +48,7 @@ class Estimator:
         self.model = model
         self.cluster = cluster
         self.options = options
-        self.prices = Prices(cluster, options.profile, options.params, options.exact)
+        self.prices = Prices(cluster, options.profile, options.params, options.exact, options.attention_kernel)
         self.layouts = BlockLayouts(self.prices, options, enforce_rules=enforce_rules)
         self.info = model.model
         self.hidden = self.info.hidden or hidden_of(model)

@@ -27,7 +27,7 @@ from autoplan.cost.types import SimulationArgs, SimulationKey
 from autoplan.errors import UserError
 from autoplan.mesh import Mesh
 from autoplan.sharding.types import Gemm
-from costmodels import compute
+from costmodels import attention, compute
 from costmodels.collectives import collective_time
 from costmodels.memo import Table
 from costmodels.pipeline import PipelineResult, simulate, simulate_many
@@ -42,17 +42,24 @@ class Prices:
     seconds, group spans and pipeline simulations, each memoised."""
 
     def __init__(self, cluster: Cluster, profile_path: str | None = None, params: Params = NOMINAL,
-                 exact: bool = False) -> None:
+                 exact: bool = False, attention_kernel: str = "profile") -> None:
         """``params``: the uncertain parameters' multipliers, applied to the cluster and profile here
         and read by the pricers that own the mechanism ones (``cost/params.py``); ``exact``: the
-        simulator's reference path."""
+        simulator's reference path; ``attention_kernel``: the flash-attention kernel whose published
+        throughput replaces the profile's attention fractions (``costmodels.attention``), before
+        ``params`` scale them."""
         self.cluster = perturb_cluster(cluster, params)
         self.params = params
         self.exact = exact
         try:
-            self.profile = perturb_profile(compute.load_profile(cluster.gpu.name, profile_path), params)
+            profile = compute.load_profile(cluster.gpu.name, profile_path)
         except (ValueError, OSError) as e:
             raise UserError(str(e), "pass --profile PATH to a compute profile YAML") from None
+        try:
+            profile = attention.with_kernel(profile, attention_kernel, cluster.gpu.name)
+        except ValueError as e:
+            raise UserError(str(e), "use --attention-kernel profile (the compute profile's fitted fractions)") from None
+        self.profile = perturb_profile(profile, params)
         self._spans: Table[GroupSpan] = Table("prices.spans", PRICES_KEPT)
         self._colls: Table[float] = Table("prices.collectives", PRICES_KEPT)
         self._sims: Table[PipelineResult] = Table("prices.simulations", SIMULATION_CACHE_LIMIT)

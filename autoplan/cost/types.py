@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 from autoplan.cost.params import NOMINAL, Params
 from autoplan.errors import UserError
 from autoplan.sharding.ilp import BACKENDS, Backend
+from costmodels.attention import ATTENTION_KERNELS, AttentionKernel
 from costmodels.memo import kept_hash, without_kept_hash
 from costmodels.memory import STATE_PRECISION_NAMES, StatePrecisionName
 
@@ -48,6 +49,9 @@ class EstimateOptions:
 
     state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
     kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
+    # the flash-attention kernel the stack runs, priced at its published throughput
+    # (costmodels.attention); "profile": the compute profile's fitted attention fractions
+    attention_kernel: AttentionKernel = "profile"
     # an FP8 plan's engine: what it keeps of a linear layer's input and weight (costmodels.precision,
     # cost.fp8): Transformer Engine (Megatron, NeMo, Composer amp_fp8) or torchao (torchtitan's float8)
     fp8_engine: Fp8Engine = "transformer-engine"
@@ -89,6 +93,7 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field ->
     "state_precision": ("state precision", STATE_PRECISION_NAMES),
     "kernels": ("kernels", KERNELS),
     "fp8_engine": ("FP8 engine", FP8_ENGINES),
+    "attention_kernel": ("attention kernel", ATTENTION_KERNELS),
 }
 
 

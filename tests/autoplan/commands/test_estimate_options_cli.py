@@ -33,6 +33,7 @@ FLAGS = {   # EstimateOptions field -> (the flags that set it, the value they se
     "grad_reduce_bytes": (["--grad-reduce-bytes", "2"], 2.0),
     "state_precision": (["--state-precision", "apex-dfa-bf16"], "apex-dfa-bf16"),
     "kernels": (["--kernels", "megatron-core"], "megatron-core"),
+    "attention_kernel": (["--attention-kernel", "fa2"], "fa2"),
     "post_validation": (["--post-validation"], True),
     "wgrad_store": (["--wgrad-store"], True),
     "fp8_engine": (["--fp8-engine", "torchao"], "torchao"),

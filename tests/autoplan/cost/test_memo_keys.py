@@ -71,6 +71,7 @@ OPTION_VARIANTS = {                # per EstimateOptions field, another value (p
     "grad_reduce_bytes": 2.0,
     "state_precision": "apex-dfa-bf16",
     "kernels": "megatron-core",
+    "attention_kernel": "fa2",
     "fp8_engine": "torchao",
     "fp8_params": True,
     "tp_comm_overlap": True,
