@@ -197,14 +197,15 @@ def cases() -> list[Case]:
 # --- pricing under a parameter point ----------------------------------------------------------
 
 def _profile_file(base: str, fields: dict) -> str:
-    """A profile YAML: ``base`` with ``fields`` replaced, named by its content (a cached profile
-    is keyed on its path, so one path never holds two contents)."""
+    """A profile YAML: ``base`` (a name in ``PROFILE_DIR`` or a path) with ``fields`` replaced,
+    named by its content (a cached profile is keyed on its path, so one path never holds two
+    contents)."""
     with open(os.path.join(PROFILE_DIR, base)) as f:
         data = yaml.safe_load(f)
     data.update(fields)
     text = yaml.safe_dump(data, sort_keys=True)
     path = os.path.join(tempfile.gettempdir(), "autoplan-cv",
-                        f"{base[:-5]}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml")
+                        f"{os.path.basename(base)[:-5]}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as f:
@@ -246,7 +247,12 @@ def _regime_options(row: pr.RegimeRow, profiles: dict[str, str]) -> EstimateOpti
 
 def price(selected: list[Case], point: dict[str, float]) -> list[Result]:
     """Every case priced with the parameters of ``point`` (a full name -> value mapping)."""
-    profiles = _profiles(point)
+    return price_with_profiles(selected, _profiles(point))
+
+
+def price_with_profiles(selected: list[Case], profiles: dict[str, str]) -> list[Result]:
+    """Every case priced with the profile files ``profiles`` (``_profiles``'s keys: a100, h100,
+    b200, stack)."""
     pr._ESTIMATORS.clear()
     models: dict = {}
     out = []
