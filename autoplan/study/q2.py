@@ -24,13 +24,12 @@ from autoplan.study.common import (
     Study,
     Sweep,
     cluster_with_nics,
-    leans_on,
+    grid_study,
     leans_text,
     margin,
     model_label,
     ok,
     rule_sentence,
-    scenarios,
     seq_label,
 )
 from autoplan.study.output import COLORS, band_line, error_band, png_bytes, pyplot, seq_axis
@@ -66,14 +65,8 @@ def grid(size: str) -> tuple[dict, list[Setting]]:
 
 
 def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
-    description, settings = grid(size)
-    points = sweep.run(settings)
-    findings = [_finding(dict(k), arms, errors) for k, arms in scenarios(points).items()]
-    leaning = leans_on([p for p in points if ok(p)], errors)
-    rules = _rules(findings)
-    answer = _answer(findings, leaning, rules, description["tokens"])
-    return Study("q2", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
-                 _headline(findings))
+    return grid_study("q2", TITLE, sweep, errors, grid(size), finding=_finding, rules=_rules, answer=_answer,
+                      table=_table, headline=lambda findings, _rules: _headline(findings))
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -116,7 +109,8 @@ def _rules(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens: int) -> str:
+def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], g: dict) -> str:
+    tokens = g["tokens"]
     ran = [f for f in findings if f["fsdp_mfu"] is not None]
     text = (f"FSDP alone (ZeRO-3 over every GPU, no TP/PP/CP; {tokens / 2 ** 20:g}M tokens per step) over "
             f"{len(findings)} scenarios: ")

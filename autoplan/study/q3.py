@@ -25,14 +25,13 @@ from autoplan.study.common import (
     Setting,
     Study,
     Sweep,
-    leans_on,
+    grid_study,
     leans_text,
     margin,
     model_label,
     model_seq_grid,
     ok,
     rule_sentence,
-    scenarios,
     seq_label,
 )
 from autoplan.study.output import COLORS, band_line, error_band, png_bytes, pyplot, seq_axis
@@ -57,14 +56,8 @@ def grid(size: str) -> tuple[dict, list[Setting]]:
 
 
 def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
-    description, settings = grid(size)
-    points = sweep.run(settings)
-    findings = [_finding(dict(k), arms, errors) for k, arms in scenarios(points).items()]
-    leaning = leans_on([p for p in points if ok(p)], errors)
-    rules = _rules(findings)
-    answer = _answer(findings, leaning, rules, description["tokens_per_step"])
-    return Study("q3", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
-                 _headline(findings, rules))
+    return grid_study("q3", TITLE, sweep, errors, grid(size), finding=_finding, rules=_rules, answer=_answer,
+                      table=_table, headline=_headline)
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -107,7 +100,8 @@ def _rules(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens: int) -> str:
+def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], g: dict) -> str:
+    tokens = g["tokens_per_step"]
     decided = [f for f in findings if f["sp_needed"] is not None]
     needed = [f for f in decided if f["sp_needed"]]
     nofit = [f for f in decided if not f["no_sp_fits"]]

@@ -23,7 +23,7 @@ from autoplan.study.common import (
     Setting,
     Study,
     Sweep,
-    leans_on,
+    grid_study,
     leans_text,
     margin,
     model_label,
@@ -31,7 +31,6 @@ from autoplan.study.common import (
     ok,
     ranked,
     rule_sentence,
-    scenarios,
     seq_label,
 )
 from autoplan.study.output import COLORS, band_line, error_band, png_bytes, pyplot, seq_axis
@@ -52,14 +51,8 @@ def grid(size: str) -> tuple[dict, list[Setting]]:
 
 
 def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
-    description, settings = grid(size)
-    points = sweep.run(settings)
-    findings = [_finding(dict(k), arms, errors) for k, arms in scenarios(points).items()]
-    leaning = leans_on([p for p in points if ok(p)], errors)
-    rules = _rules(findings)
-    answer = _answer(findings, leaning, rules, description["tokens_per_step"])
-    return Study("q5", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
-                 _headline(findings))
+    return grid_study("q5", TITLE, sweep, errors, grid(size), finding=_finding, rules=_rules, answer=_answer,
+                      table=_table, headline=lambda findings, _rules: _headline(findings))
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -104,7 +97,8 @@ def _rules(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens: int) -> str:
+def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], g: dict) -> str:
+    tokens = g["tokens_per_step"]
     models = dict.fromkeys(f["axes"]["model"] for f in findings)
     text = "Over " + ", ".join(f"{model_label(m)} on {sum(f['axes']['model'] == m for f in findings)} sequence lengths"
                                for m in models)
