@@ -30,8 +30,9 @@ import resource
 import time
 from collections.abc import Callable
 
+from autoplan.atomic import write_section
 from autoplan.study.common import SAMPLES, Sweep, load_errors
-from autoplan.study.output import check_out, results_section, write_section, write_study
+from autoplan.study.output import check_out, results_section, write_study
 
 QUESTIONS = {
     "q1": "auto vs hand-written 4D at 100B+ and > 1K GPUs, published layouts as hand baselines",

@@ -146,19 +146,6 @@ def results_section(results: dict, table: str, paths: dict[str, str], results_md
             f"</details>\n\nFiles: `{rel['results']}`, `{rel['table']}`, `{rel['report']}`.\n")
 
 
-def write_section(path: str, tag: str, body: str) -> None:
-    """Replace the text between ``<!-- tag:start -->`` and ``<!-- tag:end -->`` of ``path``
-    (append the section when absent); every other section is left byte for byte."""
-    start, end = f"<!-- {tag}:start -->", f"<!-- {tag}:end -->"
-    old = open(path).read() if os.path.exists(path) else "# Results\n"
-    section = f"{start}\n{body.rstrip()}\n{end}"
-    if start in old and end in old:
-        new = old[:old.index(start)] + section + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + section + "\n"
-    write_text(path, new, flag="--results-md")
-
-
 def markdown_table_html(text: str) -> str:
     """The Markdown pipe tables of ``text`` as HTML tables, other lines as paragraphs."""
     out, rows = [], []
