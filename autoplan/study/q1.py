@@ -26,6 +26,7 @@ from autoplan.study.common import Study, Sweep, error_of, leans_on, leans_text, 
 TITLE = "Q1 · Auto vs hand-written 4D at 100B+ parameters and > 1K GPUs (published layouts as hand baselines)"
 BIG = ("gpt3-175b-h100x1024", "llama3-405b-h100x8192", "llama3-405b-h100x16384", "llama3-405b-gb200x2304",
        "gpt-1t-a100x3072")
+CASE_AXIS = "benchmark case (model-GPU×count)"
 GRIDS: dict[str, dict[str, Any]] = {
     "full": {"suite": "default", "cases": BIG},
     "quick": {"suite": "default", "cases": ("gpt3-175b-h100x1024", "llama3-405b-h100x8192")},
@@ -230,6 +231,7 @@ def figure(results: dict) -> bytes:
                       ha="center", fontsize=7, xytext=(0, 4), textcoords="offset points")
     left.set_xticks(xs)
     left.set_xticklabels([f["case"] for f in fs], rotation=25, ha="right", fontsize=7)
+    left.set_xlabel(CASE_AXIS)
     left.set_ylabel("auto throughput vs best hand plan (% ; bars: p10–p90)")
     left.set_title("the margin, and the error it must clear", fontsize=9)
     left.grid(axis="y", alpha=0.3)
@@ -251,6 +253,7 @@ def _mfu_bars(ax: Any, fs: list[dict], xs: list[int], colors: dict[str, str]) ->
             ax.bar([x + 0.2], [f["hand_mfu"] * 100], 0.38, color=colors["published"], hatch="//")
     ax.set_xticks(xs)
     ax.set_xticklabels([f["case"] for f in fs], rotation=25, ha="right", fontsize=7)
+    ax.set_xlabel(CASE_AXIS)
     ax.set_ylabel("predicted MFU (%)")
     ax.set_title("MFU of each side", fontsize=9)
     ax.grid(axis="y", alpha=0.3)

@@ -240,7 +240,8 @@ def _network(ax: Any, findings: list[dict], g: dict, leaning: list[dict]) -> Non
                  [max(0.0, (f["margin_p90"] - f["margin"]) * 100) for f in fs]], capsize=3)
     ax.set_xticks(xs)
     ax.set_xticklabels([f"{f['axes']['nics_per_node']} × 400G" for f in fs])
-    ax.set_xlabel(f"NICs per 8-GPU node, {g['seq_model']} on {g['seq_gpus']:,} GPUs at {seq_label(g['seq'])}")
+    ax.set_xlabel(f"NICs per 8-GPU node (400 Gb/s each), {g['seq_model']} on {g['seq_gpus']:,} GPUs at "
+                  f"{seq_label(g['seq'])}")
     ax.set_ylabel("FSDP alone vs best plan (% step time)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=6)
