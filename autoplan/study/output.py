@@ -77,10 +77,10 @@ def axis_labels(png: bytes) -> list[list[str]]:
 
 
 def band_line(ax: Any, xs: list[float], ys: list[float], lo: list[float], hi: list[float], *, label: str,
-              color: str, marker: str = "o") -> None:
-    """One series and its p10–p90 band (shaded)."""
-    ax.plot(xs, ys, marker=marker, color=color, label=label, linewidth=1.6, markersize=4)
-    ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0)
+              color: str, marker: str = "o", linestyle: str = "-", alpha: float = 0.18) -> None:
+    """One series and its p10–p90 band (shaded, ``alpha`` opaque)."""
+    ax.plot(xs, ys, marker=marker, color=color, label=label, linewidth=1.6, markersize=4, linestyle=linestyle)
+    ax.fill_between(xs, lo, hi, color=color, alpha=alpha, linewidth=0)
 
 
 def seq_axis(ax: Any, seqs: list[int], label: str) -> None:

@@ -189,16 +189,17 @@ def figure(results: dict) -> bytes:
 
 
 def _share_panel(ax: Any, findings: list[dict]) -> None:
-    """Attention's share against the cost of no SP: the 30 % rule is a vertical line."""
-    for f in findings:
-        if f["attention_share"] is None:
-            continue
+    """Attention's share against the cost of no SP: the 30 % rule is a vertical line.  Labels
+    alternate above and below their points (in order of the share), each tied to its point by a
+    thin line, so that neighbours do not overwrite each other."""
+    shown = sorted((f for f in findings if f["attention_share"] is not None), key=lambda f: f["attention_share"])
+    for i, f in enumerate(shown):
         y = f["margin"] * 100 if "margin" in f else None
         color = COLORS["no-sp"] if f["sp_needed"] else COLORS["sp"]
         ax.scatter([f["attention_share"] * 100], [y if y is not None else 0], color=color,
                    marker="o" if y is not None else "x", s=36)
-        ax.annotate(_where(f), (f["attention_share"] * 100, y or 0), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(_where(f), (f["attention_share"] * 100, y or 0), fontsize=6, xytext=(4, (8, -14, 22)[i % 3]),
+                    textcoords="offset points", arrowprops={"arrowstyle": "-", "linewidth": 0.4, "color": "#888"})
     worst = max((f["error"] for f in findings if "error" in f), default=0.0)
     error_band(ax, worst, f"±{worst:.1%}: out-of-sample error")
     ax.axvline(SP_ATTENTION_SHARE * 100, color="#555", linestyle="--", linewidth=1, label="rule: SP above 30 %")

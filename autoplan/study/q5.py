@@ -208,23 +208,24 @@ def figure(results: dict) -> bytes:
 def _mfu(ax: Any, points: list[dict], results: dict) -> None:
     """MFU of each arm's best plan against the sequence (p10–p90 shaded), each point labelled
     with its recompute policy: what recomputation instead of CP costs, until it stops fitting."""
-    styles = {"recompute": ("s", COLORS["recompute"]), "recompute+sp": ("^", COLORS["recompute+sp"]),
-              "free": ("o", COLORS["free"])}
+    styles = {"recompute": ("s", ":", COLORS["recompute"]), "recompute+sp": ("^", "--", COLORS["recompute+sp"]),
+              "free": ("o", "-", COLORS["free"])}
+    several = len(results["grid"]["models"]) > 1     # colour by model, line style by arm, only free's band
     for i, model in enumerate(results["grid"]["models"]):
-        for arm, (marker, color) in styles.items():
+        for arm, (marker, style, color) in styles.items():
             ps = sorted((p for p in points if p["axes"]["model"] == model and p["arm"] == arm), key=lambda p: p["seq"])
             if not ps:
                 continue
             band_line(ax, [p["seq"] for p in ps], [p["mfu"] * 100 for p in ps],
                       [p["band"]["mfu_p10"] * 100 for p in ps], [p["band"]["mfu_p90"] * 100 for p in ps],
-                      label=f"{model_label(model)} {arm}",
-                      color=color if len(results["grid"]["models"]) == 1 else f"C{i}",
-                      marker=marker)
+                      label=f"{model_label(model)} {arm}", color=f"C{i}" if several else color, marker=marker,
+                      linestyle=style if several else "-", alpha=0.18 if arm == "free" or not several else 0.0)
             for p in ps:
                 if p["recompute"] != ["none"]:
                     ax.annotate("rc=" + "/".join(p["recompute"]), (p["seq"], p["mfu"] * 100), fontsize=6,
                                 xytext=(3, -9), textcoords="offset points")
     seq_axis(ax, results["grid"]["seqs"], "sequence length (tokens)")
     ax.set_ylabel("MFU of the best plan (%)")
-    ax.set_title("each arm's best plan (rc: the recompute it needs; missing: fits nowhere)", fontsize=9)
+    ax.set_title("each arm's best plan (rc: the recompute it needs; missing: fits nowhere"
+                 + ("; p10–p90 shaded for free)" if several else "; p10–p90 shaded)"), fontsize=9)
     ax.legend(fontsize=6, ncol=2)
