@@ -108,9 +108,10 @@ def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], g: dic
     text = (f"Without context parallelism, over {len(decided)} scenarios (model × sequence, "
             f"{tokens / 2 ** 20:g}M tokens per step), ")
     if needed:
+        slower = len(needed) - len(nofit)
         text += (f"SP is needed in {len(needed)} ({', '.join(_where(f) for f in needed)}): no plan without SP fits in "
-                 f"{len(nofit)} of them, and in the rest the best plan without SP is slower by more than the "
-                 "out-of-sample error. ")
+                 f"{len(nofit)} of them" + (f", and in the other {slower} the best plan without SP is slower by more "
+                                           "than the out-of-sample error" if slower else "") + ". ")
     else:
         text += "SP is never needed: some plan without SP always fits and is within the out-of-sample error. "
     optional = [f["margin"] for f in decided if not f["sp_needed"]]
