@@ -15,6 +15,7 @@ best plan beats it by more than the out-of-sample error of the regimes the two p
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from autoplan.explain.rules import MFU_BAND
@@ -128,7 +129,7 @@ def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], g: dic
             f"{_where(f)} ({f['margin']:+.1%}; the best plan {f['free_plan']})" for f in behind) + ". ")
     if cannot:
         text += "It cannot run in " + ", ".join(f"{_where(f)} ({f['why_not']})" for f in cannot) + ". "
-    text += _breakpoints(findings)
+    text += _breakpoints(findings, g)
     text += rule_sentence("MFU below the dense 40–55 % band → a better plan exists", rules)
     return text + f"Leans on: {leans_text(leaning)}."
 
@@ -148,19 +149,38 @@ def _headline(findings: list[dict]) -> str:
     return text
 
 
-def _breakpoints(findings: list[dict]) -> str:
-    """Per model, the smallest GPU count at which FSDP alone stops being enough."""
+def _breakpoints(findings: list[dict], g: dict) -> str:
+    """Where FSDP alone stops being enough: per model, the smallest GPU count (at the grid's
+    sequence, 8 NICs per node); for the sequence sweep's model, the shortest sequence; and its
+    verdict per NIC count."""
+    decided = [f for f in findings if f["enough"] is not None]
+
+    def line(fs: list[dict], axis: str, show: Callable[[int], str]) -> str | None:
+        fs = sorted(fs, key=lambda f: f["axes"][axis])
+        if len(fs) < 2:
+            return None
+        first = next((f for f in fs if not f["enough"]), None)
+        return (f"enough up to {show(fs[-1]['axes'][axis])}" if first is None else
+                f"stops being enough at {show(first['axes'][axis])}")
+
     parts = []
-    for model in dict.fromkeys(f["axes"]["model"] for f in findings):
-        line = sorted((f for f in findings if f["axes"]["model"] == model and f["axes"]["nics_per_node"] == 8
-                       and f["enough"] is not None), key=lambda f: (f["axes"]["seq"], f["axes"]["gpus"]))
-        by_gpus = [f for f in line if f["axes"]["seq"] == line[0]["axes"]["seq"]] if line else []
-        first = next((f for f in by_gpus if not f["enough"]), None)
-        if len(by_gpus) > 1:
-            verdict = (f"enough up to {by_gpus[-1]['axes']['gpus']:,} GPUs" if first is None else
-                       f"stops being enough at {first['axes']['gpus']:,} GPUs")
+    for model in dict.fromkeys(f["axes"]["model"] for f in decided):
+        verdict = line([f for f in decided if f["axes"]["model"] == model and f["axes"]["nics_per_node"] == 8
+                        and f["axes"]["seq"] == g["seq"]], "gpus", lambda n: f"{n:,} GPUs")
+        if verdict:
             parts.append(f"{model_label(model)}: {verdict}")
-    return ("Break-points by GPU count: " + "; ".join(parts) + ". ") if parts else ""
+    text = ("Break-points by GPU count (at " + seq_label(g["seq"]) + "): " + "; ".join(parts) + ". ") if parts else ""
+    at = [f for f in decided if f["axes"]["model"] == g["seq_model"] and f["axes"]["gpus"] == g["seq_gpus"]]
+    verdict = line([f for f in at if f["axes"]["nics_per_node"] == 8], "seq", seq_label)
+    if verdict:
+        text += f"By sequence ({model_label(g['seq_model'])} on {g['seq_gpus']:,} GPUs): {verdict}. "
+    nics = sorted((f for f in at if f["axes"]["seq"] == g["seq"]), key=lambda f: -f["axes"]["nics_per_node"])
+    if len(nics) > 1:
+        text += (f"By network ({model_label(g['seq_model'])} on {g['seq_gpus']:,} GPUs at {seq_label(g['seq'])}): "
+                 + ", ".join(f"{f['axes']['nics_per_node']} NICs/node "
+                             + (f"{'enough' if f['enough'] else 'not enough'} ({f['margin']:+.1%})" if "margin" in f
+                                else "not enough") for f in nics) + ". ")
+    return text
 
 
 def _where(f: dict) -> str:
