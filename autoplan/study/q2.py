@@ -221,7 +221,7 @@ def figure(results: dict) -> bytes:
     seq_axis(axes[1], g["seqs"], f"sequence length (tokens), {g['seq_model']} on {g['seq_gpus']:,} GPUs")
     _network(axes[2], results["findings"], g, results["leans_on"])
     fig.suptitle(results["title"] + f" ({g['tokens'] / 2 ** 20:g}M tokens per step; solid: FSDP alone, dashed: best "
-                 "plan; p10–p90 shaded)",
+                 "plan; p10–p90 shaded, by GPUs for FSDP alone only)",
                  fontsize=10)
     fig.tight_layout()
     return png_bytes(fig)
@@ -239,8 +239,8 @@ def _mfu_vs(ax: Any, points: list[dict], x: str, xlabel: str, *, by_model: bool)
             label = (model_label(model) + " " if model else "") + ("FSDP alone" if arm == "fsdp" else "best plan")
             band_line(ax, [p["axes"][x] for p in ps], [p["mfu"] * 100 for p in ps],
                       [p["band"]["mfu_p10"] * 100 for p in ps], [p["band"]["mfu_p90"] * 100 for p in ps],
-                      label=label, color=color)
-            ax.lines[-1].set_linestyle(style)
+                      label=label, color=color, linestyle=style,
+                      alpha=0.18 if arm == "fsdp" or not by_model else 0.0)   # by model: FSDP's band only
     low, high = MFU_BAND["dense"]
     ax.axhspan(low * 100, high * 100, color="#2da44e", alpha=0.06, linewidth=0, label="explain's dense MFU band")
     ax.set_xlabel(xlabel)
