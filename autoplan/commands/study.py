@@ -42,7 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         f"or {GROUPS[1]} (the HTML report of the studies under --out, searching nothing)")
     p.add_argument("--out", metavar="DIR",
                    help=f"output folder (default: ./{DEFAULT_OUT}/QUESTION; ./{DEFAULT_OUT} for all and report)")
-    p.add_argument("--json", action="store_true", help="print results.json to stdout instead of the answer")
+    p.add_argument("--json", action="store_true",
+                   help="print results.json to stdout instead of the answer (all, report: the report's path and "
+                        "each study's question, title, headline, error band and command)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_const", const="quick", dest="size", default="full",
                       help="the small grid (a few minutes on 2 cores) instead of the full one")
@@ -104,7 +106,16 @@ def _run_group(args: argparse.Namespace, out: str) -> int:
                 command=lambda q: _command(q, args.size, os.path.join(out, q), args.results_md))
         path = os.path.join(out, "report.html")
     if args.json:
-        print(json.dumps({"report": path}))
+        print(json.dumps({"report": path, "studies": _summaries(out)}, indent=1, ensure_ascii=False))
         return 0
     print(f"report: {path}")
     return 0
+
+
+def _summaries(out: str) -> list[dict]:
+    """Per study on the report: question, title, headline, error band, command."""
+    from autoplan.study.output import error_band_text, read_study
+
+    found = (read_study(os.path.join(out, q), q) for q in STUDY_QUESTIONS)
+    return [{"question": r["question"], "title": r["title"], "headline": r.get("headline", ""),
+             "error_band": error_band_text(r), "command": r["command"]} for r, _, _ in filter(None, found)]

@@ -212,6 +212,12 @@ def test_report_puts_the_five_studies_on_one_page(cli, tiny):
     own = _Report()
     own.feed((tiny.folder / "q4" / "report.html").read_text())
     assert [s["id"] for s in own.sections] == ["q4"]
+    r = cli("study", "report", "--out", str(tiny.folder), "--json")
+    summary = json.loads(r.stdout)
+    assert summary["report"] == str(tiny.folder / "report.html")
+    assert [s["question"] for s in summary["studies"]] == ["q1", "q2", "q3", "q4", "q5"]
+    for s in summary["studies"]:
+        assert s["headline"] == studies[s["question"]]["headline"] and s["error_band"].startswith("±")
 
 
 def test_report_names_missing_studies_and_needs_one(cli, tiny, tmp_path):
