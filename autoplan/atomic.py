@@ -3,7 +3,9 @@
 ``write_text(path, text)`` writes to a temporary file in the target's folder and
 renames it over ``path`` (``os.replace``, atomic on POSIX), so an interrupted
 command (SIGINT, a crash, a full disk) never leaves a partial file behind, and
-a reader never sees half a file.
+a reader never sees half a file.  ``write_section(path, tag, body)`` rewrites one marked
+section of a Markdown file that way (``autoplan bench`` and ``autoplan study``'s
+``--results-md``, the experiments' RESULTS.md and README blocks).
 """
 from __future__ import annotations
 
@@ -34,6 +36,23 @@ def write_text(path: str, text: str, *, flag: str = "-o") -> None:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         interrupts.release_temporary(registered)
+
+
+def write_section(path: str, tag: str, body: str, *, flag: str = "--results-md") -> None:
+    """Replace the text between ``<!-- tag:start -->`` and ``<!-- tag:end -->`` of ``path`` with
+    ``body`` (the section appended when absent; a missing file starts as ``# Results``); every
+    other byte of the file is left as it was.  Written whole or not at all (``write_text``)."""
+    start, end = f"<!-- {tag}:start -->", f"<!-- {tag}:end -->"
+    try:
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Results\n"
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}", f"give {flag} a readable Markdown file") from None
+    section = f"{start}\n{body.rstrip()}\n{end}"
+    if start in old and end in old:
+        new = old[:old.index(start)] + section + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + section + "\n"
+    write_text(path, new, flag=flag)
 
 
 def _umask() -> int:

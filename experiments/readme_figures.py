@@ -23,9 +23,9 @@ Blocks:
 * ``robust-check``: the default objective's worst regret under the perturbations of
   ``experiments/perturbations/`` and its p50 against the point optimum's (``perturbations``);
 * ``bench-quick``: the wall and CPU time of ``autoplan bench --suite quick`` on this machine;
-* ``study-answers``: the five answers of ``autoplan study q1 … q5`` in one line each, read from
-  the full runs' ``experiments/study/QN/results.json`` (each written by the command it names;
-  RESULTS.md has each study's section).
+* ``study-answers``: the five answers of ``autoplan study q1 … q5`` in one line each with their
+  error bands, read from ``experiments/study/QN/results.json`` (each written by the command it
+  names, the full grid unless it says ``--quick``; RESULTS.md has each study's section).
 """
 from __future__ import annotations
 
@@ -250,8 +250,11 @@ STUDIES = ("q1", "q2", "q3", "q4", "q5")
 
 
 def study_answers(cores: int) -> str:
-    """One line per study: its headline, the command that wrote it, its RESULTS section."""
+    """One line per study: its headline, its error band (the out-of-sample error of the regimes
+    its plans lean on), the command that wrote it, its RESULTS section."""
     import json
+
+    from autoplan.study.output import error_band_text
 
     lines = []
     for q in STUDIES:
@@ -262,8 +265,8 @@ def study_answers(cores: int) -> str:
         with open(path) as f:
             r = json.load(f)
         title = r["title"].split(" · ", 1)[1]
-        lines.append(f"- **{q.upper()} · {title}**: {r['headline']} (`{r['command'].split(' --out')[0]}`; "
-                     f"`experiments/RESULTS.md`, section {q.upper()})")
+        lines.append(f"- **{q.upper()} · {title}**: {r['headline']}; error band {error_band_text(r)} "
+                     f"(`{r['command'].split(' --out')[0]}`; `experiments/RESULTS.md`, section {q.upper()})")
     return "\n".join(lines)
 
 

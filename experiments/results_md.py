@@ -1,19 +1,18 @@
-"""Write one marked section of experiments/RESULTS.md, leaving the other sections untouched."""
+"""Write one marked section of experiments/RESULTS.md (or the README), leaving the other sections
+untouched: ``autoplan.atomic.write_section`` with a ``### title`` heading."""
 from __future__ import annotations
 
 import os
+import sys
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "RESULTS.md")
+sys.path.insert(0, os.path.dirname(HERE))
+
+from autoplan.atomic import write_section as _write_section  # noqa: E402
 
 
 def write_section(tag: str, title: str, text: str, path: str = RESULTS) -> None:
-    """Replace the text between ``<!-- tag:start -->`` and ``<!-- tag:end -->`` (append if absent)."""
-    start, end = f"<!-- {tag}:start -->", f"<!-- {tag}:end -->"
-    body = f"{start}\n### {title}\n\n{text}{end}"
-    old = open(path).read() if os.path.exists(path) else "# Results\n"
-    if start in old:
-        old = old[:old.index(start)] + body + old[old.index(end) + len(end):]
-    else:
-        old = old.rstrip() + "\n\n" + body + "\n"
-    with open(path, "w") as f:
-        f.write(old)
+    """Replace the text between ``<!-- tag:start -->`` and ``<!-- tag:end -->`` with ``### title``
+    and ``text`` (append if absent)."""
+    _write_section(path, tag, f"### {title}\n\n{text}", flag=path)

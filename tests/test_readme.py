@@ -124,3 +124,11 @@ def test_no_measured_figure_outside_generated_blocks():
     from autoplan.cost.memory import DEFAULT_MARGIN_GIB
 
     assert DEFAULT_MARGIN_GIB == 4 and "(default 4 GiB)" in README      # a stated default is the code's
+
+
+def test_study_answers_block_is_the_studies_results():
+    """The "What autoplan finds" lines are read from experiments/study/QN/results.json, each with
+    its error band: a rerun study must be followed by `readme_figures.py --only study-answers`."""
+    block = README.split("<!-- study-answers:start -->\n", 1)[1].split("\n<!-- study-answers:end -->", 1)[0]
+    assert block == _figures().study_answers(2)
+    assert block.count("error band ±") == 5

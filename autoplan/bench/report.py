@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from statistics import median
 
 from autoplan.bench.case import CONTENDERS
@@ -392,19 +391,3 @@ def markdown(records: list[dict], *, command: str, plots: dict[str, str]) -> str
     if warnings:
         lines += ["Warnings:", ""] + warnings + [""]
     return "\n".join(lines)
-
-
-START, END = "<!-- bench:start -->", "<!-- bench:end -->"
-
-
-def write_section(path: str, body: str) -> None:
-    """Replace the text between the bench markers of ``path`` (append the section when absent);
-    every other section is left byte for byte."""
-    old = open(path).read() if os.path.exists(path) else "# Results\n"
-    section = f"{START}\n{body.rstrip()}\n{END}"
-    if START in old and END in old:
-        new = old[:old.index(START)] + section + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(new)

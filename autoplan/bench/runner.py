@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 
 import autoplan
+from autoplan.atomic import write_section
 from autoplan.bench.case import run_case
 from autoplan.bench.plots import write_plots
-from autoplan.bench.report import markdown, results_csv, results_json, write_section
+from autoplan.bench.report import markdown, results_csv, results_json
 from autoplan.bench.suite import Case
 from autoplan.cost import rounded
 from autoplan.errors import UserError
@@ -97,7 +98,7 @@ def write_outputs(records: list[dict], out_dir: str, *, suite: str, command: str
         links = {title: os.path.relpath(os.path.join(os.path.abspath(out_dir), name), where)
                  for title, name in files.items()}
         try:
-            write_section(results_md, markdown(records, command=command, plots=links))
+            write_section(results_md, "bench", markdown(records, command=command, plots=links))
         except OSError as e:
             raise UserError(f"cannot write {results_md}: {e}", "pass --results-md with a writable path") from None
 

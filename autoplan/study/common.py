@@ -284,6 +284,25 @@ def ranked(arms: dict[str, dict]) -> list[tuple[str, dict]]:
     return sorted(((a, p) for a, p in arms.items() if ok(p)), key=lambda ap: (ap[1]["step_time_s"], ap[0]))
 
 
+def grid_study(question: str, title: str, sweep: Sweep, errors: dict[str, dict], grid: tuple[dict, list[Setting]],
+               *, finding: Callable[[dict, dict[str, dict], dict[str, dict]], dict],
+               rules: Callable[[list[dict]], list[dict]],
+               answer: Callable[[list[dict], list[dict], list[dict], dict], str],
+               table: Callable[[list[dict]], str], headline: Callable[[list[dict], list[dict]], str]) -> Study:
+    """A grid study's skeleton: search every setting of ``grid`` (its description and settings),
+    group the points by their grid coordinates, and analyse them — ``finding(axes, arms, errors)``
+    per scenario, ``rules(findings)`` (the practitioner rules against the search),
+    ``answer(findings, leans_on, rules, description)``, ``table(findings)`` and
+    ``headline(findings, rules)`` (the answer in one line)."""
+    description, settings = grid
+    points = sweep.run(settings)
+    findings = [finding(dict(k), arms, errors) for k, arms in scenarios(points).items()]
+    leaning = leans_on([p for p in points if ok(p)], errors)
+    checked = rules(findings)
+    return Study(question, title, answer(findings, leaning, checked, description), description, points, leaning,
+                 checked, findings, table(findings), headline(findings, checked))
+
+
 def margin(slow: dict, fast: dict, errors: dict[str, dict]) -> dict[str, Any]:
     """How much slower ``slow`` is than ``fast`` (point and paired p10/p90, as fractions), and
     whether that is inside the out-of-sample error of the regimes the two plans lean on."""

@@ -26,6 +26,7 @@ from autoplan.study.common import Study, Sweep, error_of, leans_on, leans_text, 
 TITLE = "Q1 · Auto vs hand-written 4D at 100B+ parameters and > 1K GPUs (published layouts as hand baselines)"
 BIG = ("gpt3-175b-h100x1024", "llama3-405b-h100x8192", "llama3-405b-h100x16384", "llama3-405b-gb200x2304",
        "gpt-1t-a100x3072")
+CASE_AXIS = "benchmark case (model-GPU×count)"
 GRIDS: dict[str, dict[str, Any]] = {
     "full": {"suite": "default", "cases": BIG},
     "quick": {"suite": "default", "cases": ("gpt3-175b-h100x1024", "llama3-405b-h100x8192")},
@@ -225,15 +226,20 @@ def figure(results: dict) -> bytes:
     left.bar(xs, [f["margin"] * 100 for f in fs], color=COLORS["auto"],
              yerr=[[max(0.0, (f["auto_vs_hand"] - f["auto_vs_hand_p10"]) * 100) for f in fs],
                    [max(0.0, (f["auto_vs_hand_p90"] - f["auto_vs_hand"]) * 100) for f in fs]], capsize=3)
-    for x, f in zip(xs, fs):
-        left.annotate(f"vs {f['hand']}" + (" ✗ran" if f.get("memory_model_miss") else ""), (x, f["margin"] * 100),
-                      ha="center", fontsize=7, xytext=(0, 4), textcoords="offset points")
+    left.hlines([f["error"] * 100 for f in fs], [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="#444",
+                linestyles="--", linewidth=1, label="each case's error: its regimes' largest out-of-sample error")
+    for x, f in zip(xs, fs):           # above the p90 whisker
+        top = f["margin"] + max(0.0, f["auto_vs_hand_p90"] - f["auto_vs_hand"])
+        left.annotate(f"vs {f['hand']}" + (" ✗ran" if f.get("memory_model_miss") else ""), (x, top * 100),
+                      ha="center", fontsize=7, xytext=(0, 5), textcoords="offset points")
     left.set_xticks(xs)
     left.set_xticklabels([f["case"] for f in fs], rotation=25, ha="right", fontsize=7)
-    left.set_ylabel("auto throughput vs best hand plan (% ; bars: p10–p90)")
-    left.set_title("the margin, and the error it must clear", fontsize=9)
+    left.set_xlabel(CASE_AXIS)
+    left.set_ylabel("auto vs best hand throughput (%)")
+    left.set_title("the margin (whiskers: p10–p90), and the error it must clear", fontsize=9)
+    left.margins(y=0.12)
     left.grid(axis="y", alpha=0.3)
-    left.legend(fontsize=7)
+    left.legend(fontsize=7, loc="lower left")
     _mfu_bars(right, fs, xs, COLORS)
     fig.suptitle(results["title"], fontsize=10)
     fig.tight_layout()
@@ -251,6 +257,7 @@ def _mfu_bars(ax: Any, fs: list[dict], xs: list[int], colors: dict[str, str]) ->
             ax.bar([x + 0.2], [f["hand_mfu"] * 100], 0.38, color=colors["published"], hatch="//")
     ax.set_xticks(xs)
     ax.set_xticklabels([f["case"] for f in fs], rotation=25, ha="right", fontsize=7)
+    ax.set_xlabel(CASE_AXIS)
     ax.set_ylabel("predicted MFU (%)")
     ax.set_title("MFU of each side", fontsize=9)
     ax.grid(axis="y", alpha=0.3)

@@ -15,6 +15,7 @@ best plan beats it by more than the out-of-sample error of the regimes the two p
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from autoplan.explain.rules import MFU_BAND
@@ -24,13 +25,12 @@ from autoplan.study.common import (
     Study,
     Sweep,
     cluster_with_nics,
-    leans_on,
+    grid_study,
     leans_text,
     margin,
     model_label,
     ok,
     rule_sentence,
-    scenarios,
     seq_label,
 )
 from autoplan.study.output import COLORS, band_line, error_band, png_bytes, pyplot, seq_axis
@@ -66,14 +66,8 @@ def grid(size: str) -> tuple[dict, list[Setting]]:
 
 
 def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
-    description, settings = grid(size)
-    points = sweep.run(settings)
-    findings = [_finding(dict(k), arms, errors) for k, arms in scenarios(points).items()]
-    leaning = leans_on([p for p in points if ok(p)], errors)
-    rules = _rules(findings)
-    answer = _answer(findings, leaning, rules, description["tokens"])
-    return Study("q2", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
-                 _headline(findings))
+    return grid_study("q2", TITLE, sweep, errors, grid(size), finding=_finding, rules=_rules, answer=_answer,
+                      table=_table, headline=lambda findings, _rules: _headline(findings))
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -116,7 +110,8 @@ def _rules(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens: int) -> str:
+def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], g: dict) -> str:
+    tokens = g["tokens"]
     ran = [f for f in findings if f["fsdp_mfu"] is not None]
     text = (f"FSDP alone (ZeRO-3 over every GPU, no TP/PP/CP; {tokens / 2 ** 20:g}M tokens per step) over "
             f"{len(findings)} scenarios: ")
@@ -134,7 +129,7 @@ def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens
             f"{_where(f)} ({f['margin']:+.1%}; the best plan {f['free_plan']})" for f in behind) + ". ")
     if cannot:
         text += "It cannot run in " + ", ".join(f"{_where(f)} ({f['why_not']})" for f in cannot) + ". "
-    text += _breakpoints(findings)
+    text += _breakpoints(findings, g)
     text += rule_sentence("MFU below the dense 40–55 % band → a better plan exists", rules)
     return text + f"Leans on: {leans_text(leaning)}."
 
@@ -154,19 +149,38 @@ def _headline(findings: list[dict]) -> str:
     return text
 
 
-def _breakpoints(findings: list[dict]) -> str:
-    """Per model, the smallest GPU count at which FSDP alone stops being enough."""
+def _breakpoints(findings: list[dict], g: dict) -> str:
+    """Where FSDP alone stops being enough: per model, the smallest GPU count (at the grid's
+    sequence, 8 NICs per node); for the sequence sweep's model, the shortest sequence; and its
+    verdict per NIC count."""
+    decided = [f for f in findings if f["enough"] is not None]
+
+    def line(fs: list[dict], axis: str, show: Callable[[int], str]) -> str | None:
+        fs = sorted(fs, key=lambda f: f["axes"][axis])
+        if len(fs) < 2:
+            return None
+        first = next((f for f in fs if not f["enough"]), None)
+        return (f"enough up to {show(fs[-1]['axes'][axis])}" if first is None else
+                f"stops being enough at {show(first['axes'][axis])}")
+
     parts = []
-    for model in dict.fromkeys(f["axes"]["model"] for f in findings):
-        line = sorted((f for f in findings if f["axes"]["model"] == model and f["axes"]["nics_per_node"] == 8
-                       and f["enough"] is not None), key=lambda f: (f["axes"]["seq"], f["axes"]["gpus"]))
-        by_gpus = [f for f in line if f["axes"]["seq"] == line[0]["axes"]["seq"]] if line else []
-        first = next((f for f in by_gpus if not f["enough"]), None)
-        if len(by_gpus) > 1:
-            verdict = (f"enough up to {by_gpus[-1]['axes']['gpus']:,} GPUs" if first is None else
-                       f"stops being enough at {first['axes']['gpus']:,} GPUs")
+    for model in dict.fromkeys(f["axes"]["model"] for f in decided):
+        verdict = line([f for f in decided if f["axes"]["model"] == model and f["axes"]["nics_per_node"] == 8
+                        and f["axes"]["seq"] == g["seq"]], "gpus", lambda n: f"{n:,} GPUs")
+        if verdict:
             parts.append(f"{model_label(model)}: {verdict}")
-    return ("Break-points by GPU count: " + "; ".join(parts) + ". ") if parts else ""
+    text = ("Break-points by GPU count (at " + seq_label(g["seq"]) + "): " + "; ".join(parts) + ". ") if parts else ""
+    at = [f for f in decided if f["axes"]["model"] == g["seq_model"] and f["axes"]["gpus"] == g["seq_gpus"]]
+    verdict = line([f for f in at if f["axes"]["nics_per_node"] == 8], "seq", seq_label)
+    if verdict:
+        text += f"By sequence ({model_label(g['seq_model'])} on {g['seq_gpus']:,} GPUs): {verdict}. "
+    nics = sorted((f for f in at if f["axes"]["seq"] == g["seq"]), key=lambda f: -f["axes"]["nics_per_node"])
+    if len(nics) > 1:
+        text += (f"By network ({model_label(g['seq_model'])} on {g['seq_gpus']:,} GPUs at {seq_label(g['seq'])}): "
+                 + ", ".join(f"{f['axes']['nics_per_node']} NICs/node "
+                             + (f"{'enough' if f['enough'] else 'not enough'} ({f['margin']:+.1%})" if "margin" in f
+                                else "not enough") for f in nics) + ". ")
+    return text
 
 
 def _where(f: dict) -> str:
@@ -207,7 +221,7 @@ def figure(results: dict) -> bytes:
     seq_axis(axes[1], g["seqs"], f"sequence length (tokens), {g['seq_model']} on {g['seq_gpus']:,} GPUs")
     _network(axes[2], results["findings"], g, results["leans_on"])
     fig.suptitle(results["title"] + f" ({g['tokens'] / 2 ** 20:g}M tokens per step; solid: FSDP alone, dashed: best "
-                 "plan; p10–p90 shaded)",
+                 "plan; p10–p90 shaded, by GPUs for FSDP alone only)",
                  fontsize=10)
     fig.tight_layout()
     return png_bytes(fig)
@@ -225,8 +239,8 @@ def _mfu_vs(ax: Any, points: list[dict], x: str, xlabel: str, *, by_model: bool)
             label = (model_label(model) + " " if model else "") + ("FSDP alone" if arm == "fsdp" else "best plan")
             band_line(ax, [p["axes"][x] for p in ps], [p["mfu"] * 100 for p in ps],
                       [p["band"]["mfu_p10"] * 100 for p in ps], [p["band"]["mfu_p90"] * 100 for p in ps],
-                      label=label, color=color)
-            ax.lines[-1].set_linestyle(style)
+                      label=label, color=color, linestyle=style,
+                      alpha=0.18 if arm == "fsdp" or not by_model else 0.0)   # by model: FSDP's band only
     low, high = MFU_BAND["dense"]
     ax.axhspan(low * 100, high * 100, color="#2da44e", alpha=0.06, linewidth=0, label="explain's dense MFU band")
     ax.set_xlabel(xlabel)
@@ -246,7 +260,8 @@ def _network(ax: Any, findings: list[dict], g: dict, leaning: list[dict]) -> Non
                  [max(0.0, (f["margin_p90"] - f["margin"]) * 100) for f in fs]], capsize=3)
     ax.set_xticks(xs)
     ax.set_xticklabels([f"{f['axes']['nics_per_node']} × 400G" for f in fs])
-    ax.set_xlabel(f"NICs per 8-GPU node, {g['seq_model']} on {g['seq_gpus']:,} GPUs at {seq_label(g['seq'])}")
+    ax.set_xlabel(f"NICs per 8-GPU node (400 Gb/s each), {g['seq_model']} on {g['seq_gpus']:,} GPUs at "
+                  f"{seq_label(g['seq'])}")
     ax.set_ylabel("FSDP alone vs best plan (% step time)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=6)

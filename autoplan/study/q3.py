@@ -25,14 +25,13 @@ from autoplan.study.common import (
     Setting,
     Study,
     Sweep,
-    leans_on,
+    grid_study,
     leans_text,
     margin,
     model_label,
     model_seq_grid,
     ok,
     rule_sentence,
-    scenarios,
     seq_label,
 )
 from autoplan.study.output import COLORS, band_line, error_band, png_bytes, pyplot, seq_axis
@@ -57,14 +56,8 @@ def grid(size: str) -> tuple[dict, list[Setting]]:
 
 
 def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
-    description, settings = grid(size)
-    points = sweep.run(settings)
-    findings = [_finding(dict(k), arms, errors) for k, arms in scenarios(points).items()]
-    leaning = leans_on([p for p in points if ok(p)], errors)
-    rules = _rules(findings)
-    answer = _answer(findings, leaning, rules, description["tokens_per_step"])
-    return Study("q3", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
-                 _headline(findings, rules))
+    return grid_study("q3", TITLE, sweep, errors, grid(size), finding=_finding, rules=_rules, answer=_answer,
+                      table=_table, headline=_headline)
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -107,16 +100,18 @@ def _rules(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens: int) -> str:
+def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], g: dict) -> str:
+    tokens = g["tokens_per_step"]
     decided = [f for f in findings if f["sp_needed"] is not None]
     needed = [f for f in decided if f["sp_needed"]]
     nofit = [f for f in decided if not f["no_sp_fits"]]
     text = (f"Without context parallelism, over {len(decided)} scenarios (model × sequence, "
             f"{tokens / 2 ** 20:g}M tokens per step), ")
     if needed:
+        slower = len(needed) - len(nofit)
         text += (f"SP is needed in {len(needed)} ({', '.join(_where(f) for f in needed)}): no plan without SP fits in "
-                 f"{len(nofit)} of them, and in the rest the best plan without SP is slower by more than the "
-                 "out-of-sample error. ")
+                 f"{len(nofit)} of them" + (f", and in the other {slower} the best plan without SP is slower by more "
+                                           "than the out-of-sample error" if slower else "") + ". ")
     else:
         text += "SP is never needed: some plan without SP always fits and is within the out-of-sample error. "
     optional = [f["margin"] for f in decided if not f["sp_needed"]]
@@ -195,16 +190,17 @@ def figure(results: dict) -> bytes:
 
 
 def _share_panel(ax: Any, findings: list[dict]) -> None:
-    """Attention's share against the cost of no SP: the 30 % rule is a vertical line."""
-    for f in findings:
-        if f["attention_share"] is None:
-            continue
+    """Attention's share against the cost of no SP: the 30 % rule is a vertical line.  Labels
+    alternate above and below their points (in order of the share), each tied to its point by a
+    thin line, so that neighbours do not overwrite each other."""
+    shown = sorted((f for f in findings if f["attention_share"] is not None), key=lambda f: f["attention_share"])
+    for i, f in enumerate(shown):
         y = f["margin"] * 100 if "margin" in f else None
         color = COLORS["no-sp"] if f["sp_needed"] else COLORS["sp"]
         ax.scatter([f["attention_share"] * 100], [y if y is not None else 0], color=color,
                    marker="o" if y is not None else "x", s=36)
-        ax.annotate(_where(f), (f["attention_share"] * 100, y or 0), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(_where(f), (f["attention_share"] * 100, y or 0), fontsize=6, xytext=(4, (8, -14, 22)[i % 3]),
+                    textcoords="offset points", arrowprops={"arrowstyle": "-", "linewidth": 0.4, "color": "#888"})
     worst = max((f["error"] for f in findings if "error" in f), default=0.0)
     error_band(ax, worst, f"±{worst:.1%}: out-of-sample error")
     ax.axvline(SP_ATTENTION_SHARE * 100, color="#555", linestyle="--", linewidth=1, label="rule: SP above 30 %")

@@ -19,7 +19,7 @@ from autoplan.study.common import (
     Study,
     Sweep,
     cluster_with_nics,
-    leans_on,
+    grid_study,
     leans_text,
     load_pairs,
     margin,
@@ -28,7 +28,6 @@ from autoplan.study.common import (
     plan_fields,
     ranked,
     ratio_band,
-    scenarios,
     seq_label,
 )
 from autoplan.study.output import COLORS, band_line, error_band, png_bytes, pyplot, seq_axis
@@ -75,17 +74,13 @@ def grid(size: str) -> tuple[dict, list[Setting]]:
 
 
 def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
-    description, settings = grid(size)
-    points = sweep.run(settings)
-    findings = [_finding(axes, arms, errors) for axes, arms in scenarios(points).items()]
-    found = [p for p in points if ok(p)]
-    leaning = leans_on(found, errors)
-    return Study("q4", TITLE, _answer(findings, leaning, errors, description), description, points, leaning,
-                 _rules(findings), findings, _table(findings), _headline(findings, algorithm_pairs(load_pairs("cp"))))
+    pairs = algorithm_pairs(load_pairs("cp"))
+    return grid_study("q4", TITLE, sweep, errors, grid(size), finding=_finding, rules=_rules,
+                      answer=lambda findings, leaning, _rules, g: _answer(findings, leaning, errors, g),
+                      table=_table, headline=lambda findings, _rules: _headline(findings, pairs))
 
 
-def _finding(key: Any, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
-    axes = dict(key)
+def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
     order = ranked(arms)
     out: dict[str, Any] = {"axes": axes, "refused": [a for a in ALGOS if not ok(arms.get(a))],
                            "winner": order[0][0] if order else None, "runner_up": None,

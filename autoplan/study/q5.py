@@ -23,7 +23,7 @@ from autoplan.study.common import (
     Setting,
     Study,
     Sweep,
-    leans_on,
+    grid_study,
     leans_text,
     margin,
     model_label,
@@ -31,7 +31,6 @@ from autoplan.study.common import (
     ok,
     ranked,
     rule_sentence,
-    scenarios,
     seq_label,
 )
 from autoplan.study.output import COLORS, band_line, error_band, png_bytes, pyplot, seq_axis
@@ -52,14 +51,8 @@ def grid(size: str) -> tuple[dict, list[Setting]]:
 
 
 def study(sweep: Sweep, errors: dict[str, dict], *, size: str) -> Study:
-    description, settings = grid(size)
-    points = sweep.run(settings)
-    findings = [_finding(dict(k), arms, errors) for k, arms in scenarios(points).items()]
-    leaning = leans_on([p for p in points if ok(p)], errors)
-    rules = _rules(findings)
-    answer = _answer(findings, leaning, rules, description["tokens_per_step"])
-    return Study("q5", TITLE, answer, description, points, leaning, rules, findings, _table(findings),
-                 _headline(findings))
+    return grid_study("q5", TITLE, sweep, errors, grid(size), finding=_finding, rules=_rules, answer=_answer,
+                      table=_table, headline=lambda findings, _rules: _headline(findings))
 
 
 def _finding(axes: dict, arms: dict[str, dict], errors: dict[str, dict]) -> dict:
@@ -104,7 +97,8 @@ def _rules(findings: list[dict]) -> list[dict]:
     return out
 
 
-def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], tokens: int) -> str:
+def _answer(findings: list[dict], leaning: list[dict], rules: list[dict], g: dict) -> str:
+    tokens = g["tokens_per_step"]
     models = dict.fromkeys(f["axes"]["model"] for f in findings)
     text = "Over " + ", ".join(f"{model_label(m)} on {sum(f['axes']['model'] == m for f in findings)} sequence lengths"
                                for m in models)
@@ -214,23 +208,24 @@ def figure(results: dict) -> bytes:
 def _mfu(ax: Any, points: list[dict], results: dict) -> None:
     """MFU of each arm's best plan against the sequence (p10–p90 shaded), each point labelled
     with its recompute policy: what recomputation instead of CP costs, until it stops fitting."""
-    styles = {"recompute": ("s", COLORS["recompute"]), "recompute+sp": ("^", COLORS["recompute+sp"]),
-              "free": ("o", COLORS["free"])}
+    styles = {"recompute": ("s", ":", COLORS["recompute"]), "recompute+sp": ("^", "--", COLORS["recompute+sp"]),
+              "free": ("o", "-", COLORS["free"])}
+    several = len(results["grid"]["models"]) > 1     # colour by model, line style by arm, only free's band
     for i, model in enumerate(results["grid"]["models"]):
-        for arm, (marker, color) in styles.items():
+        for arm, (marker, style, color) in styles.items():
             ps = sorted((p for p in points if p["axes"]["model"] == model and p["arm"] == arm), key=lambda p: p["seq"])
             if not ps:
                 continue
             band_line(ax, [p["seq"] for p in ps], [p["mfu"] * 100 for p in ps],
                       [p["band"]["mfu_p10"] * 100 for p in ps], [p["band"]["mfu_p90"] * 100 for p in ps],
-                      label=f"{model_label(model)} {arm}",
-                      color=color if len(results["grid"]["models"]) == 1 else f"C{i}",
-                      marker=marker)
+                      label=f"{model_label(model)} {arm}", color=f"C{i}" if several else color, marker=marker,
+                      linestyle=style if several else "-", alpha=0.18 if arm == "free" or not several else 0.0)
             for p in ps:
                 if p["recompute"] != ["none"]:
                     ax.annotate("rc=" + "/".join(p["recompute"]), (p["seq"], p["mfu"] * 100), fontsize=6,
                                 xytext=(3, -9), textcoords="offset points")
     seq_axis(ax, results["grid"]["seqs"], "sequence length (tokens)")
     ax.set_ylabel("MFU of the best plan (%)")
-    ax.set_title("each arm's best plan (rc: the recompute it needs; missing: fits nowhere)", fontsize=9)
+    ax.set_title("each arm's best plan (rc: the recompute it needs; missing: fits nowhere"
+                 + ("; p10–p90 shaded for free)" if several else "; p10–p90 shaded)"), fontsize=9)
     ax.legend(fontsize=6, ncol=2)

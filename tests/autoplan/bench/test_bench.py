@@ -9,7 +9,7 @@ import pytest
 from autoplan.bench import SUITES, select
 from autoplan.bench.case import _ratios
 from autoplan.bench.grid import grid_plans, search_grid, tp_degrees
-from autoplan.bench.report import answer, compact_plan, margin_verdict, markdown, write_section
+from autoplan.bench.report import answer, compact_plan, margin_verdict, markdown
 from autoplan.bench.runner import load_cached
 from autoplan.bench.suite import Case
 from autoplan.errors import UserError
@@ -217,16 +217,6 @@ def test_compact_plan():
     plan = ("tp=8,pp=16,dp=64,cp=1,ep=1,vpp=2,mbs=1,schedule=interleaved,recompute=selective,sp=on,zero=1,"
             "cp_algo=ring,order=tp-cp-ep-pp-dp")
     assert compact_plan(plan) == "tp8·pp16·dp64 zero1 mbs1 interleaved×2 rc selective sp dp-outer"
-
-
-def test_write_section_replaces_only_its_own_section(tmp_path):
-    path = tmp_path / "RESULTS.md"
-    path.write_text("# Results\n\n<!-- other:start -->\nx\n<!-- other:end -->\n")
-    write_section(str(path), "first")
-    write_section(str(path), "second")
-    text = path.read_text()
-    assert text == ("# Results\n\n<!-- other:start -->\nx\n<!-- other:end -->\n\n"
-                    "<!-- bench:start -->\nsecond\n<!-- bench:end -->\n")
 
 
 def test_markdown_marks_failures_and_links_plots():

@@ -1,17 +1,22 @@
 """``autoplan study q1 … q5`` through the CLI: the files, the keys, and real values checked
 against what the physics and the constraints say independently of the study's own analysis.
 
-Fast tier: the ``--tiny`` grids (a 4-layer model, seconds).  Slow tier: the ``--quick`` grids,
-each within the issue's 5 minutes on 2 cores."""
+Fast tier: the ``--tiny`` grids (a 4-layer model, seconds), each run once into one folder, and
+``study report`` over that folder (the five studies on one HTML page).  Slow tier: the
+``--quick`` grids, each within the issue's 5 minutes on 2 cores, and ``study all --tiny``."""
 from __future__ import annotations
 
+import base64
 import json
+import re
 import time
+from html.parser import HTMLParser
 
 import pytest
 
 from autoplan.plan import Plan
 from autoplan.study.common import load_errors
+from autoplan.study.output import axis_labels
 
 KEYS = {"question", "title", "command", "size", "answer", "grid", "points", "leans_on", "rules", "findings",
         "seconds", "searches"}
@@ -29,6 +34,22 @@ def _run(cli, question: str, out, size: str = "--tiny") -> dict:
     results = json.loads((out / "results.json").read_text())
     assert results["answer"] in r.stdout and "Leans on:" in results["answer"]
     return results
+
+
+@pytest.fixture(scope="module")
+def tiny(cli, tmp_path_factory):
+    """``tiny(question)``: study ``question`` on its tiny grid, run once per module into one folder
+    (``tiny.folder``, where ``study report`` finds all five)."""
+    folder = tmp_path_factory.mktemp("studies")
+    done: dict[str, dict] = {}
+
+    def run(question: str) -> dict:
+        if question not in done:
+            done[question] = _run(cli, question, folder / question)
+        return done[question]
+
+    run.folder = folder
+    return run
 
 
 def _check_common(results: dict, question: str) -> list[dict]:
@@ -55,8 +76,8 @@ def _check_common(results: dict, question: str) -> list[dict]:
     return found
 
 
-def test_q4_tiny_obeys_each_algorithm_and_the_heads(cli, tmp_path):
-    results = _run(cli, "q4", tmp_path / "q4")
+def test_q4_tiny_obeys_each_algorithm_and_the_heads(tiny):
+    results = tiny("q4")
     found = _check_common(results, "q4")
     for p in found:
         plan = Plan.parse(p["plan"])
@@ -75,8 +96,8 @@ def test_q4_tiny_obeys_each_algorithm_and_the_heads(cli, tmp_path):
         assert f["winner"] == fastest and f["margin"] >= 0
 
 
-def test_q3_tiny_keeps_sp_off_and_selective(cli, tmp_path):
-    results = _run(cli, "q3", tmp_path / "q3")
+def test_q3_tiny_keeps_sp_off_and_selective(tiny):
+    results = tiny("q3")
     found = _check_common(results, "q3")
     for p in found:
         assert p["cp"] == 1
@@ -93,8 +114,8 @@ def test_q3_tiny_keeps_sp_off_and_selective(cli, tmp_path):
     assert {r["rule"] for r in results["rules"]} == {"sp-attention-share"}
 
 
-def test_q5_tiny_memory_grows_with_the_sequence(cli, tmp_path, setup):
-    results = _run(cli, "q5", tmp_path / "q5")
+def test_q5_tiny_memory_grows_with_the_sequence(tiny, setup):
+    results = tiny("q5")
     found = _check_common(results, "q5")
     for p in found:
         if p["arm"] != "free":
@@ -107,8 +128,8 @@ def test_q5_tiny_memory_grows_with_the_sequence(cli, tmp_path, setup):
     assert longer.memory_gib > short["memory_gib"]
 
 
-def test_q2_tiny_fsdp_alone_and_its_batch_floor(cli, tmp_path):
-    results = _run(cli, "q2", tmp_path / "q2")
+def test_q2_tiny_fsdp_alone_and_its_batch_floor(tiny):
+    results = tiny("q2")
     found = _check_common(results, "q2")
     for p in found:
         if p["arm"] == "fsdp":
@@ -118,8 +139,8 @@ def test_q2_tiny_fsdp_alone_and_its_batch_floor(cli, tmp_path):
     assert "batch floor" in results["answer"]
 
 
-def test_q1_tiny_auto_against_the_tuned_hand_plans(cli, tmp_path):
-    results = _run(cli, "q1", tmp_path / "q1")
+def test_q1_tiny_auto_against_the_tuned_hand_plans(tiny):
+    results = tiny("q1")
     found = _check_common(results, "q1")
     auto, hand = (next(p for p in found if p["arm"] == arm) for arm in ("auto", "hand"))
     assert auto["fits"] and hand["contender"] in ("megatron", "megascale", "llama3", "fsdp")
@@ -128,6 +149,96 @@ def test_q1_tiny_auto_against_the_tuned_hand_plans(cli, tmp_path):
     assert f["auto_vs_hand"] >= 1 - 1e-3          # the search's space holds every tuned recipe here
     assert f["auto_vs_hand_p10"] <= f["auto_vs_hand_p50"] <= f["auto_vs_hand_p90"]
     assert {r["rule"] for r in results["rules"]} >= {"mfu-band"}
+
+
+class _Report(HTMLParser):
+    """The study sections of a report page: per section its id, headings, images and text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: list[dict] = []
+        self.tag = ""
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tag = tag
+        if tag == "section" and a.get("class") == "study":
+            self.sections.append({"id": a.get("id"), "images": [], "text": "", "headings": []})
+        elif tag == "img" and self.sections:
+            self.sections[-1]["images"].append(a["src"])
+
+    def handle_endtag(self, tag):
+        self.tag = ""
+
+    def handle_data(self, data):
+        if self.sections:
+            self.sections[-1]["text"] += data
+            if self.tag in ("h2", "h3"):
+                self.sections[-1]["headings"].append(data)
+
+
+def _check_report(html: str, studies: dict[str, dict]) -> None:
+    """Five sections in q1 … q5 order, each with its title, answer, error band and rules, and a
+    PNG whose every panel has both axes labelled, each label with its unit or qualifier in
+    brackets."""
+    page = _Report()
+    page.feed(html)
+    assert [s["id"] for s in page.sections] == ["q1", "q2", "q3", "q4", "q5"]
+    for section in page.sections:
+        results = studies[section["id"]]
+        assert section["headings"][0] == results["title"]
+        assert results["answer"] in section["text"] and results["command"] in section["text"]
+        worst = max(x["out_of_sample_mean"] for x in results["leans_on"])
+        assert re.search(rf"Error band: ±{worst:.1%} \(\w", section["text"]), section["id"]
+        assert {"Answer", "Practitioner rules", "Points"} <= set(section["headings"])
+        assert len(section["images"]) == 1 and section["images"][0].startswith("data:image/png;base64,")
+        png = base64.b64decode(section["images"][0].split(",", 1)[1])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        labels = axis_labels(png)
+        assert len(labels) >= 2, section["id"]
+        for x, y in labels:
+            assert re.search(r"\(.+\)", x) and re.search(r"\(.+\)", y), (section["id"], x, y)
+
+
+def test_report_puts_the_five_studies_on_one_page(cli, tiny):
+    studies = {q: tiny(q) for q in ("q1", "q2", "q3", "q4", "q5")}
+    start = time.perf_counter()
+    r = cli("study", "report", "--out", str(tiny.folder))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert time.perf_counter() - start < 30                    # searches nothing
+    assert r.stdout == f"report: {tiny.folder / 'report.html'}\n"
+    _check_report((tiny.folder / "report.html").read_text(), studies)
+    # each study's own page has the same section, at the top level
+    own = _Report()
+    own.feed((tiny.folder / "q4" / "report.html").read_text())
+    assert [s["id"] for s in own.sections] == ["q4"]
+    r = cli("study", "report", "--out", str(tiny.folder), "--json")
+    summary = json.loads(r.stdout)
+    assert summary["report"] == str(tiny.folder / "report.html")
+    assert [s["question"] for s in summary["studies"]] == ["q1", "q2", "q3", "q4", "q5"]
+    for s in summary["studies"]:
+        assert s["headline"] == studies[s["question"]]["headline"] and s["error_band"].startswith("±")
+
+
+def test_report_names_missing_studies_and_needs_one(cli, tiny, tmp_path):
+    results = tiny("q4")
+    (tmp_path / "q4").mkdir()
+    for name in ("results.json", "table.md", "q4.png"):
+        (tmp_path / "q4" / name).write_bytes((tiny.folder / "q4" / name).read_bytes())
+    r = cli("study", "report", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "report.html").read_text()
+    page = _Report()
+    page.feed(html)
+    assert [s["id"] for s in page.sections] == ["q4"] and results["answer"] in page.sections[0]["text"]
+    assert "Not run yet" in html and f"autoplan study q1 --out {tmp_path / 'q1'}" in html
+    assert "1 of 5 studies (4 not run yet)" in r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = cli("study", "report", "--out", str(empty))
+    assert r.returncode == 2 and "no study under" in r.stderr and "autoplan study all" in r.stderr
+    r = cli("study", "report", "--quick", "--out", str(tmp_path))
+    assert r.returncode == 2 and "searches nothing" in r.stderr
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -162,3 +273,13 @@ def test_quick_grids_answer_within_five_minutes(cli, tmp_path, question):
     _check_common(results, question)
     assert results["size"] == "quick" and results["rules"]
     assert seconds < QUICK_LIMIT_S, f"{question} --quick took {seconds:.0f} s"
+
+
+@pytest.mark.slow        # the five tiny grids again, one after another
+def test_all_runs_the_five_and_writes_one_report(cli, tmp_path):
+    r = cli("study", "all", "--tiny", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    studies = {q: json.loads((tmp_path / q / "results.json").read_text()) for q in ("q1", "q2", "q3", "q4", "q5")}
+    _check_report((tmp_path / "report.html").read_text(), studies)
+    for q, results in studies.items():     # each records the command that reruns it alone
+        assert results["command"] == f"autoplan study {q} --tiny --out {tmp_path / q}"
