@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.zoo.common import MLP, Attention, DerivedSizes, init_weights, make_norm, rope_cos_sin
+from autoplan.zoo.mla import MLAttention
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,30 @@ class LlamaConfig(DerivedSizes):
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     attention: str = "flash"   # flash | eager
+    # Multi-head latent attention (DeepSeek-V2/V3, ``zoo.mla``) when kv_lora_rank > 0: ``head_dim`` is
+    # then the q/k "nope" part, the q/k head is head_dim + qk_rope_dim and the value head v_head_dim.
+    kv_lora_rank: int = 0      # 0: grouped-query attention
+    q_lora_rank: int = 0       # MLA: rank of the query down-projection (0: one full-rank q projection)
+    qk_rope_dim: int = 0       # MLA: the decoupled rotary slice of q and k
+    v_head_dim: int = 0        # MLA: value head size (0: head_dim)
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def rope_dim(self) -> int:
+        """Channels the rotary tables cover: the rotary slice under MLA, else the whole head."""
+        return self.qk_rope_dim if self.mla else self.d_head
+
+
+def make_attention(cfg: LlamaConfig) -> nn.Module:
+    """The config's attention: MLA when ``kv_lora_rank`` is set, else grouped-query attention."""
+    if cfg.mla:
+        return MLAttention(cfg.hidden, cfg.heads, q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank,
+                           nope=cfg.d_head, rope=cfg.qk_rope_dim, v_head_dim=cfg.v_head_dim or cfg.d_head,
+                           eps=cfg.norm_eps, attention=cfg.attention)
+    return Attention(cfg.hidden, cfg.heads, cfg.n_kv_heads, cfg.d_head, bias=False, attention=cfg.attention)
 
 
 class Block(nn.Module):
@@ -40,8 +65,7 @@ class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig, ffn: int = 0) -> None:
         super().__init__()
         self.attention_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
-        self.attention = Attention(cfg.hidden, cfg.heads, cfg.n_kv_heads, cfg.d_head, bias=False,
-                                   attention=cfg.attention)
+        self.attention = make_attention(cfg)
         self.ffn_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
         self.feed_forward = MLP(cfg.hidden, ffn or cfg.d_ffn, cfg.mlp)
 
@@ -67,7 +91,7 @@ class Llama(nn.Module):
         """``position_ids`` [1, seq]: the tokens' positions (default 0..seq-1; context
         parallelism passes each rank's own)."""
         x = self.tok_embeddings(ids)
-        cos, sin = rope_cos_sin(ids.shape[1], self.config.d_head, self.config.rope_theta,
+        cos, sin = rope_cos_sin(ids.shape[1], self.config.rope_dim, self.config.rope_theta,
                                 ids.device, x.dtype, None if position_ids is None else position_ids[0])
         for block in self.layers:
             x = block(x, cos, sin)

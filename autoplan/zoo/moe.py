@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.zoo.common import MLP, Attention, make_norm
+from autoplan.zoo.common import MLP, make_norm
 from autoplan.zoo.llama import Block as DenseBlock
-from autoplan.zoo.llama import Llama, LlamaConfig
+from autoplan.zoo.llama import Llama, LlamaConfig, make_attention
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,7 @@ class MoEBlock(nn.Module):
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
         self.attention_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
-        self.attention = Attention(cfg.hidden, cfg.heads, cfg.n_kv_heads, cfg.d_head, bias=False,
-                                   attention=cfg.attention)
+        self.attention = make_attention(cfg)
         self.ffn_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
         self.moe = MoE(cfg)
 
