@@ -224,16 +224,24 @@ experts of its best 4 of 8 groups (its config's ``n_group``/``topk_group``; the 
 zoo model's ``groups``/``topk_groups``)."""
 
 
+LATENT_ATTENTION = {"experts=256,topk=8,moe_ffn=2048,shared_experts=1,dense_layers=3":
+                    "head_dim=128,kv_lora_rank=512,q_lora_rank=1536,qk_rope_dim=64,v_head_dim=128"}
+"""Multi-head latent attention a row's model spec does not write: the DeepSeek-V3 row's note gives it
+("MLA attention (q_lora 1536, kv_lora 512, qk_nope 128, qk_rope 64, v_head 128)"), as the
+``deepseek-v3`` zoo model builds it (``zoo.mla``; ``head_dim`` is the q/k head without its rotary slice)."""
+
+
 def model_spec(r: dict) -> str:
     """The row's model spec: a Zero Bubble row as its fork's script ran it (``ZERO_BUBBLE_MODEL``),
     ``GPT_VOCAB`` where another ``gpt:`` row publishes no vocabulary, and the group-limited routing
-    of ``GROUP_LIMITED``."""
+    of ``GROUP_LIMITED`` and the latent attention of ``LATENT_ATTENTION``."""
     spec = r["model"]
     if source_of(r["id"]) == "zero-bubble":
         spec += "".join(f",{k}={v}" for k, v in ZERO_BUBBLE_MODEL.items() if f"{k}=" not in spec)
-    for shape, groups in GROUP_LIMITED.items():
-        if shape in spec:
-            spec += "," + groups
+    for extra in (GROUP_LIMITED, LATENT_ATTENTION):
+        for shape, fields in extra.items():
+            if shape in spec:
+                spec += "," + fields
     return spec + f",vocab={GPT_VOCAB}" if spec.startswith("gpt:") and "vocab=" not in spec else spec
 
 
