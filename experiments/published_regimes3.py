@@ -225,10 +225,12 @@ zoo model's ``groups``/``topk_groups``)."""
 
 
 LATENT_ATTENTION = {"experts=256,topk=8,moe_ffn=2048,shared_experts=1,dense_layers=3":
-                    "head_dim=128,kv_lora_rank=512,q_lora_rank=1536,qk_rope_dim=64,v_head_dim=128"}
-"""Multi-head latent attention a row's model spec does not write: the DeepSeek-V3 row's note gives it
-("MLA attention (q_lora 1536, kv_lora 512, qk_nope 128, qk_rope 64, v_head 128)"), as the
-``deepseek-v3`` zoo model builds it (``zoo.mla``; ``head_dim`` is the q/k head without its rotary slice)."""
+                    "head_dim=128,kv_lora_rank=512,q_lora_rank=1536,qk_rope_dim=64,v_head_dim=128,mtp_layers=1"}
+"""Multi-head latent attention and multi-token prediction a row's model spec does not write: the
+DeepSeek-V3 row's note gives the MLA ("MLA attention (q_lora 1536, kv_lora 512, qk_nope 128, qk_rope
+64, v_head 128)"), as the ``deepseek-v3`` zoo model builds it (``zoo.mla``; ``head_dim`` is the q/k
+head without its rotary slice), and its recipe's pipeline layout ``...|tmL`` (``BRIDGE_DISPATCH``)
+runs one MTP layer ``m`` on the last stage (``zoo.mtp``)."""
 
 
 def model_spec(r: dict) -> str:
@@ -314,7 +316,8 @@ EP16, GBS 1024) the ``flex`` dispatcher with HybridEP, hierarchical like DeepEP.
 DeepSeek-V3 on B200 (``deepseek_workload_base_configs.py``, ``DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2``:
 PP8 VPP2 EP32, GBS 4096) runs DeepEP with ``moe_a2a_overlap=True`` and the pipeline layout
 ``Et*4|(t*4|)*14tmL``: four layers a virtual stage, the embedding on the first, one layer and the
-loss on the last (``layers=4-4x14-1``; its multi-token-prediction layer is not modelled)."""
+loss on the last (``layers=4-4x14-1``; its multi-token-prediction layer ``m`` runs with the loss,
+``LATENT_ATTENTION``)."""
 
 
 def dispatch_fields(r: dict) -> dict[str, str]:

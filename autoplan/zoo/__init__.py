@@ -16,7 +16,9 @@ Entries and their published sizes:
   (ffn 18432), then 256 routed experts (top-8, width 2048) + 1 shared expert,
   V = 129,280, multi-head latent attention (``zoo.mla``: 128 heads, q_lora_rank
   1536, kv_lora_rank 512, q/k head 128 + 64 rotary, v head 128; 187.1 M
-  parameters per layer, as deepseek-ai/DeepSeek-V3's config.json).
+  parameters per layer, as deepseek-ai/DeepSeek-V3's config.json) and one
+  multi-token-prediction module (``zoo.mtp``, an MoE layer: +11.6 B, so 682.6 B
+  built; the published 671 B is the main model).
   **Approximation:** its router is a softmax top-k (DeepSeek-V3 uses sigmoid
   scores with a bias term).
 """
@@ -53,7 +55,7 @@ ZOO: dict[str, GPTConfig | LlamaConfig] = {
     "deepseek-v3": MoEConfig(layers=61, hidden=7168, heads=128, head_dim=128, ffn=18432, vocab=129280,
                              experts=256, topk=8, moe_ffn=2048, shared_experts=1, dense_layers=3, norm_eps=1e-6,
                              rope_theta=10000.0, groups=8, topk_groups=4, kv_lora_rank=512, q_lora_rank=1536,
-                             qk_rope_dim=64, v_head_dim=128),
+                             qk_rope_dim=64, v_head_dim=128, mtp_layers=1),
 }
 
 
@@ -61,7 +63,8 @@ ZOO: dict[str, GPTConfig | LlamaConfig] = {
 DEEPSEEK_NOTE = "softmax top-k router (DeepSeek-V3 scores experts with a sigmoid and a bias term)"
 
 
-# Published parameter counts (billions) the zoo reproduces (tests check 0.5 %).
+# Published parameter counts (billions) the zoo reproduces (tests check 0.5 %): the main model, without
+# multi-token-prediction modules (DeepSeek-V3's 671 B; its MTP module adds 11.6 B: ``zoo.mtp``).
 PUBLISHED_PARAMS_B = {
     "gpt3-175b": 174.6, "llama3-8b": 8.03, "llama3-70b": 70.6, "llama3-405b": 405.9,
     "mixtral-8x7b": 46.7, "mixtral-8x22b": 141.0, "deepseek-v3": 671.0,
@@ -105,6 +108,7 @@ def model_info(name: str, cfg: GPTConfig | LlamaConfig) -> ModelInfo:
         v_head_dim=(cfg.v_head_dim or cfg.d_head) if mla else 0,  # type: ignore[union-attr]
         kv_lora_rank=cfg.kv_lora_rank if mla else 0, q_lora_rank=cfg.q_lora_rank if mla else 0,  # type: ignore[union-attr]
         qk_rope_dim=cfg.qk_rope_dim if mla else 0,  # type: ignore[union-attr]
+        mtp_layers=cfg.mtp_layers if isinstance(cfg, LlamaConfig) else 0,
         # ignore[union-attr]: mypy does not narrow cfg through ``moe``; each read is guarded by it
         experts=cfg.experts if moe else 0, topk=cfg.topk if moe else 0,  # type: ignore[union-attr]
         moe_ffn=cfg.d_moe_ffn if moe else 0, shared_experts=cfg.shared_experts if moe else 0,  # type: ignore[union-attr]

@@ -149,8 +149,10 @@ class MoEBlock(nn.Module):
 
 
 class MoETransformer(Llama):
-    """A Llama whose layers are ``dense_layers`` dense blocks, then MoE blocks."""
+    """A Llama whose layers are ``dense_layers`` dense blocks, then MoE blocks (and an MTP module's
+    layer like the last one)."""
 
     def __init__(self, cfg: MoEConfig) -> None:
+        last = DenseBlock if cfg.dense_layers >= cfg.layers else MoEBlock
         super().__init__(cfg, [DenseBlock(cfg) if i < cfg.dense_layers else MoEBlock(cfg)
-                               for i in range(cfg.layers)])
+                               for i in range(cfg.layers)], mtp_block=lambda: last(cfg))

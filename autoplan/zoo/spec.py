@@ -26,8 +26,8 @@ _COMMON = REQUIRED + ("kv_heads", "head_dim", "ffn", "mlp", "norm", "tie", "atte
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_dim", "v_head_dim")   # zoo.mla; kv_lora_rank > 0 turns it on
 KEYS = {
     "gpt": _COMMON + ("dropout", "max_seq"),
-    "llama": _COMMON + MLA_KEYS,
-    "moe": _COMMON + MLA_KEYS + ("experts", "topk", "moe_ffn", "shared_experts", "dense_layers",
+    "llama": _COMMON + MLA_KEYS + ("mtp_layers",),
+    "moe": _COMMON + MLA_KEYS + ("mtp_layers", "experts", "topk", "moe_ffn", "shared_experts", "dense_layers",
                       "capacity_factor", "groups", "topk_groups"),
 }
 CONFIGS = {"gpt": GPTConfig, "llama": LlamaConfig, "moe": MoEConfig}
@@ -43,7 +43,8 @@ _FLOATS = ("dropout", "capacity_factor")
 MAXIMA = {"layers": 1024, "dense_layers": 1024, "hidden": 2 ** 17, "heads": 2 ** 12, "kv_heads": 2 ** 12,
           "head_dim": 2 ** 12, "ffn": 2 ** 20, "moe_ffn": 2 ** 20, "vocab": 2 ** 24, "experts": 2 ** 14,
           "topk": 2 ** 14, "shared_experts": 64, "max_seq": 2 ** 24, "groups": 2 ** 14, "topk_groups": 2 ** 14,
-          "kv_lora_rank": 2 ** 17, "q_lora_rank": 2 ** 17, "qk_rope_dim": 2 ** 12, "v_head_dim": 2 ** 12}
+          "kv_lora_rank": 2 ** 17, "q_lora_rank": 2 ** 17, "qk_rope_dim": 2 ** 12, "v_head_dim": 2 ** 12,
+          "mtp_layers": 16}
 FLOAT_RANGES = {"dropout": (0.0, 1.0), "capacity_factor": (0.0, 1024.0)}   # [low, high); capacity > 0
 
 

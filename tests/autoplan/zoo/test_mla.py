@@ -102,4 +102,32 @@ def test_deepseek_v3_megatron_export_has_mla_arguments():
                                   "--v-head-dim")} == {"--q-lora-rank": "1536", "--kv-lora-rank": "512",
                                                        "--qk-head-dim": "128", "--qk-pos-emb-head-dim": "64",
                                                        "--v-head-dim": "128"}
+    assert flags["--mtp-num-layers"] == "1"                 # DeepSeek-V3's one MTP module
     assert "--multi-latent-attention" not in to_megatron(Plan.parse("tp=8"), num_layers=80).text
+    uneven = to_megatron(Plan.parse("pp=4,dp=2,ep=2,layers=16-16-16-13"), num_layers=61, arch=arch).text
+    assert '"Et' in uneven and 'tttmL"' in uneven          # the MTP layer with the loss on the last stage
+
+
+MLA_MOE = ("moe:layers=3,hidden=64,heads=4,vocab=256,experts=4,topk=2,moe_ffn=64,dense_layers=1,head_dim=16,"
+           "kv_lora_rank=16,q_lora_rank=24,qk_rope_dim=8,v_head_dim=16")
+
+
+def test_mla_moe_runs_on_four_gloo_ranks_as_one_process():
+    """The searched tp layout splits MLA's down-projections (their latents reach the latent norms split
+    or as partial sums: ``apply`` makes the normalized dim whole there); with ep and sp it matches one process."""
+    from autoplan.apply.train import RunConfig
+    from autoplan.apply.verify import verify
+
+    configs = [RunConfig(model=MLA_MOE, plan=plan, steps=2, seq=16, global_batch=8, optimizer="sgd", lr=0.02)
+               for plan in ("tp=2,dp=2,ep=2,sp=on", "tp=2,dp=2,ep=2,sp=off")]
+    for check in verify(configs, nproc=4, timeout=600):
+        assert check.ok(), f"{check.config.plan}: {check.summary()}, tolerance {check.tolerance}"
+        assert any("q_a_proj" in name for name, _, counted in check.tensor_errors if counted)
+
+
+def test_run_refuses_mtp_models_with_one_message(capsys):
+    from autoplan.cli import main
+
+    code = main(["run", MLA_MOE + ",mtp_layers=1", "--plan", "dp=2", "--nproc", "2", "--seq", "16",
+                 "--global-batch", "4"])
+    assert code == 2 and "multi-token-prediction" in capsys.readouterr().err

@@ -10,16 +10,29 @@ import torch
 from autoplan import zoo
 
 
-def param_count(cfg) -> int:
+def param_count(cfg, *, mtp: bool = True) -> int:
     with torch.device("meta"):
         model = zoo.build(cfg)
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for name, p in model.named_parameters() if mtp or not name.startswith("mtp."))
 
 
 @pytest.mark.parametrize("name", sorted(zoo.PUBLISHED_PARAMS_B))
 def test_published_sizes(name):
-    got = param_count(zoo.ZOO[name]) / 1e9
+    """Published sizes count the main model: DeepSeek-V3's 671 B leaves out its MTP module."""
+    got = param_count(zoo.ZOO[name], mtp=False) / 1e9
     assert got == pytest.approx(zoo.PUBLISHED_PARAMS_B[name], rel=0.005)
+
+
+def test_deepseek_v3_mtp_module_size():
+    """One MTP module: an MoE layer (MLA + router + 256 experts + 1 shared), the 2h → h projection and three
+    RMSNorms; with the embedding and head copies HF's checkpoint stores for it, 685 B (the model card's size)."""
+    h, e, f = 7168, 256, 2048
+    layer = 187_107_328 + e * h + e * 3 * h * f + 3 * h * f + 2 * h
+    mtp = layer + 2 * h * h + 3 * h
+    cfg = zoo.ZOO["deepseek-v3"]
+    assert cfg.mtp_layers == 1
+    assert param_count(cfg) - param_count(cfg, mtp=False) == mtp
+    assert (param_count(cfg) + 2 * 129280 * h) / 1e9 == pytest.approx(685, rel=0.005)
 
 
 # Narayanan et al. 2021, Table 1: params (B) as published.
