@@ -379,6 +379,12 @@ class ModelInfo:
                                # of ``order``)
     sliding_window: int = 0    # keys a sliding-window layer attends to (0: none); per-layer windows are on the ops
     v_head_dim: int = 0        # value head size when it differs from ``head_dim`` (MLA: q/k 192, v 128), else 0
+    # Multi-head latent attention (DeepSeek-V2/V3; 0: none): the kv and q latent ranks and the rotary slice
+    # of ``head_dim`` (the q/k head: DeepSeek-V3 128 + 64, v 128); engines' MLA arguments need them.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_dim: int = 0
+    mtp_layers: int = 0        # multi-token-prediction modules after the last layer (DeepSeek-V3: 1), traced in post
     attention: str = ""        # attention implementation the model was built with ("sdpa", "eager"; "" unknown)
 
 

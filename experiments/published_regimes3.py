@@ -224,16 +224,26 @@ experts of its best 4 of 8 groups (its config's ``n_group``/``topk_group``; the 
 zoo model's ``groups``/``topk_groups``)."""
 
 
+LATENT_ATTENTION = {"experts=256,topk=8,moe_ffn=2048,shared_experts=1,dense_layers=3":
+                    "head_dim=128,kv_lora_rank=512,q_lora_rank=1536,qk_rope_dim=64,v_head_dim=128,mtp_layers=1"}
+"""Multi-head latent attention and multi-token prediction a row's model spec does not write: the
+DeepSeek-V3 row's note gives the MLA ("MLA attention (q_lora 1536, kv_lora 512, qk_nope 128, qk_rope
+64, v_head 128)"), as the ``deepseek-v3`` zoo model builds it (``zoo.mla``; ``head_dim`` is the q/k
+head without its rotary slice), and its recipe's pipeline layout ``...|tmL`` (``BRIDGE_DISPATCH``)
+runs one MTP layer ``m`` on the last stage (``zoo.mtp``)."""
+
+
 def model_spec(r: dict) -> str:
     """The row's model spec: a Zero Bubble row as its fork's script ran it (``ZERO_BUBBLE_MODEL``),
     ``GPT_VOCAB`` where another ``gpt:`` row publishes no vocabulary, and the group-limited routing
-    of ``GROUP_LIMITED``."""
+    of ``GROUP_LIMITED`` and the latent attention of ``LATENT_ATTENTION``."""
     spec = r["model"]
     if source_of(r["id"]) == "zero-bubble":
         spec += "".join(f",{k}={v}" for k, v in ZERO_BUBBLE_MODEL.items() if f"{k}=" not in spec)
-    for shape, groups in GROUP_LIMITED.items():
-        if shape in spec:
-            spec += "," + groups
+    for extra in (GROUP_LIMITED, LATENT_ATTENTION):
+        for shape, fields in extra.items():
+            if shape in spec:
+                spec += "," + fields
     return spec + f",vocab={GPT_VOCAB}" if spec.startswith("gpt:") and "vocab=" not in spec else spec
 
 
@@ -306,7 +316,8 @@ EP16, GBS 1024) the ``flex`` dispatcher with HybridEP, hierarchical like DeepEP.
 DeepSeek-V3 on B200 (``deepseek_workload_base_configs.py``, ``DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2``:
 PP8 VPP2 EP32, GBS 4096) runs DeepEP with ``moe_a2a_overlap=True`` and the pipeline layout
 ``Et*4|(t*4|)*14tmL``: four layers a virtual stage, the embedding on the first, one layer and the
-loss on the last (``layers=4-4x14-1``; its multi-token-prediction layer is not modelled)."""
+loss on the last (``layers=4-4x14-1``; its multi-token-prediction layer ``m`` runs with the loss,
+``LATENT_ATTENTION``)."""
 
 
 def dispatch_fields(r: dict) -> dict[str, str]:

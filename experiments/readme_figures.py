@@ -15,7 +15,7 @@ Blocks:
 * ``tour``: ``autoplan search gpt3-175b --cluster h100x1024`` as a 100-column terminal shows it;
 * ``run-check``: ``autoplan run … --check`` on 4 CPU processes;
 * ``export-example``: the best plan of the tour's search exported to Megatron-LM and torchtitan;
-* ``deepseek-mla``: how the zoo's GQA stand-in for DeepSeek-V3's MLA compares (``zoo.gqa_stand_in``);
+* ``deepseek-mla``: the zoo DeepSeek-V3's multi-head latent attention (``zoo.mla``) and its size;
 * ``activations``: saved activations of traced blocks against Korthikanti's formulas
   (``check_activations``);
 * ``evidence-mfu``: the best published MFU per model kind the evidence flags compare against
@@ -191,13 +191,20 @@ def export_example(cores: int) -> str:
 
 
 def deepseek_mla(cores: int) -> str:
+    import torch
+
     from autoplan import zoo
 
+    from autoplan.zoo.mla import MLAttention
+
     cfg = zoo.ZOO["deepseek-v3"]
-    g = zoo.gqa_stand_in(cfg)  # type: ignore[arg-type]  # deepseek-v3 is a MoEConfig
-    return (f"**MLA is approximated by GQA** with {cfg.heads} heads of dim {cfg.d_head} and {cfg.n_kv_heads} KV heads, "
-            f"matching MLA's attention parameters within {100 * abs(g.params_error):.2f} % — its attention FLOPs are "
-            f"{100 * g.flops_ratio:.0f} % of MLA's")
+    assert isinstance(cfg, zoo.LlamaConfig)         # a MoEConfig
+    with torch.device("meta"):
+        attention = next(m for m in zoo.build(cfg).modules() if isinstance(m, MLAttention))
+    params = sum(p.numel() for p in attention.parameters())
+    return (f"multi-head latent attention as DeepSeek-V3 has it (`zoo.mla`: {cfg.heads} heads, q/k head "
+            f"{cfg.d_head} + {cfg.qk_rope_dim} rotary, v head {cfg.v_head_dim}, latent ranks {cfg.kv_lora_rank} "
+            f"for k/v and {cfg.q_lora_rank} for q; {params / 1e6:.1f} M parameters a layer)")
 
 
 def activations(cores: int) -> str:

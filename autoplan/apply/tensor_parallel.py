@@ -246,7 +246,10 @@ def shard_module_tree(model: nn.Module, layout: ModelLayout, placements: dict[st
         output_fn = _embedding_output_fn if isinstance(module, nn.Embedding) else _output_fn
         colwise_sp = sp and type(module) is nn.Linear and layouts[0] == (Replicate(),)
         vocab = _vocab_parallel(module, chosen.get("weight"))
-        distribute_module(module, tp_mesh, partition, None if colwise_sp or vocab else _input_fn(layouts[0]),
+        input_fn = _input_fn(layouts[0])
+        if input_fn is None and isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+            input_fn = _whole_normalized_dims(len(module.normalized_shape))
+        distribute_module(module, tp_mesh, partition, None if colwise_sp or vocab else input_fn,
                           None if vocab else output_fn(layouts[1]))
         if colwise_sp:          # a class swap, not a bound forward: stage deep copies keep it
             module.__class__ = SequenceParallelColwiseLinear
@@ -361,6 +364,21 @@ def _input_fn(placements):
 
     def fn(module, inputs, mesh):
         return (_to_dtensor(inputs[0], mesh, placements),) + tuple(inputs[1:])
+    return fn
+
+
+def _whole_normalized_dims(normalized: int):
+    """A norm's input with its ``normalized`` last dims whole: their shards gathered and partial sums
+    reduced, other placements kept (sp's sequence shard).  A norm on the residual stream never needs
+    it; MLA's latent norms do, after a down-projection the layout splits (column-parallel: the
+    latent dim sharded; row-parallel: a partial sum), as the block ILP prices them."""
+    def fn(module, inputs, mesh):
+        x = inputs[0]
+        if not isinstance(x, DTensor):
+            return inputs
+        whole = tuple(Replicate() if p.is_partial() or (isinstance(p, Shard) and p.dim % x.ndim >= x.ndim - normalized)
+                      else p for p in x.placements)
+        return inputs if whole == tuple(x.placements) else (x.redistribute(x.device_mesh, whole),) + tuple(inputs[1:])
     return fn
 
 

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from autoplan.errors import UserError
+from autoplan.export.base import PLAIN, Architecture
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
         nvlink_domain = load_cluster(args.cluster).nvlink_domain
     result = export(plan, args.to, num_layers=num_layers, global_batch=global_batch, seq=seq, model=args.model,
-                    nvlink_domain=nvlink_domain)
+                    nvlink_domain=nvlink_domain, arch=shape.arch if shape else PLAIN)
     for warning in result.warnings:
         print(f"warning: {result.engine} cannot express the plan exactly: {warning}", file=sys.stderr)
     if args.output:
@@ -96,6 +97,7 @@ class ModelShape:
     heads: int = 0
     kv_heads: int = 0
     experts: int = 0
+    arch: Architecture = PLAIN
 
 
 def model_shape(model: str, timeout_s: float) -> ModelShape:
@@ -108,7 +110,7 @@ def model_shape(model: str, timeout_s: float) -> ModelShape:
     info = load_source(model).info          # a file: imported once already, by count_blocks
     if info is None:
         return ModelShape(layers)
-    return ModelShape(layers, info.heads, info.kv_heads, info.experts)
+    return ModelShape(layers, info.heads, info.kv_heads, info.experts, Architecture.of(info))
 
 
 def check(plan, shape: ModelShape | None, global_batch: int | None, seq: int | None) -> None:

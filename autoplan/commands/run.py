@@ -82,6 +82,11 @@ def _checked_config(args: argparse.Namespace):
                   heads=info.heads if info else 0, kv_heads=info.kv_heads if info else 0,
                   experts=experts, seq=args.seq, global_batch=args.global_batch)
     check_supported(plan, args.global_batch, args.seq)
+    if info is not None and info.mtp_layers:
+        raise UserError(f"{args.model} has {info.mtp_layers} multi-token-prediction module(s), which `autoplan run` "
+                        "cannot train yet: their loss joins the backward at a fixed scale (zoo.mtp.AddLoss) that "
+                        "gradient accumulation and the pipeline schedules do not divide by the micro-batch count",
+                        "run the model without them (mtp_layers=0 in its spec); estimate and search price them")
     if args.backend == "nccl":
         from autoplan.apply.train import cuda_devices
 

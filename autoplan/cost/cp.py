@@ -99,7 +99,7 @@ def attention_bytes(graph: OpGraph) -> tuple[float, float]:
 class CpShape(NamedTuple):
     """Bytes one rank moves per micro-batch under a (Ulysses u, ring r) split (module docstring)."""
 
-    qo_bytes: float          # one of q / o (and their gradients): b·(s/n)·(a/tp)·d·e_q
+    qo_bytes: float          # one of q / o (and their gradients): b·(s/n)·(a/tp)·d·e_q, d: (d_qk + d_v)/2
     kv_a2a_bytes: float      # one of k / v in Ulysses' all-to-all: b·(s/n)·max(a_kv/tp, u)·d·e_kv
     ring_bytes: float        # K and V of a ring hop: 2·b·(s/n)·max(a_kv/tp, u)·d·e_kv
     q_elem: float = 2.0      # bytes per element of q (and o) as the attention kernel reads them
@@ -113,12 +113,15 @@ class CpShape(NamedTuple):
         q_elem, kv_elem = attention_bytes(graph)
         heads = max(info.heads, 1)
         head_dim = info.head_dim or ctx.hidden // heads
+        # q and k have head_dim, o and v the value head (MLA: 192 and 128): the pairs sent as often
+        # (q with o, k with v) are priced at their mean width
+        pair_dim = (head_dim + (info.v_head_dim or head_dim)) / 2
         tokens = plan.mbs * ctx.seq_len / plan.cp
         # KV heads on a tp rank (Megatron replicates them when tp > a_kv), then on a Ulysses rank
         # at least one: fewer than u are replicated to u before the all-to-all (Megatron, USP)
         kv = max((info.kv_heads or heads) / plan.tp, 1.0, float(ulysses))
-        return CpShape(tokens * heads * head_dim * q_elem / plan.tp,
-                       tokens * kv * head_dim * kv_elem, 2 * tokens * kv * head_dim * kv_elem, q_elem, kv_elem)
+        return CpShape(tokens * heads * pair_dim * q_elem / plan.tp,
+                       tokens * kv * pair_dim * kv_elem, 2 * tokens * kv * pair_dim * kv_elem, q_elem, kv_elem)
 
 
 def _ulysses(prices: Prices, shape: CpShape, ranks: tuple[int, ...]) -> tuple[float, list[Comm]]:

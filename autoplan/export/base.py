@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.ir import ModelInfo
 from autoplan.plan import RECOMPUTE, Plan, recompute_layers
 
 
@@ -21,6 +22,30 @@ class Export:
     text: str
     warnings: tuple[str, ...] = ()
     argv: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What an engine's model arguments need beyond the plan (0: the model has none): multi-head
+    latent attention's ranks and head sizes (``zoo.mla``) and the multi-token-prediction depth."""
+
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0          # 0: full-rank query projection
+    qk_head_dim: int = 0          # q/k head without its rotary slice (DeepSeek-V3: 128)
+    qk_rope_dim: int = 0          # the rotary slice (64)
+    v_head_dim: int = 0           # value head (128)
+    mtp_layers: int = 0
+
+    @classmethod
+    def of(cls, info: ModelInfo) -> Architecture:
+        """From a traced or configured model's facts (``head_dim`` there is the whole q/k head)."""
+        if not info.kv_lora_rank:
+            return cls(mtp_layers=info.mtp_layers)
+        return cls(info.kv_lora_rank, info.q_lora_rank, info.head_dim - info.qk_rope_dim, info.qk_rope_dim,
+                   info.v_head_dim or info.head_dim, info.mtp_layers)
+
+
+PLAIN = Architecture()       # no latent attention, no multi-token prediction
 
 
 @dataclass(frozen=True)

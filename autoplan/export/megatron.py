@@ -44,12 +44,17 @@ Mapping (plan → flags):
   --recompute-num-layers 1``; full:N is ``--recompute-method block --recompute-num-layers N``;
   op, which Megatron lacks, becomes full with a warning).
 * mbs → ``--micro-batch-size``; global batch → ``--global-batch-size``.
+* the model's architecture where a plan needs it priced as traced (``base.Architecture``): multi-head
+  latent attention → ``--multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim`` (the q/k
+  head without its rotary slice) ``--qk-pos-emb-head-dim --v-head-dim`` (``MLATransformerConfig``);
+  multi-token prediction → ``--mtp-num-layers``, its layers ``m`` on the last stage of an uneven layout
+  (before the loss ``L``, as Megatron-Bridge's DeepSeek-V3 layout ``...|tmL``).
 * order tp-cp-ep-dp-pp is Megatron's default; tp-cp-ep-pp-dp →
   ``--use-tp-pp-dp-mapping``.
 """
 from __future__ import annotations
 
-from autoplan.export.base import Export, Setting, Settings, stage_layers, uniform_recompute
+from autoplan.export.base import PLAIN, Architecture, Export, Setting, Settings, stage_layers, uniform_recompute
 from autoplan.mesh import Mesh
 from autoplan.plan import DEFAULT_ORDER, SCHEDULE_SPECS, Plan, fully_recomputes, recompute_layers
 from autoplan.rules import ulysses_and_ring
@@ -68,11 +73,12 @@ TP_PP_DP_ORDER = ("tp", "cp", "ep", "pp", "dp")
 DEFAULT_NVLINK_DOMAIN = 8        # GPUs per NVLink domain of an H100/A100 node, when no cluster is named
 
 
-def pipeline_layout(layers: tuple[int, ...]) -> str:
-    """``--pipeline-model-parallel-layout`` of per-stage layer counts, in Megatron's stage order."""
+def pipeline_layout(layers: tuple[int, ...], mtp_layers: int = 0) -> str:
+    """``--pipeline-model-parallel-layout`` of per-stage layer counts, in Megatron's stage order (the
+    multi-token-prediction layers ``m`` with the loss)."""
     stages = ["t" * n for n in layers]
     stages[0] = "E" + stages[0]
-    stages[-1] = stages[-1] + "L"
+    stages[-1] = stages[-1] + "m" * mtp_layers + "L"
     return "|".join(stages)
 
 
@@ -84,10 +90,11 @@ def megatron_order(plan: Plan, layers: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def to_megatron(plan: Plan, *, num_layers: int | None = None, global_batch: int | None = None,
-                seq: int | None = None, nvlink_domain: int | None = None) -> Export:
+                seq: int | None = None, nvlink_domain: int | None = None,
+                arch: Architecture = PLAIN) -> Export:
     """``plan`` as Megatron-LM arguments, one group of flags per part of the plan (module docstring)."""
-    flags = (_size_flags(num_layers, seq) + _precision_flags(plan) + _tensor_flags(plan)
-             + _pipeline_flags(plan, num_layers)
+    flags = (_size_flags(num_layers, seq) + _architecture_flags(arch) + _precision_flags(plan) + _tensor_flags(plan)
+             + _pipeline_flags(plan, num_layers, arch.mtp_layers)
              + _schedule_flags(plan) + _context_flags(plan, nvlink_domain) + _expert_flags(plan)
              + _data_parallel_flags(plan) + _recompute_flags(plan) + _batch_flags(plan, global_batch)
              + _order_flags(plan))
@@ -98,6 +105,18 @@ def _size_flags(num_layers: int | None, seq: int | None) -> Settings:
     items = [Setting("--num-layers", num_layers)] if num_layers is not None else []
     items += [Setting("--seq-length", seq)] if seq is not None else []
     return Settings(tuple(items) + (Setting("--bf16"),))
+
+
+def _architecture_flags(arch: Architecture) -> Settings:
+    """Multi-head latent attention's and multi-token prediction's model arguments (module docstring)."""
+    items: tuple[Setting, ...] = ()
+    if arch.kv_lora_rank:
+        items += (Setting("--multi-latent-attention"),)
+        items += (Setting("--q-lora-rank", arch.q_lora_rank),) if arch.q_lora_rank else ()
+        items += (Setting("--kv-lora-rank", arch.kv_lora_rank), Setting("--qk-head-dim", arch.qk_head_dim),
+                  Setting("--qk-pos-emb-head-dim", arch.qk_rope_dim), Setting("--v-head-dim", arch.v_head_dim))
+    items += (Setting("--mtp-num-layers", arch.mtp_layers),) if arch.mtp_layers else ()
+    return Settings(items)
 
 
 def _precision_flags(plan: Plan) -> Settings:
@@ -121,7 +140,7 @@ def _tensor_flags(plan: Plan) -> Settings:
     return Settings(tuple(items))
 
 
-def _pipeline_flags(plan: Plan, num_layers: int | None) -> Settings:
+def _pipeline_flags(plan: Plan, num_layers: int | None, mtp_layers: int = 0) -> Settings:
     """pp, and the virtual stages: even (layers per virtual stage, or stages per rank when the
     layer count is unknown) or uneven (the layout string, in Megatron's stage order)."""
     size = Settings((Setting("--pipeline-model-parallel-size", plan.pp),))
@@ -130,7 +149,7 @@ def _pipeline_flags(plan: Plan, num_layers: int | None) -> Settings:
     layers = stage_layers(plan, num_layers)
     if layers is not None and len(set(layers)) > 1:
         ordered = megatron_order(plan, layers)
-        cuts = Settings((Setting("--pipeline-model-parallel-layout", f'"{pipeline_layout(ordered)}"'),))
+        cuts = Settings((Setting("--pipeline-model-parallel-layout", f'"{pipeline_layout(ordered, mtp_layers)}"'),))
         if SCHEDULE_SPECS[plan.schedule].placement == "v":
             cuts += Settings(warnings=(f"schedule={plan.schedule}'s cut goes to Megatron-LM rank by rank (each rank "
                                        "keeps its layer counts), but Megatron places the output layer and loss "

@@ -48,6 +48,8 @@ def hf_model_info(name: str, model: nn.Module, stack: LayerStack | None) -> Mode
         tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
         encoder_layers=encoder, sliding_window=_sliding_window(c),
         v_head_dim=v_head_dim if v_head_dim != head_dim else 0,
+        kv_lora_rank=_first(c, "kv_lora_rank"), q_lora_rank=_first(c, "q_lora_rank"),
+        qk_rope_dim=_first(c, "qk_rope_head_dim") if _first(c, "kv_lora_rank") else 0,
         attention=str(getattr(c, "_attn_implementation", "") or ""),
         notes=(f"HuggingFace {type(model).__name__} (model_type={getattr(c, 'model_type', '?')})",),
     )

@@ -260,6 +260,14 @@ def _describe(graph: OpGraph, kind: str, info: ModelInfo) -> str:
     return f"{attention} + {mlp}"
 
 
+def _outside_expert_modules(model: nn.Module, stack: LayerStack | None, experts: int) -> tuple[str, ...]:
+    """Expert modules outside the layer stack (a multi-token-prediction module's MoE layer runs in
+    ``post``), by path from the model: their expert dims by the size heuristic (``dims``)."""
+    inside = stack.paths if stack is not None else ()
+    return tuple(p for p in expert_modules(model, experts)
+                 if not any(p == q or p.startswith(q + ".") for q in inside))
+
+
 def _repeats(stack: LayerStack | None) -> tuple[nn.Module, ...]:
     """Layers after the first of their kind: the capture pass never runs them."""
     if stack is None:
@@ -320,7 +328,8 @@ def trace_source(source: ModelSource, *, seq: int, batch: int, dtype: str) -> Bl
         layer = stack.layers[stack.first_index(name)] if stack is not None and name in stack.kinds else None
         roles = RoleSource(sizes=sizes, alt=alt.get(name), alt_sizes=sizes2,
                            experts_alt=experts_alt.get(name), expert_count=info.experts,
-                           expert_modules=expert_modules(layer, info.experts) if layer is not None else ())
+                           expert_modules=(expert_modules(layer, info.experts) if layer is not None
+                                           else _outside_expert_modules(model, stack, info.experts)))
         converted = to_opgraph(tr, table, roles, seq_len=seq, dtype=dtype, batch=batch)
         if converted.guessed_nodes:
             notes.append(f"{name}: dim roles of {converted.guessed_nodes} node(s) guessed from sizes "

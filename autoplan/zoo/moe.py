@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoplan.zoo.common import MLP, Attention, make_norm
+from autoplan.zoo.common import MLP, make_norm
 from autoplan.zoo.llama import Block as DenseBlock
-from autoplan.zoo.llama import Llama, LlamaConfig
+from autoplan.zoo.llama import Llama, LlamaConfig, make_attention
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,7 @@ class MoEBlock(nn.Module):
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
         self.attention_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
-        self.attention = Attention(cfg.hidden, cfg.heads, cfg.n_kv_heads, cfg.d_head, bias=False,
-                                   attention=cfg.attention)
+        self.attention = make_attention(cfg)
         self.ffn_norm = make_norm(cfg.norm, cfg.hidden, bias=False, eps=cfg.norm_eps)
         self.moe = MoE(cfg)
 
@@ -150,8 +149,10 @@ class MoEBlock(nn.Module):
 
 
 class MoETransformer(Llama):
-    """A Llama whose layers are ``dense_layers`` dense blocks, then MoE blocks."""
+    """A Llama whose layers are ``dense_layers`` dense blocks, then MoE blocks (and an MTP module's
+    layer like the last one)."""
 
     def __init__(self, cfg: MoEConfig) -> None:
+        last = DenseBlock if cfg.dense_layers >= cfg.layers else MoEBlock
         super().__init__(cfg, [DenseBlock(cfg) if i < cfg.dense_layers else MoEBlock(cfg)
-                               for i in range(cfg.layers)])
+                               for i in range(cfg.layers)], mtp_block=lambda: last(cfg))

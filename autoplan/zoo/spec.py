@@ -23,10 +23,11 @@ from autoplan.zoo.moe import MoEConfig
 
 REQUIRED = ("layers", "hidden", "heads", "vocab")
 _COMMON = REQUIRED + ("kv_heads", "head_dim", "ffn", "mlp", "norm", "tie", "attention")
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_dim", "v_head_dim")   # zoo.mla; kv_lora_rank > 0 turns it on
 KEYS = {
     "gpt": _COMMON + ("dropout", "max_seq"),
-    "llama": _COMMON,
-    "moe": _COMMON + ("experts", "topk", "moe_ffn", "shared_experts", "dense_layers",
+    "llama": _COMMON + MLA_KEYS + ("mtp_layers",),
+    "moe": _COMMON + MLA_KEYS + ("mtp_layers", "experts", "topk", "moe_ffn", "shared_experts", "dense_layers",
                       "capacity_factor", "groups", "topk_groups"),
 }
 CONFIGS = {"gpt": GPTConfig, "llama": LlamaConfig, "moe": MoEConfig}
@@ -41,7 +42,9 @@ _FLOATS = ("dropout", "capacity_factor")
 # overflows int64 beyond 2^63).
 MAXIMA = {"layers": 1024, "dense_layers": 1024, "hidden": 2 ** 17, "heads": 2 ** 12, "kv_heads": 2 ** 12,
           "head_dim": 2 ** 12, "ffn": 2 ** 20, "moe_ffn": 2 ** 20, "vocab": 2 ** 24, "experts": 2 ** 14,
-          "topk": 2 ** 14, "shared_experts": 64, "max_seq": 2 ** 24, "groups": 2 ** 14, "topk_groups": 2 ** 14}
+          "topk": 2 ** 14, "shared_experts": 64, "max_seq": 2 ** 24, "groups": 2 ** 14, "topk_groups": 2 ** 14,
+          "kv_lora_rank": 2 ** 17, "q_lora_rank": 2 ** 17, "qk_rope_dim": 2 ** 12, "v_head_dim": 2 ** 12,
+          "mtp_layers": 16}
 FLOAT_RANGES = {"dropout": (0.0, 1.0), "capacity_factor": (0.0, 1024.0)}   # [low, high); capacity > 0
 
 
@@ -118,6 +121,9 @@ def _check(family: str, cfg) -> None:
     if not cfg.head_dim and cfg.hidden % cfg.heads:
         raise UserError(f"hidden ({cfg.hidden}) is not a multiple of heads ({cfg.heads}) in {family} spec",
                         "change hidden or heads, or give head_dim")
+    if family != "gpt" and cfg.mla:
+        _check_mla(family, cfg)
+        return _check_moe(cfg) if family == "moe" else None
     head_dim = cfg.head_dim or cfg.hidden // cfg.heads
     if family != "gpt" and head_dim % 2:
         raise UserError(f"head_dim {head_dim} is odd in {family} spec: rotary embeddings (RoPE) rotate "
@@ -127,14 +133,30 @@ def _check(family: str, cfg) -> None:
         raise UserError(f"heads ({cfg.heads}) is not a multiple of kv_heads ({cfg.n_kv_heads})",
                         "kv_heads must divide heads")
     if family == "moe":
-        if cfg.experts < 1 or not 1 <= cfg.topk <= cfg.experts:
-            raise UserError(f"topk ({cfg.topk}) must be between 1 and experts ({cfg.experts})",
-                            "set experts >= 1 and 1 <= topk <= experts")
-        if cfg.dense_layers > cfg.layers:
-            raise UserError(f"dense_layers ({cfg.dense_layers}) exceeds layers ({cfg.layers})",
-                            "dense_layers must be at most layers")
-        if cfg.groups and (cfg.experts % cfg.groups or not 0 < cfg.topk_groups <= cfg.groups
-                           or cfg.topk > cfg.topk_groups * (cfg.experts // cfg.groups)):
-            raise UserError(f"groups={cfg.groups}, topk_groups={cfg.topk_groups} do not fit experts={cfg.experts}, "
-                            f"topk={cfg.topk}", "groups must divide experts and 0 < topk_groups <= groups, "
-                            "with topk at most the experts of topk_groups groups")
+        _check_moe(cfg)
+
+
+def _check_mla(family: str, cfg) -> None:
+    """MLA: the rotary slice is a positive even number of channels, and every head has its own key
+    and value (no kv_heads grouping)."""
+    if cfg.qk_rope_dim <= 0 or cfg.qk_rope_dim % 2:
+        raise UserError(f"qk_rope_dim={cfg.qk_rope_dim} in {family} spec: multi-head latent attention "
+                        "(kv_lora_rank > 0) rotates a slice of q and k, a positive even number of channels",
+                        "give qk_rope_dim, e.g. 64 as DeepSeek-V3")
+    if cfg.kv_heads not in (0, cfg.heads):
+        raise UserError(f"kv_heads={cfg.kv_heads} with kv_lora_rank={cfg.kv_lora_rank} in {family} spec: "
+                        "latent attention gives every head its own key and value", "drop kv_heads")
+
+
+def _check_moe(cfg) -> None:
+    if cfg.experts < 1 or not 1 <= cfg.topk <= cfg.experts:
+        raise UserError(f"topk ({cfg.topk}) must be between 1 and experts ({cfg.experts})",
+                        "set experts >= 1 and 1 <= topk <= experts")
+    if cfg.dense_layers > cfg.layers:
+        raise UserError(f"dense_layers ({cfg.dense_layers}) exceeds layers ({cfg.layers})",
+                        "dense_layers must be at most layers")
+    if cfg.groups and (cfg.experts % cfg.groups or not 0 < cfg.topk_groups <= cfg.groups
+                       or cfg.topk > cfg.topk_groups * (cfg.experts // cfg.groups)):
+        raise UserError(f"groups={cfg.groups}, topk_groups={cfg.topk_groups} do not fit experts={cfg.experts}, "
+                        f"topk={cfg.topk}", "groups must divide experts and 0 < topk_groups <= groups, "
+                        "with topk at most the experts of topk_groups groups")

@@ -53,6 +53,14 @@ FLAGS = {
     "--fp8-recipe": ("fp8_recipe", ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")),  # TC:594
     "--fp8-param-gather": ("fp8_param_gather", "store_true"),               # A:2016
     "--fp8-param": ("fp8_param", "store_true"),                             # TransformerConfig.fp8_param, TC:602
+    # MLATransformerConfig (megatron/core/transformer/transformer_config.py) and --mtp-num-layers
+    "--multi-latent-attention": ("multi_latent_attention", "store_true"),
+    "--q-lora-rank": ("q_lora_rank", "int"),
+    "--kv-lora-rank": ("kv_lora_rank", "int"),
+    "--qk-head-dim": ("qk_head_dim", "int"),
+    "--qk-pos-emb-head-dim": ("qk_pos_emb_head_dim", "int"),
+    "--v-head-dim": ("v_head_dim", "int"),
+    "--mtp-num-layers": ("mtp_num_layers", "int"),
 }
 DEFAULTS = dict(num_layers=None, seq_length=None, bf16=False, tensor_model_parallel_size=1, sequence_parallel=False,
                 pipeline_model_parallel_size=1, pipeline_model_parallel_layout=None,
@@ -67,7 +75,9 @@ DEFAULTS = dict(num_layers=None, seq_length=None, bf16=False, tensor_model_paral
                 micro_batch_size=None, global_batch_size=None, use_tp_pp_dp_mapping=False,
                 overlap_p2p_comm=True,            # A:3118, --no-overlap-p2p-communication is store_false
                 transformer_impl="transformer_engine",   # TC:1314
-                fp8=None, fp8_recipe="delayed", fp8_param_gather=False, fp8_param=False)
+                fp8=None, fp8_recipe="delayed", fp8_param_gather=False, fp8_param=False,
+                multi_latent_attention=False, q_lora_rank=None, kv_lora_rank=32, qk_head_dim=128,
+                qk_pos_emb_head_dim=64, v_head_dim=128, mtp_num_layers=None)
 
 
 def command_words(text: str) -> list[str]:

@@ -84,7 +84,12 @@ def test_dense_then_moe_blocks(traced):
 def test_deepseek_v3_kinds(traced):
     g = traced("deepseek-v3")
     assert [(b.kind, b.count) for b in g.blocks] == [("dense0", 3), ("moe0", 58)]
-    assert g.param_count == pytest.approx(671e9, rel=0.005)
+    # 671 B main model + the MTP module (an MoE layer and its projection: 11.6 B), traced in post with the
+    # shared embedding (counted once) and its expert weights as experts
+    assert g.param_count == pytest.approx(682.6e9, rel=0.001)
+    assert g.post.param_count - g.pre.param_count == pytest.approx(11.6e9 + 129280 * 7168, rel=0.005)
+    mtp_experts = [n for n in g.post.params() if n.param.startswith("mtp.1.block.moe.routed.")]
+    assert len(mtp_experts) == 3 and all(n.out.dim_roles[0] == "expert" for n in mtp_experts)
 
 
 def test_expert_dims(traced):

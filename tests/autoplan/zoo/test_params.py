@@ -10,16 +10,29 @@ import torch
 from autoplan import zoo
 
 
-def param_count(cfg) -> int:
+def param_count(cfg, *, mtp: bool = True) -> int:
     with torch.device("meta"):
         model = zoo.build(cfg)
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for name, p in model.named_parameters() if mtp or not name.startswith("mtp."))
 
 
 @pytest.mark.parametrize("name", sorted(zoo.PUBLISHED_PARAMS_B))
 def test_published_sizes(name):
-    got = param_count(zoo.ZOO[name]) / 1e9
+    """Published sizes count the main model: DeepSeek-V3's 671 B leaves out its MTP module."""
+    got = param_count(zoo.ZOO[name], mtp=False) / 1e9
     assert got == pytest.approx(zoo.PUBLISHED_PARAMS_B[name], rel=0.005)
+
+
+def test_deepseek_v3_mtp_module_size():
+    """One MTP module: an MoE layer (MLA + router + 256 experts + 1 shared), the 2h → h projection and three
+    RMSNorms; with the embedding and head copies HF's checkpoint stores for it, 685 B (the model card's size)."""
+    h, e, f = 7168, 256, 2048
+    layer = 187_107_328 + e * h + e * 3 * h * f + 3 * h * f + 2 * h
+    mtp = layer + 2 * h * h + 3 * h
+    cfg = zoo.ZOO["deepseek-v3"]
+    assert cfg.mtp_layers == 1
+    assert param_count(cfg) - param_count(cfg, mtp=False) == mtp
+    assert (param_count(cfg) + 2 * 129280 * h) / 1e9 == pytest.approx(685, rel=0.005)
 
 
 # Narayanan et al. 2021, Table 1: params (B) as published.
@@ -50,20 +63,20 @@ def test_deepseek_v3_shape_and_note():
     assert (cfg.layers, cfg.hidden, cfg.experts, cfg.topk, cfg.shared_experts, cfg.moe_ffn,
             cfg.dense_layers, cfg.ffn, cfg.vocab) == (61, 7168, 256, 8, 1, 2048, 3, 18432, 129280)
     info = zoo.model_info("deepseek-v3", cfg)
-    assert info.notes == (zoo.DEEPSEEK_NOTE,) and "within 0.03%" in zoo.DEEPSEEK_NOTE
+    assert info.notes == (zoo.DEEPSEEK_NOTE,) and "sigmoid" in zoo.DEEPSEEK_NOTE
+    assert (info.heads, info.kv_heads, info.head_dim, info.v_head_dim, info.kv_lora_rank, info.q_lora_rank,
+            info.qk_rope_dim) == (128, 128, 192, 128, 512, 1536, 64)
     # MLA's attention parameters by hand: q_a, q_a norm, q_b (192-dim heads), kv_a (512 latent + 64 rope),
     # kv norm, kv_b (128 nope + 128 v per head), o_proj
     mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
-    stand_in = zoo.gqa_stand_in(cfg)
-    assert stand_in.mla_params == mla == 187_107_328
     with torch.device("meta"):
-        attention = zoo.build(cfg).layers[0].attention
-    assert stand_in.gqa_params == sum(p.numel() for p in attention.parameters()) == 187_170_816
-    assert stand_in.flops_ratio == pytest.approx(128 * 2 * 96 / (128 * (192 + 128)))      # 0.6
+        model = zoo.build(cfg)
+    assert {sum(p.numel() for p in layer.attention.parameters()) for layer in model.layers} == {mla}
+    assert mla == 187_107_328
 
 
-def test_mla_dims_match_transformers_deepseek_v3():
-    """The MLA dims the note compares against are HF DeepSeek-V3's attention, parameter for parameter."""
+def test_mla_matches_transformers_deepseek_v3():
+    """The zoo's MLA is HF DeepSeek-V3's attention, parameter shape for parameter shape."""
     transformers = pytest.importorskip("transformers")
     path = Path(__file__).parents[1] / "frontend" / "models" / "real" / "deepseek_v3.py"
     spec = importlib.util.spec_from_file_location("real_deepseek_v3", path)   # by path: no package import
@@ -72,8 +85,10 @@ def test_mla_dims_match_transformers_deepseek_v3():
     config = real.config
 
     with torch.device("meta"):
-        model = transformers.DeepseekV3ForCausalLM(config(1))
-    assert sum(p.numel() for p in model.model.layers[0].self_attn.parameters()) == zoo.MLA().params
+        theirs = transformers.DeepseekV3ForCausalLM(config(1)).model.layers[0].self_attn
+        ours = zoo.build(zoo.ZOO["deepseek-v3"]).layers[0].attention
+    assert (sorted(tuple(p.shape) for p in ours.parameters())
+            == sorted(tuple(p.shape) for p in theirs.parameters()))
 
 
 def test_model_info_from_config():
