@@ -194,7 +194,6 @@ def deepseek_mla(cores: int) -> str:
     import torch
 
     from autoplan import zoo
-
     from autoplan.zoo.mla import MLAttention
 
     cfg = zoo.ZOO["deepseek-v3"]
