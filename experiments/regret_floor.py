@@ -7,8 +7,9 @@
 scenario's own best plan.  When the pick's worst regret is over the bound, this asks whether a
 pool or a ranking could do better: it prices a wide set of plans — the banded search's robust
 pool and, around each of its plans, every split of the pool plan's tp·cp (tp, cp ∈ 1…8, dp
-absorbing the rest) × micro-batch size (1, 2, 4) × uniform recompute policy (``RECOMPUTE``) ×
-CP algorithm (ring, Ulysses), schedule, pipeline, ZeRO stage, SP and order kept, each that fits
+absorbing the rest) × micro-batch size (1, 2, 4) × uniform recompute policy (``RECOMPUTE``, and
+``op:N`` for N = 4, 8, … below a virtual stage's layers) × CP algorithm (ring, Ulysses),
+schedule, pipeline, ZeRO stage, SP and order kept, each that fits
 on the nominal model (memory does not move with the scenario parameters) — under every
 scenario, and reports the minimax: the plan whose worst regret is least, and that regret.
 
@@ -18,13 +19,6 @@ plans than exist can only make best_s larger than the true best, so each plan's 
 lower bound on its true regret; when even the least worst regret is over the bound, no plan of the
 set meets it, and the two scenarios that force it (the ``pinch``: the set's plans within the bound
 under one scenario all lose more than the bound under the other) say why.
-
-``--what-if-op-layers``: also plans the grammar cannot write, torchtitan's op checkpointing on the
-first N layers of each virtual stage and none on the rest (N = 4, 8, …, every candidate with a
-uniform ``op`` whose stage has more layers), priced by ``cost.pp.stage_bags``' per-layer split
-as ``full:N`` is, with ``op`` in place of ``full`` (this script patches ``cost.pp.layer_policies``
-for its run only; such a plan is listed as ``full:N`` in the output).  It answers "would a
-partial-recompute policy hedge?", not "what does the search return".
 """
 from __future__ import annotations
 
@@ -69,30 +63,20 @@ def neighbours(plan: Any, num_gpus: int) -> list[Any]:
 
 
 def partial_op(plans: list[Any], num_layers: int) -> list[Any]:
-    """``--what-if-op-layers``: each uniform-``op`` plan with op on its first N layers per
-    virtual stage (N = 4, 8, … below the stage's layers), written ``full:N`` (module docstring)."""
-    per_stage = {p.to_string(): num_layers // (p.pp * (p.vpp or 1)) for p in plans}
-    return [p.replace(recompute=(f"full:{n}",)) for p in plans if p.recompute == ("op",)
-            for n in range(4, per_stage[p.to_string()], 4)]
+    """Each uniform-``op`` plan with ``op:N``, N = 4, 8, … below its largest virtual stage's layers."""
+    return [p.replace(recompute=(f"op:{n}",)) for p in plans if p.recompute == ("op",)
+            for n in range(4, max(p.stage_layers(num_layers)), 4)]
 
 
-def op_on_first_layers(policy: str, n: int) -> list[str]:
-    """``cost.pp.layer_policies`` for ``--what-if-op-layers``: ``full:N`` read as op on the first N."""
-    from autoplan.plan import recompute_layers
-
-    k = recompute_layers(policy)
-    return [policy] * n if k is None else ["op"] * min(k, n) + ["none"] * max(n - k, 0)
-
-
-def candidates(est: Any, pool: list[Any], batch: int, num_gpus: int, what_if: bool = False) -> dict[str, Any]:
-    """``{plan string: Plan}`` of the pool and its neighbours that run and fit on ``est``'s model
-    (``what_if``: and their partial-op variants, ``partial_op``)."""
+def candidates(est: Any, pool: list[Any], batch: int, num_gpus: int) -> dict[str, Any]:
+    """``{plan string: Plan}`` of the pool and its neighbours (and their ``partial_op`` plans)
+    that run and fit on ``est``'s model."""
     from autoplan.errors import UserError
 
     found: dict[str, Any] = {}
     for base in pool:
         near = [base] + neighbours(base, num_gpus)
-        for plan in near + (partial_op(near, est.model.num_layers) if what_if else []):
+        for plan in near + partial_op(near, est.model.num_layers):
             key = plan.to_string()
             if key in found:
                 continue
@@ -138,8 +122,7 @@ def floor(steps: dict[str, dict[str, float]], searched: dict[str, float], pick: 
             "ok": least <= MAX_REGRET}
 
 
-def run_case(model_name: str, cluster_name: str, seq: int, batch: int, which: str, reuse: dict,
-             what_if: bool = False) -> dict[str, Any]:
+def run_case(model_name: str, cluster_name: str, seq: int, batch: int, which: str, reuse: dict) -> dict[str, Any]:
     """One case: the banded search's pool and pick, the candidates, their prices, the floor."""
     from autoplan.cost import Estimator
     from autoplan.frontend import trace
@@ -149,10 +132,7 @@ def run_case(model_name: str, cluster_name: str, seq: int, batch: int, which: st
 
     model, cluster = trace(model_name, seq=seq), load_cluster(cluster_name)
     result = search(model, cluster, global_batch=batch, options=SearchOptions())
-    if what_if:
-        import autoplan.cost.pp as pp
-        pp.layer_policies = op_on_first_layers
-    plans = candidates(Estimator(model, cluster), [c.plan for c in result.pool], batch, cluster.num_gpus, what_if)
+    plans = candidates(Estimator(model, cluster), [c.plan for c in result.pool], batch, cluster.num_gpus)
     print(f"{model_name}@{cluster_name}: {len(plans)} plans", file=sys.stderr, flush=True)
     steps = price(model, cluster, plans, batch, which)
     searched = {}
@@ -169,8 +149,8 @@ def run_case(model_name: str, cluster_name: str, seq: int, batch: int, which: st
 def markdown(rows: list[dict[str, Any]], cmd: str) -> str:
     lines = [f"`python experiments/regret_floor.py{cmd}`: the least worst regret of any enumerated plan (the "
              "banded search's pool and, around each pool plan, every tp·cp split × mbs 1/2/4 × uniform recompute "
-             "× ring/Ulysses that fits) under the scenario set, against each scenario's best (the enumerated "
-             "plans' and its own searched best): a lower bound on each plan's true regret.", "",
+             "(and op:N) × ring/Ulysses that fits) under the scenario set, against each scenario's best (the "
+             "enumerated plans' and its own searched best): a lower bound on each plan's true regret.", "",
              "| case | plans | least worst regret | its plan | its worst scenario | plans within the bound there "
              "| their least regret elsewhere (scenario) | default pick's |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -188,15 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", nargs="?", const="", metavar="NAME,...", help="the bench's cases instead")
     ap.add_argument("--scenarios", default="all", choices=("issue38", "own", "all"))
     ap.add_argument("--reuse", metavar="JSON", help="a perturbations.py --json output: its searched bests")
-    ap.add_argument("--what-if-op-layers", action="store_true",
-                    help="also op recomputation on the first N layers only (a policy the grammar lacks)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     pool = bench_cases(args.bench or None) if args.bench is not None else CASES
     cases = [c for c in pool if not args.case or f"{c[0]}@{c[1]}" in args.case]
     reuse = earlier_bests(args.reuse)
-    rows = [run_case(m, c, seq, batch, args.scenarios, reuse, args.what_if_op_layers) for m, c, seq, batch in cases]
-    cmd = f" --scenarios {args.scenarios}" + (" --what-if-op-layers" if args.what_if_op_layers else "") \
+    rows = [run_case(m, c, seq, batch, args.scenarios, reuse) for m, c, seq, batch in cases]
+    cmd = f" --scenarios {args.scenarios}" \
         + (f" --reuse {os.path.relpath(args.reuse, REPO)}" if args.reuse else "") \
         + "".join(f" --case {c}" for c in args.case or ())
     print(json.dumps(rows, indent=2, sort_keys=True) if args.json else markdown(rows, cmd))
