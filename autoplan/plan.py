@@ -26,11 +26,13 @@ Canonical string (every key, fixed order)::
 * ``vpp``: model chunks (virtual stages) per pipeline rank; 2 for V schedules.
 * ``mbs``: micro-batch size in sequences.
 * ``schedule``: gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zbv | dualpipev.
-* ``recompute``: none | selective | op | full | full:N, or one value per pipeline stage
+* ``recompute``: none | selective | op | full | full:N | op:N, or one value per pipeline stage
   joined by ``-`` (``full-full-selective-none``).  ``selective`` is Megatron's (the attention
   core), ``op`` torchtitan's selective op checkpointing (every second matmul and the
   element-wise ops between them recomputed), ``full:N`` full recomputation of the first N
-  layers of every virtual stage (Megatron ``--recompute-method block --recompute-num-layers N``).
+  layers of every virtual stage (Megatron ``--recompute-method block --recompute-num-layers N``),
+  ``op:N`` op checkpointing of the first N layers of every virtual stage, the rest keep everything
+  (the memory of a stage between none and op, in steps of one layer).
 * ``layers``: optional layers per virtual stage, in pipeline order, joined by
   ``-`` (``layers=10-11-11-10``); ``NxK`` repeats N layers for K stages in a row
   (``layers=4x16-2x16`` = sixteen stages of 4 then sixteen of 2); omitted means an even split.
@@ -81,7 +83,7 @@ READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)  # 1: no ``ulysses`` field (the rule's s
 DISPATCHERS = ("alltoall", "deepep")
 SCHEDULES = tuple(SCHEDULE_SPECS)           # the registry's schedules, in the order plans list them
 RECOMPUTE = ("none", "selective", "op", "full")   # the searched policies, weakest → strongest memory saving
-RECOMPUTE_SYNTAX = "none, selective, op, full, or full:N (N ≥ 1 layers per virtual stage)"
+RECOMPUTE_SYNTAX = "none, selective, op, full, full:N or op:N (N ≥ 1 layers per virtual stage)"
 CP_ALGOS = ("ring", "ulysses", "usp")
 FP8_PRECISIONS = PRECISIONS[1:4]          # on any GPU with FP8 tensor cores (Hopper, Blackwell)
 BLOCK_PRECISIONS = ("mxfp8",)             # microscaling formats: Blackwell's tensor cores only
@@ -436,7 +438,7 @@ class Plan:
             raise UserError(f"bad plan: layers lists {len(self.layers)} stages, pp·vpp = {self.pp * self.vpp}",
                             "give layers per virtual stage, pp·vpp entries")
         for v in self.recompute:
-            if v not in RECOMPUTE and recompute_layers(v) is None:
+            if v not in RECOMPUTE and partial_recompute(v) is None:
                 raise UserError(f"bad plan: recompute={v!r}", f"recompute is one of: {RECOMPUTE_SYNTAX}")
         if self.cp_algo not in CP_ALGOS:
             raise UserError(f"bad plan: cp_algo={self.cp_algo!r}", f"cp_algo is one of: {', '.join(CP_ALGOS)}")
@@ -624,17 +626,33 @@ def _pp_stride(order: tuple[str, ...], sizes: dict[str, int]) -> int:
 
 def recompute_layers(policy: str) -> int | None:
     """N of a ``full:N`` policy (layers fully recomputed per virtual stage), None otherwise."""
+    part = partial_recompute(policy)
+    return part[1] if part is not None and part[0] == "full" else None
+
+
+PARTIAL_RECOMPUTE = ("full", "op")     # the policies a ``policy:N`` applies to the first N layers only
+
+
+def partial_recompute(policy: str) -> tuple[str, int] | None:
+    """(policy, N) of a ``full:N`` or ``op:N`` policy (that policy on the first N layers of each
+    virtual stage, none on the rest), None otherwise."""
     head, _, count = policy.partition(":")
-    if head != "full" or not count.isdigit() or int(count) < 1:
+    if head not in PARTIAL_RECOMPUTE or not count.isascii() or not count.isdigit() or int(count) < 1:
         return None
-    return int(count)
+    return head, int(count)
+
+
+def recompute_head(policy: str) -> str:
+    """The policy a stage's recomputed layers run: ``op`` of ``op:N``, ``full`` of ``full:N``, else itself."""
+    part = partial_recompute(policy)
+    return policy if part is None else part[0]
 
 
 def fully_recomputes(policy: str) -> bool:
     """Whether ``policy`` recomputes whole layers as Megatron-LM runs it (``--recompute-granularity
-    full``: full, full:N, and op, which it lacks).  Megatron-Core's combined 1F1B EP overlap refuses
-    it (TransformerConfig), so such a plan is not priced with ``ep_overlap``."""
-    return policy in ("op", "full") or recompute_layers(policy) is not None
+    full``: full, full:N, and op or op:N, which it lacks).  Megatron-Core's combined 1F1B EP overlap
+    refuses it (TransformerConfig), so such a plan is not priced with ``ep_overlap``."""
+    return recompute_head(policy) in ("op", "full")
 
 
 def _integer(key: str, value: Any) -> int:

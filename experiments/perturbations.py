@@ -28,6 +28,9 @@ overlap (NIC, NVLink, DP and CP overlap).  ``--scenarios own`` is this project's
 opposite directions at once (compute 20 % slower on a 20 % faster wire and the reverse), a
 cheap split W pass on a congested network (what favours zero-bubble schedules most), and
 dearer recomputation on slower, skinnier GEMMs; ``--scenarios all`` runs both sets.
+
+``--partial-op``: every search (the nominal one and each perturbed one) also prices ``op:N``
+(``search.space.PARTIAL_OP``: op on the first N layers only, not searched by default).
 """
 from __future__ import annotations
 
@@ -60,14 +63,22 @@ MAX_REGRET = 0.05          # issue 13: worst-case regret of the default objectiv
 MAX_P50_LOSS = 0.03        # issue 13: its p50 at most 3 % above the point-optimal plan's p50
 
 
-def choices(model, cluster, batch: int) -> tuple[dict, set[str]]:
+def constraints(partial_op: bool):
+    """The searches' constraints: none, or ``op:N`` searched too (``--partial-op``)."""
+    from autoplan.plan import RECOMPUTE
+    from autoplan.search.space import PARTIAL_OP, Constraints
+
+    return Constraints(recompute=RECOMPUTE + (PARTIAL_OP,)) if partial_op else Constraints()
+
+
+def choices(model, cluster, batch: int, partial_op: bool = False) -> tuple[dict, set[str]]:
     """Each objective's first plan, ranked over one banded search's pool ({objective: Candidate}),
     and the pool's plan strings."""
     from autoplan.search import SearchOptions, search
     from autoplan.search.choose import rank_pool
     from autoplan.search.robust import OBJECTIVES
 
-    pool = search(model, cluster, global_batch=batch, options=SearchOptions()).pool
+    pool = search(model, cluster, global_batch=batch, options=SearchOptions(constraints=constraints(partial_op))).pool
     return {o: pool[rank_pool(pool, o, 1)[0][0]] for o in OBJECTIVES}, {c.plan.to_string() for c in pool}
 
 
@@ -98,7 +109,7 @@ def outside_ranges(params, gpu: str) -> list[str]:
 
 
 def run_case(model_name: str, cluster_name: str, seq: int, batch: int, perturbations: dict | None = None,
-             reuse: dict | None = None) -> dict:
+             reuse: dict | None = None, partial_op: bool = False) -> dict:
     """One case under every perturbation (``{name: Params}``; issue 13's files by default).
     ``reuse``: ``{(model, cluster, perturbation): best plan}`` of an earlier run (``--reuse``)."""
     from autoplan.cost import EstimateOptions, Estimator
@@ -108,7 +119,7 @@ def run_case(model_name: str, cluster_name: str, seq: int, batch: int, perturbat
     from autoplan.workload import load_cluster
 
     model, cluster = trace(model_name, seq=seq), load_cluster(cluster_name)
-    chosen, pool = choices(model, cluster, batch)
+    chosen, pool = choices(model, cluster, batch, partial_op)
     row: dict[str, Any] = {"model": model_name, "cluster": cluster_name, "seq": seq, "batch": batch,
            "chosen": {o: {"plan": c.plan.to_string(), "step_s": c.estimate.step_time_s, "p50_s": c.band.step(0.5)}
                       for o, c in chosen.items()}, "perturbed": {}}
@@ -121,7 +132,8 @@ def run_case(model_name: str, cluster_name: str, seq: int, batch: int, perturbat
             best_s = est.estimate(best_plan, batch, detail=False).step_time_s
         else:
             best = search(model, cluster, global_batch=batch,
-                          options=SearchOptions(estimate=options, objective="point", samples=0)).candidates[0]
+                          options=SearchOptions(estimate=options, objective="point", samples=0,
+                                                constraints=constraints(partial_op))).candidates[0]
             best_plan, best_s = best.plan, best.estimate.step_time_s
         regrets = {o: est.estimate(c.plan, batch, detail=False).step_time_s / best_s - 1.0
                    for o, c in chosen.items()}
@@ -231,16 +243,17 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", nargs="?", const="issue38", choices=("issue38", "own", "all"),
                     help="issue 38's scenario set (each parameter ×0.8 and ×1.2, two combinations), this "
                          "project's own (`own`) or both (`all`) instead of issue 13's five perturbations")
+    ap.add_argument("--partial-op", action="store_true", help="every search also prices op:N (module docstring)")
     args = ap.parse_args(argv)
     pool = bench_cases(args.bench or None) if args.bench is not None else CASES
     cases = [c for c in pool if not args.case or f"{c[0]}@{c[1]}" in args.case]
     chosen = scenarios(args.scenarios) if args.scenarios else None
-    rows = [run_case(model, cluster, seq, batch, perturbations=chosen, reuse=earlier_bests(args.reuse))
-            for model, cluster, seq, batch in cases]
+    rows = [run_case(model, cluster, seq, batch, perturbations=chosen, reuse=earlier_bests(args.reuse),
+                     partial_op=args.partial_op) for model, cluster, seq, batch in cases]
     bench = " --bench" + (f" {args.bench}" if args.bench else "") if args.bench is not None else ""
     cmd = (" --scenarios" + ("" if args.scenarios == "issue38" else f" {args.scenarios}") if args.scenarios else "") \
         + bench + (f" --reuse {os.path.relpath(args.reuse, REPO)}" if args.reuse else "") \
-        + "".join(f" --case {c}" for c in args.case or ())
+        + "".join(f" --case {c}" for c in args.case or ()) + (" --partial-op" if args.partial_op else "")
     text = scenario_markdown(rows, cmd, args.scenarios) if args.scenarios else markdown(rows, cmd)
     print(json.dumps(rows, indent=2, sort_keys=True) if args.json else text)
     if args.write:

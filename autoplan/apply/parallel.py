@@ -43,7 +43,7 @@ from autoplan.axes import DENSE_DP, EXPERT_DP
 from autoplan.errors import UserError
 from autoplan.frontend.hf import unpacked_sequences
 from autoplan.mesh import Mesh
-from autoplan.plan import SCHEDULE_SPECS, V_SCHEDULES, Plan
+from autoplan.plan import SCHEDULE_SPECS, V_SCHEDULES, Plan, recompute_head
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -163,7 +163,7 @@ def recompute_refusal(plan: Plan) -> str | None:
     activation checkpoint (``recompute=op``) refuses a region's second backward pass ("Trying to
     backward an extra time", torch 2.13), which a split backward's W is."""
     stages = plan.pp * plan.vpp
-    if SCHEDULE_SPECS[plan.schedule].split_backward and any(plan.recompute_of_stage(s) == "op"
+    if SCHEDULE_SPECS[plan.schedule].split_backward and any(recompute_head(plan.recompute_of_stage(s)) == "op"
                                                              for s in range(stages)):
         return (f"schedule={plan.schedule} splits the backward into B and W, and torch's selective "
                 f"activation checkpoint (recompute=op) refuses the second pass over a region")

@@ -11,7 +11,7 @@
 * ``op``: torchtitan's selective op checkpointing: keep the output of the 1st, 3rd, 5th …
   ``aten.mm`` of the block and of the attention kernels, recompute every other op (what
   ``autoplan.sharding.price.op_saved`` prices).
-* ``full:N``: ``full`` on the first N blocks of the stage, the rest keep everything.
+* ``full:N`` / ``op:N``: ``full`` / ``op`` on the first N blocks of the stage, the rest keep everything.
 
 The block's ``forward`` is wrapped in place, so parameter names do not change.
 """
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from autoplan.plan import recompute_layers
+from autoplan.plan import partial_recompute
 
 aten = torch.ops.aten
 SAVED_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
@@ -67,10 +67,10 @@ def _checkpointed(forward, mode: str, *args, **kwargs):
 
 
 def recompute_blocks(blocks: list[nn.Module], mode: str) -> None:
-    """Wrap each block's forward for ``mode`` (none | selective | op | full | full:N)."""
+    """Wrap each block's forward for ``mode`` (none | selective | op | full | full:N | op:N)."""
     if mode == "none":
         return
-    count = recompute_layers(mode)
-    for i, block in enumerate(blocks):
-        if count is None or i < count:
-            block.forward = functools.partial(_checkpointed, block.forward, "full" if count else mode)
+    part = partial_recompute(mode)
+    head, count = part if part is not None else (mode, len(blocks))
+    for block in blocks[:count]:
+        block.forward = functools.partial(_checkpointed, block.forward, head)

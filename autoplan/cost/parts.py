@@ -27,7 +27,7 @@ from autoplan.cost.tp import BlockLayouts, gemm_precision, overlapped, tp_cost
 from autoplan.cost.types import AxisCost, Part
 from autoplan.ir import OpGraph
 from autoplan.opkinds import is_attention_core, is_model_flop_op
-from autoplan.plan import Plan, recompute_layers
+from autoplan.plan import Plan, partial_recompute
 from autoplan.routing import is_routed_expert_param, routed_region
 from autoplan.sharding import BlockSharding
 from autoplan.sharding.price import recomputed
@@ -147,7 +147,7 @@ def _engine_routed(kernels: str, recompute: str, bs: BlockSharding, engine_bytes
 def _engine_keeps(kernels: str, recompute: str) -> bool:
     """Whether Megatron-Core's MoE layer, not the traced routed ops, says what is kept
     (``_engine_routed``)."""
-    return kernels == "megatron-core" and recompute not in ("full", "op") and recompute_layers(recompute) is None
+    return kernels == "megatron-core" and recompute not in ("full", "op") and partial_recompute(recompute) is None
 
 
 def _recompute_flops(graph: OpGraph, recompute: str) -> float:

@@ -24,7 +24,7 @@ from autoplan.cost.context import PlanContext
 from autoplan.cost.ep import hide_paired, paired_fraction
 from autoplan.cost.prices import Prices
 from autoplan.cost.types import Boundary, Part, SimulationArgs
-from autoplan.plan import Plan, recompute_layers
+from autoplan.plan import Plan, partial_recompute
 from costmodels.memo import memo
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
 from costmodels.pipeline import PipelineResult
@@ -73,9 +73,13 @@ def bubble_fraction(pipe: Pipeline) -> float:
 
 def layer_policies(policy: str, n: int) -> list[str]:
     """The recompute policy of each of a virtual stage's ``n`` layers: ``full:N`` fully
-    recomputes the first N (Megatron ``--recompute-method block``), the rest keep everything."""
-    k = recompute_layers(policy)
-    return [policy] * n if k is None else ["full"] * min(k, n) + ["none"] * max(n - k, 0)
+    recomputes the first N (Megatron ``--recompute-method block``), ``op:N`` op-checkpoints
+    them, the rest keep everything."""
+    part = partial_recompute(policy)
+    if part is None:
+        return [policy] * n
+    head, k = part
+    return [head] * min(k, n) + ["none"] * max(n - k, 0)
 
 
 def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callable[[str, str], Part]) -> list[Bag]:
@@ -97,14 +101,14 @@ def stage_bags(plan: Plan, order: tuple[str, ...], num_layers: int, part: Callab
     alike: dict[tuple[tuple[tuple[str, int], ...], str], Bag] = {}
     for c, (n, kinds) in enumerate(zip(layers, _chunk_kinds(order, layers))):
         rc = plan.recompute_of_stage(plan.stage_rank(c))
-        if recompute_layers(rc) is None:
+        if partial_recompute(rc) is None:
             inner = 0 < c < chunks - 1            # the end chunks get @pre/@post appended: their own list
             bag = alike.get((kinds, rc)) if inner else None
             if bag is None:
                 bag = [(get(k, rc), count) for k, count in kinds]
                 if inner:
                     alike[(kinds, rc)] = bag
-        else:         # full:N: the policy depends on the layer's place in its stage
+        else:         # full:N, op:N: the policy depends on the layer's place in its stage
             counted = Counter(zip(order[start:start + n], layer_policies(rc, n)))
             bag = [(get(k, policy), count) for (k, policy), count in counted.items()]
         start += n

@@ -4,13 +4,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.ir import ModelInfo
-from autoplan.plan import RECOMPUTE, Plan, recompute_layers
+from autoplan.plan import RECOMPUTE, Plan, partial_recompute
+
+ALL_LAYERS = 10 ** 9       # op:N ranks below op (all of a stage's layers) whatever N
 
 
 def recompute_strength(policy: str) -> tuple[int, int]:
-    """Order of memory saving: none < selective < op < full:1 < full:2 < … < full."""
-    n = recompute_layers(policy)
-    return (RECOMPUTE.index("op") + 1, n) if n is not None else (RECOMPUTE.index(policy) + (policy == "full"), 0)
+    """Order of memory saving: none < selective < op:1 < op:2 < … < op < full:1 < full:2 < … < full
+    (an ``op:N`` is ranked after selective by its op layers alone)."""
+    part = partial_recompute(policy)
+    if part is None:
+        return RECOMPUTE.index(policy) + (policy == "full"), 0
+    head, n = part
+    op = RECOMPUTE.index("op")
+    return (op + 1, n) if head == "full" else (op, n - ALL_LAYERS)
 
 
 @dataclass(frozen=True)
@@ -73,14 +80,19 @@ def uniform_recompute(plan: Plan) -> tuple[str, str | None]:
     """One recompute mode for all stages, and a warning if the plan had several.
 
     Engines take one policy for every stage; the strongest one in the plan keeps
-    every stage within its memory estimate.
+    every stage within its memory estimate.  ``op:N``, which no engine runs on N layers
+    only, runs as ``op`` on every layer (less memory, more recomputation), with a warning.
     """
     modes = set(plan.recompute)
     strongest = max(modes, key=recompute_strength)
-    if len(modes) == 1:
-        return strongest, None
-    return strongest, (f"per-stage recompute {'-'.join(plan.recompute)} is not expressible: "
-                       f"recompute={strongest} on every stage (the strongest the plan uses)")
+    note = None if len(modes) == 1 else (f"per-stage recompute {'-'.join(plan.recompute)} is not expressible: "
+                                         f"recompute={strongest} on every stage (the strongest the plan uses)")
+    part = partial_recompute(strongest)
+    if part is not None and part[0] == "op":      # no engine checkpoints ops of the first N layers only
+        partial = (f"recompute={strongest} (op on the first {part[1]} layers of each stage) is not expressible: "
+                   "op on every layer")
+        return "op", partial if note is None else f"{note}; {partial}"
+    return strongest, note
 
 
 def stage_layers(plan: Plan, num_layers: int | None) -> tuple[int, ...] | None:

@@ -75,7 +75,7 @@ class Candidate:
     estimate: Estimate
     layout: Layout | None = None             # the tp placements the block ILP chose (None: tp = 1)
     band: Band | None = None                 # step time over the run's paired samples
-    robust: Robust | None = None             # the objective, P(best of the returned set), worst regret
+    robust: Robust | None = None             # the objective, P(best of the returned set), worst regret (pool)
     evidence: tuple[Flag, ...] = ()          # regimes it leans on that no published run covers
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,7 +21,11 @@ as answered.  The ``point``
 objective folds nothing, so it reproduces the ranking without bands.
 
 Each returned plan says how often it is the fastest of the returned set (``p_best``, ties to
-the better ranked) and its worst regret against the returned set over the samples.
+the better ranked) and its worst regret over the samples against the whole ranked pool
+(``worst_regret``) — the reference the ``regret`` objective ranks by, so under that objective
+``worst_regret`` is the score and the returned plans are in its order.  (Against the returned
+set alone, a plan beaten on some sample only by a plan that is not returned — another variant of
+its mesh, a mesh ranked below the top K — would look better than one ranked above it.)
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ class Robust:
     objective: str
     score: float               # its value of the objective (seconds; regret: a fraction)
     p_best: float              # share of samples where it is the fastest of the returned set
-    worst_regret: float        # max over samples of t / min over the returned set − 1
+    worst_regret: float        # max over samples of t / min over the whole ranked pool − 1
     folded: tuple[str, ...]    # plans within FOLD_TOLERANCE of it on every sample
 
     def to_dict(self) -> dict[str, object]:
@@ -70,6 +74,7 @@ def rank(keys: list[str], bands: list[Band], objective: str, top_k: int,
     ``keys`` (plan strings) break ties, so the order is total and deterministic; ``groups``
     (mesh keys): at most one candidate of a group is kept, the best by the objective."""
     s = scores(bands, objective)
+    regrets = s if objective == "regret" else scores(bands, "regret")
     order = sorted(range(len(bands)), key=lambda i: (s[i], bands[i].point_step_s, keys[i]))
     kept: list[int] = []
     folded: dict[int, list[str]] = {}
@@ -86,13 +91,11 @@ def rank(keys: list[str], bands: list[Band], objective: str, top_k: int,
             kept.append(i)
             taken.add(group)
             folded[i] = []
-    returned = [bands[i] for i in kept]
-    best = [min(col) for col in zip(*(b.step_s for b in returned))]
+    columns = list(zip(*(bands[i].step_s for i in kept)))
     out = []
     for pos, i in enumerate(kept):
-        wins = sum(1 for j, col in enumerate(zip(*(b.step_s for b in returned))) if _winner(col) == pos)
-        regret = max(t / m - 1.0 for t, m in zip(bands[i].step_s, best))
-        out.append((i, Robust(objective, s[i], wins / len(best), regret, tuple(folded[i]))))
+        wins = sum(1 for col in columns if _winner(col) == pos)
+        out.append((i, Robust(objective, s[i], wins / len(columns), regrets[i], tuple(folded[i]))))
     return out
 
 

@@ -41,6 +41,7 @@ MAX_CP = 32                  # Llama 3 405B's 128K run used cp=16 (Dubey et al. 
 ORDERS = (("tp", "cp", "ep", "dp", "pp"),     # pipeline outermost (Megatron default)
           ("tp", "cp", "ep", "pp", "dp"))     # data parallel outermost (MegaScale, Llama 3)
 
+PARTIAL_OP = "op:N"     # Constraints.recompute: also op on the first N layers only (``stages.partial_op``)
 MeshKey = tuple[int, int, int, int, int]     # (tp, cp, ep, pp, dp): a degree tuple
 
 
@@ -50,7 +51,9 @@ class Constraints:
     ``dp``) lists the degrees allowed, empty for any; ``cp_algos`` binds meshes with cp > 1 (a
     cp = 1 mesh has no CP algorithm); ``sp`` binds meshes with tp > 1 (``(True,)``: SP on
     wherever there is TP; tp = 1 meshes stay allowed, they have no SP to turn on); ``recompute``
-    the per-stage policies a stage may take (the weakest that fits, as without constraints)."""
+    the per-stage policies a stage may take (the weakest that fits, as without constraints),
+    and ``PARTIAL_OP`` (``op:N``, not searched by default) to price, where every stage takes
+    ``op``, op on the fewest layers that fit beside it (``stages.partial_op``)."""
 
     tp: tuple[int, ...] = ()
     cp: tuple[int, ...] = ()
@@ -66,7 +69,8 @@ class Constraints:
             if bad:
                 raise UserError(f"constraint {name}={bad[0]!r}: a degree is a whole number ≥ 1",
                                 f"list {name} degrees ≥ 1, or none for any")
-        for name, values, known in (("cp_algos", self.cp_algos, CP_ALGOS), ("recompute", self.recompute, RECOMPUTE)):
+        for name, values, known in (("cp_algos", self.cp_algos, CP_ALGOS),
+                                    ("recompute", self.recompute, RECOMPUTE + (PARTIAL_OP,))):
             unknown = [v for v in values if v not in known]
             if unknown or not values:
                 raise UserError(f"constraint {name}={values!r}: " + (f"unknown {unknown[0]!r}" if unknown else "empty"),
@@ -74,7 +78,7 @@ class Constraints:
         if not self.sp or any(not isinstance(v, bool) for v in self.sp):
             raise UserError(f"constraint sp={self.sp!r}: a tuple of True/False", "pass sp=(True,), (False,) or both")
         # the weakest policy first: a stage takes the first that fits (``stages``)
-        object.__setattr__(self, "recompute", tuple(p for p in RECOMPUTE if p in self.recompute))
+        object.__setattr__(self, "recompute", tuple(p for p in RECOMPUTE + (PARTIAL_OP,) if p in self.recompute))
 
     @property
     def any(self) -> bool:

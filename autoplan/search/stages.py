@@ -11,7 +11,13 @@ For every micro-batch size and schedule variant (``schedule_variants``):
 2. **Recomputation per stage.**  A rank's memory depends on its own recompute policy only
    (its states plus its saved activations times the micro-batches it holds in flight), and
    its time grows with it; so each rank takes the least recomputation that fits
-   (none < selective < full), read off the estimates under each uniform policy.
+   (none < selective < op < full), read off the estimates under each uniform policy.  Asked
+   for (``space.PARTIAL_OP`` among the policies; not by default, since no engine but
+   ``autoplan run`` checkpoints ops of some layers only), where every rank takes ``op``,
+   ``op:N`` — op on the first N layers of each virtual stage only — with the least N that fits
+   is priced beside it and the faster kept (``partial_op``): the memory between none and op in
+   steps of one layer, so a stage that needs part of op's saving does not pay all of its
+   recomputation.
 3. The resulting plan is priced by ``Estimator.estimate`` — the one judge of every plan.
 
 No repeated work (unless ``EstimateOptions.exact``, the reference path, which prices every
@@ -30,6 +36,7 @@ ones are skipped.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -39,7 +46,7 @@ from autoplan.cost.bounds import Floor, Memory, plan_floor, plan_memory, step_lo
 from autoplan.cost.memo import PlanAt
 from autoplan.errors import UserError
 from autoplan.plan import RECOMPUTE, V_SCHEDULES, Plan
-from autoplan.search.space import MeshChoice, recomputed
+from autoplan.search.space import PARTIAL_OP, MeshChoice, recomputed
 from costmodels.memo import memo
 from costmodels.memory import GIB
 from costmodels.pipeline import SCHEDULES as SCHEDULE_SPECS
@@ -312,6 +319,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
     estimate are ``_best_recompute_priced``'s (the reference path, ``EstimateOptions.exact``)."""
     if est.options.exact:
         return _best_recompute_priced(est, plan, global_batch, to_beat, policies)
+    asked, policies = policies, uniform_policies(policies)
     mems: dict[str, Memory] = {}
     choice: list[str | None] = [None] * plan.pp
     hbm = est.usable_bytes / GIB
@@ -339,7 +347,7 @@ def _best_recompute(est: Estimator, plan: Plan, global_batch: int, to_beat: floa
             return None, float("inf"), 0
     except UserError:
         return None, float("inf"), 0
-    return (_step_time(est, mixed, global_batch), mixed), 0.0, 1
+    return _faster_partial(est, (_step_time(est, mixed, global_batch), mixed), global_batch, asked, _step_time)
 
 
 def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int,
@@ -352,6 +360,7 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int,
     has a fitting plan, so no shortfall is read)."""
     per_policy: dict[str, Estimate] = {}
     priced = 0
+    asked, policies = policies, uniform_policies(policies)
     for policy in policies:
         try:
             e = _estimate(est, recomputed(plan, (policy,)), global_batch)
@@ -375,8 +384,47 @@ def _best_recompute_priced(est: Estimator, plan: Plan, global_batch: int,
     if final is None:
         final = _estimate(est, mixed, global_batch)
         priced += 1
-    return (((final.step_time_s, mixed) if final.fits else None), (0.0 if final.fits else final.memory_gib - hbm),
-            priced)
+    if not final.fits:
+        return None, final.memory_gib - hbm, priced
+    found, step, more = _faster_partial(est, (final.step_time_s, mixed), global_batch, asked,
+                                        lambda e, p, b: _estimate(e, p, b).step_time_s)
+    return found, step, priced + more - 1
+
+
+def partial_op(est: Estimator, plan: Plan, global_batch: int, policies: tuple[str, ...]) -> Plan | None:
+    """``plan`` (every stage ``op``) with ``op:N``, the least N that fits (memory falls as N
+    grows: fewer layers keep everything), found by bisection on ``memoised_memory`` (no
+    simulation); None where ``PARTIAL_OP`` is not among ``policies``, a stage is not ``op``,
+    or no N below a stage's layers fits."""
+    if set(plan.recompute) != {"op"} or PARTIAL_OP not in policies:
+        return None
+    hi = max(plan.stage_layers(est.model.num_layers)) - 1      # op on all of the largest stage: op
+    if hi < 1 or not memoised_memory(est, recomputed(plan, (f"op:{hi}",)), global_batch).fits:
+        return None
+    lo = 0                                                      # lo does not fit (op:0 = none), hi does
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if memoised_memory(est, recomputed(plan, (f"op:{mid}",)), global_batch).fits:
+            hi = mid
+        else:
+            lo = mid
+    return recomputed(plan, (f"op:{hi}",))
+
+
+def uniform_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
+    """The policies a stage takes as a whole (``policies`` less ``PARTIAL_OP``)."""
+    return tuple(p for p in policies if p != PARTIAL_OP)
+
+
+def _faster_partial(est: Estimator, found: tuple[float, Plan], global_batch: int, policies: tuple[str, ...],
+                    step_of: Callable[[Estimator, Plan, int], float]) -> Recomputed:
+    """``found`` (step seconds, plan) or its ``partial_op``, whichever is faster (ties to
+    ``found``), with the plans priced (1, or 2 where there is a partial plan)."""
+    partial = partial_op(est, found[1], global_batch, policies)
+    if partial is None:
+        return found, 0.0, 1
+    step = step_of(est, partial, global_batch)
+    return ((step, partial) if step < found[0] else found), 0.0, 2
 
 
 def _estimate(est: Estimator, plan: Plan, global_batch: int) -> Estimate:

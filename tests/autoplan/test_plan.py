@@ -34,6 +34,22 @@ def test_json_round_trip_with_schema_version():
         Plan.from_json(json.dumps({"schema_version": 99, "plan": plan.to_dict()}))
 
 
+def test_partial_recompute_policies_parse_and_rank_between_their_neighbours():
+    from autoplan.export.base import recompute_strength
+    from autoplan.plan import partial_recompute, recompute_head, recompute_layers
+
+    plan = Plan.parse("pp=2,recompute=op:3-full:2", num_gpus=2)
+    assert plan.recompute == ("op:3", "full:2") and Plan.parse(plan.to_string(), num_gpus=2) == plan
+    assert partial_recompute("op:3") == ("op", 3) and partial_recompute("op") is None
+    assert recompute_layers("op:3") is None and recompute_layers("full:2") == 2     # full:N only
+    assert [recompute_head(p) for p in ("op:3", "full:2", "selective")] == ["op", "full", "selective"]
+    order = ["none", "selective", "op:1", "op:40", "op", "full:1", "full:40", "full"]
+    assert sorted(reversed(order), key=recompute_strength) == order
+    for bad in ("op:0", "op:x", "selective:2", "op:３"):
+        with pytest.raises(UserError, match="recompute"):
+            Plan.parse(f"recompute={bad}", num_gpus=1)
+
+
 def test_stage_layers_even_and_explicit():
     assert Plan.parse("pp=4", num_gpus=4).stage_layers(32) == (8, 8, 8, 8)
     assert sum(Plan.parse("pp=4,vpp=3", num_gpus=4).stage_layers(50)) == 50

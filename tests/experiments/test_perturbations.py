@@ -84,3 +84,11 @@ def test_the_own_scenario_set_moves_compute_and_wire_in_opposite_directions(expe
     bound, comm = asdict(own["compute-bound"]), asdict(own["comm-bound"])
     assert bound["gemm_peak"] < 1.0 < bound["nic_efficiency"] and comm["nic_efficiency"] < 1.0 < comm["gemm_peak"]
     assert all(0.8 <= v <= 1.2 for s in own.values() for v in asdict(s).values())
+
+
+def test_partial_op_asks_every_search_for_op_n(experiment):
+    from autoplan.plan import RECOMPUTE
+    from autoplan.search.space import PARTIAL_OP, Constraints
+    pert = experiment("perturbations")
+    assert pert.constraints(False) == Constraints()
+    assert pert.constraints(True).recompute == RECOMPUTE + (PARTIAL_OP,)

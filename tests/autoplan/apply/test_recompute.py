@@ -20,7 +20,7 @@ def _grads(mode):
     return {n: p.grad for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("mode", ["full", "selective", "op", "full:1"])
+@pytest.mark.parametrize("mode", ["full", "selective", "op", "full:1", "op:1"])
 def test_recompute_gives_the_same_gradients_under_the_same_names(mode):
     ref, got = _grads("none"), _grads(mode)
     assert got.keys() == ref.keys()
@@ -72,3 +72,7 @@ def test_op_keeps_every_other_matmul_and_full_n_only_the_first_n_blocks():
     plain = [b.forward for b in fresh.layers]
     recompute_blocks(list(fresh.layers), "full:1")
     assert fresh.layers[0].forward != plain[0] and fresh.layers[1].forward == plain[1]
+    partial = zoo.build(parse_spec(LLAMA))
+    plain = [b.forward for b in partial.layers]
+    recompute_blocks(list(partial.layers), "op:1")          # op on the first block, as under op
+    assert partial.layers[1].forward == plain[1] and partial.layers[0].forward.args[1] == "op"

@@ -66,6 +66,22 @@ def _table_rows(stdout: str) -> list[tuple[str, str]]:
     return rows
 
 
+def _regret_column(stdout: str) -> list[str]:
+    """The ``regret≤`` cell of every ranked row (the header's column, right-aligned)."""
+    lines = stdout.splitlines()
+    header = next(line for line in lines if "regret≤" in line)
+    end = header.index("regret≤") + len("regret≤")
+    start = next(i for i, line in enumerate(lines) if line.startswith("─")) + 1
+    cells = []
+    for line in lines[start:]:
+        if not line[:2].strip():
+            continue
+        if not line[:2].strip().rstrip("=").isdigit():
+            break
+        cells.append(line[:end].split()[-1])
+    return cells
+
+
 def _table_plans(stdout: str) -> list[str]:
     return [plan for _, plan in _table_rows(stdout)]
 
@@ -82,7 +98,7 @@ def test_human_output_and_html_report(small_json, tmp_path):
     html = report.read_text()
     assert html.count("<svg") >= 3 and "http://" not in html.replace("http://www.w3.org", "")
     ranked = json.loads(small_json.stdout)
-    from autoplan.explain.units import seconds
+    from autoplan.explain.units import percent, seconds
     top = html.split("<h2>Top plans</h2>")[1].split("<h2>")[0]           # the bands and the evidence in the report
     for p in ranked:
         e = p["estimate"]
@@ -95,6 +111,10 @@ def test_human_output_and_html_report(small_json, tmp_path):
     ranks = [rank for rank, _ in _table_rows(out.stdout)]
     assert ranks == tie_ranks(steps)
     assert ("ties — scores within 0.5%" in out.stdout) == any(r.endswith("=") for r in ranks)
+    # the printed regret≤ column is the score the rows are ranked by: monotone down the table
+    printed = _regret_column(out.stdout)
+    assert printed == [percent(s) for s in steps] and [float(x[:-1]) for x in printed] == sorted(
+        float(x[:-1]) for x in printed)
     # the ranks by hand: a plan ties when within 0.5 % of the first of its run
     assert all(steps[int(r[:-1]) - 1] * 1.005 >= t for r, t in zip(ranks, steps) if r.endswith("="))
 

@@ -77,7 +77,7 @@ def test_experts_split_over_tp_keep_their_per_gpu_share_and_say_so():
 @pytest.mark.parametrize("plan, subcommand", [
     ("tp=2", "none"), ("tp=2,recompute=full", "full"), ("tp=2,recompute=op", "selective"),
     ("tp=2,recompute=selective", "selective"), ("tp=2,recompute=full:2", "full"),
-    ("pp=2,recompute=none-op", "selective"),
+    ("pp=2,recompute=none-op", "selective"), ("tp=2,recompute=op:2", "selective"),
 ])
 def test_recompute_is_the_last_argument(plan, subcommand):
     assert _argv(plan, model="llama3-8b")[0][-1] == f"activation_checkpoint:{subcommand}"
@@ -87,6 +87,7 @@ def test_recompute_is_the_last_argument(plan, subcommand):
     ("tp=2,recompute=selective", "recompute=selective (Megatron's attention-core recomputation) is not in torchtitan"),
     ("tp=2,recompute=full:2", "recompute=full:2 (the first N layers of each stage) is not in torchtitan"),
     ("pp=2,recompute=full-none", "per-stage recompute full-none is not expressible"),
+    ("tp=2,recompute=op:2", "recompute=op:2 (op on the first 2 layers of each stage) is not expressible"),
     ("pp=2,schedule=zb-h2", "schedule=zb-h2 is not in torch pipelining"),
     ("cp=2,cp_algo=ulysses", "cp_algo=ulysses is not in torchtitan 0.3.0"),
     ("dp=2,zero=1", "zero=1 has no torchtitan form"),

@@ -126,6 +126,22 @@ def test_objective_changes_the_ranking_in_a_constructed_case():
     assert rb.worst_regret == pytest.approx(0.05)
 
 
+def test_worst_regret_is_taken_against_the_pool_the_ranking_uses():
+    """C is not returned (top 2) but beats B on the third sample: B's worst regret counts it, so
+    the returned plans are in the order of their worst regret (against the two returned alone,
+    A would show 4 % above B's 3 %)."""
+    a, b, c = _band(1.04, 1.00, 1.00), _band(1.00, 1.02, 1.03), _band(1.30, 1.30, 0.96)
+    picked = rank(["A", "B", "C"], [a, b, c], "regret", 2)
+    assert [i for i, _ in picked] == [0, 1]
+    worst = [r.worst_regret for _, r in picked]
+    assert worst == [r.score for _, r in picked] == sorted(worst)
+    assert worst == pytest.approx([1.0 / 0.96 - 1.0, 1.03 / 0.96 - 1.0])
+    assert [r.p_best for _, r in picked] == pytest.approx([2 / 3, 1 / 3])     # of the returned set
+    # another objective ranks by its own score; the worst regret stays against the pool
+    p50 = rank(["A", "B", "C"], [a, b, c], "p50", 3)
+    assert [r.worst_regret for _, r in p50] == pytest.approx([1.0 / 0.96 - 1.0, 1.03 / 0.96 - 1.0, 0.3])
+
+
 def test_near_duplicates_fold_and_one_variant_per_mesh():
     a, twin, other = _band(1.0, 2.0, 3.0), _band(1.001, 2.002, 2.999), _band(1.1, 1.9, 3.3)
     picked = rank(["a", "twin", "other"], [a, twin, other], "p50", 3)

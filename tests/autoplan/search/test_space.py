@@ -51,3 +51,11 @@ def test_recompute_chosen_after_the_mesh_drops_combined_1f1b_where_megatron_refu
     assert [recomputed(plan, (r,)).ep_overlap for r in ("none", "selective", "op", "full", "full:1")] == \
         [True, True, False, False, False]
     assert recomputed(plan, ("full",)).recompute == ("full",)
+
+
+def test_partial_op_recompute_also_drops_combined_1f1b():
+    """op:N runs as full recomputation in Megatron-LM (every layer, warned), which the overlap refuses."""
+    from autoplan.search.space import MeshChoice, recomputed
+    plan = MeshChoice(tp=1, cp=1, ep=8, pp=1, dp=8, zero=1, sp=False, cp_algo="ring",
+                      order=("tp", "cp", "ep", "dp", "pp")).plan(mbs=1, recompute=("none",))
+    assert not recomputed(plan, ("op:3",)).ep_overlap and recomputed(plan, ("selective",)).ep_overlap
