@@ -16,9 +16,12 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autoplan.errors import UserError
-from autoplan.export.base import PLAIN, Architecture
+
+if TYPE_CHECKING:                 # autoplan.export imports numpy (via the plan), which `export --help` avoids
+    from autoplan.export.base import Architecture
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.export import export
+    from autoplan.export.base import PLAIN
     from autoplan.export.load import entry_value, load_plan, read_json
 
     plan = load_plan(args.plan)
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
         nvlink_domain = load_cluster(args.cluster).nvlink_domain
     result = export(plan, args.to, num_layers=num_layers, global_batch=global_batch, seq=seq, model=args.model,
-                    nvlink_domain=nvlink_domain, arch=shape.arch if shape else PLAIN)
+                    nvlink_domain=nvlink_domain, arch=shape.arch if shape and shape.arch else PLAIN)
     for warning in result.warnings:
         print(f"warning: {result.engine} cannot express the plan exactly: {warning}", file=sys.stderr)
     if args.output:
@@ -97,13 +101,14 @@ class ModelShape:
     heads: int = 0
     kv_heads: int = 0
     experts: int = 0
-    arch: Architecture = PLAIN
+    arch: Architecture | None = None      # None: a plain transformer (export.base.PLAIN)
 
 
 def model_shape(model: str, timeout_s: float) -> ModelShape:
     """The blocks of a model (zoo/spec: from its config; a file: built on the meta device) and,
     from a config, its heads and experts."""
     from autoplan.apply.layout import count_blocks
+    from autoplan.export.base import Architecture
     from autoplan.frontend.source import load_source
 
     layers = count_blocks(model, timeout_s)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from autoplan.ir import ModelInfo
 from autoplan.plan import RECOMPUTE, Plan, partial_recompute
+
+if TYPE_CHECKING:                  # the trace's record: importing it costs numpy, which `export --help` avoids
+    from autoplan.ir import ModelInfo
 
 ALL_LAYERS = 10 ** 9       # op:N ranks below op (all of a stage's layers) whatever N
 
