@@ -77,6 +77,13 @@ def trace_with_status(model: str, *, seq: int = 2048, batch: int = 1, dtype: str
         return _trace_cached(model, seq, batch, dtype, use_cache)
 
 
+def _named(graph: BlockGraph, source: ModelSource) -> BlockGraph:
+    """A cached graph under the name it is asked for: the key is the model's architecture, so a zoo
+    name and the family spec of the same config share an entry, traced under either name."""
+    notes = source.info.notes if source.info is not None else graph.model.notes
+    return replace(graph, model=replace(graph.model, name=source.name, notes=notes))
+
+
 def _trace_cached(model: str, seq: int, batch: int, dtype: str, use_cache: bool) -> tuple[BlockGraph, bool]:
     source = load_source(model, seq)
     if source.max_seq and seq > source.max_seq:
@@ -86,7 +93,7 @@ def _trace_cached(model: str, seq: int, batch: int, dtype: str, use_cache: bool)
     cached = cache.load(key) if use_cache else None
     if cached is not None:
         log.info("%s at seq %d: traced graph from the cache (%s)", source.name, seq, key[:12])
-        return cached, True
+        return _named(cached, source), True
     log.info("%s at seq %d: tracing (%s)", source.name, seq, "cache off" if not use_cache else "not cached")
     start = time.perf_counter()
     with cyclic_gc_paused():

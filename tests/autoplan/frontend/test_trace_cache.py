@@ -58,3 +58,15 @@ def test_two_searches_sharing_a_cache_agree_with_one_alone(tmp_path):
     assert outs[0][0] == outs[1][0] == alone.stdout
     assert len(list((tmp_path / "shared").glob("*.json"))) == 1
     assert list((tmp_path / "shared").glob("*.tmp")) == []
+
+
+def test_a_cached_graph_carries_the_name_it_is_asked_for(tmp_path, monkeypatch):
+    """Two spellings of one architecture share a cache entry (the key is the architecture), but each
+    traced graph is named as asked: before, the second got the first one's name."""
+    monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path))
+    other = "gpt:vocab=128,heads=4,hidden=64,layers=2"
+    first, cached = trace_with_status(TINY, seq=16)
+    second, hit = trace_with_status(other, seq=16)
+    assert (cached, hit) == (False, True) and len(list(tmp_path.glob("*.json"))) == 1
+    assert (first.model.name, second.model.name) == (TINY, other)
+    assert second.blocks == first.blocks
