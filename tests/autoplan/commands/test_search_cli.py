@@ -236,3 +236,21 @@ def test_search_prices_with_the_engine_flags_estimate_takes(cli):
     assert best["estimate"]["memory_gib"] == pytest.approx(same.memory_gib, rel=1e-5)
     assert best["estimate"]["step_time_s"] == pytest.approx(same.step_time_s, rel=1e-5)
     assert best["estimate"]["memory_breakdown_gib"]["activations"] < eager.memory_breakdown_gib["activations"]
+
+
+def test_point_optimum_left_out_by_the_ranking_is_named_under_the_table():
+    """The regret ranking may leave the plan fastest at the point estimate out of the top K; the line
+    names it with its step against #1 and its band, and is silent when a listed plan is that plan."""
+    from dataclasses import replace
+
+    from autoplan.commands.search import point_optimum_line
+    graph = trace(SMALL[0], seq=2048)
+    result = search(graph, topologies.load("h100x16"), global_batch=32, options=SearchOptions(top_k=3, workers=1))
+    fastest = min((c for c in result.pool if c.estimate.fits), key=lambda c: c.estimate.step_time_s)
+    listed = [c for c in result.pool if c.plan.to_string() != fastest.plan.to_string()][:2]
+    shown = replace(result, candidates=tuple(replace(c, robust=None) for c in listed))
+    line = point_optimum_line(shown)
+    ratio = fastest.estimate.step_time_s / listed[0].estimate.step_time_s - 1
+    assert fastest.plan.to_compact() in line and f"{fastest.estimate.step_time_s:.3f} s ({ratio:+.1%} vs #1" in line
+    assert f"p10–p90 {fastest.band.step(0.1):.3f}–" in line
+    assert point_optimum_line(replace(result, candidates=(fastest,))) == ""
