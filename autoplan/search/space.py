@@ -140,14 +140,19 @@ class MeshChoice:
         if self.ep > 1 and "ep_overlap" not in inner:
             schedule = fields.get("schedule") or ("interleaved" if (fields.get("vpp") or 1) > 1 else "1f1b")
             fields["ep_overlap"] = ((self.pp == 1 or schedule == "interleaved")
-                                    and not any(fully_recomputes(r) for r in fields.get("recompute", ())))
+                                    and overlap_survives(fields.get("recompute", ())))
         return Plan(**fields)
+
+
+def overlap_survives(recompute: tuple[str, ...]) -> bool:
+    """Whether combined 1F1B can run beside these per-stage policies: no stage fully recomputed."""
+    return not any(fully_recomputes(r) for r in recompute)
 
 
 def recomputed(plan: Plan, recompute: tuple[str, ...]) -> Plan:
     """``plan`` with the per-stage ``recompute`` policies; combined 1F1B (``ep_overlap``) is dropped
     beside a fully recomputed stage, which Megatron-Core's overlap refuses (``fully_recomputes``)."""
-    overlap = plan.ep_overlap and not any(fully_recomputes(r) for r in recompute)
+    overlap = plan.ep_overlap and overlap_survives(recompute)
     return plan.replace(recompute=tuple(recompute), ep_overlap=overlap)
 
 
