@@ -168,7 +168,16 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
 # ``attention_kernel=cudnn``).
 #
 # mcore- and the other mb- rows: the Megatron-Core MoE model zoo and Megatron-Bridge run Megatron-Core
-# (its MoE layer keeps what ``cost.ep.engine_saved_bytes`` says).  The first matching prefix wins.
+# (its MoE layer keeps what ``cost.ep.engine_saved_bytes`` says).
+#
+# llmfoundry-: the benchmark tables' runs (llm-foundry scripts/train/benchmarking/submit_benchmarks.py
+# at b2a43a1, Oct 2023: llm-foundry v0.3.0 on Composer 0.16, and for FP8 Transformer Engine v0.10 with
+# ``fc_type = te``).  Composer's ``amp_fp8`` opens ``te.fp8_autocast`` around the forward only
+# (composer/core/precision.py at v0.16.4), and llm-foundry's train.py forces the reentrant torch
+# ``checkpoint_wrapper`` for TE layers ("te.Linear layers do not support activation_checkpointing with
+# activation_checkpointing_reentrant = False"): the full-recompute row reruns its layers outside the
+# FP8 context, so its recompute and backward run in bf16 (``fp8_recompute=bf16``; Composer wrapped TE
+# layers in TE's own checkpoint only from PR #3156, Apr 2024).  The first matching prefix wins.
 RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "usp-": ({}, {"kernels": "megatron-core", "overlap_grad_reduce": False}),
     "nemo-": ({}, {"kernels": "megatron-core", "attention_kernel": "fa2"}),
@@ -177,6 +186,7 @@ RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
                                 "attention_kernel": "cudnn"}),
     "mcore-": ({}, {"kernels": "megatron-core"}),
     "mb-": ({}, {"kernels": "megatron-core"}),
+    "llmfoundry-": ({}, {"fp8_recompute": "bf16"}),
 }
 
 

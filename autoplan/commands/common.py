@@ -15,6 +15,7 @@ from autoplan.commands.choices import (
     DEFAULT_SEQ,
     ESTIMATE_DEFAULTS,
     FP8_ENGINES,
+    FP8_RECOMPUTES,
     GRAD_SYNCS,
     KERNELS,
     STATE_PRECISION_NAMES,
@@ -46,6 +47,11 @@ def _add_engine_args(g: argparse._ArgumentGroup, default: argparse.Namespace) ->
                    help="what runs an FP8 plan's GEMMs: transformer-engine keeps FP8 linear inputs and cached "
                         "FP8 weight copies; torchao (torchtitan's float8) keeps bf16 inputs and no copies "
                         f"(default {default.fp8_engine})")
+    g.add_argument("--fp8-recompute", choices=FP8_RECOMPUTES, default=default.fp8_recompute,
+                   help="what a recomputed layer of an FP8 plan reruns in: fp8 where the checkpoint re-enters "
+                        "Transformer Engine's FP8 context (TE's and Megatron's checkpoints); bf16 where a torch "
+                        "checkpoint reruns it outside fp8_autocast, so its recompute and backward run in bf16 "
+                        f"(Composer before Apr 2024) (default {default.fp8_recompute})")
     g.add_argument("--fp8-params", action="store_true",
                    help="FP8 parameters (Megatron --fp8-param-gather): no bf16 weight beside the FP8 copies, "
                         "1-byte parameter all-gather")
@@ -120,7 +126,8 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
         attention_kernel=args.attention_kernel,
-        fp8_engine=args.fp8_engine, fp8_params=args.fp8_params, tp_comm_overlap=args.tp_comm_overlap,
+        fp8_engine=args.fp8_engine, fp8_recompute=args.fp8_recompute, fp8_params=args.fp8_params,
+        tp_comm_overlap=args.tp_comm_overlap,
         post_validation=args.post_validation, wgrad_store=args.wgrad_store,
         params=load_override(check_yaml_file(args.params, "--params")) if args.params else NOMINAL,
         exact=args.exact)

@@ -33,6 +33,7 @@ from autoplan.sharding import BlockAssignment, BlockSharding, ShardingContext, p
 from autoplan.sharding.solve import LayoutPrices, layout_prices
 from autoplan.sharding.types import SOLVE_SECONDS
 from costmodels.memo import Table
+from costmodels.precision import is_low_precision
 from topologies.cluster import GroupSpan
 
 LAYOUTS_KEPT = 100_000       # solved and priced layouts kept (a search meets a few hundred)
@@ -61,6 +62,13 @@ def gemm_precision(graph: str, plan: Plan) -> str:
     """The precision of a graph's linear GEMMs under ``plan``: the plan's in the blocks, bf16 in
     "@pre" (the embedding) and "@post" (the LM head: Transformer Engine and torchao keep it bf16)."""
     return "bf16" if graph in ("@pre", "@post") else plan.precision
+
+
+def recompute_precision(fp8_recompute: str, precision: str) -> str:
+    """The precision a recomputed linear layer of a graph whose GEMMs run at ``precision`` reruns
+    in (``ShardingContext.recompute_precision``): bf16 for an FP8 graph whose engine recomputes
+    outside its FP8 context (``EstimateOptions.fp8_recompute``), else "" (its own)."""
+    return "bf16" if fp8_recompute == "bf16" and is_low_precision(precision) else ""
 
 
 class ShardingKey(NamedTuple):
@@ -116,6 +124,7 @@ class BlockLayouts:
         forbid = layout.span.level != "nvlink" and not self.options.allow_cross_domain
         return ShardingContext(tp=plan.tp, sp=plan.sp, pricer=AxisPricer(self.prices, mesh), mbs=plan.mbs,
                                cp=plan.cp, recompute=recompute, precision=layout.precision,
+                               recompute_precision=recompute_precision(self.options.fp8_recompute, layout.precision),
                                forbid_tp_collectives=forbid and self.enforce_rules,
                                backend=self.options.solver, time_limit_s=self.options.time_limit_s)
 

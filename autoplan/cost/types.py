@@ -18,9 +18,11 @@ DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces
 GradSync = Literal["microbatch", "step"]     # when ZeRO-2/3 reduce-scatters gradients (cost.fsdp)
 Kernels = Literal["eager", "megatron-core"]  # the engine's kernels where they save other activations (cost.kernels)
 Fp8Engine = Literal["transformer-engine", "torchao"]   # what runs an FP8 plan's GEMMs (costmodels.precision)
+Fp8Recompute = Literal["fp8", "bf16"]        # what a recomputed FP8 layer reruns in (sharding.price)
 GRAD_SYNCS: tuple[GradSync, ...] = get_args(GradSync)
 KERNELS: tuple[Kernels, ...] = get_args(Kernels)
 FP8_ENGINES: tuple[Fp8Engine, ...] = get_args(Fp8Engine)
+FP8_RECOMPUTES: tuple[Fp8Recompute, ...] = get_args(Fp8Recompute)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,12 @@ class EstimateOptions:
     # an FP8 plan's engine: what it keeps of a linear layer's input and weight (costmodels.precision,
     # cost.fp8): Transformer Engine (Megatron, NeMo, Composer amp_fp8) or torchao (torchtitan's float8)
     fp8_engine: Fp8Engine = "transformer-engine"
+    # the precision a recomputed linear layer of an FP8 plan reruns its forward and runs its backward
+    # in (``sharding.price.outside_fp8_seconds``): "fp8" where the activation checkpoint re-enters the
+    # engine's FP8 context (Transformer Engine's and Megatron's checkpoints; torchao's float8 linears
+    # are modules, FP8 whatever reruns them); "bf16" where a framework checkpoint reruns Transformer
+    # Engine layers outside ``fp8_autocast`` (Composer's torch ``checkpoint_wrapper`` before Apr 2024)
+    fp8_recompute: Fp8Recompute = "fp8"
     # the parameters themselves are FP8 (Megatron --fp8-param-gather, TE fp8_model_init): no bf16 weight
     # beside the FP8 copies, and the distributed optimizer gathers 1 byte per parameter
     fp8_params: bool = False
@@ -85,6 +93,10 @@ class EstimateOptions:
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise UserError(f"unknown {what} {value!r}", f"use one of: {', '.join(allowed)}")
+        if self.fp8_recompute == "bf16" and self.fp8_engine == "torchao":
+            raise UserError("FP8 recompute in bf16 needs Transformer Engine: torchao's float8 linears "
+                            "recompute in FP8 under any checkpoint",
+                            "drop --fp8-recompute bf16, or use --fp8-engine transformer-engine")
 
 
 CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field -> (what it names, allowed values)
@@ -93,6 +105,7 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field ->
     "state_precision": ("state precision", STATE_PRECISION_NAMES),
     "kernels": ("kernels", KERNELS),
     "fp8_engine": ("FP8 engine", FP8_ENGINES),
+    "fp8_recompute": ("FP8 recompute precision", FP8_RECOMPUTES),
     "attention_kernel": ("attention kernel", ATTENTION_KERNELS),
 }
 

@@ -19,8 +19,8 @@ layout back (``solve.price_assignment``), so the two cannot disagree.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 from autoplan.ir import OpGraph, OpNode, Strategy, TensorInfo, TensorRef
 from autoplan.opkinds import attention_work_fraction, is_attention_core, is_attention_kernel, op_kind
@@ -123,12 +123,47 @@ def node_seconds(n: OpNode, s: Strategy, ctx: ShardingContext) -> float:
             else:
                 m = m / ctx.tp
         gemm = (max(m, 1.0), max(nn, 1.0), max(k, 1.0))
-        if is_low_precision(ctx.precision) and not is_attention_core(n):
+        if is_low_precision(ctx.precision) and is_linear_gemm(n):
             tokens_out = n.out is not None and any(r in TOKEN_ROLES for r in n.out.dim_roles)
             cast = gemm_cast_bytes(ctx.precision, gemm[0], gemm[2], tokens_out)
             return ctx.op_seconds("gemm_fp8", flops, nbytes, gemm) + (
                 ctx.op_seconds("cast", 0.0, cast, None) if cast else 0.0)
     return ctx.op_seconds(op_kind(n), flops, nbytes, gemm)
+
+
+def is_linear_gemm(n: OpNode) -> bool:
+    """A GEMM an FP8 precision runs at the FP8 peak (``node_seconds``): every GEMM but the
+    attention core's."""
+    return n.gemm is not None and not is_attention_core(n)
+
+
+def outside_fp8_seconds(g: OpGraph, nodes: Iterable[tuple[OpNode, Strategy]], ctx: ShardingContext) -> dict[str, float]:
+    """Seconds of one run, at ``ctx.recompute_precision``, of the linear GEMMs an FP8 engine runs
+    outside its FP8 context: the forward GEMMs recomputation reruns, and the backward GEMMs of their
+    layers (same module; every linear GEMM under ``full``).  Empty unless the context sets a
+    recompute precision other than its own.
+
+    The mechanism: Transformer Engine reads whether FP8 is on from ``fp8_autocast``'s global
+    state when a layer runs forward, and its backward follows the forward that built the autograd
+    graph.  A framework checkpoint (torch's ``checkpoint_wrapper``) reruns the layer from inside
+    ``loss.backward()``, outside ``fp8_autocast``: the recompute runs in bf16, and the backward
+    through the recomputed graph too; only the first forward, whose graph is dropped, runs in FP8.
+    TE's own ``te.distributed.checkpoint`` (TE PR #24, 2022) and Megatron's re-enter the FP8
+    context; Composer wrapped TE layers in torch's until its PR #3156 (Apr 2024: "FSDP activation
+    checkpointing currently does not work with FP8 TE"), and Megatron-LM PR #7538 describes the
+    same for its plain ``tensor_parallel.checkpoint``: "the recompute silently runs in BF16 while
+    the forward ran in FP8"."""
+    if not ctx.recompute_precision or ctx.recompute_precision == ctx.precision or ctx.recompute == "none":
+        return {}
+    nodes = tuple(nodes)
+    rerun = {n.module for n, _ in nodes
+             if n.phase == "forward" and is_linear_gemm(n) and recomputed(g, n, ctx.recompute)}
+    if not rerun:
+        return {}
+    other = replace(ctx, precision=ctx.recompute_precision)
+    routed = routed_region(g)                   # priced by cost.ep as the engine runs it
+    return {n.name: node_seconds(n, s, other) for n, s in nodes
+            if is_linear_gemm(n) and n.name not in routed and (ctx.recompute == "full" or n.module in rerun)}
 
 
 def saved_bytes(g: OpGraph, n: OpNode, s: Strategy, ctx: ShardingContext) -> float:

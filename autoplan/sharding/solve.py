@@ -35,6 +35,7 @@ from autoplan.sharding.price import (
     memory_price,
     node_cost,
     node_prices,
+    outside_fp8_seconds,
     redistribution_cost,
     redistribution_pricer,
     redistribution_runs,
@@ -232,17 +233,19 @@ def price_assignment(graph: OpGraph, assignment: BlockAssignment, ctx: ShardingC
     kept: list[tuple[str, float]] = []   # (node, saved bytes), in pricing order
     launches = [0, 0]                    # kernels issued in forward, in backward (+ recompute)
     collectives: list[Collective] = []
+    outside = outside_fp8_seconds(g, shape.nodes, ctx)   # GEMMs an FP8 engine reruns outside FP8
     for (n, s), priced in zip(shape.nodes, prices.nodes):
         c = node_cost(g, n, s, ctx, priced)
+        again = outside.get(n.name, c.seconds)           # a recomputed run, or a backward one
         if n.phase == "forward":
             fwd += c.seconds
         elif n.wgrad:
-            wgd += c.seconds
+            wgd += again
         else:
-            bwd += c.seconds
+            bwd += again
         if c.runs == 2:
-            bwd += c.seconds
-            rec += c.seconds
+            bwd += again
+            rec += again
         if n.op != "placeholder" and not n.is_view:
             launches[n.phase != "forward"] += 1
             launches[1] += c.runs - 1

@@ -53,6 +53,9 @@ class ShardingContext:
     cp: int = 1
     recompute: str = "none"                       # none | selective | op | full (plan.RECOMPUTE)
     precision: str = "bf16"                       # the block's linear GEMMs (plan.PRECISIONS; bf16 in @pre/@post)
+    # the precision a recomputed linear layer reruns its forward and runs its backward GEMMs in,
+    # "" for ``precision`` (``price.outside_fp8_seconds``; EstimateOptions.fp8_recompute)
+    recompute_precision: str = ""
     forbid_tp_collectives: bool = False           # the tp group leaves the NVLink domain (search mode)
     memory_weight_s_per_byte: float = MEMORY_TIE_BREAK_S_PER_BYTE
     merge_followers: bool = True

@@ -73,6 +73,7 @@ OPTION_VARIANTS = {                # per EstimateOptions field, another value (p
     "kernels": "megatron-core",
     "attention_kernel": "fa2",
     "fp8_engine": "torchao",
+    "fp8_recompute": "bf16",
     "fp8_params": True,
     "tp_comm_overlap": True,
     "post_validation": True,
@@ -81,6 +82,7 @@ OPTION_VARIANTS = {                # per EstimateOptions field, another value (p
     "exact": True,
 }
 FP8_OPTIONS = ("fp8_engine", "fp8_params")   # read by FP8 plans only: priced at BASE in FP8 too
+FP8_RECOMPUTE_OPTIONS = ("fp8_recompute",)   # read by FP8 plans that recompute: priced so too
 # memos the scenario below cannot reach, and why
 UNREACHED = {
     "ilp.skeletons": "the LP relaxation certifies every block ILP this small: CP-SAT builds no model "
@@ -151,6 +153,8 @@ def test_every_input_reaches_every_memo_that_reads_it(profile_with):
             _price_all(priced, BASE, BATCH)
             if name in FP8_OPTIONS:
                 _price_all(priced, BASE.replace(precision="fp8"), BATCH)
+            if name in FP8_RECOMPUTE_OPTIONS:
+                _price_all(priced, BASE.replace(precision="fp8", recompute=("full",)), BATCH)
     names = {n.removeprefix("table:") for n in memo.REGISTRY
              if n.startswith(("table:", "costmodels.", "autoplan.cost", "autoplan.search", "autoplan.sharding"))
              and not n.startswith("table:test.")}

@@ -96,3 +96,54 @@ def test_fp8_plans_send_the_bf16_activations_the_trace_records(setup):
     assert est.activation_bytes == 2
     assert {t for t, _, _ in sends["bf16"]} == {"pp", "cp"}
     assert sends["fp8"] == sends["bf16"]
+
+
+def _parts(setup, precision: str, recompute: str, fp8_recompute: str, plan: str = "dp=8", model: str = MODEL):
+    from autoplan.cost import EstimateOptions, Estimator
+
+    model, cluster, _ = setup(model, "h100x8")
+    est = Estimator(model, cluster, EstimateOptions(fp8_recompute=fp8_recompute))
+    p = Plan.parse(f"{plan},precision={precision}", num_gpus=8)
+    return est.part("dense0", p, recompute, Mesh.of(p))
+
+
+@pytest.mark.parametrize("plan", ["dp=8", "tp=2,dp=4,sp=on"])
+def test_a_torch_checkpoint_reruns_fp8_layers_and_their_backward_in_bf16(setup, plan):
+    """Transformer Engine under a framework checkpoint (``fp8_recompute=bf16``, Composer's torch
+    checkpoint_wrapper): only the first forward runs in FP8.  So under full recomputation the
+    FP8 plan's forward costs what the FP8 plan's does, and its backward (recompute included) and
+    weight gradients what the bf16 plan's do; with TE's own checkpoint all three are the FP8 plan's."""
+    fp8 = _parts(setup, "fp8-delayed", "full", "fp8", plan)
+    bf16 = _parts(setup, "bf16", "full", "fp8", plan)
+    outside = _parts(setup, "fp8-delayed", "full", "bf16", plan)
+    assert outside.forward_s == fp8.forward_s
+    assert (outside.backward_s, outside.wgrad_s) == (bf16.backward_s, bf16.wgrad_s)
+    assert (fp8.backward_s, fp8.wgrad_s) != (bf16.backward_s, bf16.wgrad_s)     # the check can fail
+    assert outside.saved_bytes == fp8.saved_bytes
+
+
+def test_without_a_recomputed_linear_layer_the_checkpoint_changes_nothing(setup):
+    """No recomputation, or Megatron's selective (the attention core only): no linear layer reruns,
+    so every GEMM runs where its forward did, in FP8."""
+    for recompute in ("none", "selective"):
+        a, b = (_parts(setup, "fp8-delayed", recompute, r) for r in ("fp8", "bf16"))
+        assert (a.forward_s, a.backward_s, a.wgrad_s) == (b.forward_s, b.backward_s, b.wgrad_s)
+
+
+def test_op_recompute_reruns_in_bf16_only_the_layers_it_recomputes(setup):
+    """torch's ``op`` policy keeps every other matmul: the layers it reruns (and their backward)
+    fall back to bf16, the others stay FP8, so at a width where FP8 wins on every GEMM the backward
+    lies strictly between the two."""
+    wide = "llama:layers=1,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=32000"
+    fp8, bf16, outside = (_parts(setup, p, "op", r, model=wide)
+                          for p, r in (("fp8", "fp8"), ("bf16", "fp8"), ("fp8", "bf16")))
+    assert outside.forward_s == fp8.forward_s
+    low, high = sorted((fp8.backward_s + fp8.wgrad_s, bf16.backward_s + bf16.wgrad_s))
+    assert low < outside.backward_s + outside.wgrad_s < high
+
+
+def test_bf16_recompute_needs_transformer_engine():
+    from autoplan.cost import EstimateOptions
+
+    with pytest.raises(UserError, match="Transformer Engine"):
+        EstimateOptions(fp8_engine="torchao", fp8_recompute="bf16")
