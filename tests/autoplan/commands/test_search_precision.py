@@ -68,6 +68,18 @@ def test_explain_prices_the_same_plan_in_bf16(cli):
     assert "precision" not in json.loads(plain.stdout)
 
 
+def test_explain_says_where_recomputed_layers_rerun_in_bf16(cli):
+    """Under a full-recompute FP8 plan with ``--fp8-recompute bf16`` the saving shrinks to the first
+    forward's and the note says why; with TE's own checkpoint (the default) it does not."""
+    plan = "tp=2,dp=4,recompute=full,precision=fp8"
+    args = ["explain", "--model", BIG, "--cluster", "h100x8", "--global-batch", "32", plan, "--format", "json"]
+    te, torch = (json.loads(cli(*args, *flags).stdout)["precision"] for flags in ([], ["--fp8-recompute", "bf16"]))
+    assert (te["recompute_in_bf16"], torch["recompute_in_bf16"]) == (False, True)
+    assert te["bf16_step_time_s"] == torch["bf16_step_time_s"] and 0 < torch["saving"] < te["saving"]
+    md = cli(*args[:-2], "--fp8-recompute", "bf16")
+    assert "rerun and back-propagate in bf16" in md.stdout
+
+
 @pytest.mark.slow
 def test_llama3_70b_on_1024_h100_at_8k_searches_to_fp8_plans(cli):
     """The issue's acceptance command returns FP8 plans (about 30 s with one worker)."""
