@@ -18,9 +18,11 @@ DEFAULT_MARGIN_GIB = 4.0   # see autoplan.cost.memory: CUDA context + workspaces
 GradSync = Literal["microbatch", "step"]     # when ZeRO-2/3 reduce-scatters gradients (cost.fsdp)
 Kernels = Literal["eager", "megatron-core"]  # the engine's kernels where they save other activations (cost.kernels)
 Fp8Engine = Literal["transformer-engine", "torchao"]   # what runs an FP8 plan's GEMMs (costmodels.precision)
+LossKernel = Literal["eager", "fused"]       # what computes the LM loss (cost.loss)
 GRAD_SYNCS: tuple[GradSync, ...] = get_args(GradSync)
 KERNELS: tuple[Kernels, ...] = get_args(Kernels)
 FP8_ENGINES: tuple[Fp8Engine, ...] = get_args(Fp8Engine)
+LOSS_KERNELS: tuple[LossKernel, ...] = get_args(LossKernel)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,12 @@ class EstimateOptions:
 
     state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
     kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
+    # what computes the LM loss (cost.loss): "eager", the traced F.cross_entropy on fp32 logits (its
+    # fp32 log-softmax saved, fp32 gradients at its backward); "fused", one softmax-cross-entropy
+    # kernel on the bf16 logits that keeps them and writes their bf16 gradient (flash-attn's
+    # xentropy, llm-foundry's default ``fused_crossentropy``; Liger's and quack's fused CE keep the
+    # same).  Megatron-Core's own loss is ``kernels="megatron-core"``'s: the two are not combined
+    loss_kernel: LossKernel = "eager"
     # the flash-attention kernel the stack runs, priced at its published throughput
     # (costmodels.attention); "profile": the compute profile's fitted attention fractions
     attention_kernel: AttentionKernel = "profile"
@@ -85,6 +93,10 @@ class EstimateOptions:
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise UserError(f"unknown {what} {value!r}", f"use one of: {', '.join(allowed)}")
+        if self.loss_kernel == "fused" and self.kernels == "megatron-core":
+            raise UserError("loss kernel 'fused' with kernels 'megatron-core'",
+                            "Megatron-Core runs its own vocab-parallel cross entropy (cost.memory."
+                            "MEGATRON_LOSS_BYTES): leave the loss kernel 'eager' (--loss-kernel eager)")
 
 
 CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field -> (what it names, allowed values)
@@ -93,6 +105,7 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field ->
     "state_precision": ("state precision", STATE_PRECISION_NAMES),
     "kernels": ("kernels", KERNELS),
     "fp8_engine": ("FP8 engine", FP8_ENGINES),
+    "loss_kernel": ("loss kernel", LOSS_KERNELS),
     "attention_kernel": ("attention kernel", ATTENTION_KERNELS),
 }
 
