@@ -168,7 +168,16 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
 # ``attention_kernel=cudnn``).
 #
 # mcore- and the other mb- rows: the Megatron-Core MoE model zoo and Megatron-Bridge run Megatron-Core
-# (its MoE layer keeps what ``cost.ep.engine_saved_bytes`` says).  The first matching prefix wins.
+# (its MoE layer keeps what ``cost.ep.engine_saved_bytes`` says).
+#
+# llmfoundry-: the benchmark (llm-foundry scripts/train/benchmarking/submit_benchmarks.py at b2a43a147,
+# PR 543, Oct 2023) runs llm-foundry v0.3.0, whose MPT (llmfoundry/models/mpt/modeling_mpt.py,
+# ``loss_fn_config = om_model_config.get('loss_fn', 'fused_crossentropy')``; the mpt-1b/3b pretrain
+# yamls set no loss_fn) computes the loss with flash-attn's ``CrossEntropyLoss(ignore_index=-100)`` on
+# the bf16 ``outputs.logits.view(-1, V)`` (setup.py's gpu extra: flash-attn 1.0.9 and its
+# csrc/xentropy ``xentropy_cuda_lib``; ``inplace_backward`` left off): the fused loss kernel
+# (``loss_kernel=fused``, cost.loss), which keeps the bf16 logits and writes their bf16 gradient.
+# The first matching prefix wins.
 RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "usp-": ({}, {"kernels": "megatron-core", "overlap_grad_reduce": False}),
     "nemo-": ({}, {"kernels": "megatron-core", "attention_kernel": "fa2"}),
@@ -177,6 +186,7 @@ RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
                                 "attention_kernel": "cudnn"}),
     "mcore-": ({}, {"kernels": "megatron-core"}),
     "mb-": ({}, {"kernels": "megatron-core"}),
+    "llmfoundry-": ({}, {"loss_kernel": "fused"}),
 }
 
 
