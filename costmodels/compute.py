@@ -11,7 +11,8 @@ For an op with ``flops`` FLOPs that moves ``nbytes`` bytes through HBM::
   the same curve against the FP8 peak (``GPUSpec.fp8_flops``, which the caller passes), its
   large-GEMM fraction ``fp8_gemm_peak_fraction`` where the profile sets one.
 * Casts to FP8 (``cast``): memory bound, their bytes as given (no fusion: the scaling kernel
-  is its own launch).
+  is its own launch); so is any other kernel priced on its own bytes (ring attention's merges,
+  ``autoplan.cost.cp``; a fused cross entropy, ``autoplan.cost.loss``).
 * Attention kernels (flash/efficient attention): ``attention_fwd_fraction`` /
   ``attention_bwd_fraction`` of peak.
 * Everything else is memory bound; ``fusion`` is the fraction of the unfused ATen

@@ -171,10 +171,16 @@ def with_fields(plan: str, fields: dict[str, str]) -> str:
 # (its MoE layer keeps what ``cost.ep.engine_saved_bytes`` says).
 #
 # llmfoundry-: the benchmark tables' runs (llm-foundry scripts/train/benchmarking/submit_benchmarks.py
-# at b2a43a1, Oct 2023: llm-foundry v0.3.0 on Composer 0.16, and for FP8 Transformer Engine v0.10 with
-# ``fc_type = te``).  Composer's ``amp_fp8`` opens ``te.fp8_autocast`` around the forward only
-# (composer/core/precision.py at v0.16.4), and llm-foundry's train.py forces the reentrant torch
-# ``checkpoint_wrapper`` for TE layers ("te.Linear layers do not support activation_checkpointing with
+# at b2a43a1, PR 543, Oct 2023: llm-foundry v0.3.0 on Composer 0.16, and for FP8 Transformer Engine
+# v0.10 with ``fc_type = te``).  Its MPT (llmfoundry/models/mpt/modeling_mpt.py,
+# ``loss_fn_config = om_model_config.get('loss_fn', 'fused_crossentropy')``; the mpt-1b/3b pretrain
+# yamls set no loss_fn) computes the loss with flash-attn's ``CrossEntropyLoss(ignore_index=-100)`` on
+# the bf16 ``outputs.logits.view(-1, V)`` (setup.py's gpu extra: flash-attn 1.0.9 and its
+# csrc/xentropy ``xentropy_cuda_lib``; ``inplace_backward`` left off): the fused loss kernel
+# (``loss_kernel=fused``, cost.loss), which keeps the bf16 logits and writes their bf16 gradient.
+# Composer's ``amp_fp8`` opens ``te.fp8_autocast`` around the forward only (composer/core/precision.py
+# at v0.16.4), and llm-foundry's train.py forces the reentrant torch ``checkpoint_wrapper`` for TE
+# layers ("te.Linear layers do not support activation_checkpointing with
 # activation_checkpointing_reentrant = False"): the full-recompute row reruns its layers outside the
 # FP8 context, so its recompute and backward run in bf16 (``fp8_recompute=bf16``; Composer wrapped TE
 # layers in TE's own checkpoint only from PR #3156, Apr 2024).  The first matching prefix wins.
@@ -186,7 +192,7 @@ RUN_SETTINGS_BY_PREFIX: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
                                 "attention_kernel": "cudnn"}),
     "mcore-": ({}, {"kernels": "megatron-core"}),
     "mb-": ({}, {"kernels": "megatron-core"}),
-    "llmfoundry-": ({}, {"fp8_recompute": "bf16"}),
+    "llmfoundry-": ({}, {"loss_kernel": "fused", "fp8_recompute": "bf16"}),
 }
 
 

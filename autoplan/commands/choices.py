@@ -12,11 +12,12 @@ DEFAULT_SAMPLES = 24                      # autoplan.cost.uncertainty
 # autoplan.cost.EstimateOptions() field defaults, by field name
 ESTIMATE_DEFAULTS = {"solver": "cpsat", "time_limit_s": 30.0, "fsdp_prefetch": 1, "grad_reduce_bytes": 4.0,
                      "state_precision": "megatron", "kernels": "eager", "fp8_engine": "transformer-engine",
-                     "attention_kernel": "profile", "fp8_recompute": "fp8"}
+                     "attention_kernel": "profile", "fp8_recompute": "fp8", "loss_kernel": "eager"}
 GRAD_SYNCS = ("microbatch", "step")       # autoplan.cost.types
 KERNELS = ("eager", "megatron-core")      # autoplan.cost.types
 FP8_ENGINES = ("transformer-engine", "torchao")   # autoplan.cost.types
 FP8_RECOMPUTES = ("fp8", "bf16")          # autoplan.cost.types
+LOSS_KERNELS = ("eager", "fused")         # autoplan.cost.types
 ATTENTION_KERNELS = ("profile", "fa2", "cudnn", "fa3")   # costmodels.attention
 DEFAULT_MARGIN_GIB = 4.0                  # autoplan.cost.types
 BACKENDS = ("cpsat", "cbc")               # autoplan.sharding.ilp

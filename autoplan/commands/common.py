@@ -18,6 +18,7 @@ from autoplan.commands.choices import (
     FP8_RECOMPUTES,
     GRAD_SYNCS,
     KERNELS,
+    LOSS_KERNELS,
     STATE_PRECISION_NAMES,
 )
 
@@ -43,6 +44,12 @@ def _add_engine_args(g: argparse._ArgumentGroup, default: argparse.Namespace) ->
                    help="the flash-attention kernel the engine runs, priced at its published throughput (FA3 "
                         "paper, H100): fa2, cudnn (Transformer Engine's fused attention), fa3; profile: the "
                         f"compute profile's fitted attention (default {default.attention_kernel})")
+    g.add_argument("--loss-kernel", choices=LOSS_KERNELS, default=default.loss_kernel,
+                   help="what computes the LM loss: eager, the traced F.cross_entropy on fp32 logits (fp32 "
+                        "log-softmax saved, fp32 gradients); fused, one softmax-cross-entropy kernel on the bf16 "
+                        "logits that keeps them and writes their bf16 gradient (flash-attn's xentropy, "
+                        "llm-foundry's fused_crossentropy, Liger); not with --kernels megatron-core, whose loss "
+                        f"is its own (default {default.loss_kernel})")
     g.add_argument("--fp8-engine", choices=FP8_ENGINES, default=default.fp8_engine,
                    help="what runs an FP8 plan's GEMMs: transformer-engine keeps FP8 linear inputs and cached "
                         "FP8 weight copies; torchao (torchtitan's float8) keeps bf16 inputs and no copies "
@@ -125,7 +132,7 @@ def estimate_options_from(args: argparse.Namespace, hbm_bytes: float) -> Estimat
         fsdp_reshard_after_forward=None if args.fsdp_reshard is None else args.fsdp_reshard == "on",
         fsdp_grad_sync=args.fsdp_grad_sync, memory_margin_gib=memory_margin(args, hbm_bytes),
         grad_reduce_bytes=args.grad_reduce_bytes, state_precision=args.state_precision, kernels=args.kernels,
-        attention_kernel=args.attention_kernel,
+        attention_kernel=args.attention_kernel, loss_kernel=args.loss_kernel,
         fp8_engine=args.fp8_engine, fp8_recompute=args.fp8_recompute, fp8_params=args.fp8_params,
         tp_comm_overlap=args.tp_comm_overlap,
         post_validation=args.post_validation, wgrad_store=args.wgrad_store,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from autoplan.axes import DENSE_DP, EXPERT_DP, Axis
-from autoplan.cost import dp, fsdp, memory, pp, report
+from autoplan.cost import dp, fsdp, loss, memory, pp, report
 from autoplan.cost.context import PlanContext, activation_bytes, block_input, hidden_of
 from autoplan.cost.memo import BagKey, EstimatorMemo, LocalShape, PartKey, PlanAt
 from autoplan.cost.parts import price_part
@@ -55,6 +55,7 @@ class Estimator:
         self.activation_bytes = activation_bytes(model.blocks[0].graph)   # of the residual stream, as traced
         self.memo = EstimatorMemo()
         self._attention_flops_per_sample = sum(attention_flops(b.graph) * b.count for b in model.blocks)
+        self._fused_grad_bytes = loss.fused_grad_bytes(options.loss_kernel, model.post)
 
     def context(self, plan: Plan, mesh: Mesh) -> PlanContext:
         """``plan`` (its mesh ``mesh``) as the pricers read it, with this Estimator's facts."""
@@ -248,7 +249,7 @@ class Estimator:
         arguments; none of them reads the ZeRO stage)."""
         return memory.MemoryInputs(dense_dp=len(mesh.group(DENSE_DP)), expert_dp=len(mesh.group(EXPERT_DP)),
                     loss=memory.loss_bytes(plan, self.model.sample_positions, self.info.vocab or 0,
-                                                          self.options.kernels),
+                                           self.options.kernels, self._fused_grad_bytes),
                     ends=frozenset(map(self._parts_of(plan, mesh), ("@pre", "@post"))),
                     microbatches=m, precision=memory.state_precision(self.options.state_precision),
                     fp8_engine=self.options.fp8_engine, fp8_params=self.options.fp8_params)

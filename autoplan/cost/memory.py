@@ -12,7 +12,8 @@ activations    the peak over the rank's own schedule order of the saved bytes of
                (micro-batch, virtual stage) forwards alive (``costmodels.pipeline.live``: each
                chunk weighed by its own layers, not a mean), plus on the last stage the loss
                buffers beyond the saved log-softmax: ``b·(s/cp)·V/tp·8`` (the fp32 gradient
-               of the NLL and of the log-softmax, alive together at the loss backward); under
+               of the NLL and of the log-softmax, alive together at the loss backward; under a
+               fused loss kernel, ``cost.loss``, the logits' bf16 gradient, ``·2``); under
                a split backward a chunk also holds from B to W the gradient into each weight
                op (``Part.wgrad_held_bytes``), B frees the loss's saved bytes
                (``Part.b_freed_bytes``), and the first stage holds none (torch skips its B);
@@ -125,12 +126,17 @@ def usable_bytes(hbm_bytes: float, margin_gib: float) -> float:
     return hbm_bytes - margin_gib * GIB
 
 
-def loss_bytes(plan: Plan, seq_len: int, vocab: int, kernels: str = "eager") -> float:
+def loss_bytes(plan: Plan, seq_len: int, vocab: int, kernels: str = "eager",
+               fused_grad_bytes: float | None = None) -> float:
     """The last stage's loss buffers beyond its saved bytes: ``b·(s/cp)·V/tp·LOSS_GRAD_BYTES``
     (``VOCAB_PARALLEL_LOSS_GRAD_BYTES`` when tp > 1; ``MEGATRON_LOSS_BYTES`` on Megatron-Core's
-    kernels)."""
+    kernels; under a fused loss kernel, ``cost.loss``, the gradient of the logits its backward
+    writes, ``fused_grad_bytes`` per local logit at every tp: 2 for bf16 logits)."""
+    per_logit: float
     if kernels == "megatron-core":
         per_logit = MEGATRON_LOSS_BYTES
+    elif fused_grad_bytes is not None:
+        per_logit = fused_grad_bytes
     else:
         per_logit = VOCAB_PARALLEL_LOSS_GRAD_BYTES if plan.tp > 1 else LOSS_GRAD_BYTES
     return plan.mbs * seq_len / plan.cp * vocab / plan.tp * per_logit

@@ -8,7 +8,8 @@ times and saved bytes read too): all under ``full``, the attention core under ``
 all but every other matmul and the attention kernel under ``op``.
 
 Memory: ``saved_bytes`` (kept from forward to backward; less what the engine's fused kernels do
-not keep, ``cost.kernels``, and what an FP8 engine keeps otherwise, ``cost.fp8``) and
+not keep, ``cost.kernels``, and what an FP8 engine keeps otherwise, ``cost.fp8``; the loss kernel's
+bytes, seconds and launches in place of the traced cross entropy's, ``cost.loss``) and
 ``recompute_transient_bytes``, what recomputing the layer
 re-materialises during its backward: the saved bytes without recomputation less those kept
 under the policy.
@@ -22,6 +23,7 @@ from autoplan.cost.context import PlanContext
 from autoplan.cost.cp import attention_seconds, cp_cost
 from autoplan.cost.ep import ep_cost
 from autoplan.cost.kernels import kernel_saving_bytes
+from autoplan.cost.loss import with_loss_kernel
 from autoplan.cost.softmax import with_fallback
 from autoplan.cost.tp import BlockLayouts, gemm_precision, overlapped, tp_cost
 from autoplan.cost.types import AxisCost, Part
@@ -37,7 +39,7 @@ def price_part(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str,
     """The graph ``graph_key`` under ``ctx.plan`` and the recompute policy ``recompute``, per
     micro-batch; its tp layout from ``layouts``."""
     plan, mesh, prices = ctx.plan, ctx.mesh, ctx.prices
-    bs = with_fallback(layouts.sharding(graph_key, graph, plan, recompute, mesh), graph, plan, recompute,
+    bs = with_fallback(_sharding(ctx, graph_key, graph, recompute, layouts), graph, plan, recompute,
                        prices.profile, prices.cluster.gpu.hbm_bw)
     tp = tp_cost(bs, plan)
     attention = attention_seconds(ctx, graph)
@@ -94,7 +96,15 @@ def _saved_bytes(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: st
     saved = kept(recompute, bs)
     if recompute == "none":
         return saved, saved
-    return saved, kept("none", layouts.sharding(graph_key, graph, plan, "none", ctx.mesh))
+    return saved, kept("none", _sharding(ctx, graph_key, graph, "none", layouts))
+
+
+def _sharding(ctx: PlanContext, graph_key: str, graph: OpGraph, recompute: str, layouts: BlockLayouts) -> BlockSharding:
+    """The graph's tp layout priced under ``recompute``, the loss kernel's ops in place of the traced
+    cross entropy (``cost.loss``)."""
+    plan, mesh = ctx.plan, ctx.mesh
+    return with_loss_kernel(ctx.options.loss_kernel, layouts.sharding(graph_key, graph, plan, recompute, mesh), graph,
+                            lambda: layouts.pricing(graph_key, graph, plan, recompute, mesh))
 
 
 def _freed_at_b(ctx: PlanContext, graph_key: str, bs: BlockSharding, saved: float) -> float:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 from autoplan.axes import Axis
 from autoplan.cost.prices import AxisPricer, Prices
 from autoplan.cost.types import AxisCost, Comm, EstimateOptions
-from autoplan.ir import OpGraph
+from autoplan.ir import OpGraph, Strategy
 from autoplan.mesh import Mesh
 from autoplan.plan import Plan
 from autoplan.sharding import BlockAssignment, BlockSharding, ShardingContext, price_assignment, solve_assignment
@@ -119,6 +119,14 @@ class BlockLayouts:
                 self._prices.put(layout, prices)
             return price_assignment(graph, assignment, ctx, prices[1])
         return self._priced.get(ShardingKey(layout, recompute), priced)
+
+    def pricing(self, graph_key: str, graph: OpGraph, plan: Plan, recompute: str,
+                mesh: Mesh) -> tuple[ShardingContext, dict[str, Strategy]]:
+        """What ``sharding`` prices the graph's layout with: its context and each node's strategy
+        (``cost.loss`` prices the ops it replaces with them)."""
+        layout = self.assignment_key(graph_key, plan, mesh)
+        assignment = self.assignments.get(layout, lambda: self.solve(graph_key, graph, plan, mesh))
+        return self._context(plan, recompute, mesh, layout), assignment.choice
 
     def _context(self, plan: Plan, recompute: str, mesh: Mesh, layout: LayoutKey) -> ShardingContext:
         forbid = layout.span.level != "nvlink" and not self.options.allow_cross_domain

@@ -19,10 +19,12 @@ GradSync = Literal["microbatch", "step"]     # when ZeRO-2/3 reduce-scatters gra
 Kernels = Literal["eager", "megatron-core"]  # the engine's kernels where they save other activations (cost.kernels)
 Fp8Engine = Literal["transformer-engine", "torchao"]   # what runs an FP8 plan's GEMMs (costmodels.precision)
 Fp8Recompute = Literal["fp8", "bf16"]        # what a recomputed FP8 layer reruns in (sharding.price)
+LossKernel = Literal["eager", "fused"]       # what computes the LM loss (cost.loss)
 GRAD_SYNCS: tuple[GradSync, ...] = get_args(GradSync)
 KERNELS: tuple[Kernels, ...] = get_args(Kernels)
 FP8_ENGINES: tuple[Fp8Engine, ...] = get_args(Fp8Engine)
 FP8_RECOMPUTES: tuple[Fp8Recompute, ...] = get_args(Fp8Recompute)
+LOSS_KERNELS: tuple[LossKernel, ...] = get_args(LossKernel)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,12 @@ class EstimateOptions:
 
     state_precision: StatePrecisionName = "megatron"   # zero 0/1 engine's state dtypes (costmodels.memory)
     kernels: Kernels = "eager"            # the engine's kernels where they save other activations (cost.kernels)
+    # what computes the LM loss (cost.loss): "eager", the traced F.cross_entropy on fp32 logits (its
+    # fp32 log-softmax saved, fp32 gradients at its backward); "fused", one softmax-cross-entropy
+    # kernel on the bf16 logits that keeps them and writes their bf16 gradient (flash-attn's
+    # xentropy, llm-foundry's default ``fused_crossentropy``; Liger's and quack's fused CE keep the
+    # same).  Megatron-Core's own loss is ``kernels="megatron-core"``'s: the two are not combined
+    loss_kernel: LossKernel = "eager"
     # the flash-attention kernel the stack runs, priced at its published throughput
     # (costmodels.attention); "profile": the compute profile's fitted attention fractions
     attention_kernel: AttentionKernel = "profile"
@@ -97,6 +105,10 @@ class EstimateOptions:
             raise UserError("FP8 recompute in bf16 needs Transformer Engine: torchao's float8 linears "
                             "recompute in FP8 under any checkpoint",
                             "drop --fp8-recompute bf16, or use --fp8-engine transformer-engine")
+        if self.loss_kernel == "fused" and self.kernels == "megatron-core":
+            raise UserError("loss kernel 'fused' with kernels 'megatron-core'",
+                            "Megatron-Core runs its own vocab-parallel cross entropy (cost.memory."
+                            "MEGATRON_LOSS_BYTES): leave the loss kernel 'eager' (--loss-kernel eager)")
 
 
 CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field -> (what it names, allowed values)
@@ -106,6 +118,7 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {   # EstimateOptions field ->
     "kernels": ("kernels", KERNELS),
     "fp8_engine": ("FP8 engine", FP8_ENGINES),
     "fp8_recompute": ("FP8 recompute precision", FP8_RECOMPUTES),
+    "loss_kernel": ("loss kernel", LOSS_KERNELS),
     "attention_kernel": ("attention kernel", ATTENTION_KERNELS),
 }
 

@@ -147,3 +147,28 @@ def test_vtrain_layer_times_vary_where_no_work_model_can_follow(pr, vl):
     assert tp2[2] < tp2[0] < tp2[1]
     assert pr.group_ranking(priced)[0] == 101
     assert vl.ranked_with_measured_layer(priced, splits[(1024, 2, 4)]) == 125
+
+
+def test_llm_foundry_rows_fit_under_its_fused_loss(pr, experiment):
+    """llm-foundry v0.3.0's MPT computes its loss with flash-attn's fused cross entropy on the bf16
+    logits (``RUN_SETTINGS_BY_PREFIX["llmfoundry-"]``); the MPT-3B runs at 8K and 32K ran on 80 GB,
+    which the traced fp32 loss (4 B saved + 8 B of gradients per logit) priced over the limit."""
+    import dataclasses
+
+    from autoplan.cost import EstimateOptions
+
+    idents = [f"llmfoundry-mpt-3b-h100x8-{seq}-{precision}" for seq in (32768, 8192) for precision in ("bf16", "fp8")]
+    rows = {r.ident: r for r in experiment("published_regimes3").rows()[0]}
+    for ident in idents:
+        row = rows[ident]
+        options = pr.row_options(row, EstimateOptions())
+        assert options.loss_kernel == "fused"
+        fused = pr.price_or_why(row, options)
+        eager = pr.price_or_why(row, dataclasses.replace(options, loss_kernel="eager"))
+        assert fused.fits and not eager.fits, (ident, fused.memory_gib, eager.memory_gib)
+        # at the peak (the loss backward, mbs 3): eager holds the fp32 log-softmax and two fp32 gradients
+        # (4 + 8 B per logit) and two fp32 scalars, fused the bf16 logits, their bf16 gradient (2 + 2 B)
+        # and the fp32 log-sum-exp per token
+        tokens = 3 * row.seq
+        logits = tokens * 50368
+        assert eager.memory_gib - fused.memory_gib == pytest.approx((8 * logits + 8 - 4 * tokens) / 2**30, rel=1e-9)

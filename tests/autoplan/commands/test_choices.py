@@ -15,7 +15,7 @@ def test_workload_and_band_defaults_are_the_owners():
 
 def test_estimate_defaults_and_choices_are_the_cost_models():
     from autoplan.cost import EstimateOptions
-    from autoplan.cost.types import DEFAULT_MARGIN_GIB, FP8_ENGINES, FP8_RECOMPUTES, GRAD_SYNCS, KERNELS
+    from autoplan.cost.types import DEFAULT_MARGIN_GIB, FP8_ENGINES, FP8_RECOMPUTES, GRAD_SYNCS, KERNELS, LOSS_KERNELS
     from autoplan.sharding.ilp import BACKENDS
     from costmodels.attention import ATTENTION_KERNELS
     from costmodels.memory import STATE_PRECISION_NAMES
@@ -28,6 +28,7 @@ def test_estimate_defaults_and_choices_are_the_cost_models():
                       choices.STATE_PRECISION_NAMES)
     assert tuple(FP8_ENGINES) == choices.FP8_ENGINES
     assert tuple(FP8_RECOMPUTES) == choices.FP8_RECOMPUTES
+    assert tuple(LOSS_KERNELS) == choices.LOSS_KERNELS
     assert tuple(ATTENTION_KERNELS) == choices.ATTENTION_KERNELS
 
 

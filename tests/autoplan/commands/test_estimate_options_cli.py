@@ -34,6 +34,7 @@ FLAGS = {   # EstimateOptions field -> (the flags that set it, the value they se
     "state_precision": (["--state-precision", "apex-dfa-bf16"], "apex-dfa-bf16"),
     "kernels": (["--kernels", "megatron-core"], "megatron-core"),
     "attention_kernel": (["--attention-kernel", "fa2"], "fa2"),
+    "loss_kernel": (["--loss-kernel", "fused"], "fused"),
     "post_validation": (["--post-validation"], True),
     "wgrad_store": (["--wgrad-store"], True),
     "fp8_engine": (["--fp8-engine", "torchao"], "torchao"),
@@ -44,7 +45,10 @@ FLAGS = {   # EstimateOptions field -> (the flags that set it, the value they se
     "exact": (["--exact"], True),
 }
 SEARCH_ONLY = {"allow_cross_domain"}   # the search's hard rule; elsewhere a break is reported, not avoided
-REFUSED_TOGETHER = {"fp8_recompute": "fp8_engine"}   # bf16 recompute is Transformer Engine's, not torchao's
+# options whose FLAGS value EstimateOptions refuses beside another's (option -> the other): the
+# all-at-once test leaves them out (each still reaches its Estimator alone), the bad-option test
+# checks the refusal: bf16 recompute is Transformer Engine's, not torchao's; Megatron-Core runs its own loss
+REFUSED_TOGETHER = {"fp8_recompute": "fp8_engine", "loss_kernel": "kernels"}
 
 
 class Built(Exception):
@@ -97,6 +101,8 @@ def test_every_option_at_once_reaches_each_commands_estimator(built, command):
     (["--grad-reduce-bytes", "0"], "--grad-reduce-bytes 0.0 is out of range"),
     (FLAGS["fp8_recompute"][0] + FLAGS[REFUSED_TOGETHER["fp8_recompute"]][0],
      "FP8 recompute in bf16 needs Transformer"),
+    (FLAGS["loss_kernel"][0] + FLAGS[REFUSED_TOGETHER["loss_kernel"]][0],
+     "loss kernel 'fused' with kernels 'megatron-core'"),
 ])
 def test_a_bad_option_exits_2_with_one_error(cli, flags, problem):
     out = cli(*COMMANDS["search"], *flags)

@@ -72,6 +72,7 @@ OPTION_VARIANTS = {                # per EstimateOptions field, another value (p
     "state_precision": "apex-dfa-bf16",
     "kernels": "megatron-core",
     "attention_kernel": "fa2",
+    "loss_kernel": "fused",
     "fp8_engine": "torchao",
     "fp8_recompute": "bf16",
     "fp8_params": True,
