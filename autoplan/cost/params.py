@@ -2,7 +2,9 @@
 
 ``Params`` holds one multiplier per parameter (1.0 everywhere: the point estimate).  The
 hardware ones act on the data the model reads — the compute profile (``gemm_peak`` on
-``gemm_peak_fraction``, ``gemm_half_dim``, ``attention`` on both flash-attention fractions,
+``gemm_peak_fraction`` and the FP8 fraction, ``fp8_gemm_peak`` on the FP8 fraction alone —
+``fp8_gemm_peak_fraction``, fitted apart from the BF16 one, so FP8 efficiency relative to BF16
+varies on its own — ``gemm_half_dim``, ``attention`` on both flash-attention fractions,
 ``memory_bw`` on ``memory_fraction``, ``host_floor`` on ``host_floor_s``) and the cluster's
 link efficiencies (``nic_efficiency``, ``nvlink_efficiency`` on the ring and NVLS fractions);
 efficiencies are capped at 1.  The mechanism ones act where the cost model uses them:
@@ -21,6 +23,9 @@ side): the point is the model's best estimate, so an error is as likely either w
 range (W passes only ever slower) would make the robust ranking hedge against one direction
 only and lose where the error runs the other way (issue 38's scenarios: a split W pass 20 %
 cheaper than priced).
+A new parameter is appended last: ``uncertainty.draw`` fills the columns in field order from one
+seeded generator, so the earlier parameters keep their samples (a plan that never reads the new
+parameter keeps its band byte for byte).
 A perturbation file (YAML ``{name: multiplier}``, ``load_override``) fixes some of them.
 """
 from __future__ import annotations
@@ -56,6 +61,7 @@ class Params:
     cp_overlap: float = 1.0
     wpass: float = 1.0
     recompute: float = 1.0
+    fp8_gemm_peak: float = 1.0       # last: see the module docstring
 
     @property
     def nominal(self) -> bool:
@@ -77,12 +83,15 @@ class Range:
 
 
 def perturb_profile(profile: ComputeProfile, p: Params) -> ComputeProfile:
-    """The compute profile under ``p`` (fractions capped at 1)."""
+    """The compute profile under ``p`` (fractions capped at 1).  The FP8 fraction is the one FP8
+    GEMMs price with (the profile's own, else the BF16 fraction it falls back to) ×
+    ``gemm_peak`` × ``fp8_gemm_peak``."""
     if p.nominal:
         return profile
+    fp8 = profile.fp8_gemm_peak_fraction or profile.gemm_peak_fraction
     return dataclasses.replace(
         profile, gemm_peak_fraction=min(1.0, profile.gemm_peak_fraction * p.gemm_peak),
-        fp8_gemm_peak_fraction=min(1.0, profile.fp8_gemm_peak_fraction * p.gemm_peak),
+        fp8_gemm_peak_fraction=min(1.0, fp8 * p.gemm_peak * p.fp8_gemm_peak),
         gemm_half_dim=profile.gemm_half_dim * p.gemm_half_dim,
         attention_fwd_fraction=min(1.0, profile.attention_fwd_fraction * p.attention),
         attention_bwd_fraction=min(1.0, profile.attention_bwd_fraction * p.attention),

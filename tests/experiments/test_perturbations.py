@@ -61,11 +61,12 @@ def test_acceptance_fails_past_either_bound(experiment):
 def test_the_scenario_set_moves_each_parameter_alone_and_then_together(experiment):
     from dataclasses import asdict
 
-    from autoplan.cost.params import NOMINAL
+    from autoplan.cost.params import NOMINAL, PARAM_NAMES
 
     p = experiment("perturbations")
     scenarios = p.scenarios()
     assert len(scenarios) == 2 * len(p.SCENARIO_PARAMETERS) + len(p.COMBINED)
+    assert sorted(p.SCENARIO_PARAMETERS + tuple(p.LEFT_OUT)) == sorted(PARAM_NAMES)    # every one, or why not
     for name in p.SCENARIO_PARAMETERS:
         for m in (0.8, 1.2):
             moved = {k: v for k, v in asdict(scenarios[f"{name}×{m:g}"]).items() if v != asdict(NOMINAL)[k]}

@@ -79,10 +79,11 @@ OPTION_VARIANTS = {                # per EstimateOptions field, another value (p
     "tp_comm_overlap": True,
     "post_validation": True,
     "wgrad_store": True,
-    "params": Params(gemm_peak=0.9, nic_efficiency=0.8, wpass=1.2, recompute=1.1, cp_overlap=0.7),
+    "params": Params(gemm_peak=0.9, nic_efficiency=0.8, wpass=1.2, recompute=1.1, cp_overlap=0.7, fp8_gemm_peak=0.9),
     "exact": True,
 }
-FP8_OPTIONS = ("fp8_engine", "fp8_params")   # read by FP8 plans only: priced at BASE in FP8 too
+FP8_OPTIONS = ("fp8_engine", "fp8_params", "params")   # read by FP8 plans only (params: fp8_gemm_peak):
+                                                       # priced at BASE in FP8 too
 FP8_RECOMPUTE_OPTIONS = ("fp8_recompute",)   # read by FP8 plans that recompute: priced so too
 # memos the scenario below cannot reach, and why
 UNREACHED = {
