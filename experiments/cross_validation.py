@@ -268,12 +268,19 @@ def price_with_profiles(selected: list[Case], profiles: dict[str, str]) -> list[
     return out
 
 
+def pair_residuals(results: list[Result], plan_has: str = "precision=fp8") -> list[float]:
+    """Predicted ratio / measured ratio − 1 of every pair among the priced ``results``
+    (``published_regimes3.pairs``: each row of a group against its first) whose other row's
+    plan contains ``plan_has`` (default: the BF16/FP8 pairs, FP8 over BF16)."""
+    priced = [pr.Priced(r.case.row, r.predicted_s, 0.0, True) for r in results
+              if isinstance(r.case.row, pr.RegimeRow) and r.predicted_s is not None]
+    plans = {p.row.ident: p.row.plan for p in priced}
+    return [q.predicted / q.measured - 1.0 for q in p3.pairs(priced) if plan_has in plans[q.other]]
+
+
 def pair_error(results: list[Result]) -> float:
     """Mean |predicted ratio / measured ratio − 1| over the BF16/FP8 pairs among ``results``."""
-    by_ident = {r.case.ident: r for r in results if r.predicted_s is not None}
-    priced = [pr.Priced(r.case.row, r.predicted_s, 0.0, True) for r in by_ident.values()
-              if isinstance(r.case.row, pr.RegimeRow) and r.predicted_s is not None]
-    errs = [abs(q.predicted / q.measured - 1.0) for q in p3.pairs(priced) if "fp8" in q.other]
+    errs = [abs(e) for e in pair_residuals(results)]
     return sum(errs) / len(errs) if errs else float("nan")
 
 
@@ -531,16 +538,24 @@ class Widening:
     """One uncertain parameter (``autoplan.cost.params.Params``) whose sampled range the
     out-of-sample residuals of some regimes widen, for one compute profile (``any``: every one).
 
-    ``kind`` says how a residual e (predicted / published − 1) reads as a multiplier: ``rate`` (a
-    throughput: a row priced e too slow is matched by a rate (1 + e)×), ``cost`` (a time: 1/(1 + e)),
-    ``share`` (a hidden fraction: only rows priced too fast count, 1 + e, never above 1)."""
+    ``residual`` says what a residual e is: ``row``, a row's predicted / published − 1 (rows whose
+    plan contains ``plan_has``); ``pair``, a pair's predicted / measured ratio − 1
+    (``pair_residuals``: the pairs of the selected rows whose other row's plan contains
+    ``plan_has``), which leaves out the error both halves share — for a parameter only the other
+    half reads (FP8 over BF16: ``fp8_gemm_peak``), the row residual would charge it the BF16
+    half's error too.  ``kind`` says how e reads as a multiplier: ``rate`` (a throughput: a row
+    priced e too slow is matched by a rate (1 + e)×), ``cost`` (a time: 1/(1 + e)), ``share`` (a
+    hidden fraction: only rows priced too fast count, 1 + e, never above 1).  A ``rate`` reads e
+    whole, as if the parameter's share of the step were all of it: a lower bound on the width
+    (the FP8 GEMMs are about half of an FP8 row's step)."""
 
     parameter: str
     profile: str
     regimes: tuple[str, ...]
     kind: str
-    rows: str                              # which rows, in words
-    plan_has: str = ""                     # only rows whose plan string contains this
+    rows: str                              # which rows (or pairs), in words
+    plan_has: str = ""                     # only rows (pairs: other rows) whose plan string contains this
+    residual: str = "row"                  # row | pair
 
 
 WIDENINGS = (
@@ -549,6 +564,8 @@ WIDENINGS = (
     Widening("wpass", "any", ("schedule",), "cost", "zero-bubble rows (W apart from B)", "schedule=zb"),
     Widening("cp_overlap", "any", ("cp",), "share", "context-parallel rows"),
     Widening("dp_overlap", "any", ("fsdp",), "share", "FSDP rows"),
+    Widening("fp8_gemm_peak", "h100", ("fp8-bf16",), "rate", "BF16/FP8 pair ratios on H100 (FP8 over BF16)",
+             "precision=fp8", residual="pair"),
 )
 
 
@@ -557,6 +574,15 @@ def _profile_of(case: Case) -> str:
         return "a100"
     gpu = pr.cluster(case.row.cluster).gpu.name
     return "a100" if gpu.startswith("a100") else "h100" if gpu.startswith("h") else gpu
+
+
+def _residuals(w: Widening, results: list[Result]) -> list[float]:
+    """The residuals ``w`` reads (``Widening``): of its regimes' priced rows on its profile."""
+    chosen = [r for r in results if r.error is not None and r.case.regime in w.regimes
+              and (w.profile == "any" or _profile_of(r.case) == w.profile)]
+    if w.residual == "pair":
+        return pair_residuals(chosen, w.plan_has)
+    return [r.error for r in chosen if r.error is not None and w.plan_has in getattr(r.case.row, "plan", "")]
 
 
 def _multipliers(w: Widening, errors: list[float]) -> tuple[float, float]:
@@ -573,9 +599,7 @@ def oos_ranges(report: Report) -> dict[str, dict[str, dict[str, object]]]:
     out: dict[str, dict[str, dict[str, object]]] = {}
     results = report.out_of_sample()
     for w in WIDENINGS:
-        errors = [r.error for r in results if r.error is not None and r.case.regime in w.regimes
-                  and (w.profile == "any" or _profile_of(r.case) == w.profile)
-                  and w.plan_has in getattr(r.case.row, "plan", "")]
+        errors = _residuals(w, results)
         if not errors:
             continue
         low, high = _multipliers(w, errors)

@@ -54,6 +54,23 @@ def test_out_of_sample_residuals_read_as_parameter_ranges(experiment):
     assert "ranges:" in text and "regimes:" in text and "fsdp:" in text
 
 
+def test_fp8_pair_ratio_residuals_read_as_the_fp8_gemm_range(experiment):
+    """``fp8_gemm_peak`` reads the BF16/FP8 pairs' ratio residuals, not the FP8 rows' own: both
+    halves priced 10 % slow leave the ratio right, so only the FP8 half's extra error counts."""
+    cv = experiment("cross_validation")
+    by = {c.ident: c for c in cv.cases()}
+    pairs = [("llmfoundry-mpt-3b-h100x8-8192-bf16", "llmfoundry-mpt-3b-h100x8-8192-fp8", 1.10, 1.10 * 1.04),
+             ("fp8lm-gpt-7b-h100x32-bf16", "fp8lm-gpt-7b-h100x32-fp8", 0.90, 0.90 * 0.97)]
+    results = [cv.Result(by[i], by[i].published_s * f) for base, fp8, fb, ff in pairs
+               for i, f in ((base, fb), (fp8, ff))]
+    assert cv.pair_residuals(results) == pytest.approx([0.04, -0.03])
+    report = cv.Report(tuple(results), (cv.Fold("x", dict(cv.SHIPPED), tuple(results)),))
+    got = cv.oos_ranges(report)["h100"]["fp8_gemm_peak"]
+    # a rate: the FP8 half priced 3 % fast .. 4 % slow relative to its BF16 half
+    assert (got["low"], got["high"]) == (0.97, 1.04) and "2 BF16/FP8 pair ratios" in got["source"]
+    assert cv.pair_error(results) == pytest.approx(0.035)
+
+
 def test_model_flops_agree_with_korthikanti_for_a_gpt(experiment):
     p3 = experiment("published_regimes3")
     layers, hidden, seq, vocab = 96, 12288, 2048, 50304
