@@ -284,17 +284,11 @@ class OpGraph:
             below.add(name)
             todo += [u.name for u in reading(name) if u.phase == "backward"]
 
-        def backward_readers(name: str) -> list[OpNode]:
-            """The non-view backward nodes reading ``name``'s outputs, through views."""
-            out = []
-            for u in reading(name):
-                out += backward_readers(u.name) if u.is_view else ([u] if u.phase == "backward" else [])
-            return out
-
         saved = {r.node for r in self.saved_outputs()}
         found = frozenset(name for name in saved if self.node(name).phase == "forward"
                           and self.node(name).role != "param"
-                          and all(u.name not in below for u in backward_readers(name)))
+                          and all(u.name not in below for u in self.readers_through_views(name)
+                                  if u.phase == "backward"))
         object.__setattr__(self, "_freed_at_b", found)
         return found
 
@@ -313,6 +307,16 @@ class OpGraph:
 
         return frozenset(n.name for n in self.ops("backward") if not n.wgrad and not n.is_view
                          and any(weight_only(TensorRef(n.name, i)) for i in range(len(n.outputs))))
+
+    def readers_through_views(self, name: str, index: int | None = None) -> list[OpNode]:
+        """The non-view nodes reading node ``name``'s outputs (output ``index`` alone when given),
+        through views (a view's readers read its base), every phase, depth first in graph order."""
+        out: list[OpNode] = []
+        refs = self._readers()
+        for i in range(len(self.node(name).outputs)) if index is None else (index,):
+            for u in refs.get(TensorRef(name, i), []):
+                out += self.readers_through_views(u.name) if u.is_view else [u]
+        return out
 
     def _readers(self) -> dict[TensorRef, list[OpNode]]:
         """The nodes reading each value, in graph order (remembered)."""

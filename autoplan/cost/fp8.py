@@ -27,12 +27,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from autoplan.ir import OpGraph, OpNode, TensorRef
-from autoplan.opkinds import is_attention_core, is_attention_kernel, is_expert_param
+from autoplan.opkinds import is_attention_kernel, is_expert_param
 from autoplan.plan import Plan
 from autoplan.sharding import BlockSharding
 from autoplan.sharding.local import bytes_per_elem, local_bytes
 from autoplan.sharding.placements import is_shard
-from autoplan.sharding.price import recomputed
+from autoplan.sharding.price import is_linear_gemm, recomputed
 from costmodels.precision import is_low_precision, saved_input_bytes
 
 SAVING_POLICIES = ("none", "selective")     # recompute policies under which the FP8 inputs are kept
@@ -67,7 +67,7 @@ def linear_gemms(graph: OpGraph) -> list[LinearGemm]:
     reads a parameter (through views; ``addmm`` its bias too) and is not the attention core."""
     out = []
     for n in graph.ops("forward"):
-        if n.gemm is None or is_attention_core(n):
+        if not is_linear_gemm(n):
             continue
         bases = [_base(graph, r) for r in n.inputs]
         weights = [b for b in bases if graph.node(b.node).role == "param"]
@@ -80,21 +80,6 @@ def linear_gemms(graph: OpGraph) -> list[LinearGemm]:
 def _numel(graph: OpGraph, ref: TensorRef) -> int:
     t = graph.tensor(ref)
     return t.numel if t is not None else 0
-
-
-def _backward_readers(graph: OpGraph, ref: TensorRef) -> list[OpNode]:
-    """The non-view backward nodes reading ``ref``, through views."""
-    readers = graph._readers()
-    out: list[OpNode] = []
-    todo = [ref]
-    while todo:
-        r = todo.pop()
-        for u in readers.get(r, []):
-            if u.is_view:
-                todo += [TensorRef(u.name, i) for i in range(len(u.outputs))]
-            elif u.phase == "backward":
-                out.append(u)
-    return out
 
 
 def _kept(graph: OpGraph, ref: TensorRef, recompute: str) -> bool:
@@ -124,7 +109,8 @@ def saved_delta_bytes(graph: OpGraph, bs: BlockSharding, plan: Plan, precision: 
         placement = bs.placements.get(ref.node) if ref.index == 0 else None
         kept = local_bytes(t, placement, plan.tp, plan.mbs, plan.cp)
         cast = kept / bytes_per_elem(t) * fp8 if bytes_per_elem(t) else 0.0
-        only_gemms = all(u.gemm is not None and not is_attention_core(u) for u in _backward_readers(graph, ref))
+        backward = [u for u in graph.readers_through_views(ref.node, ref.index) if u.phase == "backward"]
+        only_gemms = all(is_linear_gemm(u) for u in backward)
         delta += cast - kept if only_gemms else cast
     return delta
 

@@ -78,18 +78,8 @@ def traced_losses(graph: OpGraph) -> tuple[TracedLoss, ...]:
     return cached
 
 
-def _readers(graph: OpGraph, n: OpNode) -> list[OpNode]:
-    """The nodes reading any output of ``n``, through views (the views left out)."""
-    refs = graph._readers()
-    out: list[OpNode] = []
-    for i in range(len(n.outputs)):
-        for u in refs.get(TensorRef(n.name, i), []):
-            out += _readers(graph, u) if u.is_view else [u]
-    return out
-
-
 def _forward_readers(graph: OpGraph, n: OpNode) -> list[OpNode]:
-    return [u for u in _readers(graph, n) if u.phase == "forward"]
+    return [u for u in graph.readers_through_views(n.name) if u.phase == "forward"]
 
 
 def _traced(graph: OpGraph, lsm: OpNode) -> TracedLoss:
@@ -105,13 +95,13 @@ def _traced(graph: OpGraph, lsm: OpNode) -> TracedLoss:
     nll = [u.name for u in _forward_readers(graph, lsm) if u.op.startswith(NLL_PREFIX)]
     forward = (*reversed(casts), lsm.name, *nll)
     backward: list[str] = []
-    todo = [u for f in forward for u in _readers(graph, graph.node(f)) if u.phase == "backward"]
+    todo = [u for f in forward for u in graph.readers_through_views(f) if u.phase == "backward"]
     while todo:
         u = todo.pop(0)
         if u.name in backward or u.op not in LOSS_BACKWARD_OPS:
             continue
         backward.append(u.name)
-        todo += [v for v in _readers(graph, u) if v.phase == "backward"]
+        todo += [v for v in graph.readers_through_views(u.name) if v.phase == "backward"]
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     return TracedLoss(ref, forward, tuple(sorted(backward, key=order.__getitem__)))
 

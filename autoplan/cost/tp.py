@@ -111,7 +111,7 @@ class BlockLayouts:
         layout = self.assignment_key(graph_key, plan, mesh)
 
         def priced() -> BlockSharding:
-            assignment = self.assignments.get(layout, lambda: self.solve(graph_key, graph, plan, mesh))
+            assignment = self._assignment(layout, graph_key, graph, plan, mesh)
             ctx = self._context(plan, recompute, mesh, layout)
             prices = self._prices.get(layout, lambda: (assignment, layout_prices(graph, assignment, ctx)))
             if prices[0] is not assignment:          # solved again since (its table started again)
@@ -125,8 +125,12 @@ class BlockLayouts:
         """What ``sharding`` prices the graph's layout with: its context and each node's strategy
         (``cost.loss`` prices the ops it replaces with them)."""
         layout = self.assignment_key(graph_key, plan, mesh)
-        assignment = self.assignments.get(layout, lambda: self.solve(graph_key, graph, plan, mesh))
-        return self._context(plan, recompute, mesh, layout), assignment.choice
+        return (self._context(plan, recompute, mesh, layout),
+                self._assignment(layout, graph_key, graph, plan, mesh).choice)
+
+    def _assignment(self, layout: LayoutKey, graph_key: str, graph: OpGraph, plan: Plan, mesh: Mesh) -> BlockAssignment:
+        """The layout's block-ILP solution, solved on a miss (``solve``)."""
+        return self.assignments.get(layout, lambda: self.solve(graph_key, graph, plan, mesh))
 
     def _context(self, plan: Plan, recompute: str, mesh: Mesh, layout: LayoutKey) -> ShardingContext:
         forbid = layout.span.level != "nvlink" and not self.options.allow_cross_domain
